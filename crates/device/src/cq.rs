@@ -1,0 +1,349 @@
+//! Completion queues and completion channels.
+
+use std::collections::VecDeque;
+use std::os::fd::{BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use softverbs_engine::types::{EventType, WorkCompletion};
+use softverbs_engine::{Error, Result};
+
+use crate::context::{Context, EventElement};
+use crate::device::Resource;
+use crate::sync::{AckCounter, EventQueue, UseCount};
+
+/// Number of completion vectors (`ibv_context.num_comp_vectors`).
+pub const NUM_COMP_VECTORS: u32 = 1;
+
+/// A completion event channel (`ibv_create_comp_channel`): a file descriptor that becomes
+/// readable when a CQ attached to it has an event.
+#[derive(Debug)]
+pub struct CompChannel {
+    ctx: Arc<Context>,
+    events: EventQueue<Arc<Cq>>,
+    uses: UseCount,
+}
+
+impl CompChannel {
+    /// `ibv_create_comp_channel`.
+    pub fn create(ctx: &Arc<Context>) -> Result<Arc<Self>> {
+        Ok(Arc::new(Self {
+            ctx: ctx.clone(),
+            events: EventQueue::new()?,
+            uses: UseCount::default(),
+        }))
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// The channel's file descriptor (`ibv_comp_channel.fd`).
+    pub fn fd(&self) -> RawFd {
+        self.events.raw_fd()
+    }
+
+    /// The channel's file descriptor, borrowed.
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.events.as_fd()
+    }
+
+    /// `ibv_get_cq_event`: waits for the next CQ event (`None` waits forever; EAGAIN at once if
+    /// the fd was made non-blocking). Each event must be acknowledged with [`Cq::ack_events`].
+    pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Arc<Cq>> {
+        let cq = self.events.pop(timeout)?;
+        cq.comp_acks.delivered();
+        Ok(cq)
+    }
+
+    /// `ibv_destroy_comp_channel`: EBUSY while a CQ uses the channel.
+    pub fn destroy(&self) -> Result<()> {
+        self.uses.retire("completion channel")
+    }
+}
+
+/// Why a completion could not be queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("completion queue overrun")]
+pub struct CqOverrun;
+
+#[derive(Debug)]
+struct CqState {
+    entries: VecDeque<WorkCompletion>,
+    cqe: u32,
+    /// `Some(solicited_only)` while a notification is requested.
+    armed: Option<bool>,
+    overrun: bool,
+}
+
+/// A completion queue (`ibv_create_cq`).
+#[derive(Debug)]
+pub struct Cq {
+    me: Weak<Self>,
+    ctx: Arc<Context>,
+    channel: Option<Arc<CompChannel>>,
+    comp_vector: u32,
+    handle: u32,
+    state: Mutex<CqState>,
+    uses: UseCount,
+    comp_acks: AckCounter,
+    async_acks: AckCounter,
+    user_data: AtomicU64,
+}
+
+/// The size a CQ of `cqe` entries gets: the next 2^n - 1 (as ring buffers round), capped by the
+/// device maximum.
+fn round_cqe(cqe: u32, max: u32) -> u32 {
+    let rounded = (u64::from(cqe) + 1).next_power_of_two() - 1;
+    u32::try_from(rounded).unwrap_or(u32::MAX).min(max).max(cqe)
+}
+
+impl Cq {
+    /// `ibv_create_cq`: a CQ with at least `cqe` entries; [`Cq::cqe`] tells the actual size.
+    pub fn create(
+        ctx: &Arc<Context>,
+        cqe: i32,
+        channel: Option<&Arc<CompChannel>>,
+        comp_vector: i32,
+    ) -> Result<Arc<Self>> {
+        let max = ctx.device().limits().max_cqe;
+        let cqe = u32::try_from(cqe)
+            .ok()
+            .filter(|c| (1..=max).contains(c))
+            .ok_or_else(|| Error::invalid(format!("cqe {cqe} is outside 1..={max}")))?;
+        let comp_vector = u32::try_from(comp_vector)
+            .ok()
+            .filter(|v| *v < NUM_COMP_VECTORS)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "comp_vector {comp_vector} is not below num_comp_vectors ({NUM_COMP_VECTORS})"
+                ))
+            })?;
+        if let Some(ch) = channel {
+            if !Arc::ptr_eq(ch.context(), ctx) {
+                return Err(Error::invalid(
+                    "the completion channel belongs to another context",
+                ));
+            }
+        }
+        ctx.device().acquire(Resource::Cq)?;
+        if let Some(ch) = channel {
+            if let Err(e) = ch.uses.acquire("completion channel") {
+                ctx.device().release(Resource::Cq);
+                return Err(e);
+            }
+        }
+        Ok(Arc::new_cyclic(|me| Self {
+            me: me.clone(),
+            ctx: ctx.clone(),
+            channel: channel.cloned(),
+            comp_vector,
+            handle: ctx.next_handle(),
+            state: Mutex::new(CqState {
+                entries: VecDeque::new(),
+                cqe: round_cqe(cqe, max),
+                armed: None,
+                overrun: false,
+            }),
+            uses: UseCount::default(),
+            comp_acks: AckCounter::default(),
+            async_acks: AckCounter::default(),
+            user_data: AtomicU64::new(0),
+        }))
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// The completion channel, if any.
+    pub fn channel(&self) -> Option<&Arc<CompChannel>> {
+        self.channel.as_ref()
+    }
+
+    /// The completion vector.
+    pub fn comp_vector(&self) -> u32 {
+        self.comp_vector
+    }
+
+    /// Handle (`ibv_cq.handle`).
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    /// The number of entries (`ibv_cq.cqe`).
+    pub fn cqe(&self) -> u32 {
+        self.state.lock().cqe
+    }
+
+    /// Unpolled completions.
+    pub fn len(&self) -> usize {
+        self.state.lock().entries.len()
+    }
+
+    /// Whether there are no unpolled completions.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// A value the front end may associate with the CQ (e.g. `cq_context`).
+    pub fn user_data(&self) -> u64 {
+        self.user_data.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Cq::user_data`].
+    pub fn set_user_data(&self, v: u64) {
+        self.user_data.store(v, Ordering::Relaxed);
+    }
+
+    pub(crate) fn uses(&self) -> &UseCount {
+        &self.uses
+    }
+
+    pub(crate) fn async_acks(&self) -> &AckCounter {
+        &self.async_acks
+    }
+
+    /// Whether the CQ overran and lost a completion (`IBV_EVENT_CQ_ERR`).
+    pub fn is_overrun(&self) -> bool {
+        self.state.lock().overrun
+    }
+
+    /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`, oldest first; returns how
+    /// many.
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        let mut st = self.state.lock();
+        let n = out.len().min(st.entries.len());
+        for (slot, wc) in out.iter_mut().zip(st.entries.drain(..n)) {
+            *slot = wc;
+        }
+        n
+    }
+
+    /// `ibv_req_notify_cq`: requests one completion event for the next completion (or the next
+    /// solicited or error completion if `solicited_only`). Completions already queued do not
+    /// fire it.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        let mut st = self.state.lock();
+        // A pending "any completion" request is not narrowed by a later solicited-only one.
+        st.armed = Some(match st.armed {
+            Some(false) => false,
+            _ => solicited_only,
+        });
+        Ok(())
+    }
+
+    /// `ibv_resize_cq`: at least `cqe` entries, and never fewer than the unpolled ones.
+    pub fn resize(&self, cqe: i32) -> Result<u32> {
+        let max = self.ctx.device().limits().max_cqe;
+        let cqe = u32::try_from(cqe)
+            .ok()
+            .filter(|c| (1..=max).contains(c))
+            .ok_or_else(|| Error::invalid(format!("cqe {cqe} is outside 1..={max}")))?;
+        let mut st = self.state.lock();
+        // ibv_resize_cq(3): the request itself must cover the unpolled entries.
+        if (cqe as usize) < st.entries.len() {
+            return Err(Error::invalid(format!(
+                "cqe {cqe} is below the {} unpolled completions",
+                st.entries.len()
+            )));
+        }
+        let size = round_cqe(cqe, max);
+        st.cqe = size;
+        Ok(size)
+    }
+
+    /// `ibv_ack_cq_events`: acknowledges `n` events returned by [`CompChannel::get_cq_event`].
+    pub fn ack_events(&self, n: u32) {
+        self.comp_acks.ack(u64::from(n));
+    }
+
+    /// (events delivered, events acknowledged) on the completion channel.
+    pub fn comp_event_counts(&self) -> (u64, u64) {
+        self.comp_acks.counts()
+    }
+
+    /// Queues a completion. On overrun the completion is lost, the CQ is in error and
+    /// `IBV_EVENT_CQ_ERR` is raised; the caller must move the QP to the error state.
+    pub fn push(&self, wc: WorkCompletion) -> Result<(), CqOverrun> {
+        let notify = {
+            let mut st = self.state.lock();
+            if st.overrun || st.entries.len() >= st.cqe as usize {
+                let first = !st.overrun;
+                st.overrun = true;
+                drop(st);
+                if first {
+                    if let Some(me) = self.me.upgrade() {
+                        self.ctx.raise(EventElement::Cq(me), EventType::CqErr);
+                    }
+                }
+                return Err(CqOverrun);
+            }
+            st.entries.push_back(wc);
+            match st.armed {
+                Some(solicited_only) if !solicited_only || wc.is_solicited() => {
+                    st.armed = None;
+                    true
+                }
+                _ => false,
+            }
+        };
+        if notify {
+            if let (Some(ch), Some(me)) = (&self.channel, self.me.upgrade()) {
+                ch.events.push(me);
+            }
+        }
+        Ok(())
+    }
+
+    fn teardown(&self) {
+        self.ctx.device().release(Resource::Cq);
+        if let Some(ch) = &self.channel {
+            ch.uses.release();
+        }
+    }
+
+    /// `ibv_destroy_cq`: EBUSY while a QP uses the CQ. Otherwise drops its undelivered events and
+    /// waits until every delivered completion and async event was acknowledged.
+    pub fn destroy(&self) -> Result<()> {
+        self.uses.retire("completion queue")?;
+        if let Some(ch) = &self.channel {
+            ch.events.remove_where(|cq| std::ptr::eq(Arc::as_ptr(cq), self));
+        }
+        self.ctx.forget_events(
+            |e| matches!(&e.element, EventElement::Cq(cq) if std::ptr::eq(Arc::as_ptr(cq), self)),
+        );
+        self.comp_acks.wait_all_acked();
+        self.async_acks.wait_all_acked();
+        self.teardown();
+        Ok(())
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        if !self.uses.is_retired() {
+            self.teardown();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::round_cqe;
+
+    #[test]
+    fn cqe_rounding() {
+        assert_eq!(round_cqe(1, 1000), 1);
+        assert_eq!(round_cqe(2, 1000), 3);
+        assert_eq!(round_cqe(100, 1000), 127);
+        assert_eq!(round_cqe(127, 1000), 127);
+        assert_eq!(round_cqe(128, 1000), 255);
+        assert_eq!(round_cqe(900, 1000), 1000);
+        assert_eq!(round_cqe(1000, 1000), 1000);
+    }
+}

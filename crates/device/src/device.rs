@@ -1,0 +1,623 @@
+//! The software device: what `ibv_get_device_list` returns, and the state shared by every
+//! context opened on it in this process (resource accounting, key and QP-number tables).
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
+use softverbs_engine::types::{AtomicCap, Gid, Mtu, PortState};
+use softverbs_engine::{Error, Result};
+
+use crate::config::{Config, Limits};
+use crate::netif::{self, Interface};
+
+/// Number of entries in every port's GID table. Unused entries read as zero.
+pub const GID_TABLE_LEN: usize = 16;
+/// Number of entries in the P_Key table; entry 0 holds the default full-membership key.
+pub const PKEY_TABLE_LEN: u16 = 1;
+/// The default P_Key.
+pub const DEFAULT_PKEY: u16 = 0xFFFF;
+/// Worst-case RoCEv2 header bytes, which the netdev MTU must leave room for (as rxe).
+pub const ROCE_HEADER_ALLOWANCE: u32 = 80;
+/// The device's vendor id: none assigned, as rxe reports.
+pub const VENDOR_ID: u32 = 0x00FF_FFFF;
+
+/// `IBV_DEVICE_*` capability bits this device honours.
+pub mod cap_flags {
+    /// Bad P_Key counter.
+    pub const BAD_PKEY_CNTR: u32 = 1 << 1;
+    /// Bad Q_Key counter.
+    pub const BAD_QKEY_CNTR: u32 = 1 << 2;
+    /// UD address vectors must name the QP's port.
+    pub const UD_AV_PORT_ENFORCE: u32 = 1 << 6;
+    /// `IBV_QP_CUR_STATE` is honoured.
+    pub const CURR_QP_STATE_MOD: u32 = 1 << 7;
+    /// Port-active events.
+    pub const PORT_ACTIVE_EVENT: u32 = 1 << 10;
+    /// `sys_image_guid` is valid.
+    pub const SYS_IMAGE_GUID: u32 = 1 << 11;
+    /// RC QPs send RNR NAKs.
+    pub const RC_RNR_NAK_GEN: u32 = 1 << 12;
+    /// SRQs can be resized.
+    pub const SRQ_RESIZE: u32 = 1 << 13;
+}
+
+/// `IBV_PORT_IP_BASED_GIDS`.
+pub const PORT_IP_BASED_GIDS: u32 = 1 << 26;
+
+/// `struct ibv_device_attr`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs)] // one field per C field, named identically; ibv_query_device(3) documents them
+pub struct DeviceAttr {
+    pub fw_ver: String,
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub device_cap_flags: u32,
+    pub max_sge: u32,
+    pub max_sge_rd: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    pub max_qp_rd_atom: u32,
+    pub max_ee_rd_atom: u32,
+    pub max_res_rd_atom: u32,
+    pub max_qp_init_rd_atom: u32,
+    pub max_ee_init_rd_atom: u32,
+    pub atomic_cap: AtomicCap,
+    pub max_ee: u32,
+    pub max_rdd: u32,
+    pub max_mw: u32,
+    pub max_raw_ipv6_qp: u32,
+    pub max_raw_ethy_qp: u32,
+    pub max_mcast_grp: u32,
+    pub max_mcast_qp_attach: u32,
+    pub max_total_mcast_qp_attach: u32,
+    pub max_ah: u32,
+    pub max_fmr: u32,
+    pub max_map_per_fmr: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
+    pub max_pkeys: u16,
+    pub local_ca_ack_delay: u8,
+    pub phys_port_cnt: u8,
+}
+
+/// `struct ibv_port_attr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)] // one field per C field, named identically; ibv_query_port(3) documents them
+pub struct PortAttr {
+    pub state: PortState,
+    pub max_mtu: Mtu,
+    pub active_mtu: Mtu,
+    pub gid_tbl_len: u32,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub phys_state: u8,
+    pub link_layer: u8,
+    pub flags: u8,
+    pub port_cap_flags2: u16,
+}
+
+/// Countable resources, each limited by a [`Limits`] field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Resource {
+    Pd,
+    Mr,
+    Cq,
+    Qp,
+    Srq,
+    Ah,
+}
+
+impl Resource {
+    const COUNT: usize = 6;
+
+    fn limit(self, l: &Limits) -> u32 {
+        match self {
+            Self::Pd => l.max_pd,
+            Self::Mr => l.max_mr,
+            Self::Cq => l.max_cq,
+            Self::Qp => l.max_qp,
+            Self::Srq => l.max_srq,
+            Self::Ah => l.max_ah,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Pd => "max_pd",
+            Self::Mr => "max_mr",
+            Self::Cq => "max_cq",
+            Self::Qp => "max_qp",
+            Self::Srq => "max_srq",
+            Self::Ah => "max_ah",
+        }
+    }
+}
+
+/// Multicast attachments of the whole device.
+#[derive(Debug, Default)]
+pub(crate) struct McastTable {
+    pub(crate) groups: HashMap<Gid, HashSet<u32>>,
+    pub(crate) total: u32,
+}
+
+/// State shared by every context of one device in this process.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    counts: [AtomicU32; Resource::COUNT],
+    keys: Mutex<HashSet<u32>>,
+    qpns: Mutex<QpnTable>,
+    pub(crate) mcast: Mutex<McastTable>,
+}
+
+#[derive(Debug)]
+struct QpnTable {
+    next: u32,
+    live: HashSet<u32>,
+}
+
+/// QPNs 0 and 1 are the special management QPs; ordinary QPs start above them, as on hardware.
+const FIRST_QPN: u32 = 0x11;
+
+impl Shared {
+    fn new() -> Self {
+        Self {
+            counts: Default::default(),
+            keys: Mutex::new(HashSet::new()),
+            qpns: Mutex::new(QpnTable {
+                next: FIRST_QPN,
+                live: HashSet::new(),
+            }),
+            mcast: Mutex::new(McastTable::default()),
+        }
+    }
+}
+
+/// One software RDMA device (one per network interface). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Device {
+    inner: Arc<DeviceInner>,
+}
+
+#[derive(Debug)]
+struct DeviceInner {
+    name: String,
+    netdev: String,
+    ifindex: u32,
+    guid: u64,
+    attr: DeviceAttr,
+    port: PortAttr,
+    gids: [Gid; GID_TABLE_LEN],
+    config: Config,
+    shared: Shared,
+}
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl Eq for Device {}
+
+impl Device {
+    /// Builds the device of one interface.
+    pub fn from_interface(ifc: &Interface, config: &Config) -> Self {
+        let guid = node_guid(ifc);
+        let limits = config.limits;
+        let attr = DeviceAttr {
+            fw_ver: env!("CARGO_PKG_VERSION").to_string(),
+            node_guid: guid,
+            sys_image_guid: guid,
+            max_mr_size: limits.max_mr_size,
+            page_size_cap: 0xFFFF_F000,
+            vendor_id: VENDOR_ID,
+            vendor_part_id: 0,
+            hw_ver: 0,
+            max_qp: limits.max_qp,
+            max_qp_wr: limits.max_qp_wr,
+            device_cap_flags: cap_flags::CURR_QP_STATE_MOD
+                | cap_flags::SYS_IMAGE_GUID
+                | cap_flags::RC_RNR_NAK_GEN
+                | cap_flags::SRQ_RESIZE
+                | cap_flags::UD_AV_PORT_ENFORCE,
+            max_sge: limits.max_sge,
+            max_sge_rd: limits.max_sge,
+            max_cq: limits.max_cq,
+            max_cqe: limits.max_cqe,
+            max_mr: limits.max_mr,
+            max_pd: limits.max_pd,
+            max_qp_rd_atom: u32::from(limits.max_qp_rd_atom),
+            max_ee_rd_atom: 0,
+            max_res_rd_atom: u32::from(limits.max_qp_rd_atom).saturating_mul(limits.max_qp),
+            max_qp_init_rd_atom: u32::from(limits.max_qp_init_rd_atom),
+            max_ee_init_rd_atom: 0,
+            atomic_cap: AtomicCap::Hca,
+            max_ee: 0,
+            max_rdd: 0,
+            max_mw: 0,
+            max_raw_ipv6_qp: 0,
+            max_raw_ethy_qp: 0,
+            max_mcast_grp: limits.max_mcast_grp,
+            max_mcast_qp_attach: limits.max_mcast_qp_attach,
+            max_total_mcast_qp_attach: limits.max_total_mcast_qp_attach,
+            max_ah: limits.max_ah,
+            max_fmr: 0,
+            max_map_per_fmr: 0,
+            max_srq: limits.max_srq,
+            max_srq_wr: limits.max_srq_wr,
+            max_srq_sge: limits.max_srq_sge,
+            max_pkeys: PKEY_TABLE_LEN,
+            local_ca_ack_delay: 15,
+            phys_port_cnt: 1,
+        };
+        let active_mtu = if ifc.loopback {
+            Mtu::Mtu4096
+        } else {
+            Mtu::largest_within(ifc.mtu.saturating_sub(ROCE_HEADER_ALLOWANCE)).unwrap_or(Mtu::Mtu256)
+        };
+        let state = if ifc.running {
+            PortState::Active
+        } else {
+            PortState::Down
+        };
+        let port = PortAttr {
+            state,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu,
+            gid_tbl_len: GID_TABLE_LEN as u32,
+            port_cap_flags: PORT_IP_BASED_GIDS,
+            max_msg_sz: 1 << 31,
+            bad_pkey_cntr: 0,
+            qkey_viol_cntr: 0,
+            pkey_tbl_len: PKEY_TABLE_LEN,
+            lid: 0,
+            sm_lid: 0,
+            lmc: 0,
+            max_vl_num: 1,
+            sm_sl: 0,
+            subnet_timeout: 0,
+            init_type_reply: 0,
+            active_width: 1,                             // 1X
+            active_speed: 32,                            // EDR: 25 Gbit/s per lane
+            phys_state: if ifc.running { 5 } else { 3 }, // LinkUp / Disabled
+            link_layer: softverbs_engine::types::LINK_LAYER_ETHERNET,
+            flags: 0,
+            port_cap_flags2: 0,
+        };
+        Self {
+            inner: Arc::new(DeviceInner {
+                name: format!("sv_{}", ifc.name),
+                netdev: ifc.name.clone(),
+                ifindex: ifc.index,
+                guid,
+                attr,
+                port,
+                gids: gid_table(&ifc.addrs),
+                config: config.clone(),
+                shared: Shared::new(),
+            }),
+        }
+    }
+
+    /// The device name (`ibv_get_device_name`): `sv_` followed by the interface name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The network interface this device runs on.
+    pub fn netdev(&self) -> &str {
+        &self.inner.netdev
+    }
+
+    /// The kernel index of the network interface.
+    pub fn ifindex(&self) -> u32 {
+        self.inner.ifindex
+    }
+
+    /// The node GUID (`ibv_get_device_guid`), as a host-order number whose big-endian bytes are
+    /// the EUI-64.
+    pub fn guid(&self) -> u64 {
+        self.inner.guid
+    }
+
+    /// Device attributes (`ibv_query_device`).
+    pub fn attr(&self) -> &DeviceAttr {
+        &self.inner.attr
+    }
+
+    /// Port attributes (`ibv_query_port`) of port 1, the only port.
+    pub fn port_attr(&self) -> &PortAttr {
+        &self.inner.port
+    }
+
+    /// The port's GID table; unused entries are zero.
+    pub fn gid_table(&self) -> &[Gid; GID_TABLE_LEN] {
+        &self.inner.gids
+    }
+
+    /// The configuration the device was built with.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// The enforced limits.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.config.limits
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+
+    /// Takes one unit of `r`, or fails with ENOMEM naming the limit.
+    pub(crate) fn acquire(&self, r: Resource) -> Result<()> {
+        let limit = r.limit(self.limits());
+        self.shared().counts[r as usize]
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .map(drop)
+            .map_err(|n| Error::no_resources(format!("{} ({limit}) reached with {n} in use", r.name())))
+    }
+
+    /// Returns one unit of `r`.
+    pub(crate) fn release(&self, r: Resource) {
+        self.shared().counts[r as usize].fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// How many of `r` are in use.
+    #[cfg(test)]
+    pub(crate) fn in_use(&self, r: Resource) -> u32 {
+        self.shared().counts[r as usize].load(Ordering::Acquire)
+    }
+
+    /// A fresh memory key: random (so a peer cannot guess one) and unique on this device.
+    pub(crate) fn alloc_key(&self) -> u32 {
+        let mut keys = self.shared().keys.lock();
+        loop {
+            let mut b = [0u8; 4];
+            getrandom::getrandom(&mut b).expect("the kernel's random source is available");
+            let key = u32::from_ne_bytes(b);
+            // 0 and all-ones are reserved: they are what uninitialised or invalid keys look like.
+            if key != 0 && key != u32::MAX && keys.insert(key) {
+                return key;
+            }
+        }
+    }
+
+    /// Releases a memory key.
+    pub(crate) fn free_key(&self, key: u32) {
+        self.shared().keys.lock().remove(&key);
+    }
+
+    /// A fresh QP number, unique among live QPs of this device.
+    pub(crate) fn alloc_qpn(&self) -> u32 {
+        let mut t = self.shared().qpns.lock();
+        loop {
+            let qpn = t.next;
+            t.next = if t.next >= 0xFF_FFFE {
+                FIRST_QPN
+            } else {
+                t.next + 1
+            };
+            if t.live.insert(qpn) {
+                return qpn;
+            }
+        }
+    }
+
+    /// Releases a QP number.
+    pub(crate) fn free_qpn(&self, qpn: u32) {
+        self.shared().qpns.lock().live.remove(&qpn);
+    }
+}
+
+/// The RoCE v2 GID table of an interface: IPv6 link-local addresses first (as the kernel puts the
+/// default GID at index 0), then IPv4 addresses mapped into IPv6, then the other IPv6 addresses.
+pub fn gid_table(addrs: &[IpAddr]) -> [Gid; GID_TABLE_LEN] {
+    let is_link_local = |ip: &IpAddr| matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80);
+    let mut ordered: Vec<IpAddr> = addrs.iter().copied().filter(is_link_local).collect();
+    ordered.extend(addrs.iter().copied().filter(IpAddr::is_ipv4));
+    ordered.extend(
+        addrs
+            .iter()
+            .copied()
+            .filter(|ip| ip.is_ipv6() && !is_link_local(ip)),
+    );
+    let mut table = [Gid::ZERO; GID_TABLE_LEN];
+    for (slot, ip) in table.iter_mut().zip(ordered) {
+        *slot = Gid::from_ip(ip);
+    }
+    table
+}
+
+/// The node GUID: the EUI-64 of the interface's MAC (as RoCE devices derive it), or, for links
+/// without a MAC such as loopback, a stable hash of the host's identity and the interface name.
+fn node_guid(ifc: &Interface) -> u64 {
+    match ifc.mac {
+        Some(mac) if mac != [0; 6] => {
+            u64::from_be_bytes([mac[0] ^ 0x02, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]])
+        }
+        _ => {
+            let host = std::fs::read_to_string("/etc/machine-id").unwrap_or_default();
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            host.trim().hash(&mut h);
+            ifc.name.hash(&mut h);
+            // A locally administered EUI-64 (U/L bit set after the flip), so it never collides
+            // with one derived from a real MAC.
+            (h.finish() & !0xFF00_0000_0000_0000) | 0x0200_0000_0000_0000
+        }
+    }
+}
+
+/// Discovers the devices for `config`: one per interface with an IP address, loopback included,
+/// ordered by interface index.
+pub fn discover(config: &Config) -> Result<Vec<Device>> {
+    let mut list = Vec::new();
+    for ifc in netif::interfaces()? {
+        if let Some(names) = &config.interfaces {
+            if !names.iter().any(|n| n == &ifc.name) {
+                continue;
+            }
+        }
+        list.push(Device::from_interface(&ifc, config));
+    }
+    Ok(list)
+}
+
+/// The process-wide devices for the environment's configuration (`ibv_get_device_list`).
+///
+/// A device keeps its identity for the life of the process, so that resource limits and memory
+/// keys are shared by every context opened on it; interfaces that appear later are added.
+pub fn device_list() -> Result<Vec<Device>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<String, Device>>> = OnceLock::new();
+    let config = Config::from_env()?;
+    let fresh = discover(&config)?;
+    let mut known = REGISTRY.get_or_init(Default::default).lock();
+    Ok(fresh
+        .into_iter()
+        .map(|d| {
+            known
+                .entry(d.name().to_string())
+                .and_modify(|old| {
+                    if old.config() != &config {
+                        *old = d.clone();
+                    }
+                })
+                .or_insert(d)
+                .clone()
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    fn ifc(name: &str, mtu: u32, loopback: bool, addrs: Vec<IpAddr>) -> Interface {
+        Interface {
+            name: name.into(),
+            index: 7,
+            running: true,
+            loopback,
+            mtu,
+            mac: Some([0x02, 0x11, 0x22, 0x33, 0x44, 0x55]),
+            addrs,
+        }
+    }
+
+    #[test]
+    fn gid_order_link_local_then_ipv4_then_ipv6() {
+        let ll: Ipv6Addr = "fe80::1".parse().unwrap();
+        let global: Ipv6Addr = "fd00::2".parse().unwrap();
+        let v4 = Ipv4Addr::new(192, 0, 2, 2);
+        let t = gid_table(&[IpAddr::V6(global), IpAddr::V4(v4), IpAddr::V6(ll)]);
+        assert_eq!(t[0], Gid::from(ll));
+        assert_eq!(t[1], Gid::from(v4));
+        assert_eq!(t[2], Gid::from(global));
+        assert!(t[3..].iter().all(|g| g.is_zero()));
+    }
+
+    #[test]
+    fn active_mtu_follows_netdev_mtu() {
+        let cfg = Config::default();
+        let d = Device::from_interface(
+            &ifc("eth9", 1500, false, vec![IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))]),
+            &cfg,
+        );
+        assert_eq!(d.port_attr().active_mtu, Mtu::Mtu1024);
+        let d = Device::from_interface(
+            &ifc("eth9", 9000, false, vec![IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))]),
+            &cfg,
+        );
+        assert_eq!(d.port_attr().active_mtu, Mtu::Mtu4096);
+        let d = Device::from_interface(
+            &ifc("lo", 65536, true, vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]),
+            &cfg,
+        );
+        assert_eq!(d.port_attr().active_mtu, Mtu::Mtu4096);
+        assert_eq!(d.port_attr().max_mtu, Mtu::Mtu4096);
+    }
+
+    #[test]
+    fn guid_is_eui64_of_mac() {
+        let d = Device::from_interface(
+            &ifc("eth9", 1500, false, vec![IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))]),
+            &Config::default(),
+        );
+        assert_eq!(d.guid(), 0x0011_22ff_fe33_4455);
+        assert_eq!(d.name(), "sv_eth9");
+    }
+
+    #[test]
+    fn resource_limits_are_enforced() {
+        let mut cfg = Config::default();
+        cfg.limits.max_pd = 2;
+        let d = Device::from_interface(
+            &ifc("x", 1500, false, vec![IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))]),
+            &cfg,
+        );
+        d.acquire(Resource::Pd).unwrap();
+        d.acquire(Resource::Pd).unwrap();
+        let e = d.acquire(Resource::Pd).unwrap_err();
+        assert_eq!(e.errno(), 12);
+        assert!(e.to_string().contains("max_pd"));
+        d.release(Resource::Pd);
+        d.acquire(Resource::Pd).unwrap();
+        assert_eq!(d.in_use(Resource::Pd), 2);
+    }
+
+    #[test]
+    fn keys_and_qpns_are_unique() {
+        let d = Device::from_interface(
+            &ifc("x", 1500, false, vec![IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))]),
+            &Config::default(),
+        );
+        let keys: HashSet<u32> = (0..1000).map(|_| d.alloc_key()).collect();
+        assert_eq!(keys.len(), 1000);
+        let qpns: HashSet<u32> = (0..1000).map(|_| d.alloc_qpn()).collect();
+        assert_eq!(qpns.len(), 1000);
+        assert!(qpns.iter().all(|&q| (FIRST_QPN..0xFF_FFFF).contains(&q)));
+    }
+
+    #[test]
+    fn discovery_always_finds_loopback() {
+        let list = discover(&Config::default()).unwrap();
+        let lo = list.iter().find(|d| d.netdev() == "lo").expect("loopback device");
+        assert_eq!(lo.name(), "sv_lo");
+        assert!(!lo.gid_table()[0].is_zero(), "the first GID must be usable");
+        let only_lo = discover(&Config {
+            interfaces: Some(vec!["lo".into()]),
+            ..Config::default()
+        })
+        .unwrap();
+        assert_eq!(only_lo.len(), 1);
+    }
+}

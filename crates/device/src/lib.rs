@@ -1,0 +1,26 @@
+//! The softverbs software RDMA device.
+//!
+//! This crate is the core object model behind both front ends: the safe Rust API (`softverbs`)
+//! and the drop-in C library. Every verb is implemented here once, on thread-safe objects
+//! (`Arc<Pd>`, `Arc<Cq>`, `Arc<Qp>`, ...) that hold what they depend on. Each object has an
+//! explicit `destroy`/`dealloc` that enforces the man pages' teardown rules (EBUSY while in use,
+//! waiting for event acknowledgements), and a `Drop` that cleans up if it was never called.
+//!
+//! Devices are discovered from the host's network interfaces ([`device_list`]); see [`config`]
+//! for the environment variables that override the defaults.
+
+pub mod config;
+pub mod context;
+pub mod cq;
+pub mod device;
+pub mod netif;
+pub mod pd;
+pub mod qp;
+mod sync;
+
+pub use config::{Config, Limits};
+pub use context::{AsyncEvent, Context, EventElement};
+pub use cq::{CompChannel, Cq, CqOverrun};
+pub use device::{device_list, discover, Device, DeviceAttr, PortAttr};
+pub use pd::{Ah, Mr, Pd};
+pub use qp::{PostError, Qp, QpInitAttr, Srq};

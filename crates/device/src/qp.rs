@@ -1,0 +1,682 @@
+//! Queue pairs and shared receive queues.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+use softverbs_engine::qp_state::{apply_modify, validate_modify};
+use softverbs_engine::types::{
+    EventType, Gid, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SrqAttr, SrqAttrMask, WcOpcode,
+    WcStatus, WorkCompletion,
+};
+use softverbs_engine::{Error, Result};
+
+use crate::context::{Context, EventElement};
+use crate::cq::Cq;
+use crate::device::{cap_flags, Resource};
+use crate::pd::Pd;
+use crate::sync::{AckCounter, UseCount};
+
+/// Rounds a queue depth up to a power of two, as ring-based hardware does; 0 stays 0.
+fn round_depth(n: u32) -> u32 {
+    if n == 0 {
+        0
+    } else {
+        n.checked_next_power_of_two().unwrap_or(n)
+    }
+}
+
+/// Which WR in a posted list failed, and why (`bad_wr`).
+#[derive(Debug, thiserror::Error)]
+#[error("work request {index}: {error}")]
+pub struct PostError {
+    /// Index of the first WR that was not posted; those before it were.
+    pub index: usize,
+    /// Why it was refused.
+    #[source]
+    pub error: Error,
+}
+
+impl From<PostError> for Error {
+    fn from(e: PostError) -> Self {
+        e.error
+    }
+}
+
+/// `struct ibv_qp_init_attr`.
+#[derive(Debug, Clone)]
+pub struct QpInitAttr {
+    /// Transport service.
+    pub qp_type: QpType,
+    /// CQ for send completions.
+    pub send_cq: Arc<Cq>,
+    /// CQ for receive completions.
+    pub recv_cq: Arc<Cq>,
+    /// SRQ, if receives come from one.
+    pub srq: Option<Arc<Srq>>,
+    /// Requested capabilities.
+    pub cap: QpCap,
+    /// Every send WR generates a completion.
+    pub sq_sig_all: bool,
+}
+
+#[derive(Debug)]
+struct QpInner {
+    attr: QpAttr,
+    rq: VecDeque<RecvWr>,
+    mcast: HashSet<Gid>,
+}
+
+/// A queue pair (`ibv_create_qp`).
+#[derive(Debug)]
+pub struct Qp {
+    me: Weak<Self>,
+    pd: Arc<Pd>,
+    init: QpInitAttr,
+    qpn: u32,
+    handle: u32,
+    inner: Mutex<QpInner>,
+    uses: UseCount,
+    async_acks: AckCounter,
+    user_data: AtomicU64,
+}
+
+impl Qp {
+    /// `ibv_create_qp`. The returned QP's [`Qp::cap`] holds the actual capabilities, each at
+    /// least what was asked for.
+    pub fn create(pd: &Arc<Pd>, init: &QpInitAttr) -> Result<Arc<Self>> {
+        let ctx = pd.context();
+        let limits = *ctx.device().limits();
+        for (cq, which) in [(&init.send_cq, "send_cq"), (&init.recv_cq, "recv_cq")] {
+            if !Arc::ptr_eq(cq.context(), ctx) {
+                return Err(Error::invalid(format!("{which} belongs to another context")));
+            }
+        }
+        if let Some(srq) = &init.srq {
+            if init.qp_type == QpType::Uc {
+                return Err(Error::invalid("only RC and UD QPs can be associated with an SRQ"));
+            }
+            if !Arc::ptr_eq(srq.pd().context(), ctx) {
+                return Err(Error::invalid("srq belongs to another context"));
+            }
+        }
+        let c = init.cap;
+        let check = |v: u32, max: u32, name: &str| {
+            if v > max {
+                Err(Error::invalid(format!(
+                    "cap.{name} {v} exceeds the device maximum {max}"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        check(c.max_send_wr, limits.max_qp_wr, "max_send_wr")?;
+        check(c.max_send_sge, limits.max_sge, "max_send_sge")?;
+        check(c.max_inline_data, limits.max_inline_data, "max_inline_data")?;
+        // With an SRQ the receive capabilities are ignored (ibv_create_qp(3)).
+        let cap = if init.srq.is_some() {
+            QpCap {
+                max_recv_wr: 0,
+                max_recv_sge: 0,
+                ..c
+            }
+        } else {
+            check(c.max_recv_wr, limits.max_qp_wr, "max_recv_wr")?;
+            check(c.max_recv_sge, limits.max_sge, "max_recv_sge")?;
+            c
+        };
+        let cap = QpCap {
+            max_send_wr: round_depth(cap.max_send_wr),
+            max_recv_wr: round_depth(cap.max_recv_wr),
+            max_send_sge: cap.max_send_sge,
+            max_recv_sge: cap.max_recv_sge,
+            // Inline data is copied into the WQE in 16-byte units.
+            max_inline_data: cap
+                .max_inline_data
+                .div_ceil(16)
+                .saturating_mul(16)
+                .min(limits.max_inline_data),
+        };
+
+        // Take every reference, undoing the ones already taken if a later one fails.
+        let mut taken: Vec<&UseCount> = Vec::new();
+        let result = (|| {
+            ctx.device().acquire(Resource::Qp)?;
+            for (u, what) in [
+                (pd.uses(), "protection domain"),
+                (init.send_cq.uses(), "send_cq"),
+                (init.recv_cq.uses(), "recv_cq"),
+            ] {
+                u.acquire(what)?;
+                taken.push(u);
+            }
+            if let Some(srq) = &init.srq {
+                srq.uses.acquire("srq")?;
+                taken.push(&srq.uses);
+            }
+            Ok(())
+        })();
+        if let Err(e) = result {
+            if !matches!(e, Error::NoResources(_)) {
+                ctx.device().release(Resource::Qp);
+            }
+            taken.iter().for_each(|u| u.release());
+            return Err(e);
+        }
+
+        let qpn = ctx.device().alloc_qpn();
+        let attr = QpAttr {
+            cap,
+            ..QpAttr::default()
+        };
+        Ok(Arc::new_cyclic(|me| Self {
+            me: me.clone(),
+            pd: pd.clone(),
+            init: QpInitAttr { cap, ..init.clone() },
+            qpn,
+            handle: ctx.next_handle(),
+            inner: Mutex::new(QpInner {
+                attr,
+                rq: VecDeque::new(),
+                mcast: HashSet::new(),
+            }),
+            uses: UseCount::default(),
+            async_acks: AckCounter::default(),
+            user_data: AtomicU64::new(0),
+        }))
+    }
+
+    /// The PD.
+    pub fn pd(&self) -> &Arc<Pd> {
+        &self.pd
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<Context> {
+        self.pd.context()
+    }
+
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// Handle (`ibv_qp.handle`).
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    /// Transport service.
+    pub fn qp_type(&self) -> QpType {
+        self.init.qp_type
+    }
+
+    /// The creation attributes, with the actual capabilities.
+    pub fn init_attr(&self) -> &QpInitAttr {
+        &self.init
+    }
+
+    /// The actual capabilities.
+    pub fn cap(&self) -> QpCap {
+        self.init.cap
+    }
+
+    /// The current state.
+    pub fn state(&self) -> QpState {
+        self.inner.lock().attr.qp_state
+    }
+
+    /// A value the front end may associate with the QP (e.g. `qp_context`).
+    pub fn user_data(&self) -> u64 {
+        self.user_data.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Qp::user_data`].
+    pub fn set_user_data(&self, v: u64) {
+        self.user_data.store(v, Ordering::Relaxed);
+    }
+
+    pub(crate) fn async_acks(&self) -> &AckCounter {
+        &self.async_acks
+    }
+
+    fn raise(&self, event: EventType) {
+        if let Some(me) = self.me.upgrade() {
+            self.context().raise(EventElement::Qp(me), event);
+        }
+    }
+
+    /// `ibv_query_qp`: every attribute (the mask is only a hint, so all are returned).
+    pub fn query(&self) -> QpAttr {
+        let mut attr = self.inner.lock().attr;
+        attr.cur_qp_state = attr.qp_state;
+        attr
+    }
+
+    /// `ibv_modify_qp`: validates against the IBTA state table and the device limits; on any
+    /// error nothing changes and the error names the offending attribute.
+    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        let ctx = self.context();
+        let mut inner = self.inner.lock();
+        let from = inner.attr.qp_state;
+        let next = validate_modify(self.qp_type(), from, attr, mask, &ctx.port_limits())?;
+        apply_modify(&mut inner.attr, attr, mask, next);
+        match next {
+            QpState::Reset if from != QpState::Reset => inner.rq.clear(),
+            QpState::Err if from != QpState::Err => {
+                let flushed: Vec<RecvWr> = inner.rq.drain(..).collect();
+                drop(inner);
+                self.flush_recv(flushed);
+                if self.init.srq.is_some() {
+                    // No receive of this QP will consume SRQ WQEs any more.
+                    self.raise(EventType::QpLastWqeReached);
+                }
+                return Ok(());
+            }
+            QpState::Sqd if from == QpState::Rts => {
+                // Nothing is in flight on the send queue, so it is drained at once.
+                let notify = inner.attr.en_sqd_async_notify;
+                drop(inner);
+                if notify {
+                    self.raise(EventType::SqDrained);
+                }
+                return Ok(());
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn flush_recv(&self, wrs: Vec<RecvWr>) {
+        let mut overrun = false;
+        for wr in wrs {
+            let wc = WorkCompletion::error(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
+            overrun |= self.init.recv_cq.push(wc).is_err();
+        }
+        if overrun {
+            tracing::warn!(qpn = self.qpn, "receive CQ overrun while flushing");
+        }
+    }
+
+    /// `ibv_post_recv`: queues receive WRs in order, stopping at the first that cannot be
+    /// posted. A QP in the error state completes them at once with `IBV_WC_WR_FLUSH_ERR`.
+    pub fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        let fail = |index, error| Err(PostError { index, error });
+        if self.init.srq.is_some() {
+            return fail(
+                0,
+                Error::invalid("the QP receives from an SRQ: use post_srq_recv"),
+            );
+        }
+        let mut inner = self.inner.lock();
+        let state = inner.attr.qp_state;
+        if state == QpState::Reset {
+            return fail(
+                0,
+                Error::invalid("receives cannot be posted to a QP in the RESET state"),
+            );
+        }
+        let cap = self.init.cap;
+        let mut flushed = Vec::new();
+        for (index, wr) in wrs.iter().enumerate() {
+            if wr.sg_list.len() > cap.max_recv_sge as usize {
+                drop(inner);
+                self.flush_recv(flushed);
+                return fail(
+                    index,
+                    Error::invalid(format!(
+                        "num_sge {} exceeds max_recv_sge {}",
+                        wr.sg_list.len(),
+                        cap.max_recv_sge
+                    )),
+                );
+            }
+            if state == QpState::Err {
+                flushed.push(wr.clone());
+                continue;
+            }
+            if inner.rq.len() >= cap.max_recv_wr as usize {
+                return fail(
+                    index,
+                    Error::no_resources(format!("the receive queue is full ({} WRs)", cap.max_recv_wr)),
+                );
+            }
+            inner.rq.push_back(wr.clone());
+        }
+        drop(inner);
+        self.flush_recv(flushed);
+        Ok(())
+    }
+
+    /// Posted receive WRs not yet consumed.
+    pub fn recv_queue_len(&self) -> usize {
+        self.inner.lock().rq.len()
+    }
+
+    /// `ibv_attach_mcast`: UD only, `gid` must be a multicast GID; attaching twice is harmless.
+    pub fn attach_mcast(&self, gid: &Gid, _lid: u16) -> Result<()> {
+        if self.qp_type() != QpType::Ud {
+            return Err(Error::invalid("only UD QPs can be attached to multicast groups"));
+        }
+        if !gid.is_multicast() {
+            return Err(Error::invalid(format!("{gid} is not a multicast GID")));
+        }
+        let device = self.context().device();
+        let limits = *device.limits();
+        let mut inner = self.inner.lock();
+        if inner.mcast.contains(gid) {
+            return Ok(());
+        }
+        let mut table = device.shared().mcast.lock();
+        if table.total >= limits.max_total_mcast_qp_attach {
+            return Err(Error::no_resources(format!(
+                "max_total_mcast_qp_attach ({}) reached",
+                limits.max_total_mcast_qp_attach
+            )));
+        }
+        let groups = table.groups.len() as u32;
+        let members = match table.groups.get(gid) {
+            Some(m) => m.len() as u32,
+            None if groups >= limits.max_mcast_grp => {
+                return Err(Error::no_resources(format!(
+                    "max_mcast_grp ({}) reached",
+                    limits.max_mcast_grp
+                )))
+            }
+            None => 0,
+        };
+        if members >= limits.max_mcast_qp_attach {
+            return Err(Error::no_resources(format!(
+                "max_mcast_qp_attach ({}) reached for {gid}",
+                limits.max_mcast_qp_attach
+            )));
+        }
+        table.groups.entry(*gid).or_default().insert(self.qpn);
+        table.total += 1;
+        inner.mcast.insert(*gid);
+        Ok(())
+    }
+
+    /// `ibv_detach_mcast`: EINVAL if the QP is not attached to `gid`.
+    pub fn detach_mcast(&self, gid: &Gid, _lid: u16) -> Result<()> {
+        let mut inner = self.inner.lock();
+        if !inner.mcast.remove(gid) {
+            return Err(Error::invalid(format!("the QP is not attached to {gid}")));
+        }
+        let device = self.context().device();
+        let mut table = device.shared().mcast.lock();
+        if let Some(m) = table.groups.get_mut(gid) {
+            m.remove(&self.qpn);
+            if m.is_empty() {
+                table.groups.remove(gid);
+            }
+        }
+        table.total -= 1;
+        Ok(())
+    }
+
+    /// Multicast groups the QP is attached to.
+    pub fn mcast_groups(&self) -> Vec<Gid> {
+        self.inner.lock().mcast.iter().copied().collect()
+    }
+
+    fn teardown(&self) {
+        let device = self.context().device();
+        let groups: Vec<Gid> = self.inner.lock().mcast.drain().collect();
+        if !groups.is_empty() {
+            let mut table = device.shared().mcast.lock();
+            for g in groups {
+                if let Some(m) = table.groups.get_mut(&g) {
+                    m.remove(&self.qpn);
+                    if m.is_empty() {
+                        table.groups.remove(&g);
+                    }
+                }
+                table.total -= 1;
+            }
+        }
+        device.free_qpn(self.qpn);
+        device.release(Resource::Qp);
+        self.pd.uses().release();
+        self.init.send_cq.uses().release();
+        self.init.recv_cq.uses().release();
+        if let Some(srq) = &self.init.srq {
+            srq.uses.release();
+        }
+    }
+
+    /// `ibv_destroy_qp`: EBUSY while attached to a multicast group. Otherwise drops undelivered
+    /// async events about the QP and waits until delivered ones were acknowledged.
+    pub fn destroy(&self) -> Result<()> {
+        let attached = self.inner.lock().mcast.len();
+        if attached > 0 {
+            return Err(Error::busy(format!(
+                "the QP is attached to {attached} multicast group(s)"
+            )));
+        }
+        self.uses.retire("queue pair")?;
+        self.context().forget_events(
+            |e| matches!(&e.element, EventElement::Qp(q) if std::ptr::eq(Arc::as_ptr(q), self)),
+        );
+        self.async_acks.wait_all_acked();
+        self.teardown();
+        Ok(())
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        if !self.uses.is_retired() {
+            self.teardown();
+        }
+    }
+}
+
+#[derive(Debug)]
+struct SrqInner {
+    attr: SrqAttr,
+    queue: VecDeque<RecvWr>,
+}
+
+/// A shared receive queue (`ibv_create_srq`).
+#[derive(Debug)]
+pub struct Srq {
+    me: Weak<Self>,
+    pd: Arc<Pd>,
+    handle: u32,
+    inner: Mutex<SrqInner>,
+    uses: UseCount,
+    async_acks: AckCounter,
+    user_data: AtomicU64,
+}
+
+impl Srq {
+    /// `ibv_create_srq`: [`Srq::query`] gives the actual `max_wr` and `max_sge`, each at least
+    /// what was asked; `srq_limit` is ignored at creation.
+    pub fn create(pd: &Arc<Pd>, attr: &SrqAttr) -> Result<Arc<Self>> {
+        let ctx = pd.context();
+        let limits = *ctx.device().limits();
+        if attr.max_wr == 0 || attr.max_wr > limits.max_srq_wr {
+            return Err(Error::invalid(format!(
+                "max_wr {} is outside 1..={}",
+                attr.max_wr, limits.max_srq_wr
+            )));
+        }
+        if attr.max_sge > limits.max_srq_sge {
+            return Err(Error::invalid(format!(
+                "max_sge {} exceeds max_srq_sge {}",
+                attr.max_sge, limits.max_srq_sge
+            )));
+        }
+        ctx.device().acquire(Resource::Srq)?;
+        if let Err(e) = pd.uses().acquire("protection domain") {
+            ctx.device().release(Resource::Srq);
+            return Err(e);
+        }
+        let actual = SrqAttr {
+            max_wr: round_depth(attr.max_wr).min(limits.max_srq_wr),
+            max_sge: attr.max_sge.max(1),
+            srq_limit: 0,
+        };
+        Ok(Arc::new_cyclic(|me| Self {
+            me: me.clone(),
+            pd: pd.clone(),
+            handle: ctx.next_handle(),
+            inner: Mutex::new(SrqInner {
+                attr: actual,
+                queue: VecDeque::new(),
+            }),
+            uses: UseCount::default(),
+            async_acks: AckCounter::default(),
+            user_data: AtomicU64::new(0),
+        }))
+    }
+
+    /// The PD.
+    pub fn pd(&self) -> &Arc<Pd> {
+        &self.pd
+    }
+
+    /// Handle (`ibv_srq.handle`).
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    /// A value the front end may associate with the SRQ (e.g. `srq_context`).
+    pub fn user_data(&self) -> u64 {
+        self.user_data.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Srq::user_data`].
+    pub fn set_user_data(&self, v: u64) {
+        self.user_data.store(v, Ordering::Relaxed);
+    }
+
+    pub(crate) fn async_acks(&self) -> &AckCounter {
+        &self.async_acks
+    }
+
+    /// `ibv_query_srq`. A `srq_limit` of 0 means the limit event is not armed.
+    pub fn query(&self) -> SrqAttr {
+        self.inner.lock().attr
+    }
+
+    /// Posted WRs not yet consumed.
+    pub fn len(&self) -> usize {
+        self.inner.lock().queue.len()
+    }
+
+    /// Whether no WR is posted.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `ibv_modify_srq`: resizes (`IBV_SRQ_MAX_WR`) and/or arms the limit (`IBV_SRQ_LIMIT`). If
+    /// any value is invalid nothing changes.
+    pub fn modify(&self, attr: &SrqAttr, mask: u32) -> Result<()> {
+        let Some(mask) = SrqAttrMask::from_bits(mask) else {
+            return Err(Error::invalid(format!(
+                "srq_attr_mask {mask:#x} has unknown bits"
+            )));
+        };
+        let limits = *self.pd.context().device().limits();
+        let mut inner = self.inner.lock();
+        let mut new = inner.attr;
+        if mask.contains(SrqAttrMask::MAX_WR) {
+            debug_assert!(self.pd.context().device().attr().device_cap_flags & cap_flags::SRQ_RESIZE != 0);
+            if attr.max_wr == 0 || attr.max_wr > limits.max_srq_wr {
+                return Err(Error::invalid(format!(
+                    "max_wr {} is outside 1..={}",
+                    attr.max_wr, limits.max_srq_wr
+                )));
+            }
+            if (attr.max_wr as usize) < inner.queue.len() {
+                return Err(Error::invalid(format!(
+                    "max_wr {} is below the {} WRs posted",
+                    attr.max_wr,
+                    inner.queue.len()
+                )));
+            }
+            new.max_wr = round_depth(attr.max_wr).min(limits.max_srq_wr);
+        }
+        if mask.contains(SrqAttrMask::LIMIT) {
+            if attr.srq_limit > new.max_wr {
+                return Err(Error::invalid(format!(
+                    "srq_limit {} exceeds max_wr {}",
+                    attr.srq_limit, new.max_wr
+                )));
+            }
+            new.srq_limit = attr.srq_limit;
+        }
+        inner.attr = new;
+        Ok(())
+    }
+
+    /// `ibv_post_srq_recv`: queues WRs in order, stopping at the first that cannot be posted.
+    pub fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
+        let mut inner = self.inner.lock();
+        for (index, wr) in wrs.iter().enumerate() {
+            if wr.sg_list.len() > inner.attr.max_sge as usize {
+                return Err(PostError {
+                    index,
+                    error: Error::invalid(format!(
+                        "num_sge {} exceeds max_sge {}",
+                        wr.sg_list.len(),
+                        inner.attr.max_sge
+                    )),
+                });
+            }
+            if inner.queue.len() >= inner.attr.max_wr as usize {
+                return Err(PostError {
+                    index,
+                    error: Error::no_resources(format!("the SRQ is full ({} WRs)", inner.attr.max_wr)),
+                });
+            }
+            inner.queue.push_back(wr.clone());
+        }
+        Ok(())
+    }
+
+    /// Takes the oldest posted WR for an incoming message. When that leaves fewer WRs than an
+    /// armed limit, raises `IBV_EVENT_SRQ_LIMIT_REACHED` once and disarms the limit.
+    pub fn take(&self) -> Option<RecvWr> {
+        let mut inner = self.inner.lock();
+        let wr = inner.queue.pop_front()?;
+        let limit = inner.attr.srq_limit;
+        if limit > 0 && (inner.queue.len() as u32) < limit {
+            inner.attr.srq_limit = 0;
+            drop(inner);
+            if let Some(me) = self.me.upgrade() {
+                self.pd
+                    .context()
+                    .raise(EventElement::Srq(me), EventType::SrqLimitReached);
+            }
+        }
+        Some(wr)
+    }
+
+    fn teardown(&self) {
+        self.pd.context().device().release(Resource::Srq);
+        self.pd.uses().release();
+    }
+
+    /// `ibv_destroy_srq`: EBUSY while a QP uses the SRQ.
+    pub fn destroy(&self) -> Result<()> {
+        self.uses.retire("shared receive queue")?;
+        self.pd.context().forget_events(
+            |e| matches!(&e.element, EventElement::Srq(s) if std::ptr::eq(Arc::as_ptr(s), self)),
+        );
+        self.async_acks.wait_all_acked();
+        self.teardown();
+        Ok(())
+    }
+}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        if !self.uses.is_retired() {
+            self.teardown();
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Completion queues and completion channels.
+
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::Arc;
+use std::time::Duration;
+
+use softverbs_device as core;
+use softverbs_engine::types::WorkCompletion;
+use softverbs_engine::Result;
+
+use crate::context::{Context, Target};
+
+#[derive(Debug)]
+pub(crate) struct ChannelInner {
+    core: Arc<core::CompChannel>,
+    ctx: Context,
+}
+
+impl Drop for ChannelInner {
+    fn drop(&mut self) {
+        // Every CQ using the channel holds a handle to it, so none is left.
+        let r = self.core.destroy();
+        debug_assert!(r.is_ok(), "{r:?}");
+    }
+}
+
+/// A completion event channel (`ibv_create_comp_channel`). Its fd ([`AsFd`]) becomes readable
+/// when an attached CQ has an event.
+#[derive(Debug, Clone)]
+pub struct CompletionChannel(pub(crate) Arc<ChannelInner>);
+
+impl CompletionChannel {
+    pub(crate) fn create(ctx: &Context) -> Result<Self> {
+        Ok(Self(Arc::new(ChannelInner {
+            core: core::CompChannel::create(ctx.core())?,
+            ctx: ctx.clone(),
+        })))
+    }
+
+    /// `ibv_get_cq_event`: waits for the next CQ event. EAGAIN at once if the fd was made
+    /// non-blocking and nothing is pending.
+    pub fn get_cq_event(&self) -> Result<CqEvent> {
+        self.get_cq_event_timeout(None)
+    }
+
+    /// As [`CompletionChannel::get_cq_event`], giving up with `Error::WouldBlock` after
+    /// `timeout`.
+    pub fn get_cq_event_timeout(&self, timeout: Option<Duration>) -> Result<CqEvent> {
+        loop {
+            let core_cq = self.0.core.get_cq_event(timeout)?;
+            let cq = match self.0.ctx.0.targets.lock().get(&(Arc::as_ptr(&core_cq) as usize)) {
+                Some(Target::Cq(w)) => w.upgrade(),
+                _ => None,
+            };
+            match cq {
+                Some(inner) => {
+                    return Ok(CqEvent {
+                        cq: CompletionQueue(inner),
+                        acked: false,
+                    })
+                }
+                // The CQ is being destroyed on another thread, waiting for this acknowledgement.
+                None => core_cq.ack_events(1),
+            }
+        }
+    }
+}
+
+impl AsFd for CompletionChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.core.as_fd()
+    }
+}
+
+/// A completion event from a channel. It is acknowledged (`ibv_ack_cq_events`) when dropped or
+/// by [`CqEvent::ack`]; it holds its CQ, so the CQ cannot be destroyed before that.
+#[derive(Debug)]
+pub struct CqEvent {
+    cq: CompletionQueue,
+    acked: bool,
+}
+
+impl CqEvent {
+    /// The CQ that got the event.
+    pub fn cq(&self) -> &CompletionQueue {
+        &self.cq
+    }
+
+    /// Acknowledges the event now.
+    pub fn ack(mut self) {
+        self.acked = true;
+        self.cq.0.core.ack_events(1);
+    }
+}
+
+impl Drop for CqEvent {
+    fn drop(&mut self) {
+        if !self.acked {
+            self.cq.0.core.ack_events(1);
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct CqInner {
+    pub(crate) core: Arc<core::Cq>,
+    ctx: Context,
+    _channel: Option<CompletionChannel>,
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        self.ctx.unregister_target(Arc::as_ptr(&self.core) as usize);
+        // QPs hold handles to their CQs and events hold the CQ, so destroy cannot fail or wait.
+        let r = self.core.destroy();
+        debug_assert!(r.is_ok(), "{r:?}");
+    }
+}
+
+/// A completion queue (`ibv_create_cq`). Cheap to clone; destroyed with its last handle.
+#[derive(Debug, Clone)]
+pub struct CompletionQueue(pub(crate) Arc<CqInner>);
+
+impl CompletionQueue {
+    pub(crate) fn create(
+        ctx: &Context,
+        cqe: i32,
+        channel: Option<&CompletionChannel>,
+        comp_vector: i32,
+    ) -> Result<Self> {
+        let core = core::Cq::create(ctx.core(), cqe, channel.map(|c| &c.0.core), comp_vector)?;
+        let inner = Arc::new(CqInner {
+            core,
+            ctx: ctx.clone(),
+            _channel: channel.cloned(),
+        });
+        ctx.register_target(
+            Arc::as_ptr(&inner.core) as usize,
+            Target::Cq(Arc::downgrade(&inner)),
+        );
+        Ok(Self(inner))
+    }
+
+    pub(crate) fn core(&self) -> &Arc<core::Cq> {
+        &self.0.core
+    }
+
+    /// The actual number of entries (`ibv_cq.cqe`), at least what was asked.
+    pub fn cqe(&self) -> u32 {
+        self.0.core.cqe()
+    }
+
+    /// `ibv_poll_cq`: fills `wc` with up to `wc.len()` completions, oldest first; returns how
+    /// many. Each polled completion is removed from the CQ.
+    pub fn poll(&self, wc: &mut [WorkCompletion]) -> usize {
+        self.0.core.poll(wc)
+    }
+
+    /// `ibv_req_notify_cq`: one completion event for the next completion, or the next solicited
+    /// or unsuccessful one if `solicited_only`.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        self.0.core.req_notify(solicited_only)
+    }
+
+    /// `ibv_resize_cq`: returns the new size; EINVAL below the unpolled completions.
+    pub fn resize(&self, cqe: i32) -> Result<u32> {
+        self.0.core.resize(cqe)
+    }
+
+    /// Whether the CQ overran (`IBV_EVENT_CQ_ERR`).
+    pub fn is_overrun(&self) -> bool {
+        self.0.core.is_overrun()
+    }
+
+    /// Whether two handles are the same CQ.
+    pub fn same_as(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}

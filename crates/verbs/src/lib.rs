@@ -1,0 +1,44 @@
+//! softverbs: the libibverbs verbs API in safe Rust, on a built-in software RDMA device.
+//!
+//! Every host has devices with no configuration: one per network interface with an IP address,
+//! loopback included. Objects hold what they depend on (a queue pair holds its protection domain
+//! and completion queues, and so on), so a safe program cannot tear things down in an invalid
+//! order, and dropping the last handle destroys the object.
+//!
+//! ```
+//! use softverbs::{devices, AccessFlags};
+//!
+//! let dev = devices()?.into_iter().find(|d| d.netdev() == "lo").expect("loopback device");
+//! let ctx = dev.open()?;
+//! let port = ctx.query_port(1)?;
+//! assert_eq!(port.state, softverbs::PortState::Active);
+//! let pd = ctx.alloc_pd()?;
+//! let mr = pd.register(vec![0u8; 4096], AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+//! assert_ne!(mr.lkey(), mr.rkey());
+//! let cq = ctx.create_cq(16, None, 0)?;
+//! assert!(cq.cqe() >= 16);
+//! # Ok::<(), softverbs::Error>(())
+//! ```
+
+mod context;
+mod cq;
+mod device;
+mod pd;
+mod qp;
+
+pub use context::{AsyncEvent, AsyncEventTarget, Context};
+pub use cq::{CompletionChannel, CompletionQueue, CqEvent};
+pub use device::{devices, fork_init, is_fork_initialized, Device, ForkStatus};
+pub use pd::{AddressHandle, MemoryRegion, ProtectionDomain, RegisterableBuffer};
+pub use qp::{QpInit, QueuePair, SharedReceiveQueue};
+
+pub use softverbs_device::config::{Config, Limits};
+pub use softverbs_device::device::{DeviceAttr, PortAttr};
+pub use softverbs_device::qp::PostError;
+pub use softverbs_engine::rate::{mbps_to_rate, mult_to_rate, rate_to_mbps, rate_to_mult};
+pub use softverbs_engine::types::{
+    AccessFlags, AhAttr, AtomicCap, EventType, Gid, GlobalRoute, MigState, Mtu, PortState, QpAttr,
+    QpAttrMask, QpCap, QpState, QpType, RecvWr, Sge, SrqAttr, SrqAttrMask, WcFlags, WcOpcode, WcStatus,
+    WorkCompletion,
+};
+pub use softverbs_engine::{Error, Result};

@@ -1,0 +1,167 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use softverbs::*;
+use std::net::Ipv4Addr;
+
+/// A context on the loopback device, which every host has.
+pub(crate) fn lo() -> Context {
+    devices()
+        .unwrap()
+        .into_iter()
+        .find(|d| d.netdev() == "lo")
+        .expect("a loopback device")
+        .open()
+        .unwrap()
+}
+
+/// A context on a fresh loopback device with the given limits.
+pub(crate) fn lo_with(limits: &str) -> Context {
+    let mut config = Config {
+        interfaces: Some(vec!["lo".into()]),
+        ..Config::default()
+    };
+    config.limits.apply_list(limits).unwrap();
+    Device::discover(&config).unwrap().remove(0).open().unwrap()
+}
+
+/// An address vector to 127.0.0.1 through GID index `sgid`.
+pub(crate) fn ah_attr(ctx: &Context) -> AhAttr {
+    let sgid = (0..16)
+        .find(|&i| ctx.query_gid(1, i).unwrap() == Gid::from(Ipv4Addr::LOCALHOST))
+        .unwrap();
+    AhAttr {
+        grh: GlobalRoute {
+            dgid: Gid::from(Ipv4Addr::LOCALHOST),
+            sgid_index: sgid as u8,
+            hop_limit: 64,
+            ..Default::default()
+        },
+        is_global: true,
+        port_num: 1,
+        ..Default::default()
+    }
+}
+
+/// Moves `qp` through INIT, RTR and RTS with the minimal attributes of ibv_modify_qp(3).
+pub(crate) fn to_rts(ctx: &Context, qp: &QueuePair, dest: u32) {
+    to_init(qp);
+    to_rtr(ctx, qp, dest);
+    let (attr, mask) = match qp.qp_type() {
+        QpType::Rc => (
+            QpAttr {
+                qp_state: QpState::Rts,
+                sq_psn: 1,
+                timeout: 14,
+                retry_cnt: 7,
+                rnr_retry: 7,
+                max_rd_atomic: 1,
+                ..Default::default()
+            },
+            QpAttrMask::STATE
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC,
+        ),
+        _ => (
+            QpAttr {
+                qp_state: QpState::Rts,
+                sq_psn: 1,
+                ..Default::default()
+            },
+            QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+        ),
+    };
+    qp.modify(&attr, mask).unwrap();
+}
+
+pub(crate) fn to_init(qp: &QueuePair) {
+    let mut attr = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        pkey_index: 0,
+        ..Default::default()
+    };
+    let mut mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
+    if qp.qp_type() == QpType::Ud {
+        attr.qkey = 0x1111_1111;
+        mask |= QpAttrMask::QKEY;
+    } else {
+        attr.qp_access_flags = AccessFlags::REMOTE_WRITE;
+        mask |= QpAttrMask::ACCESS_FLAGS;
+    }
+    qp.modify(&attr, mask).unwrap();
+}
+
+pub(crate) fn to_rtr(ctx: &Context, qp: &QueuePair, dest: u32) {
+    let (attr, mask) = match qp.qp_type() {
+        QpType::Ud => (
+            QpAttr {
+                qp_state: QpState::Rtr,
+                ..Default::default()
+            },
+            QpAttrMask::STATE,
+        ),
+        t => {
+            let attr = QpAttr {
+                qp_state: QpState::Rtr,
+                ah_attr: ah_attr(ctx),
+                path_mtu: Mtu::Mtu1024,
+                dest_qp_num: dest,
+                rq_psn: 1,
+                max_dest_rd_atomic: 1,
+                min_rnr_timer: 12,
+                ..Default::default()
+            };
+            let mut mask = QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN;
+            if t == QpType::Rc {
+                mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
+            }
+            (attr, mask)
+        }
+    };
+    qp.modify(&attr, mask).unwrap();
+}
+
+pub(crate) fn to_err(qp: &QueuePair) {
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        },
+        QpAttrMask::STATE,
+    )
+    .unwrap();
+}
+
+/// Receive WRs `ids` of `len` bytes each, into `mr`.
+pub(crate) fn recv_wrs<B: RegisterableBuffer>(
+    mr: &MemoryRegion<B>,
+    ids: std::ops::Range<u64>,
+    len: usize,
+) -> Vec<RecvWr> {
+    ids.map(|id| RecvWr {
+        wr_id: id,
+        sg_list: vec![mr.sge(0..len).unwrap()],
+    })
+    .collect()
+}
+
+/// Polls everything currently in `cq`.
+pub(crate) fn drain(cq: &CompletionQueue) -> Vec<WorkCompletion> {
+    let mut out = Vec::new();
+    let mut wc = [WorkCompletion::default(); 8];
+    loop {
+        let n = cq.poll(&mut wc);
+        out.extend_from_slice(&wc[..n]);
+        if n == 0 {
+            return out;
+        }
+    }
+}
