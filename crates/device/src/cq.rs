@@ -12,6 +12,7 @@ use softverbs_engine::{Error, Result};
 
 use crate::context::{Context, EventElement};
 use crate::device::Resource;
+use crate::fabric::fabric;
 use crate::sync::{AckCounter, EventQueue, UseCount};
 
 /// Number of completion vectors (`ibv_context.num_comp_vectors`).
@@ -216,6 +217,18 @@ impl Cq {
     /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`, oldest first; returns how
     /// many.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        let n = self.take(out);
+        if n > 0 || out.is_empty() {
+            return n;
+        }
+        // Nothing yet: make progress ourselves, so a program that only polls never waits on
+        // another thread.
+        let f = fabric();
+        f.progress(f.now());
+        self.take(out)
+    }
+
+    fn take(&self, out: &mut [WorkCompletion]) -> usize {
         let mut st = self.state.lock();
         let n = out.len().min(st.entries.len());
         for (slot, wc) in out.iter_mut().zip(st.entries.drain(..n)) {

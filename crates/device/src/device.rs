@@ -12,6 +12,7 @@ use softverbs_engine::types::{AtomicCap, Gid, Mtu, PortState};
 use softverbs_engine::{Error, Result};
 
 use crate::config::{Config, Limits};
+use crate::fabric::{fabric, CounterSnapshot, Node};
 use crate::netif::{self, Interface};
 
 /// Number of entries in every port's GID table. Unused entries read as zero.
@@ -171,30 +172,12 @@ pub(crate) struct McastTable {
 pub(crate) struct Shared {
     counts: [AtomicU32; Resource::COUNT],
     keys: Mutex<HashSet<u32>>,
-    qpns: Mutex<QpnTable>,
-    pub(crate) mcast: Mutex<McastTable>,
+    pub(crate) node: Arc<Node>,
 }
-
-#[derive(Debug)]
-struct QpnTable {
-    next: u32,
-    live: HashSet<u32>,
-}
-
-/// QPNs 0 and 1 are the special management QPs; ordinary QPs start above them, as on hardware.
-const FIRST_QPN: u32 = 0x11;
 
 impl Shared {
-    fn new() -> Self {
-        Self {
-            counts: Default::default(),
-            keys: Mutex::new(HashSet::new()),
-            qpns: Mutex::new(QpnTable {
-                next: FIRST_QPN,
-                live: HashSet::new(),
-            }),
-            mcast: Mutex::new(McastTable::default()),
-        }
+    fn new(gids: &[Gid]) -> Self {
+        Self { counts: Default::default(), keys: Mutex::new(HashSet::new()), node: Node::new(gids) }
     }
 }
 
@@ -286,6 +269,7 @@ impl Device {
         } else {
             PortState::Down
         };
+        let gids = gid_table(&ifc.addrs);
         let port = PortAttr {
             state,
             max_mtu: Mtu::Mtu4096,
@@ -318,9 +302,9 @@ impl Device {
                 guid,
                 attr,
                 port,
-                gids: gid_table(&ifc.addrs),
+                gids,
                 config: config.clone(),
-                shared: Shared::new(),
+                shared: Shared::new(&gids),
             }),
         }
     }
@@ -416,25 +400,24 @@ impl Device {
         self.shared().keys.lock().remove(&key);
     }
 
-    /// A fresh QP number, unique among live QPs of this device.
+    /// A fresh QP number, unique among live QPs of this process.
     pub(crate) fn alloc_qpn(&self) -> u32 {
-        let mut t = self.shared().qpns.lock();
-        loop {
-            let qpn = t.next;
-            t.next = if t.next >= 0xFF_FFFE {
-                FIRST_QPN
-            } else {
-                t.next + 1
-            };
-            if t.live.insert(qpn) {
-                return qpn;
-            }
-        }
+        fabric().alloc_qpn()
     }
 
     /// Releases a QP number.
     pub(crate) fn free_qpn(&self, qpn: u32) {
-        self.shared().qpns.lock().live.remove(&qpn);
+        fabric().free_qpn(qpn);
+    }
+
+    /// The device's endpoint on the fabric.
+    pub(crate) fn node(&self) -> &Arc<Node> {
+        &self.shared().node
+    }
+
+    /// Packet counters of this device.
+    pub fn counters(&self) -> CounterSnapshot {
+        self.node().counters.snapshot()
     }
 }
 
@@ -604,7 +587,7 @@ mod tests {
         assert_eq!(keys.len(), 1000);
         let qpns: HashSet<u32> = (0..1000).map(|_| d.alloc_qpn()).collect();
         assert_eq!(qpns.len(), 1000);
-        assert!(qpns.iter().all(|&q| (FIRST_QPN..0xFF_FFFF).contains(&q)));
+        assert!(qpns.iter().all(|&q| (0x11..0xFF_FFFF).contains(&q)));
     }
 
     #[test]

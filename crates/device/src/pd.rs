@@ -8,6 +8,7 @@ use softverbs_engine::{Error, Result};
 
 use crate::context::Context;
 use crate::device::Resource;
+use crate::mem::MemoryBacking;
 use crate::sync::UseCount;
 
 /// A protection domain (`ibv_alloc_pd`).
@@ -63,6 +64,7 @@ impl Drop for Pd {
 #[derive(Debug)]
 pub struct Mr {
     pd: Arc<Pd>,
+    backing: Arc<dyn MemoryBacking>,
     addr: u64,
     length: u64,
     iova: u64,
@@ -74,18 +76,26 @@ pub struct Mr {
 }
 
 impl Mr {
-    /// `ibv_reg_mr`: registers `length` bytes at `addr`, addressed remotely from `addr`.
+    /// `ibv_reg_mr`: registers the memory of `backing`, whose first byte local work requests
+    /// address as `addr` and remote peers as `addr` too.
     ///
     /// `access` is the raw `ibv_access_flags` value. Remote write or atomic access without local
     /// write is EINVAL (`ibv_reg_mr(3)`); unknown flags are EINVAL, bits in the optional range are
     /// ignored, and on-demand paging is EOPNOTSUPP.
-    pub fn register(pd: &Arc<Pd>, addr: u64, length: u64, access: u32) -> Result<Arc<Self>> {
-        Self::register_iova(pd, addr, length, addr, access)
+    pub fn register(pd: &Arc<Pd>, backing: Arc<dyn MemoryBacking>, addr: u64, access: u32) -> Result<Arc<Self>> {
+        Self::register_iova(pd, backing, addr, addr, access)
     }
 
     /// `ibv_reg_mr_iova`: as [`Mr::register`], but remote peers address the region from `iova`.
-    pub fn register_iova(pd: &Arc<Pd>, addr: u64, length: u64, iova: u64, access: u32) -> Result<Arc<Self>> {
+    pub fn register_iova(
+        pd: &Arc<Pd>,
+        backing: Arc<dyn MemoryBacking>,
+        addr: u64,
+        iova: u64,
+        access: u32,
+    ) -> Result<Arc<Self>> {
         let access = check_mr_access(access)?;
+        let length = backing.len();
         let device = pd.context().device();
         if length == 0 {
             return Err(Error::invalid("length is 0"));
@@ -106,8 +116,9 @@ impl Mr {
         }
         let lkey = device.alloc_key();
         let rkey = device.alloc_key();
-        Ok(Arc::new(Self {
+        let mr = Arc::new(Self {
             pd: pd.clone(),
+            backing,
             addr,
             length,
             iova,
@@ -116,12 +127,19 @@ impl Mr {
             rkey,
             handle: pd.context().next_handle(),
             uses: UseCount::default(),
-        }))
+        });
+        device.node().keys.insert(&mr);
+        Ok(mr)
     }
 
     /// The PD.
     pub fn pd(&self) -> &Arc<Pd> {
         &self.pd
+    }
+
+    /// The memory.
+    pub fn backing(&self) -> &Arc<dyn MemoryBacking> {
+        &self.backing
     }
 
     /// Start address.
@@ -161,6 +179,7 @@ impl Mr {
 
     fn teardown(&self) {
         let device = self.pd.context().device();
+        device.node().keys.remove(self.lkey, self.rkey);
         device.free_key(self.lkey);
         device.free_key(self.rkey);
         device.release(Resource::Mr);

@@ -6,16 +6,20 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use softverbs_engine::qp_state::{apply_modify, validate_modify};
+use softverbs_engine::time::Instant;
+use softverbs_engine::transport::{QpConfig, QpCounters, QpEngine, RecvSource, RxMeta, Transmit, WorkQueue};
 use softverbs_engine::types::{
-    EventType, Gid, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SrqAttr, SrqAttrMask, WcOpcode,
-    WcStatus, WorkCompletion,
+    EventType, Gid, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SrqAttr, SrqAttrMask,
 };
+use softverbs_engine::wr::{Payload, SendLimits, SendOp, SendWr, UdDest};
 use softverbs_engine::{Error, Result};
+use softverbs_wire::ParsedPacket;
 
 use crate::context::{Context, EventElement};
 use crate::cq::Cq;
 use crate::device::{cap_flags, Resource};
-use crate::pd::Pd;
+use crate::fabric::{fabric, Node};
+use crate::pd::{Ah, Pd};
 use crate::sync::{AckCounter, UseCount};
 
 /// Rounds a queue depth up to a power of two, as ring-based hardware does; 0 stays 0.
@@ -61,10 +65,36 @@ pub struct QpInitAttr {
     pub sq_sig_all: bool,
 }
 
+/// How a UD send is addressed (`ibv_send_wr.wr.ud`).
+#[derive(Debug, Clone)]
+pub struct UdAddress {
+    /// The address handle.
+    pub ah: Arc<Ah>,
+    /// Destination QP number.
+    pub remote_qpn: u32,
+    /// Destination Q_Key.
+    pub remote_qkey: u32,
+}
+
+/// A send work request as the device accepts it (`struct ibv_send_wr`).
+#[derive(Debug, Clone)]
+pub struct SendRequest {
+    /// User identifier returned in the completion.
+    pub wr_id: u64,
+    /// Operation.
+    pub op: SendOp,
+    /// `ibv_send_flags`.
+    pub flags: SendFlags,
+    /// Data: a gather list, or inline bytes already copied by the caller.
+    pub payload: Payload,
+    /// UD destination.
+    pub ud: Option<UdAddress>,
+}
+
 #[derive(Debug)]
 struct QpInner {
     attr: QpAttr,
-    rq: VecDeque<RecvWr>,
+    engine: QpEngine,
     mcast: HashSet<Gid>,
 }
 
@@ -77,9 +107,24 @@ pub struct Qp {
     qpn: u32,
     handle: u32,
     inner: Mutex<QpInner>,
+    /// Next transport deadline in engine nanoseconds; `u64::MAX` for none.
+    deadline: AtomicU64,
     uses: UseCount,
     async_acks: AckCounter,
     user_data: AtomicU64,
+}
+
+/// Receive WQEs from a shared receive queue, for the engine.
+struct SrqRecv<'a>(&'a Srq);
+
+impl RecvSource for SrqRecv<'_> {
+    fn take(&mut self) -> Option<RecvWr> {
+        self.0.take()
+    }
+
+    fn put_back(&mut self, wr: RecvWr) {
+        self.0.put_back(wr);
+    }
 }
 
 impl Qp {
@@ -104,9 +149,7 @@ impl Qp {
         let c = init.cap;
         let check = |v: u32, max: u32, name: &str| {
             if v > max {
-                Err(Error::invalid(format!(
-                    "cap.{name} {v} exceeds the device maximum {max}"
-                )))
+                Err(Error::invalid(format!("cap.{name} {v} exceeds the device maximum {max}")))
             } else {
                 Ok(())
             }
@@ -116,11 +159,7 @@ impl Qp {
         check(c.max_inline_data, limits.max_inline_data, "max_inline_data")?;
         // With an SRQ the receive capabilities are ignored (ibv_create_qp(3)).
         let cap = if init.srq.is_some() {
-            QpCap {
-                max_recv_wr: 0,
-                max_recv_sge: 0,
-                ..c
-            }
+            QpCap { max_recv_wr: 0, max_recv_sge: 0, ..c }
         } else {
             check(c.max_recv_wr, limits.max_qp_wr, "max_recv_wr")?;
             check(c.max_recv_sge, limits.max_sge, "max_recv_sge")?;
@@ -132,11 +171,7 @@ impl Qp {
             max_send_sge: cap.max_send_sge,
             max_recv_sge: cap.max_recv_sge,
             // Inline data is copied into the WQE in 16-byte units.
-            max_inline_data: cap
-                .max_inline_data
-                .div_ceil(16)
-                .saturating_mul(16)
-                .min(limits.max_inline_data),
+            max_inline_data: cap.max_inline_data.div_ceil(16).saturating_mul(16).min(limits.max_inline_data),
         };
 
         // Take every reference, undoing the ones already taken if a later one fails.
@@ -166,25 +201,28 @@ impl Qp {
         }
 
         let qpn = ctx.device().alloc_qpn();
-        let attr = QpAttr {
-            cap,
-            ..QpAttr::default()
-        };
-        Ok(Arc::new_cyclic(|me| Self {
+        let attr = QpAttr { cap, ..QpAttr::default() };
+        let engine = QpEngine::new(QpConfig {
+            qp_type: init.qp_type,
+            qpn,
+            pd: pd.handle(),
+            sq_sig_all: init.sq_sig_all,
+            has_srq: init.srq.is_some(),
+        });
+        let qp = Arc::new_cyclic(|me| Self {
             me: me.clone(),
             pd: pd.clone(),
             init: QpInitAttr { cap, ..init.clone() },
             qpn,
             handle: ctx.next_handle(),
-            inner: Mutex::new(QpInner {
-                attr,
-                rq: VecDeque::new(),
-                mcast: HashSet::new(),
-            }),
+            inner: Mutex::new(QpInner { attr, engine, mcast: HashSet::new() }),
+            deadline: AtomicU64::new(u64::MAX),
             uses: UseCount::default(),
             async_acks: AckCounter::default(),
             user_data: AtomicU64::new(0),
-        }))
+        });
+        ctx.device().node().add_qp(&qp);
+        Ok(qp)
     }
 
     /// The PD.
@@ -195,6 +233,10 @@ impl Qp {
     /// The context.
     pub fn context(&self) -> &Arc<Context> {
         self.pd.context()
+    }
+
+    fn node(&self) -> &Arc<Node> {
+        self.context().device().node()
     }
 
     /// The QP number.
@@ -227,6 +269,11 @@ impl Qp {
         self.inner.lock().attr.qp_state
     }
 
+    /// Transport counters of this QP.
+    pub fn counters(&self) -> QpCounters {
+        self.inner.lock().engine.counters()
+    }
+
     /// A value the front end may associate with the QP (e.g. `qp_context`).
     pub fn user_data(&self) -> u64 {
         self.user_data.load(Ordering::Relaxed)
@@ -247,10 +294,91 @@ impl Qp {
         }
     }
 
+    /// The next transport deadline.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        let d = self.deadline.load(Ordering::Acquire);
+        (d != u64::MAX).then_some(Instant(d))
+    }
+
+    /// Moves the engine's outputs where they belong: completions to the CQs, events to the
+    /// context, deadlines to the progress thread. Returns the packets to send.
+    fn drain(&self, inner: &mut QpInner, now: Instant) -> Vec<Transmit> {
+        let node = self.node();
+        let mut txs = Vec::new();
+        loop {
+            while let Some(tx) = inner.engine.poll_transmit(now, &node.keys) {
+                txs.push(tx);
+            }
+            let mut overrun = false;
+            while let Some(c) = inner.engine.poll_completion() {
+                let cq = match c.queue {
+                    WorkQueue::Send => &self.init.send_cq,
+                    WorkQueue::Recv => &self.init.recv_cq,
+                };
+                overrun |= cq.push(c.wc).is_err();
+            }
+            while let Some(ev) = inner.engine.poll_event() {
+                self.raise(ev);
+            }
+            if inner.engine.take_error_transition() {
+                inner.attr.qp_state = QpState::Err;
+            }
+            if overrun && inner.attr.qp_state != QpState::Err {
+                // A CQ overrun leaves the QP unusable: move it to ERR and flush (the flushed
+                // completions are lost too, the CQ being in error).
+                tracing::warn!(qpn = self.qpn, "CQ overrun: QP moves to the error state");
+                inner.attr.qp_state = QpState::Err;
+                let attr = inner.attr;
+                inner.engine.set_attr(now, &attr);
+                self.raise(EventType::QpFatal);
+                continue;
+            }
+            break;
+        }
+        let deadline = inner.engine.poll_timeout();
+        self.deadline.store(deadline.map_or(u64::MAX, Instant::as_nanos), Ordering::Release);
+        if let Some(d) = deadline {
+            fabric().schedule(d);
+        }
+        txs
+    }
+
+    /// Sends packets and lets the fabric run until it is quiet.
+    fn send_and_drive(&self, txs: Vec<Transmit>) {
+        let f = fabric();
+        f.send_all(self.node(), txs);
+        f.drive(f.now());
+    }
+
+    /// Handles a packet for this QP (called by the node). Returns packets to send, and whether
+    /// the packet was dropped.
+    pub(crate) fn handle_packet(&self, now: Instant, pkt: &ParsedPacket<'_>, meta: &RxMeta) -> (Vec<Transmit>, bool) {
+        let mut inner = self.inner.lock();
+        let node = self.node();
+        let dropped = match &self.init.srq {
+            Some(srq) => {
+                let mut src = SrqRecv(srq);
+                inner.engine.handle_packet(now, pkt, meta, &node.keys, Some(&mut src)).is_err()
+            }
+            None => inner.engine.handle_packet(now, pkt, meta, &node.keys, None).is_err(),
+        };
+        let txs = self.drain(&mut inner, now);
+        (txs, dropped)
+    }
+
+    /// Handles expired transport timers (called by the progress machinery).
+    pub(crate) fn handle_timeout(&self, now: Instant) -> Vec<Transmit> {
+        let mut inner = self.inner.lock();
+        inner.engine.handle_timeout(now);
+        self.drain(&mut inner, now)
+    }
+
     /// `ibv_query_qp`: every attribute (the mask is only a hint, so all are returned).
     pub fn query(&self) -> QpAttr {
-        let mut attr = self.inner.lock().attr;
+        let inner = self.inner.lock();
+        let mut attr = inner.attr;
         attr.cur_qp_state = attr.qp_state;
+        attr.sq_draining = attr.qp_state == QpState::Sqd && inner.engine.sq_draining();
         attr
     }
 
@@ -258,45 +386,18 @@ impl Qp {
     /// error nothing changes and the error names the offending attribute.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let ctx = self.context();
-        let mut inner = self.inner.lock();
-        let from = inner.attr.qp_state;
-        let next = validate_modify(self.qp_type(), from, attr, mask, &ctx.port_limits())?;
-        apply_modify(&mut inner.attr, attr, mask, next);
-        match next {
-            QpState::Reset if from != QpState::Reset => inner.rq.clear(),
-            QpState::Err if from != QpState::Err => {
-                let flushed: Vec<RecvWr> = inner.rq.drain(..).collect();
-                drop(inner);
-                self.flush_recv(flushed);
-                if self.init.srq.is_some() {
-                    // No receive of this QP will consume SRQ WQEs any more.
-                    self.raise(EventType::QpLastWqeReached);
-                }
-                return Ok(());
-            }
-            QpState::Sqd if from == QpState::Rts => {
-                // Nothing is in flight on the send queue, so it is drained at once.
-                let notify = inner.attr.en_sqd_async_notify;
-                drop(inner);
-                if notify {
-                    self.raise(EventType::SqDrained);
-                }
-                return Ok(());
-            }
-            _ => {}
-        }
+        let now = fabric().now();
+        let txs = {
+            let mut inner = self.inner.lock();
+            let from = inner.attr.qp_state;
+            let next = validate_modify(self.qp_type(), from, attr, mask, &ctx.port_limits())?;
+            apply_modify(&mut inner.attr, attr, mask, next);
+            let new = inner.attr;
+            inner.engine.set_attr(now, &new);
+            self.drain(&mut inner, now)
+        };
+        self.send_and_drive(txs);
         Ok(())
-    }
-
-    fn flush_recv(&self, wrs: Vec<RecvWr>) {
-        let mut overrun = false;
-        for wr in wrs {
-            let wc = WorkCompletion::error(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.qpn);
-            overrun |= self.init.recv_cq.push(wc).is_err();
-        }
-        if overrun {
-            tracing::warn!(qpn = self.qpn, "receive CQ overrun while flushing");
-        }
     }
 
     /// `ibv_post_recv`: queues receive WRs in order, stopping at the first that cannot be
@@ -304,54 +405,101 @@ impl Qp {
     pub fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
         let fail = |index, error| Err(PostError { index, error });
         if self.init.srq.is_some() {
-            return fail(
-                0,
-                Error::invalid("the QP receives from an SRQ: use post_srq_recv"),
-            );
+            return fail(0, Error::invalid("the QP receives from an SRQ: use post_srq_recv"));
         }
+        let now = fabric().now();
         let mut inner = self.inner.lock();
-        let state = inner.attr.qp_state;
-        if state == QpState::Reset {
-            return fail(
-                0,
-                Error::invalid("receives cannot be posted to a QP in the RESET state"),
-            );
+        if inner.attr.qp_state == QpState::Reset {
+            return fail(0, Error::invalid("receives cannot be posted to a QP in the RESET state"));
         }
         let cap = self.init.cap;
-        let mut flushed = Vec::new();
+        let mut result = Ok(());
         for (index, wr) in wrs.iter().enumerate() {
             if wr.sg_list.len() > cap.max_recv_sge as usize {
-                drop(inner);
-                self.flush_recv(flushed);
-                return fail(
+                result = fail(
                     index,
-                    Error::invalid(format!(
-                        "num_sge {} exceeds max_recv_sge {}",
-                        wr.sg_list.len(),
-                        cap.max_recv_sge
-                    )),
+                    Error::invalid(format!("num_sge {} exceeds max_recv_sge {}", wr.sg_list.len(), cap.max_recv_sge)),
                 );
+                break;
             }
-            if state == QpState::Err {
-                flushed.push(wr.clone());
-                continue;
+            if inner.engine.recv_queue_len() >= cap.max_recv_wr as usize {
+                result = fail(index, Error::no_resources(format!("the receive queue is full ({} WRs)", cap.max_recv_wr)));
+                break;
             }
-            if inner.rq.len() >= cap.max_recv_wr as usize {
-                return fail(
-                    index,
-                    Error::no_resources(format!("the receive queue is full ({} WRs)", cap.max_recv_wr)),
-                );
-            }
-            inner.rq.push_back(wr.clone());
+            inner.engine.post_recv(wr.clone());
         }
+        let txs = self.drain(&mut inner, now);
         drop(inner);
-        self.flush_recv(flushed);
-        Ok(())
+        self.send_and_drive(txs);
+        result
+    }
+
+    /// `ibv_post_send`: checks and queues send WRs in order, stopping at the first that cannot
+    /// be posted, then starts sending. A QP in the error state completes them at once with
+    /// `IBV_WC_WR_FLUSH_ERR`.
+    pub fn post_send(&self, wrs: &[SendRequest]) -> Result<(), PostError> {
+        let now = fabric().now();
+        let mut inner = self.inner.lock();
+        let state = inner.attr.qp_state;
+        if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(PostError {
+                index: 0,
+                error: Error::invalid(format!("sends cannot be posted to a QP in the {state} state")),
+            });
+        }
+        let port = *self.context().device().port_attr();
+        let limits = SendLimits {
+            qp_type: self.qp_type(),
+            max_send_sge: self.init.cap.max_send_sge,
+            max_inline_data: self.init.cap.max_inline_data,
+            max_msg_sz: u64::from(port.max_msg_sz),
+            ud_mtu: port.active_mtu.bytes(),
+            max_rd_atomic: inner.attr.max_rd_atomic,
+        };
+        let mut result = Ok(());
+        for (index, req) in wrs.iter().enumerate() {
+            let ud = match (&req.ud, self.qp_type()) {
+                (Some(u), QpType::Ud) => {
+                    if !Arc::ptr_eq(u.ah.pd().context(), self.context()) {
+                        result = Err(PostError { index, error: Error::invalid("the address handle belongs to another context") });
+                        break;
+                    }
+                    let g = u.ah.attr().grh;
+                    Some(UdDest {
+                        dgid: g.dgid,
+                        sgid_index: g.sgid_index,
+                        traffic_class: g.traffic_class,
+                        hop_limit: g.hop_limit,
+                        flow_label: g.flow_label,
+                        qpn: u.remote_qpn,
+                        qkey: u.remote_qkey,
+                    })
+                }
+                _ => None,
+            };
+            let wr = SendWr { wr_id: req.wr_id, op: req.op, flags: req.flags, payload: req.payload.clone(), ud };
+            if let Err(error) = wr.check(&limits) {
+                result = Err(PostError { index, error });
+                break;
+            }
+            if inner.engine.send_queue_len() >= self.init.cap.max_send_wr as usize {
+                result = Err(PostError {
+                    index,
+                    error: Error::no_resources(format!("the send queue is full ({} WRs)", self.init.cap.max_send_wr)),
+                });
+                break;
+            }
+            inner.engine.post_send(wr);
+        }
+        let txs = self.drain(&mut inner, now);
+        drop(inner);
+        self.send_and_drive(txs);
+        result
     }
 
     /// Posted receive WRs not yet consumed.
     pub fn recv_queue_len(&self) -> usize {
-        self.inner.lock().rq.len()
+        self.inner.lock().engine.recv_queue_len()
     }
 
     /// `ibv_attach_mcast`: UD only, `gid` must be a multicast GID; attaching twice is harmless.
@@ -368,7 +516,7 @@ impl Qp {
         if inner.mcast.contains(gid) {
             return Ok(());
         }
-        let mut table = device.shared().mcast.lock();
+        let mut table = device.node().mcast.lock();
         if table.total >= limits.max_total_mcast_qp_attach {
             return Err(Error::no_resources(format!(
                 "max_total_mcast_qp_attach ({}) reached",
@@ -405,7 +553,7 @@ impl Qp {
             return Err(Error::invalid(format!("the QP is not attached to {gid}")));
         }
         let device = self.context().device();
-        let mut table = device.shared().mcast.lock();
+        let mut table = device.node().mcast.lock();
         if let Some(m) = table.groups.get_mut(gid) {
             m.remove(&self.qpn);
             if m.is_empty() {
@@ -425,7 +573,7 @@ impl Qp {
         let device = self.context().device();
         let groups: Vec<Gid> = self.inner.lock().mcast.drain().collect();
         if !groups.is_empty() {
-            let mut table = device.shared().mcast.lock();
+            let mut table = device.node().mcast.lock();
             for g in groups {
                 if let Some(m) = table.groups.get_mut(&g) {
                     m.remove(&self.qpn);
@@ -436,6 +584,7 @@ impl Qp {
                 table.total -= 1;
             }
         }
+        device.node().remove_qp(self.qpn);
         device.free_qpn(self.qpn);
         device.release(Resource::Qp);
         self.pd.uses().release();
@@ -654,6 +803,11 @@ impl Srq {
             }
         }
         Some(wr)
+    }
+
+    /// Returns a WQE taken for a message that was abandoned; it is the next one used.
+    pub fn put_back(&self, wr: RecvWr) {
+        self.inner.lock().queue.push_front(wr);
     }
 
     fn teardown(&self) {

@@ -101,7 +101,7 @@ fn ibv_dealloc_pd_fails_while_an_mr_qp_srq_or_ah_uses_it() {
         ("mr", {
             let addr = buf.as_ptr() as u64;
             Box::new(move |pd: &Arc<Pd>| {
-                let mr = Mr::register(pd, addr, 64, 1).unwrap();
+                let mr = Mr::register(pd, Arc::new(AtomicBuffer::new(64)), addr, 1).unwrap();
                 Box::new(move || mr.dereg().unwrap())
             })
         }),
@@ -141,7 +141,7 @@ fn ibv_dealloc_pd_fails_while_an_mr_qp_srq_or_ah_uses_it() {
         let e = pd.dealloc().unwrap_err();
         assert_eq!(e.errno(), EBUSY, "{what}: {e}");
         // Nothing changed: the PD still takes new users.
-        let another = Mr::register(&pd, buf.as_ptr() as u64, 64, 0).unwrap();
+        let another = Mr::register(&pd, Arc::new(AtomicBuffer::new(64)), buf.as_ptr() as u64, 0).unwrap();
         another.dereg().unwrap();
         release();
         pd.dealloc().unwrap();
@@ -441,7 +441,7 @@ fn nothing_leaks_after_everything_is_destroyed() {
         .unwrap();
         let qp = Qp::create(&pd, &qp_init(&cq, QpType::Ud, Some(&srq))).unwrap();
         let buf = [0u8; 8];
-        let mr = Mr::register(&pd, buf.as_ptr() as u64, 8, 0).unwrap();
+        let mr = Mr::register(&pd, Arc::new(AtomicBuffer::new(8)), buf.as_ptr() as u64, 0).unwrap();
         let ah = Ah::create(&pd, &loopback_ah(&ctx)).unwrap();
         // Half of the rounds tear down explicitly, the others by dropping the handles.
         if round % 2 == 0 {

@@ -12,8 +12,12 @@
 //! * [`Error`]: caller errors, each mapping to the errno the man pages name.
 
 pub mod error;
+pub mod memory;
 pub mod qp_state;
 pub mod rate;
+pub mod time;
+pub mod transport;
 pub mod types;
+pub mod wr;
 
 pub use error::{Errno, Error, Result};

@@ -214,6 +214,11 @@ impl Context {
         }
     }
 
+    /// Packet counters of the device (sent, received, and dropped by reason).
+    pub fn counters(&self) -> crate::CounterSnapshot {
+        self.0.core.device().counters()
+    }
+
     /// Undelivered async events.
     pub fn pending_async_events(&self) -> usize {
         self.0.core.pending_async_events()

@@ -13,7 +13,7 @@
 //! let port = ctx.query_port(1)?;
 //! assert_eq!(port.state, softverbs::PortState::Active);
 //! let pd = ctx.alloc_pd()?;
-//! let mr = pd.register(vec![0u8; 4096], AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+//! let mr = pd.register(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
 //! assert_ne!(mr.lkey(), mr.rkey());
 //! let cq = ctx.create_cq(16, None, 0)?;
 //! assert!(cq.cqe() >= 16);
@@ -29,16 +29,19 @@ mod qp;
 pub use context::{AsyncEvent, AsyncEventTarget, Context};
 pub use cq::{CompletionChannel, CompletionQueue, CqEvent};
 pub use device::{devices, fork_init, is_fork_initialized, Device, ForkStatus};
-pub use pd::{AddressHandle, MemoryRegion, ProtectionDomain, RegisterableBuffer};
+pub use pd::{AddressHandle, MemoryRegion, ProtectionDomain};
 pub use qp::{QpInit, QueuePair, SharedReceiveQueue};
 
 pub use softverbs_device::config::{Config, Limits};
 pub use softverbs_device::device::{DeviceAttr, PortAttr};
-pub use softverbs_device::qp::PostError;
+pub use softverbs_device::qp::{PostError, SendRequest, UdAddress};
+pub use softverbs_device::CounterSnapshot;
+pub use softverbs_engine::transport::QpCounters;
+pub use softverbs_engine::wr::{Payload, RemoteAddr, SendOp};
 pub use softverbs_engine::rate::{mbps_to_rate, mult_to_rate, rate_to_mbps, rate_to_mult};
 pub use softverbs_engine::types::{
     AccessFlags, AhAttr, AtomicCap, EventType, Gid, GlobalRoute, MigState, Mtu, PortState, QpAttr,
-    QpAttrMask, QpCap, QpState, QpType, RecvWr, Sge, SrqAttr, SrqAttrMask, WcFlags, WcOpcode, WcStatus,
+    QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, Sge, SrqAttr, SrqAttrMask, WcFlags, WcOpcode, WcStatus,
     WorkCompletion,
 };
 pub use softverbs_engine::{Error, Result};

@@ -1,10 +1,13 @@
 //! Protection domains, memory regions and address handles.
 
-use std::ops::{DerefMut, Range};
+use std::ops::Range;
 use std::sync::Arc;
 
 use softverbs_device as core;
+use softverbs_device::mem::AtomicBuffer;
+use softverbs_device::qp::UdAddress;
 use softverbs_engine::types::{AccessFlags, AhAttr, Sge, SrqAttr, WorkCompletion};
+use softverbs_engine::wr::RemoteAddr;
 use softverbs_engine::{Error, Result};
 
 use crate::context::Context;
@@ -28,18 +31,9 @@ impl Drop for PdInner {
 #[derive(Debug, Clone)]
 pub struct ProtectionDomain(pub(crate) Arc<PdInner>);
 
-/// Memory that can be registered: its bytes stay at the same address however the owner moves.
-pub trait RegisterableBuffer: DerefMut<Target = [u8]> + Send + 'static {}
-impl RegisterableBuffer for Vec<u8> {}
-impl RegisterableBuffer for Box<[u8]> {}
-impl RegisterableBuffer for &'static mut [u8] {}
-
 impl ProtectionDomain {
     pub(crate) fn alloc(ctx: &Context) -> Result<Self> {
-        Ok(Self(Arc::new(PdInner {
-            core: core::Pd::alloc(ctx.core())?,
-            ctx: ctx.clone(),
-        })))
+        Ok(Self(Arc::new(PdInner { core: core::Pd::alloc(ctx.core())?, ctx: ctx.clone() })))
     }
 
     pub(crate) fn core(&self) -> &Arc<core::Pd> {
@@ -51,20 +45,21 @@ impl ProtectionDomain {
         &self.0.ctx
     }
 
-    /// `ibv_reg_mr`: registers `buf`, which the region owns until dropped. Remote write or
-    /// atomic access without local write is EINVAL; an empty buffer is EINVAL.
-    pub fn register<B: RegisterableBuffer>(
-        &self,
-        mut buf: B,
-        access: AccessFlags,
-    ) -> Result<MemoryRegion<B>> {
-        let addr = buf.as_mut_ptr() as u64;
-        let core = core::Mr::register(&self.0.core, addr, buf.len() as u64, access.bits())?;
-        Ok(MemoryRegion {
-            core,
-            buf,
-            _pd: self.clone(),
-        })
+    /// `ibv_reg_mr`: allocates and registers `len` zeroed bytes. Remote write or atomic access
+    /// without local write is EINVAL; a length of 0 is EINVAL.
+    pub fn register(&self, len: usize, access: AccessFlags) -> Result<MemoryRegion> {
+        self.register_buffer(Arc::new(AtomicBuffer::new(len)), access)
+    }
+
+    /// `ibv_reg_mr` of a copy of `bytes`.
+    pub fn register_bytes(&self, bytes: &[u8], access: AccessFlags) -> Result<MemoryRegion> {
+        self.register_buffer(Arc::new(AtomicBuffer::from_bytes(bytes)), access)
+    }
+
+    fn register_buffer(&self, buf: Arc<AtomicBuffer>, access: AccessFlags) -> Result<MemoryRegion> {
+        let addr = buf.addr();
+        let core = core::Mr::register(&self.0.core, buf.clone(), addr, access.bits())?;
+        Ok(MemoryRegion { core, buf, _pd: self.clone() })
     }
 
     /// `ibv_create_qp`: see [`QueuePair::cap`] for the capabilities actually granted.
@@ -93,15 +88,19 @@ impl ProtectionDomain {
     }
 }
 
-/// A registered memory region owning its buffer (`ibv_reg_mr`). Deregistered when dropped.
+/// A registered memory region (`ibv_reg_mr`), deregistered when dropped.
+///
+/// The device reads and writes the region from its own threads at any time, so the bytes are
+/// reached through copying accessors rather than slices: the memory is made of atomic words,
+/// which makes that sharing free of data races.
 #[derive(Debug)]
-pub struct MemoryRegion<B: RegisterableBuffer> {
+pub struct MemoryRegion {
     core: Arc<core::Mr>,
-    buf: B,
+    buf: Arc<AtomicBuffer>,
     _pd: ProtectionDomain,
 }
 
-impl<B: RegisterableBuffer> MemoryRegion<B> {
+impl MemoryRegion {
     /// Local key.
     pub fn lkey(&self) -> u32 {
         self.core.lkey()
@@ -112,19 +111,19 @@ impl<B: RegisterableBuffer> MemoryRegion<B> {
         self.core.rkey()
     }
 
-    /// Address of the first byte, as peers address it.
+    /// Address of the first byte, as work requests and peers address it.
     pub fn addr(&self) -> u64 {
         self.core.addr()
     }
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.buf.len()
+        self.buf.byte_len()
     }
 
     /// Whether the region is empty (never: empty regions cannot be registered).
     pub fn is_empty(&self) -> bool {
-        self.buf.is_empty()
+        self.len() == 0
     }
 
     /// Access rights.
@@ -132,34 +131,65 @@ impl<B: RegisterableBuffer> MemoryRegion<B> {
         self.core.access()
     }
 
-    /// The registered bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        &self.buf
+    fn check(&self, offset: usize, len: usize) -> Result<()> {
+        if offset.checked_add(len).is_none_or(|end| end > self.len()) {
+            return Err(Error::invalid(format!(
+                "{len} bytes at offset {offset} are outside the {}-byte region",
+                self.len()
+            )));
+        }
+        Ok(())
     }
 
-    /// The registered bytes, mutably.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.buf
+    /// Copies bytes at `offset` into `dst`; EINVAL if out of bounds.
+    pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
+        self.check(offset, dst.len())?;
+        self.buf.read_bytes(offset, dst);
+        Ok(())
+    }
+
+    /// Copies `src` to `offset`; EINVAL if out of bounds.
+    pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
+        self.check(offset, src.len())?;
+        self.buf.write_bytes(offset, src);
+        Ok(())
+    }
+
+    /// A copy of the whole region.
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.buf.to_vec()
+    }
+
+    /// Sets every byte to `value`.
+    pub fn fill(&self, value: u8) {
+        self.buf.fill(value);
+    }
+
+    /// The 8-byte word at `offset` (8-byte aligned) in host order, as atomics see it.
+    pub fn read_u64(&self, offset: usize) -> Result<u64> {
+        self.check(offset, 8)?;
+        if offset % 8 != 0 {
+            return Err(Error::invalid(format!("offset {offset} is not 8-byte aligned")));
+        }
+        Ok(self.buf.load_u64(offset))
     }
 
     /// A scatter/gather element for `range` of this region; EINVAL if it is out of bounds.
     pub fn sge(&self, range: Range<usize>) -> Result<Sge> {
-        if range.start > range.end || range.end > self.buf.len() {
-            return Err(Error::invalid(format!(
-                "range {range:?} is outside the {}-byte region",
-                self.buf.len()
-            )));
+        if range.start > range.end || range.end > self.len() {
+            return Err(Error::invalid(format!("range {range:?} is outside the {}-byte region", self.len())));
         }
         let length = u32::try_from(range.len()).map_err(|_| Error::invalid("an SGE holds at most 4 GiB"))?;
-        Ok(Sge {
-            addr: self.addr() + range.start as u64,
-            length,
-            lkey: self.lkey(),
-        })
+        Ok(Sge { addr: self.addr() + range.start as u64, length, lkey: self.lkey() })
+    }
+
+    /// The remote address of `offset` in this region, for a peer's RDMA or atomic request.
+    pub fn remote(&self, offset: usize) -> RemoteAddr {
+        RemoteAddr { addr: self.addr() + offset as u64, rkey: self.rkey() }
     }
 }
 
-impl<B: RegisterableBuffer> Drop for MemoryRegion<B> {
+impl Drop for MemoryRegion {
     fn drop(&mut self) {
         let r = self.core.dereg();
         debug_assert!(r.is_ok(), "{r:?}");
@@ -177,6 +207,11 @@ impl AddressHandle {
     /// The address vector.
     pub fn attr(&self) -> &AhAttr {
         self.core.attr()
+    }
+
+    /// The UD destination of a send through this AH (`ibv_send_wr.wr.ud`).
+    pub fn ud_address(&self, remote_qpn: u32, remote_qkey: u32) -> UdAddress {
+        UdAddress { ah: self.core.clone(), remote_qpn, remote_qkey }
     }
 }
 

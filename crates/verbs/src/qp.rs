@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use softverbs_device as core;
-use softverbs_device::qp::PostError;
+use softverbs_device::qp::{PostError, SendRequest};
+use softverbs_engine::transport::QpCounters;
 use softverbs_engine::types::{Gid, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SrqAttr};
 use softverbs_engine::Result;
 
@@ -139,6 +140,19 @@ impl QueuePair {
     /// Build SGEs with [`MemoryRegion::sge`](crate::MemoryRegion::sge).
     pub fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
         self.0.core.post_recv(wrs)
+    }
+
+    /// `ibv_post_send`: checks and posts WRs in order, then starts sending; on error, WRs before
+    /// `PostError::index` were posted. Memory is named by SGEs from
+    /// [`MemoryRegion::sge`](crate::MemoryRegion::sge) (checked by key, as an HCA does) or given
+    /// inline.
+    pub fn post_send(&self, wrs: &[SendRequest]) -> Result<(), PostError> {
+        self.0.core.post_send(wrs)
+    }
+
+    /// Transport counters (packets, retransmissions, drops) of this QP.
+    pub fn counters(&self) -> QpCounters {
+        self.0.core.counters()
     }
 
     /// `ibv_attach_mcast` (UD only; attaching twice is harmless).

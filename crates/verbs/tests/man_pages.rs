@@ -181,9 +181,9 @@ mod ibv_query_device {
             lo_with("max_cqe=64").create_cq(65, None, 0).unwrap_err().errno(),
             EINVAL
         );
-        let _mr = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+        let _mr = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         assert_eq!(
-            pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE)
+            pd.register(64, AccessFlags::LOCAL_WRITE)
                 .unwrap_err()
                 .errno(),
             ENOMEM
@@ -311,7 +311,7 @@ mod ibv_alloc_pd {
     fn alloc_returns_a_pd_and_dealloc_happens_on_drop() {
         let ctx = lo_with("max_pd=1");
         let pd = ctx.alloc_pd().unwrap();
-        let mr = pd.register(vec![0u8; 8], AccessFlags::empty()).unwrap();
+        let mr = pd.register(8, AccessFlags::empty()).unwrap();
         drop(pd); // the MR keeps the PD alive: deallocating it now would fail with EBUSY
         assert_eq!(ctx.alloc_pd().unwrap_err().errno(), ENOMEM);
         drop(mr);
@@ -331,7 +331,7 @@ mod ibv_reg_mr {
             AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
         ] {
             assert_eq!(
-                pd.register(vec![0u8; 64], bad).unwrap_err().errno(),
+                pd.register(64, bad).unwrap_err().errno(),
                 EINVAL,
                 "{bad:?}"
             );
@@ -343,7 +343,7 @@ mod ibv_reg_mr {
             AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC | AccessFlags::REMOTE_READ,
             AccessFlags::LOCAL_WRITE | AccessFlags::RELAXED_ORDERING,
         ] {
-            let mr = pd.register(vec![0u8; 64], ok).unwrap();
+            let mr = pd.register(64, ok).unwrap();
             assert_eq!(
                 mr.access(),
                 ok - AccessFlags::RELAXED_ORDERING,
@@ -356,7 +356,7 @@ mod ibv_reg_mr {
     fn keys_are_unique_and_unpredictable() {
         let pd = lo().alloc_pd().unwrap();
         let mrs: Vec<_> = (0..64)
-            .map(|_| pd.register(vec![0u8; 16], AccessFlags::LOCAL_WRITE).unwrap())
+            .map(|_| pd.register(16, AccessFlags::LOCAL_WRITE).unwrap())
             .collect();
         let mut keys: Vec<u32> = mrs.iter().flat_map(|m| [m.lkey(), m.rkey()]).collect();
         keys.sort_unstable();
@@ -372,11 +372,13 @@ mod ibv_reg_mr {
     #[test]
     fn region_reports_its_buffer() {
         let pd = lo().alloc_pd().unwrap();
-        let mut mr = pd.register(vec![7u8; 100], AccessFlags::LOCAL_WRITE).unwrap();
+        let mr = pd.register_bytes(&[7u8; 100], AccessFlags::LOCAL_WRITE).unwrap();
         assert_eq!(mr.len(), 100);
-        assert_eq!(mr.addr(), mr.as_slice().as_ptr() as u64);
-        mr.as_mut_slice()[0] = 1;
-        assert_eq!(mr.as_slice()[..2], [1, 7]);
+        mr.write(0, &[1]).unwrap();
+        let mut two = [0u8; 2];
+        mr.read(0, &mut two).unwrap();
+        assert_eq!(two, [1, 7]);
+        assert_eq!(mr.write(99, &[1, 2]).unwrap_err().errno(), EINVAL);
         let sge = mr.sge(10..20).unwrap();
         assert_eq!((sge.addr, sge.length, sge.lkey), (mr.addr() + 10, 10, mr.lkey()));
         assert_eq!(mr.sge(90..101).unwrap_err().errno(), EINVAL);
@@ -386,15 +388,15 @@ mod ibv_reg_mr {
     fn unknown_flags_are_einval_and_odp_is_unsupported() {
         let pd = lo().alloc_pd().unwrap();
         let unknown = AccessFlags::LOCAL_WRITE | AccessFlags::from_bits_retain(1 << 15);
-        assert_eq!(pd.register(vec![0u8; 64], unknown).unwrap_err().errno(), EINVAL);
-        assert_eq!(pd.register(vec![0u8; 64], AccessFlags::ON_DEMAND).unwrap_err().errno(), 95);
+        assert_eq!(pd.register(64, unknown).unwrap_err().errno(), EINVAL);
+        assert_eq!(pd.register(64, AccessFlags::ON_DEMAND).unwrap_err().errno(), 95);
     }
 
     #[test]
     fn zero_length_is_einval() {
         let pd = lo().alloc_pd().unwrap();
         assert_eq!(
-            pd.register(Vec::new(), AccessFlags::LOCAL_WRITE)
+            pd.register(0, AccessFlags::LOCAL_WRITE)
                 .unwrap_err()
                 .errno(),
             EINVAL
@@ -462,7 +464,7 @@ mod ibv_resize_cq {
         let ctx = lo();
         let cq = ctx.create_cq(4, None, 0).unwrap();
         let pd = ctx.alloc_pd().unwrap();
-        let mr = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+        let mr = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         let qp = pd.create_qp(&QpInit::new(QpType::Ud, &cq)).unwrap();
         to_init(&qp);
         qp.post_recv(&recv_wrs(&mr, 0..3, 8)).unwrap();
@@ -786,7 +788,7 @@ mod ibv_modify_qp {
         let ctx = lo();
         let cq = ctx.create_cq(16, None, 0).unwrap();
         let pd = ctx.alloc_pd().unwrap();
-        let mr = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+        let mr = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap();
         to_init(&qp);
         qp.post_recv(&recv_wrs(&mr, 0..4, 8)).unwrap();
@@ -914,7 +916,7 @@ mod ibv_modify_srq {
     #[test]
     fn invalid_attribute_modifies_nothing() {
         let pd = lo().alloc_pd().unwrap();
-        let mr = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+        let mr = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         let srq = pd
             .create_srq(&SrqAttr {
                 max_wr: 16,
@@ -991,7 +993,7 @@ mod ibv_post_recv {
         let ctx = lo();
         let cq = ctx.create_cq(64, None, 0).unwrap();
         let pd = ctx.alloc_pd().unwrap();
-        let mr = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+        let mr = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap();
         to_init(&qp);
         let mut wrs = recv_wrs(&mr, 0..3, 8);
@@ -1012,7 +1014,7 @@ mod ibv_post_recv {
         let ctx = lo();
         let cq = ctx.create_cq(64, None, 0).unwrap();
         let pd = ctx.alloc_pd().unwrap();
-        let mr = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+        let mr = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         let qp = pd.create_qp(&QpInit::new(QpType::Ud, &cq)).unwrap();
         assert_eq!(
             qp.post_recv(&recv_wrs(&mr, 0..1, 8)).unwrap_err().error.errno(),
@@ -1030,7 +1032,7 @@ mod ibv_post_recv {
         let ctx = lo();
         let cq = ctx.create_cq(16, None, 0).unwrap();
         let pd = ctx.alloc_pd().unwrap();
-        let mr = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+        let mr = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         let srq = pd
             .create_srq(&SrqAttr {
                 max_wr: 8,
@@ -1058,7 +1060,7 @@ mod ibv_post_srq_recv {
     #[test]
     fn stops_at_the_first_bad_wr() {
         let pd = lo().alloc_pd().unwrap();
-        let mr = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+        let mr = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         let srq = pd
             .create_srq(&SrqAttr {
                 max_wr: 4,
@@ -1081,7 +1083,7 @@ mod ibv_poll_cq {
         let ctx = lo();
         let cq = ctx.create_cq(16, None, 0).unwrap();
         let pd = ctx.alloc_pd().unwrap();
-        let mr = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+        let mr = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap();
         let mut wc = [WorkCompletion::default(); 4];
         assert_eq!(cq.poll(&mut wc), 0);
@@ -1098,7 +1100,7 @@ mod ibv_poll_cq {
         let ctx = lo();
         let cq = ctx.create_cq(16, None, 0).unwrap();
         let pd = ctx.alloc_pd().unwrap();
-        let mr = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+        let mr = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         let qp = pd.create_qp(&QpInit::new(QpType::Uc, &cq)).unwrap();
         to_init(&qp);
         qp.post_recv(&recv_wrs(&mr, 7..9, 8)).unwrap();
@@ -1120,7 +1122,7 @@ mod ibv_poll_cq {
 mod ibv_req_notify_cq {
     use super::*;
 
-    fn flush_one(qp: &QueuePair, mr: &MemoryRegion<Vec<u8>>, id: u64) {
+    fn flush_one(qp: &QueuePair, mr: &MemoryRegion, id: u64) {
         qp.post_recv(&recv_wrs(mr, id..id + 1, 8)).unwrap();
     }
 
@@ -1130,7 +1132,7 @@ mod ibv_req_notify_cq {
         let ch = ctx.create_comp_channel().unwrap();
         let cq = ctx.create_cq(16, Some(&ch), 0).unwrap();
         let pd = ctx.alloc_pd().unwrap();
-        let mr = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+        let mr = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap();
         to_init(&qp);
         to_err(&qp);
@@ -1160,7 +1162,7 @@ mod ibv_req_notify_cq {
         let ch = ctx.create_comp_channel().unwrap();
         let cq = ctx.create_cq(16, Some(&ch), 0).unwrap();
         let pd = ctx.alloc_pd().unwrap();
-        let mr = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+        let mr = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap();
         to_init(&qp);
         to_err(&qp);
@@ -1176,7 +1178,7 @@ mod ibv_req_notify_cq {
         let ch = ctx.create_comp_channel().unwrap();
         let cq = ctx.create_cq(16, Some(&ch), 0).unwrap();
         let pd = ctx.alloc_pd().unwrap();
-        let mr = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+        let mr = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap();
         to_init(&qp);
         to_err(&qp);
@@ -1195,7 +1197,7 @@ mod ibv_get_cq_event {
         let ch = ctx.create_comp_channel().unwrap();
         let cq = ctx.create_cq(16, Some(&ch), 0).unwrap();
         let pd = ctx.alloc_pd().unwrap();
-        let mr = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+        let mr = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap();
         to_init(&qp);
         to_err(&qp);
@@ -1215,7 +1217,7 @@ mod ibv_get_cq_event {
         let ch = ctx.create_comp_channel().unwrap();
         let cq = ctx.create_cq(16, Some(&ch), 0).unwrap();
         let pd = ctx.alloc_pd().unwrap();
-        let mr = pd.register(vec![0u8; 64], AccessFlags::LOCAL_WRITE).unwrap();
+        let mr = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap();
         to_init(&qp);
         to_err(&qp);

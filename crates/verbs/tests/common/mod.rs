@@ -141,8 +141,8 @@ pub(crate) fn to_err(qp: &QueuePair) {
 }
 
 /// Receive WRs `ids` of `len` bytes each, into `mr`.
-pub(crate) fn recv_wrs<B: RegisterableBuffer>(
-    mr: &MemoryRegion<B>,
+pub(crate) fn recv_wrs(
+    mr: &MemoryRegion,
     ids: std::ops::Range<u64>,
     len: usize,
 ) -> Vec<RecvWr> {

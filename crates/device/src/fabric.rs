@@ -1,0 +1,375 @@
+//! Moving packets: each device has a [`Node`] (its QPs, memory keys and inbound packets), and
+//! the process-wide [`Fabric`] carries packets between nodes and runs the progress thread.
+//!
+//! Progress happens in three places, so that nothing waits on the application:
+//! - the thread that posts a work request drives the fabric until it is quiet, so an exchange
+//!   between QPs of this process completes at once;
+//! - polling an empty CQ drives it too (a single-threaded program that posts and then polls
+//!   always completes);
+//! - the progress thread sleeps until the earliest transport deadline (retransmission, RNR
+//!   wait) and handles it; it uses no CPU when no deadline is pending.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use softverbs_engine::time::Instant;
+use softverbs_engine::transport::{RxMeta, Transmit};
+use softverbs_engine::types::Gid;
+use softverbs_wire::RocePacket;
+
+use crate::device::McastTable;
+use crate::mem::KeyTable;
+use crate::qp::Qp;
+
+/// The multicast destination QPN.
+pub const MULTICAST_QPN: u32 = 0xFF_FFFF;
+
+/// A received packet with what the network told about it.
+#[derive(Debug)]
+pub(crate) struct Packet {
+    pub(crate) data: Vec<u8>,
+    pub(crate) meta: RxMeta,
+}
+
+/// Packet counters of one device, readable through the verbs API.
+#[derive(Debug, Default)]
+pub struct NodeCounters {
+    /// Packets handed to the fabric.
+    pub tx_packets: AtomicU64,
+    /// Packets received.
+    pub rx_packets: AtomicU64,
+    /// Received packets that did not parse (bad header, length, opcode).
+    pub rx_malformed: AtomicU64,
+    /// Received packets for a QP number that does not exist.
+    pub rx_unknown_qp: AtomicU64,
+    /// Received packets a QP dropped (wrong state, PSN, P_Key, Q_Key, no receive WQE, ...).
+    pub rx_dropped: AtomicU64,
+    /// Received packets with a bad ICRC.
+    pub rx_bad_icrc: AtomicU64,
+    /// Sent packets no node was listening for.
+    pub tx_unroutable: AtomicU64,
+}
+
+/// A snapshot of [`NodeCounters`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[allow(missing_docs)] // the fields mirror NodeCounters
+pub struct CounterSnapshot {
+    pub tx_packets: u64,
+    pub rx_packets: u64,
+    pub rx_malformed: u64,
+    pub rx_unknown_qp: u64,
+    pub rx_dropped: u64,
+    pub rx_bad_icrc: u64,
+    pub tx_unroutable: u64,
+}
+
+impl NodeCounters {
+    /// The current values.
+    pub fn snapshot(&self) -> CounterSnapshot {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        CounterSnapshot {
+            tx_packets: g(&self.tx_packets),
+            rx_packets: g(&self.rx_packets),
+            rx_malformed: g(&self.rx_malformed),
+            rx_unknown_qp: g(&self.rx_unknown_qp),
+            rx_dropped: g(&self.rx_dropped),
+            rx_bad_icrc: g(&self.rx_bad_icrc),
+            tx_unroutable: g(&self.tx_unroutable),
+        }
+    }
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// One device's endpoint on the fabric.
+#[derive(Debug)]
+pub(crate) struct Node {
+    gids: Vec<Gid>,
+    qps: RwLock<HashMap<u32, Weak<Qp>>>,
+    /// Multicast group -> attached QP numbers.
+    pub(crate) mcast: Mutex<McastTable>,
+    pub(crate) keys: KeyTable,
+    inbound: Mutex<VecDeque<Packet>>,
+    driving: AtomicBool,
+    pub(crate) counters: NodeCounters,
+}
+
+impl Node {
+    pub(crate) fn new(gids: &[Gid]) -> Arc<Self> {
+        let node = Arc::new(Self {
+            gids: gids.iter().copied().filter(|g| !g.is_zero()).collect(),
+            qps: RwLock::new(HashMap::new()),
+            mcast: Mutex::new(McastTable::default()),
+            keys: KeyTable::default(),
+            inbound: Mutex::new(VecDeque::new()),
+            driving: AtomicBool::new(false),
+            counters: NodeCounters::default(),
+        });
+        fabric().nodes.write().push(Arc::downgrade(&node));
+        node
+    }
+
+    pub(crate) fn add_qp(&self, qp: &Arc<Qp>) {
+        self.qps.write().insert(qp.qpn(), Arc::downgrade(qp));
+    }
+
+    pub(crate) fn remove_qp(&self, qpn: u32) {
+        self.qps.write().remove(&qpn);
+    }
+
+    fn has_gid(&self, gid: &Gid) -> bool {
+        self.gids.contains(gid)
+    }
+
+    fn has_qp(&self, qpn: u32) -> bool {
+        self.qps.read().contains_key(&qpn)
+    }
+
+    fn has_group(&self, gid: &Gid) -> bool {
+        self.mcast.lock().groups.contains_key(gid)
+    }
+
+    pub(crate) fn deliver(&self, pkt: Packet) {
+        self.inbound.lock().push_back(pkt);
+    }
+
+    fn qps(&self) -> Vec<Arc<Qp>> {
+        self.qps.read().values().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Processes inbound packets until none are left. Returns whether anything was done.
+    /// Only one thread drives a node at a time, so packets of a QP are handled in order.
+    fn drive(&self, now: Instant) -> bool {
+        let mut did = false;
+        loop {
+            if self.driving.swap(true, Ordering::Acquire) {
+                return did;
+            }
+            loop {
+                let batch: Vec<Packet> = self.inbound.lock().drain(..).collect();
+                if batch.is_empty() {
+                    break;
+                }
+                did = true;
+                for pkt in batch {
+                    self.receive(now, pkt);
+                }
+            }
+            self.driving.store(false, Ordering::Release);
+            // A packet may have arrived after the last check but before the release.
+            if self.inbound.lock().is_empty() {
+                return did;
+            }
+        }
+    }
+
+    fn receive(&self, now: Instant, pkt: Packet) {
+        bump(&self.counters.rx_packets);
+        let parsed = match RocePacket::parse(&pkt.data) {
+            Ok(p) => p,
+            Err(_) => {
+                bump(&self.counters.rx_malformed);
+                return;
+            }
+        };
+        let qpn = parsed.repr.bth.dest_qpn;
+        let targets: Vec<Arc<Qp>> = if qpn == MULTICAST_QPN {
+            let members: Vec<u32> =
+                self.mcast.lock().groups.get(&pkt.meta.dgid).map(|m| m.iter().copied().collect()).unwrap_or_default();
+            let qps = self.qps.read();
+            members.iter().filter_map(|q| qps.get(q).and_then(Weak::upgrade)).collect()
+        } else {
+            self.qps.read().get(&qpn).and_then(Weak::upgrade).into_iter().collect()
+        };
+        if targets.is_empty() {
+            bump(&self.counters.rx_unknown_qp);
+            return;
+        }
+        for qp in targets {
+            let (txs, dropped) = qp.handle_packet(now, &parsed, &pkt.meta);
+            if dropped {
+                bump(&self.counters.rx_dropped);
+            }
+            fabric().send_all(self, txs);
+        }
+    }
+
+    /// Runs due transport timers of this node's QPs; returns the earliest pending deadline.
+    fn run_timers(&self, now: Instant) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        for qp in self.qps() {
+            let due = qp.deadline();
+            if due.is_some_and(|d| d <= now) {
+                let txs = qp.handle_timeout(now);
+                fabric().send_all(self, txs);
+            }
+            if let Some(d) = qp.deadline() {
+                next = Some(next.map_or(d, |n: Instant| n.min(d)));
+            }
+        }
+        next
+    }
+}
+
+/// The process-wide fabric between nodes.
+#[derive(Debug)]
+pub(crate) struct Fabric {
+    nodes: RwLock<Vec<Weak<Node>>>,
+    epoch: std::time::Instant,
+    /// The progress thread's next wake-up (nanoseconds since the epoch; MAX: none).
+    wake_at: AtomicU64,
+    wake_lock: Mutex<()>,
+    wake: Condvar,
+    qpns: Mutex<(u32, HashSet<u32>)>,
+}
+
+/// QPNs 0 and 1 are the special management QPs; ordinary QPs start above them, as on hardware.
+const FIRST_QPN: u32 = 0x11;
+
+/// The fabric of this process.
+pub(crate) fn fabric() -> &'static Fabric {
+    static FABRIC: OnceLock<Fabric> = OnceLock::new();
+    FABRIC.get_or_init(|| {
+        std::thread::Builder::new()
+            .name("softverbs-progress".into())
+            .spawn(progress_thread)
+            .expect("spawn the progress thread");
+        Fabric {
+            nodes: RwLock::new(Vec::new()),
+            epoch: std::time::Instant::now(),
+            wake_at: AtomicU64::new(u64::MAX),
+            wake_lock: Mutex::new(()),
+            wake: Condvar::new(),
+            qpns: Mutex::new((FIRST_QPN, HashSet::new())),
+        }
+    })
+}
+
+fn progress_thread() {
+    let f = fabric();
+    loop {
+        let now = f.now();
+        f.drive(now);
+        let mut next = None;
+        for node in f.live_nodes() {
+            if let Some(d) = node.run_timers(now) {
+                next = Some(next.map_or(d, |n: Instant| n.min(d)));
+            }
+        }
+        f.drive(f.now());
+        let mut guard = f.wake_lock.lock();
+        let target = next.map_or(u64::MAX, |d| d.as_nanos());
+        f.wake_at.store(target, Ordering::Release);
+        if target == u64::MAX {
+            f.wake.wait(&mut guard);
+        } else {
+            let wait = Duration::from_nanos(target.saturating_sub(f.now().as_nanos()));
+            if !wait.is_zero() {
+                f.wake.wait_for(&mut guard, wait);
+            }
+        }
+    }
+}
+
+impl Fabric {
+    /// The engine's clock: nanoseconds since the fabric started.
+    pub(crate) fn now(&self) -> Instant {
+        Instant(u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    fn live_nodes(&self) -> Vec<Arc<Node>> {
+        let mut nodes = self.nodes.write();
+        nodes.retain(|n| n.strong_count() > 0);
+        nodes.iter().filter_map(Weak::upgrade).collect()
+    }
+
+    /// Tells the progress thread about a deadline, waking it if it would sleep past it.
+    pub(crate) fn schedule(&self, at: Instant) {
+        if at.as_nanos() < self.wake_at.load(Ordering::Acquire) {
+            let _guard = self.wake_lock.lock();
+            self.wake_at.store(at.as_nanos(), Ordering::Release);
+            self.wake.notify_one();
+        }
+    }
+
+    /// Drives every node until no packet is left in flight.
+    pub(crate) fn drive(&self, now: Instant) {
+        let nodes = self.live_nodes();
+        loop {
+            let mut did = false;
+            for n in &nodes {
+                did |= n.drive(now);
+            }
+            if !did {
+                return;
+            }
+        }
+    }
+
+    /// Makes progress from an application thread: delivers packets in flight and, if a
+    /// transport deadline has passed, runs the timers (so busy polling does not wait for the
+    /// progress thread to be scheduled).
+    pub(crate) fn progress(&self, now: Instant) {
+        self.drive(now);
+        if self.wake_at.load(Ordering::Acquire) <= now.as_nanos() {
+            for n in self.live_nodes() {
+                n.run_timers(now);
+            }
+            self.drive(self.now());
+        }
+    }
+
+    /// Routes packets from `from` to their destination nodes.
+    pub(crate) fn send_all(&self, from: &Node, txs: Vec<Transmit>) {
+        if txs.is_empty() {
+            return;
+        }
+        let nodes = self.live_nodes();
+        for tx in txs {
+            bump(&from.counters.tx_packets);
+            let meta = RxMeta {
+                sgid: from.gids.get(usize::from(tx.dest.sgid_index)).copied().unwrap_or(Gid::ZERO),
+                dgid: tx.dest.dgid,
+                traffic_class: tx.dest.traffic_class,
+                hop_limit: tx.dest.hop_limit,
+            };
+            let qpn = tx.data.get(5..8).map_or(0, |b| u32::from_be_bytes([0, b[0], b[1], b[2]]));
+            let targets: Vec<&Arc<Node>> = if qpn == MULTICAST_QPN {
+                nodes.iter().filter(|n| n.has_group(&tx.dest.dgid)).collect()
+            } else {
+                nodes.iter().filter(|n| n.has_gid(&tx.dest.dgid) && n.has_qp(qpn)).take(1).collect()
+            };
+            if targets.is_empty() {
+                bump(&from.counters.tx_unroutable);
+                continue;
+            }
+            let (last, rest) = targets.split_last().expect("non-empty");
+            for n in rest {
+                n.deliver(Packet { data: tx.data.clone(), meta });
+            }
+            last.deliver(Packet { data: tx.data, meta });
+        }
+    }
+
+    /// A fresh QP number, unique among live QPs of the process.
+    pub(crate) fn alloc_qpn(&self) -> u32 {
+        let mut t = self.qpns.lock();
+        loop {
+            let qpn = t.0;
+            t.0 = if t.0 >= 0xFF_FFFE { FIRST_QPN } else { t.0 + 1 };
+            if t.1.insert(qpn) {
+                return qpn;
+            }
+        }
+    }
+
+    /// Releases a QP number.
+    pub(crate) fn free_qpn(&self, qpn: u32) {
+        self.qpns.lock().1.remove(&qpn);
+    }
+}

@@ -1,0 +1,294 @@
+//! Registered memory: what backs a memory region, and the device's key table through which the
+//! engine reaches it.
+//!
+//! A region's bytes live behind a [`MemoryBacking`]. The safe Rust API uses [`AtomicBuffer`],
+//! memory made of atomic words, so the device may read and write it from any thread while the
+//! application holds the region, without `unsafe` and without data races. The C ABI provides a
+//! backing over the application's raw memory.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use parking_lot::RwLock;
+use softverbs_engine::memory::{Access, AtomicOp, KeyRef, MemError, Memory};
+use softverbs_engine::types::AccessFlags;
+
+use crate::pd::Mr;
+
+/// The bytes of a memory region, addressed by offset from its start.
+///
+/// Implementations must tolerate concurrent calls: the device accesses a region from its
+/// progress thread while the application may access it too. Offsets passed in are always
+/// within `len()`.
+pub trait MemoryBacking: Send + Sync + std::fmt::Debug {
+    /// Length in bytes.
+    fn len(&self) -> u64;
+    /// Whether the region has no bytes.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Copies bytes at `offset` into `dst`.
+    fn read(&self, offset: u64, dst: &mut [u8]);
+    /// Copies `src` to `offset`.
+    fn write(&self, offset: u64, src: &[u8]);
+    /// Atomically applies `op` to the 8-byte word at `offset` (8-byte aligned); returns the old
+    /// value.
+    fn atomic(&self, offset: u64, op: AtomicOp) -> u64;
+}
+
+/// Memory made of atomic 64-bit words: safe to share between the application and the device.
+///
+/// Whole words are copied with relaxed atomic loads and stores (plain moves on common
+/// hardware); partial words at the edges are updated with atomic read-modify-write, so writes to
+/// different bytes of one word never clobber each other.
+#[derive(Debug)]
+pub struct AtomicBuffer {
+    words: Box<[AtomicU64]>,
+    len: usize,
+}
+
+impl AtomicBuffer {
+    /// A zeroed buffer of `len` bytes.
+    pub fn new(len: usize) -> Self {
+        let words = (0..len.div_ceil(8)).map(|_| AtomicU64::new(0)).collect();
+        Self { words, len }
+    }
+
+    /// A buffer holding a copy of `bytes`.
+    pub fn from_bytes(bytes: &[u8]) -> Self {
+        let b = Self::new(bytes.len());
+        b.write_bytes(0, bytes);
+        b
+    }
+
+    /// Length in bytes.
+    pub fn byte_len(&self) -> usize {
+        self.len
+    }
+
+    /// Address of the first byte, which names the buffer in scatter/gather lists.
+    pub fn addr(&self) -> u64 {
+        self.words.as_ptr() as u64
+    }
+
+    /// Copies `dst.len()` bytes at `offset` into `dst`. Panics if out of bounds.
+    pub fn read_bytes(&self, offset: usize, dst: &mut [u8]) {
+        assert!(offset + dst.len() <= self.len, "read past the end of the buffer");
+        let mut pos = offset;
+        let mut out = 0;
+        while out < dst.len() {
+            let word = self.words[pos / 8].load(Ordering::Relaxed).to_ne_bytes();
+            let start = pos % 8;
+            let n = (8 - start).min(dst.len() - out);
+            dst[out..out + n].copy_from_slice(&word[start..start + n]);
+            out += n;
+            pos += n;
+        }
+    }
+
+    /// Copies `src` to `offset`. Panics if out of bounds.
+    pub fn write_bytes(&self, offset: usize, src: &[u8]) {
+        assert!(offset + src.len() <= self.len, "write past the end of the buffer");
+        let mut pos = offset;
+        let mut done = 0;
+        while done < src.len() {
+            let start = pos % 8;
+            let n = (8 - start).min(src.len() - done);
+            let w = &self.words[pos / 8];
+            if n == 8 {
+                let v = u64::from_ne_bytes(src[done..done + 8].try_into().expect("8 bytes"));
+                w.store(v, Ordering::Relaxed);
+            } else {
+                let mut bytes = [0u8; 8];
+                let mut mask = [0u8; 8];
+                bytes[start..start + n].copy_from_slice(&src[done..done + n]);
+                mask[start..start + n].fill(0xFF);
+                let (bits, mask) = (u64::from_ne_bytes(bytes), u64::from_ne_bytes(mask));
+                // Clear then set only our bytes: other bytes of the word are left alone.
+                w.fetch_and(!mask, Ordering::Relaxed);
+                w.fetch_or(bits, Ordering::Relaxed);
+            }
+            done += n;
+            pos += n;
+        }
+    }
+
+    /// A copy of the whole buffer.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0u8; self.len];
+        self.read_bytes(0, &mut v);
+        v
+    }
+
+    /// Sets every byte to `value`.
+    pub fn fill(&self, value: u8) {
+        let word = u64::from_ne_bytes([value; 8]);
+        for w in self.words.iter() {
+            w.store(word, Ordering::Relaxed);
+        }
+    }
+
+    /// The 8-byte word at `offset` (8-byte aligned), in host order.
+    pub fn load_u64(&self, offset: usize) -> u64 {
+        assert!(offset % 8 == 0 && offset + 8 <= self.len, "unaligned or out of bounds");
+        self.words[offset / 8].load(Ordering::SeqCst)
+    }
+}
+
+impl MemoryBacking for AtomicBuffer {
+    fn len(&self) -> u64 {
+        self.len as u64
+    }
+
+    fn read(&self, offset: u64, dst: &mut [u8]) {
+        self.read_bytes(offset as usize, dst);
+    }
+
+    fn write(&self, offset: u64, src: &[u8]) {
+        self.write_bytes(offset as usize, src);
+    }
+
+    fn atomic(&self, offset: u64, op: AtomicOp) -> u64 {
+        let w = &self.words[offset as usize / 8];
+        match op {
+            AtomicOp::FetchAdd { add } => w.fetch_add(add, Ordering::SeqCst),
+            AtomicOp::CompareSwap { compare, swap } => match w.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(v) | Err(v) => v,
+            },
+        }
+    }
+}
+
+/// The device's memory regions by key.
+#[derive(Debug, Default)]
+pub(crate) struct KeyTable {
+    lkeys: RwLock<HashMap<u32, Weak<Mr>>>,
+    rkeys: RwLock<HashMap<u32, Weak<Mr>>>,
+}
+
+impl KeyTable {
+    pub(crate) fn insert(&self, mr: &Arc<Mr>) {
+        self.lkeys.write().insert(mr.lkey(), Arc::downgrade(mr));
+        self.rkeys.write().insert(mr.rkey(), Arc::downgrade(mr));
+    }
+
+    pub(crate) fn remove(&self, lkey: u32, rkey: u32) {
+        self.lkeys.write().remove(&lkey);
+        self.rkeys.write().remove(&rkey);
+    }
+
+    fn lookup(&self, key: KeyRef) -> Result<Arc<Mr>, MemError> {
+        let table = if key.access.is_remote() { &self.rkeys } else { &self.lkeys };
+        table.read().get(&key.key).and_then(Weak::upgrade).ok_or(MemError::BadKey)
+    }
+
+    /// Resolves an access to (region, offset), checking PD, rights and bounds.
+    fn resolve(&self, key: KeyRef, addr: u64, len: u64) -> Result<(Arc<Mr>, u64), MemError> {
+        let mr = self.lookup(key)?;
+        if mr.pd().handle() != key.pd {
+            return Err(MemError::WrongPd);
+        }
+        let needed = match key.access {
+            Access::LocalRead => AccessFlags::empty(),
+            Access::LocalWrite => AccessFlags::LOCAL_WRITE,
+            Access::RemoteRead => AccessFlags::REMOTE_READ,
+            Access::RemoteWrite => AccessFlags::REMOTE_WRITE,
+            Access::RemoteAtomic => AccessFlags::REMOTE_ATOMIC,
+        };
+        if !mr.access().contains(needed) {
+            return Err(MemError::NoAccess);
+        }
+        // Local keys use virtual addresses, remote keys the region's I/O virtual address.
+        let base = if key.access.is_remote() { mr.iova() } else { mr.addr() };
+        let offset = addr.checked_sub(base).ok_or(MemError::OutOfRange)?;
+        if offset.checked_add(len).is_none_or(|end| end > mr.length()) {
+            return Err(MemError::OutOfRange);
+        }
+        Ok((mr, offset))
+    }
+}
+
+impl Memory for KeyTable {
+    fn read(&self, key: KeyRef, addr: u64, dst: &mut [u8]) -> Result<(), MemError> {
+        let (mr, offset) = self.resolve(key, addr, dst.len() as u64)?;
+        mr.backing().read(offset, dst);
+        Ok(())
+    }
+
+    fn write(&self, key: KeyRef, addr: u64, src: &[u8]) -> Result<(), MemError> {
+        let (mr, offset) = self.resolve(key, addr, src.len() as u64)?;
+        mr.backing().write(offset, src);
+        Ok(())
+    }
+
+    fn check(&self, key: KeyRef, addr: u64, len: u64) -> Result<(), MemError> {
+        self.resolve(key, addr, len).map(drop)
+    }
+
+    fn atomic(&self, key: KeyRef, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
+        let (mr, offset) = self.resolve(key, addr, 8)?;
+        // Alignment is of the address in the region's own memory.
+        if (mr.addr() + offset) % 8 != 0 {
+            return Err(MemError::Misaligned);
+        }
+        Ok(mr.backing().atomic(offset, op))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unaligned_reads_and_writes_round_trip() {
+        let b = AtomicBuffer::new(37);
+        let data: Vec<u8> = (0..37).collect();
+        b.write_bytes(0, &data);
+        assert_eq!(b.to_vec(), data);
+        b.write_bytes(3, &[0xAA; 11]);
+        let mut expect = data.clone();
+        expect[3..14].fill(0xAA);
+        assert_eq!(b.to_vec(), expect);
+        let mut out = [0u8; 5];
+        b.read_bytes(30, &mut out);
+        assert_eq!(out, [30, 31, 32, 33, 34]);
+    }
+
+    #[test]
+    fn partial_word_writes_from_threads_do_not_clobber() {
+        let b = Arc::new(AtomicBuffer::new(8));
+        let handles: Vec<_> = (0..8u8)
+            .map(|i| {
+                let b = b.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        b.write_bytes(i as usize, &[i + 1]);
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().for_each(|h| h.join().unwrap());
+        assert_eq!(b.to_vec(), vec![1, 2, 3, 4, 5, 6, 7, 8]);
+    }
+
+    #[test]
+    fn atomics_are_atomic() {
+        let b = Arc::new(AtomicBuffer::new(16));
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                let b = b.clone();
+                std::thread::spawn(move || {
+                    for _ in 0..1000 {
+                        b.atomic(8, AtomicOp::FetchAdd { add: 1 });
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().for_each(|h| h.join().unwrap());
+        assert_eq!(b.load_u64(8), 4000);
+        assert_eq!(b.atomic(8, AtomicOp::CompareSwap { compare: 4000, swap: 7 }), 4000);
+        assert_eq!(b.atomic(8, AtomicOp::CompareSwap { compare: 1, swap: 9 }), 7);
+        assert_eq!(b.load_u64(8), 7);
+    }
+}

@@ -1,0 +1,108 @@
+//! How the engine reaches registered memory: through the [`Memory`] trait, which the device
+//! implements over its memory-region table. Keys, protection domains, bounds and access rights
+//! are checked there, for every access, as an HCA checks them.
+
+use crate::types::WcStatus;
+
+/// The right an access needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Gather for a send or write (lkey; always allowed).
+    LocalRead,
+    /// Scatter into a receive or read response buffer (lkey, `IBV_ACCESS_LOCAL_WRITE`).
+    LocalWrite,
+    /// Remote read (rkey, `IBV_ACCESS_REMOTE_READ`).
+    RemoteRead,
+    /// Remote write (rkey, `IBV_ACCESS_REMOTE_WRITE`).
+    RemoteWrite,
+    /// Remote atomic (rkey, `IBV_ACCESS_REMOTE_ATOMIC`).
+    RemoteAtomic,
+}
+
+impl Access {
+    /// Whether the key is an rkey (remote access) rather than an lkey.
+    pub fn is_remote(self) -> bool {
+        matches!(self, Self::RemoteRead | Self::RemoteWrite | Self::RemoteAtomic)
+    }
+}
+
+/// A key with the protection domain and right it is used with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRef {
+    /// The lkey or rkey.
+    pub key: u32,
+    /// The protection domain of the QP making the access.
+    pub pd: u32,
+    /// The right needed.
+    pub access: Access,
+}
+
+/// Why a memory access was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemError {
+    /// No region has this key.
+    BadKey,
+    /// The region belongs to another protection domain.
+    WrongPd,
+    /// The range is not inside the region.
+    OutOfRange,
+    /// The region lacks the access right.
+    NoAccess,
+    /// An atomic address is not 8-byte aligned.
+    Misaligned,
+}
+
+impl MemError {
+    /// The status a local (lkey) failure completes with.
+    pub fn local_status(self) -> WcStatus {
+        match self {
+            Self::NoAccess => WcStatus::LocAccessErr,
+            _ => WcStatus::LocProtErr,
+        }
+    }
+}
+
+/// An atomic operation on a host-order 64-bit word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicOp {
+    /// Compare and swap.
+    CompareSwap {
+        /// Expected value.
+        compare: u64,
+        /// New value.
+        swap: u64,
+    },
+    /// Fetch and add.
+    FetchAdd {
+        /// Addend.
+        add: u64,
+    },
+}
+
+impl AtomicOp {
+    /// The new value of a word holding `old`.
+    pub fn apply(self, old: u64) -> u64 {
+        match self {
+            Self::CompareSwap { compare, swap } => {
+                if old == compare {
+                    swap
+                } else {
+                    old
+                }
+            }
+            Self::FetchAdd { add } => old.wrapping_add(add),
+        }
+    }
+}
+
+/// Registered memory as the engine sees it.
+pub trait Memory {
+    /// Copies `dst.len()` bytes at `addr` of the region named by `key` into `dst`.
+    fn read(&self, key: KeyRef, addr: u64, dst: &mut [u8]) -> Result<(), MemError>;
+    /// Copies `src` to `addr` of the region named by `key`.
+    fn write(&self, key: KeyRef, addr: u64, src: &[u8]) -> Result<(), MemError>;
+    /// Checks that `len` bytes at `addr` may be accessed, without touching them.
+    fn check(&self, key: KeyRef, addr: u64, len: u64) -> Result<(), MemError>;
+    /// Performs `op` atomically on the 8-byte word at `addr`; returns the original value.
+    fn atomic(&self, key: KeyRef, addr: u64, op: AtomicOp) -> Result<u64, MemError>;
+}

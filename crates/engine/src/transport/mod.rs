@@ -1,0 +1,449 @@
+//! The transport: one [`QpEngine`] per queue pair, holding its requester, completer and
+//! responder as pure state machines.
+//!
+//! The engine is sans-IO. Its inputs are work requests ([`QpEngine::post_send`],
+//! [`QpEngine::post_recv`]), packets ([`QpEngine::handle_packet`]), attribute changes
+//! ([`QpEngine::set_attr`]) and the passage of time ([`QpEngine::handle_timeout`]). Its outputs are
+//! drained by the driver after every input, in this order:
+//!
+//! 1. [`QpEngine::poll_transmit`]: packets to send (BTH to ICRC; the driver fills the ICRC, which
+//!    depends on the IP header it sends with);
+//! 2. [`QpEngine::poll_completion`]: work completions for the send or receive CQ;
+//! 3. [`QpEngine::poll_event`]: affiliated async events;
+//! 4. [`QpEngine::poll_timeout`]: when to call [`QpEngine::handle_timeout`] next.
+//!
+//! Memory is reached only through the [`Memory`](crate::memory::Memory) trait, and shared
+//! receive queues through [`RecvSource`], both supplied by the caller for the duration of a call.
+
+mod completer;
+mod grh;
+mod requester;
+mod responder;
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use softverbs_wire::{ParsedPacket, Psn};
+
+use crate::memory::Memory;
+use crate::time::Instant;
+use crate::types::{EventType, Gid, QpAttr, QpState, QpType, RecvWr, WcOpcode, WcStatus, WorkCompletion};
+use crate::wr::SendWr;
+
+pub use grh::write_grh;
+
+/// Unacknowledged PSNs a requester may have in flight (as rxe).
+pub const WINDOW: u32 = 128;
+/// A requester sets AckReq at least this often within one long message.
+pub const ACK_REQ_EVERY: u32 = 64;
+
+/// Where a packet goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dest {
+    /// Destination GID (its IP address), or a multicast GID.
+    pub dgid: Gid,
+    /// Index of the source GID.
+    pub sgid_index: u8,
+    /// Traffic class / TOS.
+    pub traffic_class: u8,
+    /// Hop limit / TTL.
+    pub hop_limit: u8,
+    /// Flow label (also the UDP source-port entropy).
+    pub flow_label: u32,
+}
+
+/// A packet for the driver to send: the UDP payload from the BTH to the (zeroed) ICRC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Transmit {
+    /// Where to.
+    pub dest: Dest,
+    /// The bytes.
+    pub data: Vec<u8>,
+}
+
+/// What the driver knows about a received packet besides its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RxMeta {
+    /// Source GID (the sender's IP address).
+    pub sgid: Gid,
+    /// Destination GID (the address it was sent to).
+    pub dgid: Gid,
+    /// Traffic class / TOS.
+    pub traffic_class: u8,
+    /// Hop limit / TTL.
+    pub hop_limit: u8,
+}
+
+/// Which CQ a completion belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkQueue {
+    /// The send CQ.
+    Send,
+    /// The receive CQ.
+    Recv,
+}
+
+/// A completion to push onto a CQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// Send or receive CQ.
+    pub queue: WorkQueue,
+    /// The completion.
+    pub wc: WorkCompletion,
+}
+
+/// Why a received packet was dropped without effect. Drivers count these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DropReason {
+    /// The QP is not in a state that receives.
+    NotReceiving,
+    /// Opcode not valid for this QP type.
+    WrongTransport,
+    /// P_Key does not match.
+    BadPkey,
+    /// Q_Key does not match (UD).
+    BadQkey,
+    /// PSN out of the expected window, or a duplicate with nothing to resend.
+    BadPsn,
+    /// A response that matches no outstanding request.
+    UnexpectedResponse,
+    /// No receive WQE for a UD or UC message.
+    NoReceiveWqe,
+    /// Part of a UC message that was abandoned.
+    UcMessageDropped,
+    /// Structurally invalid for the transport (e.g. bad lengths on UD).
+    Malformed,
+}
+
+/// Where receive WQEs come from: the QP's own receive queue or a shared receive queue.
+pub trait RecvSource {
+    /// Takes the next receive WQE.
+    fn take(&mut self) -> Option<RecvWr>;
+    /// Returns a WQE taken for a message that was then abandoned (UC), to be used next.
+    fn put_back(&mut self, wr: RecvWr);
+}
+
+/// The attributes the transport runs with, captured from the QP's attributes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpConfig {
+    /// Transport service.
+    pub qp_type: QpType,
+    /// This QP's number.
+    pub qpn: u32,
+    /// The QP's protection domain (memory keys must belong to it).
+    pub pd: u32,
+    /// Every send WR completes with an entry.
+    pub sq_sig_all: bool,
+    /// Receives come from an SRQ.
+    pub has_srq: bool,
+}
+
+/// Counters of what the engine saw; drivers aggregate them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QpCounters {
+    /// Request packets sent (including retransmissions).
+    pub tx_packets: u64,
+    /// Retransmitted request packets.
+    pub retransmits: u64,
+    /// Packets dropped, by any [`DropReason`].
+    pub rx_dropped: u64,
+    /// Q_Key mismatches.
+    pub qkey_violations: u64,
+    /// P_Key mismatches.
+    pub pkey_violations: u64,
+    /// Local ACK timeouts.
+    pub timeouts: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_received: u64,
+    /// Sequence-error NAKs received.
+    pub seq_naks_received: u64,
+    /// Duplicate requests seen by the responder.
+    pub duplicates: u64,
+}
+
+/// The local ACK timeout for a `timeout` exponent: 4.096 us * 2^timeout; `None` for 0 (never).
+pub fn ack_timeout(timeout: u8) -> Option<Duration> {
+    (timeout != 0).then(|| Duration::from_nanos(4096u64 << timeout.min(31)))
+}
+
+/// RNR NAK timer values (IBTA table), in microseconds, by 5-bit code.
+const RNR_MICROS: [u32; 32] = [
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840, 5120, 7680,
+    10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760, 327_680, 491_520,
+];
+
+/// The RNR delay of a timer code.
+pub fn rnr_delay(code: u8) -> Duration {
+    Duration::from_micros(u64::from(RNR_MICROS[usize::from(code & 31)]))
+}
+
+/// A posted send WQE and its progress.
+#[derive(Debug, Clone)]
+pub(crate) struct SendWqe {
+    pub(crate) wr: SendWr,
+    pub(crate) len: u64,
+    /// PSNs are assigned when the requester first starts the WQE.
+    pub(crate) started: bool,
+    pub(crate) first_psn: Psn,
+    /// Number of PSNs the WQE uses (for a READ, one per response packet).
+    pub(crate) npsn: u32,
+    /// Request packets of this WQE already sent in the current pass (always <= packets).
+    pub(crate) next_pkt: u32,
+    /// For READ: response packets received in order.
+    pub(crate) resp_pkts: u32,
+    pub(crate) done: bool,
+}
+
+impl SendWqe {
+    pub(crate) fn last_psn(&self) -> Psn {
+        self.first_psn + (self.npsn.max(1) - 1)
+    }
+
+    /// Request packets this WQE sends in a full pass.
+    pub(crate) fn request_packets(&self) -> u32 {
+        if self.wr.op.is_read_or_atomic() {
+            1
+        } else {
+            self.npsn
+        }
+    }
+
+    pub(crate) fn fully_sent(&self) -> bool {
+        self.started && self.next_pkt >= self.request_packets()
+    }
+}
+
+/// The transport state of one queue pair.
+#[derive(Debug)]
+pub struct QpEngine {
+    pub(crate) cfg: QpConfig,
+    pub(crate) attr: QpAttr,
+    pub(crate) state: QpState,
+    pub(crate) rq: VecDeque<RecvWr>,
+    pub(crate) sq: VecDeque<SendWqe>,
+    pub(crate) req: requester::Requester,
+    pub(crate) resp: responder::Responder,
+    pub(crate) out: VecDeque<Transmit>,
+    pub(crate) cqes: VecDeque<Completion>,
+    pub(crate) events: VecDeque<EventType>,
+    pub(crate) counters: QpCounters,
+    pub(crate) went_to_error: bool,
+}
+
+impl QpEngine {
+    /// A QP in the RESET state.
+    pub fn new(cfg: QpConfig) -> Self {
+        Self {
+            cfg,
+            attr: QpAttr::default(),
+            state: QpState::Reset,
+            rq: VecDeque::new(),
+            sq: VecDeque::new(),
+            req: requester::Requester::default(),
+            resp: responder::Responder::default(),
+            out: VecDeque::new(),
+            cqes: VecDeque::new(),
+            events: VecDeque::new(),
+            counters: QpCounters::default(),
+            went_to_error: false,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &QpConfig {
+        &self.cfg
+    }
+
+    /// The current state as the engine sees it.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> QpCounters {
+        self.counters
+    }
+
+    /// Whether the send queue is still draining (for `ibv_query_qp` in SQD).
+    pub fn sq_draining(&self) -> bool {
+        self.sq.iter().any(|w| w.started && !w.done)
+    }
+
+    /// Posted send WQEs not yet completed.
+    pub fn send_queue_len(&self) -> usize {
+        self.sq.len()
+    }
+
+    /// Posted receive WQEs not yet consumed (own receive queue only).
+    pub fn recv_queue_len(&self) -> usize {
+        self.rq.len()
+    }
+
+    /// True once after the engine moved the QP to ERR by itself (a transport error); the owner
+    /// updates its view of the state.
+    pub fn take_error_transition(&mut self) -> bool {
+        std::mem::take(&mut self.went_to_error)
+    }
+
+    /// Applies new attributes after a validated `modify_qp` from `prev` to `attr.qp_state`.
+    pub fn set_attr(&mut self, now: Instant, attr: &QpAttr) {
+        let prev = self.state;
+        let next = attr.qp_state;
+        self.attr = *attr;
+        self.state = next;
+        match next {
+            QpState::Reset => {
+                self.rq.clear();
+                self.sq.clear();
+                self.out.clear();
+                self.req = requester::Requester::default();
+                self.resp = responder::Responder::default();
+            }
+            QpState::Err if prev != QpState::Err => self.flush(),
+            _ => {}
+        }
+        if prev == QpState::Init && next == QpState::Rtr || prev == QpState::Reset && next == QpState::Rtr {
+            self.resp.reset(Psn::new(attr.rq_psn), attr.max_dest_rd_atomic);
+        }
+        if next == QpState::Rts && prev == QpState::Rtr {
+            self.req.reset(Psn::new(attr.sq_psn), attr.retry_cnt, attr.rnr_retry);
+        }
+        if next == QpState::Rts && prev == QpState::Sqd {
+            // Resume: new WQEs may start again.
+            self.req.rnr_until = None;
+        }
+        if next == QpState::Sqd && prev == QpState::Rts {
+            self.req.drain_notify = attr.en_sqd_async_notify;
+            self.check_drained();
+        }
+        let _ = now;
+    }
+
+    /// Queues a receive WQE (own receive queue). In ERR it completes at once as flushed.
+    pub fn post_recv(&mut self, wr: RecvWr) {
+        if self.state == QpState::Err {
+            self.push_cqe(WorkQueue::Recv, WorkCompletion::error(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.cfg.qpn));
+        } else {
+            self.rq.push_back(wr);
+        }
+    }
+
+    /// Queues a send WQE, already checked by [`SendWr::check`]. In ERR it completes at once as
+    /// flushed.
+    pub fn post_send(&mut self, wr: SendWr) {
+        if self.state == QpState::Err {
+            let wc = WorkCompletion::error(wr.wr_id, WcStatus::WrFlushErr, wr.op.wc_opcode(), self.cfg.qpn);
+            self.push_cqe(WorkQueue::Send, wc);
+            return;
+        }
+        let len = wr.payload.len();
+        self.sq.push_back(SendWqe {
+            wr,
+            len,
+            started: false,
+            first_psn: Psn::ZERO,
+            npsn: 0,
+            next_pkt: 0,
+            resp_pkts: 0,
+            done: false,
+        });
+    }
+
+    /// Processes one received packet addressed to this QP. Returns why it was dropped, if it
+    /// was.
+    pub fn handle_packet(
+        &mut self,
+        now: Instant,
+        pkt: &ParsedPacket<'_>,
+        meta: &RxMeta,
+        mem: &dyn Memory,
+        srq: Option<&mut dyn RecvSource>,
+    ) -> Result<(), DropReason> {
+        let result = if pkt.opcode().is_response() {
+            self.handle_response(now, pkt, mem)
+        } else {
+            self.handle_request(now, pkt, meta, mem, srq)
+        };
+        if result.is_err() {
+            self.counters.rx_dropped += 1;
+        }
+        result
+    }
+
+    /// Produces the next packet to send, if any. Sending may need memory (to gather payload).
+    pub fn poll_transmit(&mut self, now: Instant, mem: &dyn Memory) -> Option<Transmit> {
+        if self.out.is_empty() {
+            self.generate(now, mem);
+        }
+        self.out.pop_front()
+    }
+
+    /// The next completion, if any.
+    pub fn poll_completion(&mut self) -> Option<Completion> {
+        self.cqes.pop_front()
+    }
+
+    /// The next async event, if any.
+    pub fn poll_event(&mut self) -> Option<EventType> {
+        self.events.pop_front()
+    }
+
+    /// When [`QpEngine::handle_timeout`] must next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match (self.req.retransmit_at, self.req.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether the requester could send now (something to send and room in the window).
+    pub fn wants_to_send(&self) -> bool {
+        !self.out.is_empty() || self.can_start_or_continue()
+    }
+
+    pub(crate) fn push_cqe(&mut self, queue: WorkQueue, wc: WorkCompletion) {
+        self.cqes.push_back(Completion { queue, wc });
+    }
+
+    /// Moves the QP to ERR from inside the engine, flushing everything.
+    pub(crate) fn enter_error(&mut self) {
+        if self.state != QpState::Err {
+            self.state = QpState::Err;
+            self.attr.qp_state = QpState::Err;
+            self.went_to_error = true;
+            self.flush();
+        }
+    }
+
+    /// Completes every outstanding WQE with `IBV_WC_WR_FLUSH_ERR`, signaled or not.
+    fn flush(&mut self) {
+        self.out.clear();
+        self.req.retransmit_at = None;
+        self.req.rnr_until = None;
+        let qpn = self.cfg.qpn;
+        for w in std::mem::take(&mut self.sq) {
+            if !w.done {
+                let wc = WorkCompletion::error(w.wr.wr_id, WcStatus::WrFlushErr, w.wr.op.wc_opcode(), qpn);
+                self.push_cqe(WorkQueue::Send, wc);
+            }
+        }
+        if let Some(wqe) = self.resp.take_in_progress_wqe() {
+            self.push_cqe(WorkQueue::Recv, WorkCompletion::error(wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn));
+        }
+        for r in std::mem::take(&mut self.rq) {
+            self.push_cqe(WorkQueue::Recv, WorkCompletion::error(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn));
+        }
+        if self.cfg.has_srq {
+            // No receive of this QP will consume SRQ WQEs any more.
+            self.events.push_back(EventType::QpLastWqeReached);
+        }
+    }
+
+    /// In SQD, raises `IBV_EVENT_SQ_DRAINED` once nothing started is outstanding.
+    pub(crate) fn check_drained(&mut self) {
+        if self.state == QpState::Sqd && self.req.drain_notify && !self.sq_draining() {
+            self.req.drain_notify = false;
+            self.events.push_back(EventType::SqDrained);
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! The requester: turns send WQEs into request packets, segmented at the path MTU.
+
+use softverbs_wire::{
+    AtomicEthRepr, BthRepr, DethRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, Position, Psn, RethRepr,
+    Transport,
+};
+
+use super::{ack_timeout, Dest, QpEngine, Transmit, WorkQueue, ACK_REQ_EVERY, WINDOW};
+use crate::memory::{Access, KeyRef, MemError, Memory};
+use crate::time::Instant;
+use crate::types::{QpState, QpType, SendFlags, WcStatus, WorkCompletion};
+use crate::wr::{Payload, SendOp};
+
+/// Requester and completer state of a QP.
+#[derive(Debug, Default)]
+pub(crate) struct Requester {
+    /// PSN for the next WQE started.
+    pub(crate) next_psn: Psn,
+    /// Index in the send queue of the WQE being sent.
+    pub(crate) send_idx: usize,
+    /// Oldest PSN not yet acknowledged.
+    pub(crate) unacked: Psn,
+    /// READ/atomic WQEs started and not completed.
+    pub(crate) outstanding_rd: u32,
+    pub(crate) retry_cnt: u8,
+    pub(crate) retry_left: u8,
+    pub(crate) rnr_retry: u8,
+    pub(crate) rnr_left: u8,
+    /// Packets sent since the last one with AckReq.
+    pub(crate) since_ackreq: u32,
+    pub(crate) retransmit_at: Option<Instant>,
+    /// Waiting out an RNR NAK until then.
+    pub(crate) rnr_until: Option<Instant>,
+    /// PSN to resume at when the RNR wait ends.
+    pub(crate) rnr_psn: Psn,
+    pub(crate) drain_notify: bool,
+    /// One past the highest PSN ever sent, to tell retransmissions apart.
+    pub(crate) sent_high: Psn,
+}
+
+impl Requester {
+    pub(crate) fn reset(&mut self, sq_psn: Psn, retry_cnt: u8, rnr_retry: u8) {
+        *self = Self {
+            next_psn: sq_psn,
+            unacked: sq_psn,
+            sent_high: sq_psn,
+            retry_cnt,
+            retry_left: retry_cnt,
+            rnr_retry,
+            rnr_left: rnr_retry,
+            ..Self::default()
+        };
+    }
+}
+
+/// Number of packets (or PSNs) a message of `len` bytes takes at `mtu`.
+pub(crate) fn packets(len: u64, mtu: u32) -> u32 {
+    u32::try_from(len.div_ceil(u64::from(mtu)).max(1)).unwrap_or(u32::MAX)
+}
+
+/// Copies `dst.len()` bytes starting `offset` bytes into the gather list.
+pub(crate) fn gather(mem: &dyn Memory, pd: u32, payload: &Payload, offset: u64, dst: &mut [u8]) -> Result<(), MemError> {
+    match payload {
+        Payload::Inline(b) => {
+            let start = offset as usize;
+            dst.copy_from_slice(&b[start..start + dst.len()]);
+            Ok(())
+        }
+        Payload::Sges(sges) => {
+            let mut skip = offset;
+            let mut done = 0;
+            for sge in sges {
+                let len = u64::from(sge.length);
+                if skip >= len {
+                    skip -= len;
+                    continue;
+                }
+                let take = ((len - skip) as usize).min(dst.len() - done);
+                let key = KeyRef { key: sge.lkey, pd, access: Access::LocalRead };
+                mem.read(key, sge.addr + skip, &mut dst[done..done + take])?;
+                done += take;
+                skip = 0;
+                if done == dst.len() {
+                    break;
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Builds a packet: headers from `repr`, payload filled by `fill`.
+pub(crate) fn build(
+    repr: &PacketRepr,
+    dest: Dest,
+    fill: impl FnOnce(&mut [u8]) -> Result<(), MemError>,
+) -> Result<Transmit, MemError> {
+    let mut data = vec![0u8; repr.buffer_len()];
+    // The repr is built by the engine from its own table; emitting it cannot fail.
+    repr.emit(&mut data).expect("engine-built packet");
+    fill(repr.payload_mut(&mut data).expect("engine-built packet"))?;
+    Ok(Transmit { dest, data })
+}
+
+impl QpEngine {
+    pub(crate) fn path_dest(&self) -> Dest {
+        let ah = &self.attr.ah_attr;
+        Dest {
+            dgid: ah.grh.dgid,
+            sgid_index: ah.grh.sgid_index,
+            traffic_class: ah.grh.traffic_class,
+            hop_limit: ah.grh.hop_limit,
+            flow_label: ah.grh.flow_label,
+        }
+    }
+
+    pub(crate) fn mtu(&self) -> u32 {
+        self.attr.path_mtu.bytes()
+    }
+
+    fn transport(&self) -> Transport {
+        match self.cfg.qp_type {
+            QpType::Rc => Transport::Rc,
+            QpType::Uc => Transport::Uc,
+            QpType::Ud => Transport::Ud,
+        }
+    }
+
+    /// Whether the requester has a packet it may send now.
+    pub(crate) fn can_start_or_continue(&self) -> bool {
+        if self.req.rnr_until.is_some() {
+            return false;
+        }
+        let Some(w) = self.sq.get(self.req.send_idx) else { return false };
+        match self.state {
+            QpState::Rts => {}
+            // SQD finishes the message in progress but starts no new one.
+            QpState::Sqd if w.started => {}
+            _ => return false,
+        }
+        if self.cfg.qp_type != QpType::Rc {
+            return true;
+        }
+        if w.started {
+            let psn = self.wqe_packet_psn(self.req.send_idx);
+            return self.req.unacked.distance(psn) < WINDOW;
+        }
+        if w.wr.flags.contains(SendFlags::FENCE) && self.req.outstanding_rd > 0 {
+            return false;
+        }
+        if w.wr.op.is_read_or_atomic() && self.req.outstanding_rd >= u32::from(self.attr.max_rd_atomic.max(1)) {
+            return false;
+        }
+        self.req.unacked.distance(self.req.next_psn) < WINDOW
+    }
+
+    /// PSN of the next request packet of WQE `idx`.
+    fn wqe_packet_psn(&self, idx: usize) -> Psn {
+        let w = &self.sq[idx];
+        if w.wr.op.is_read_or_atomic() {
+            // A READ resumed part-way starts at its first missing response.
+            w.first_psn + w.resp_pkts
+        } else {
+            w.first_psn + w.next_pkt
+        }
+    }
+
+    /// Generates at most one request packet into `out`.
+    pub(crate) fn generate(&mut self, now: Instant, mem: &dyn Memory) {
+        if !self.can_start_or_continue() {
+            return;
+        }
+        let idx = self.req.send_idx;
+        let mtu = if self.cfg.qp_type == QpType::Ud { u32::MAX } else { self.mtu() };
+        {
+            let w = &mut self.sq[idx];
+            if !w.started {
+                w.started = true;
+                w.npsn = if self.cfg.qp_type == QpType::Ud || w.wr.op.is_atomic() { 1 } else { packets(w.len, mtu) };
+                w.first_psn = self.req.next_psn;
+                self.req.next_psn = self.req.next_psn + w.npsn;
+                if w.wr.op.is_read_or_atomic() {
+                    self.req.outstanding_rd += 1;
+                }
+            }
+        }
+        let psn = self.wqe_packet_psn(idx);
+        if psn.is_before(self.req.sent_high) {
+            self.counters.retransmits += 1;
+        } else {
+            self.req.sent_high = psn + 1;
+        }
+        let w = &self.sq[idx];
+        let pkt_index = w.next_pkt;
+        let total = w.request_packets();
+        let position = match (pkt_index == 0 || w.wr.op.is_read_or_atomic(), pkt_index + 1 >= total) {
+            (true, true) => Position::Only,
+            (true, false) => Position::First,
+            (false, true) => Position::Last,
+            (false, false) => Position::Middle,
+        };
+        let is_last = matches!(position, Position::Last | Position::Only);
+        let dest_qpn = match (self.cfg.qp_type, &w.wr.ud) {
+            (QpType::Ud, Some(ud)) => ud.qpn,
+            _ => self.attr.dest_qp_num,
+        };
+        let offset = u64::from(pkt_index) * u64::from(mtu);
+        let transport = self.transport();
+        let (opcode, payload_len) = match w.wr.op {
+            SendOp::Send { imm, invalidate } => {
+                let op = Opcode::send(transport, position, imm.is_some(), invalidate.is_some());
+                (op, (w.len - offset.min(w.len)).min(u64::from(mtu)))
+            }
+            SendOp::Write { imm, .. } => {
+                (Opcode::write(transport, position, imm.is_some()), (w.len - offset.min(w.len)).min(u64::from(mtu)))
+            }
+            SendOp::Read { .. } => (Some(Opcode::RcReadRequest), 0),
+            SendOp::CompareSwap { .. } => (Some(Opcode::RcCompareSwap), 0),
+            SendOp::FetchAdd { .. } => (Some(Opcode::RcFetchAdd), 0),
+        };
+        let Some(opcode) = opcode else {
+            // Unreachable for checked WRs (the opcode table covers every legal combination).
+            self.fail_wqe(idx, WcStatus::LocQpOpErr);
+            return;
+        };
+        let mut bth = BthRepr::new(opcode, dest_qpn, psn);
+        bth.solicited = is_last && w.wr.flags.contains(SendFlags::SOLICITED);
+        let mut repr = PacketRepr::new(bth, payload_len as usize);
+        match w.wr.op {
+            SendOp::Send { imm, invalidate } => {
+                if is_last {
+                    repr.imm_dt = imm.map(|v| ImmDtRepr { imm_data: u32::from_be(v) });
+                    repr.ieth = invalidate.map(|rkey| IethRepr { rkey });
+                }
+            }
+            SendOp::Write { remote, imm } => {
+                if matches!(position, Position::First | Position::Only) {
+                    repr.reth = Some(RethRepr { va: remote.addr, rkey: remote.rkey, dma_len: w.len as u32 });
+                }
+                if is_last {
+                    repr.imm_dt = imm.map(|v| ImmDtRepr { imm_data: u32::from_be(v) });
+                }
+            }
+            SendOp::Read { remote } => {
+                let done = u64::from(w.resp_pkts) * u64::from(mtu);
+                repr.reth = Some(RethRepr {
+                    va: remote.addr + done,
+                    rkey: remote.rkey,
+                    dma_len: (w.len - done.min(w.len)) as u32,
+                });
+            }
+            SendOp::CompareSwap { remote, compare, swap } => {
+                repr.atomic_eth = Some(AtomicEthRepr { va: remote.addr, rkey: remote.rkey, swap_add: swap, compare });
+            }
+            SendOp::FetchAdd { remote, add } => {
+                repr.atomic_eth = Some(AtomicEthRepr { va: remote.addr, rkey: remote.rkey, swap_add: add, compare: 0 });
+            }
+        }
+        let dest = match (self.cfg.qp_type, &w.wr.ud) {
+            (QpType::Ud, Some(ud)) => {
+                let qkey = if ud.qkey & 0x8000_0000 != 0 { self.attr.qkey } else { ud.qkey };
+                repr.deth = Some(DethRepr { qkey, src_qpn: self.cfg.qpn });
+                Dest {
+                    dgid: ud.dgid,
+                    sgid_index: ud.sgid_index,
+                    traffic_class: ud.traffic_class,
+                    hop_limit: ud.hop_limit,
+                    flow_label: ud.flow_label,
+                }
+            }
+            _ => self.path_dest(),
+        };
+        if self.cfg.qp_type == QpType::Rc {
+            self.req.since_ackreq += 1;
+            if is_last || self.req.since_ackreq >= ACK_REQ_EVERY {
+                repr.bth.ack_req = true;
+                self.req.since_ackreq = 0;
+            }
+        }
+        let built = build(&repr, dest, |buf| gather(mem, self.cfg.pd, &w.wr.payload, offset, buf));
+        let tx = match built {
+            Ok(tx) => tx,
+            Err(e) => {
+                self.fail_wqe(idx, e.local_status());
+                return;
+            }
+        };
+        self.out.push_back(tx);
+        self.counters.tx_packets += 1;
+        let w = &mut self.sq[idx];
+        w.next_pkt += 1;
+        let fully_sent = w.fully_sent();
+        match self.cfg.qp_type {
+            QpType::Rc => {
+                if fully_sent {
+                    self.req.send_idx += 1;
+                }
+                if self.req.retransmit_at.is_none() {
+                    self.req.retransmit_at = ack_timeout(self.attr.timeout).map(|t| now + t);
+                }
+            }
+            // Unreliable: the WQE is done once its last packet is out.
+            QpType::Uc | QpType::Ud => {
+                if fully_sent {
+                    let w = self.sq.pop_front().expect("sending the front WQE");
+                    self.req.unacked = self.req.next_psn;
+                    self.complete_send(&w, WcStatus::Success);
+                    self.check_drained();
+                }
+            }
+        }
+    }
+
+    /// Completes a send WQE, with a completion if signaled or unsuccessful.
+    pub(crate) fn complete_send(&mut self, w: &super::SendWqe, status: WcStatus) {
+        let signaled = self.cfg.sq_sig_all || w.wr.flags.contains(SendFlags::SIGNALED);
+        if signaled || status != WcStatus::Success {
+            let mut wc = WorkCompletion::error(w.wr.wr_id, status, w.wr.op.wc_opcode(), self.cfg.qpn);
+            if status == WcStatus::Success {
+                wc.byte_len = w.len as u32;
+            }
+            self.push_cqe(WorkQueue::Send, wc);
+        }
+    }
+
+    /// Completes WQE `idx` (and so the QP) with an error: the QP moves to ERR and the rest is
+    /// flushed.
+    pub(crate) fn fail_wqe(&mut self, idx: usize, status: WcStatus) {
+        if let Some(w) = self.sq.get_mut(idx) {
+            w.done = true;
+            let w = w.clone();
+            self.complete_send(&w, status);
+        }
+        self.enter_error();
+    }
+}

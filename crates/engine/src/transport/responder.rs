@@ -1,0 +1,582 @@
+//! The responder: executes incoming requests, answers with ACKs, NAKs and responses, and keeps
+//! the READ/atomic replay cache.
+
+use std::collections::VecDeque;
+
+use softverbs_wire::{
+    AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, NakCode, Opcode, PacketRepr, ParsedPacket, Position, Psn,
+};
+
+use super::completer::{scatter_sges, ScatterError};
+use super::grh::write_grh;
+use super::requester::{build, packets};
+use super::{DropReason, QpEngine, RecvSource, RxMeta, WorkQueue};
+use crate::memory::{Access, AtomicOp, KeyRef, MemError, Memory};
+use crate::time::Instant;
+use crate::types::{AccessFlags, EventType, QpState, QpType, RecvWr, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+
+/// A message being received.
+#[derive(Debug, Default)]
+pub(crate) enum Progress {
+    #[default]
+    Idle,
+    Send {
+        wqe: RecvWr,
+        offset: u64,
+    },
+    Write {
+        va: u64,
+        rkey: u32,
+        total: u64,
+        offset: u64,
+    },
+}
+
+/// A responder resource: what is needed to answer a duplicate READ or atomic.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RdResource {
+    Read { first: Psn, last: Psn, va: u64, rkey: u32, len: u64 },
+    Atomic { psn: Psn, orig: u64 },
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Responder {
+    pub(crate) epsn: Psn,
+    pub(crate) msn: u32,
+    pub(crate) nak_sent: bool,
+    pub(crate) progress: Progress,
+    pub(crate) resources: VecDeque<RdResource>,
+    pub(crate) max_resources: usize,
+    pub(crate) comm_est_sent: bool,
+    /// UC: discarding the rest of a broken message.
+    pub(crate) uc_dropping: bool,
+}
+
+impl Responder {
+    pub(crate) fn reset(&mut self, rq_psn: Psn, max_dest_rd_atomic: u8) {
+        *self = Self { epsn: rq_psn, max_resources: usize::from(max_dest_rd_atomic), ..Self::default() };
+    }
+
+    pub(crate) fn take_in_progress_wqe(&mut self) -> Option<RecvWr> {
+        match std::mem::take(&mut self.progress) {
+            Progress::Send { wqe, .. } => Some(wqe),
+            _ => None,
+        }
+    }
+}
+
+/// How a class C (fatal) responder error is reported.
+struct Fatal {
+    nak: NakCode,
+    recv_status: WcStatus,
+    event: EventType,
+}
+
+const INVALID_REQUEST: Fatal =
+    Fatal { nak: NakCode::InvalidRequest, recv_status: WcStatus::RemInvReqErr, event: EventType::QpReqErr };
+const ACCESS_ERROR: Fatal =
+    Fatal { nak: NakCode::RemoteAccessError, recv_status: WcStatus::RemAccessErr, event: EventType::QpAccessErr };
+
+impl QpEngine {
+    fn take_recv(&mut self, srq: &mut Option<&mut dyn RecvSource>) -> Option<RecvWr> {
+        if self.cfg.has_srq {
+            srq.as_deref_mut().and_then(RecvSource::take)
+        } else {
+            self.rq.pop_front()
+        }
+    }
+
+    fn put_back_recv(&mut self, wqe: RecvWr, srq: &mut Option<&mut dyn RecvSource>) {
+        if self.cfg.has_srq {
+            if let Some(s) = srq.as_deref_mut() {
+                s.put_back(wqe);
+            }
+        } else {
+            self.rq.push_front(wqe);
+        }
+    }
+
+    /// Handles a request packet (RC, UC or UD).
+    pub(crate) fn handle_request(
+        &mut self,
+        now: Instant,
+        pkt: &ParsedPacket<'_>,
+        meta: &RxMeta,
+        mem: &dyn Memory,
+        mut srq: Option<&mut dyn RecvSource>,
+    ) -> Result<(), DropReason> {
+        let opcode = pkt.opcode();
+        let transport_ok = matches!(
+            (self.cfg.qp_type, opcode.transport()),
+            (QpType::Rc, softverbs_wire::Transport::Rc)
+                | (QpType::Uc, softverbs_wire::Transport::Uc)
+                | (QpType::Ud, softverbs_wire::Transport::Ud)
+        );
+        if !transport_ok {
+            return Err(DropReason::WrongTransport);
+        }
+        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
+            return Err(DropReason::NotReceiving);
+        }
+        // Either key may be the full member; the partition bits must match the default key.
+        if pkt.repr.bth.pkey & 0x7FFF != 0x7FFF {
+            self.counters.pkey_violations += 1;
+            return Err(DropReason::BadPkey);
+        }
+        let result = match self.cfg.qp_type {
+            QpType::Ud => self.ud_request(pkt, meta, mem, &mut srq),
+            QpType::Uc => self.uc_request(pkt, mem, &mut srq),
+            QpType::Rc => self.rc_request(now, pkt, mem, &mut srq),
+        };
+        if result.is_ok() && self.state == QpState::Rtr && !self.resp.comm_est_sent {
+            self.resp.comm_est_sent = true;
+            self.events.push_back(EventType::CommEst);
+        }
+        result
+    }
+
+    fn ud_request(
+        &mut self,
+        pkt: &ParsedPacket<'_>,
+        meta: &RxMeta,
+        mem: &dyn Memory,
+        srq: &mut Option<&mut dyn RecvSource>,
+    ) -> Result<(), DropReason> {
+        let Some(deth) = pkt.repr.deth else { return Err(DropReason::Malformed) };
+        if deth.qkey != self.attr.qkey {
+            self.counters.qkey_violations += 1;
+            return Err(DropReason::BadQkey);
+        }
+        let Some(wqe) = self.take_recv(srq) else { return Err(DropReason::NoReceiveWqe) };
+        let grh = write_grh(meta.sgid, meta.dgid, meta.traffic_class, meta.hop_limit, pkt.repr.buffer_len());
+        let pd = self.cfg.pd;
+        let result =
+            scatter_sges(mem, pd, &wqe.sg_list, 0, &grh).and_then(|()| scatter_sges(mem, pd, &wqe.sg_list, 40, pkt.payload));
+        let mut wc = WorkCompletion::error(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.cfg.qpn);
+        match result {
+            Ok(()) => {
+                wc.byte_len = (40 + pkt.payload.len()) as u32;
+                wc.src_qp = deth.src_qpn;
+                wc.wc_flags = WcFlags::GRH;
+                if let Some(imm) = pkt.repr.imm_dt {
+                    wc.imm_data = imm.imm_data.to_be();
+                    wc.wc_flags |= WcFlags::WITH_IMM;
+                }
+                wc.solicited = pkt.repr.bth.solicited;
+            }
+            Err(ScatterError::Length) => wc.status = WcStatus::LocLenErr,
+            Err(ScatterError::Mem(e)) => wc.status = e.local_status(),
+        }
+        self.push_cqe(WorkQueue::Recv, wc);
+        Ok(())
+    }
+
+    fn uc_request(
+        &mut self,
+        pkt: &ParsedPacket<'_>,
+        mem: &dyn Memory,
+        srq: &mut Option<&mut dyn RecvSource>,
+    ) -> Result<(), DropReason> {
+        let psn = pkt.repr.bth.psn;
+        let opcode = pkt.opcode();
+        if self.resp.uc_dropping || psn != self.resp.epsn {
+            // A gap: whatever message was in progress is lost. Resynchronise on a new message.
+            if let Some(wqe) = self.resp.take_in_progress_wqe() {
+                self.put_back_recv(wqe, srq);
+            }
+            self.resp.progress = Progress::Idle;
+            if !opcode.starts_message() {
+                self.resp.uc_dropping = true;
+                self.resp.epsn = psn + 1;
+                return Err(DropReason::UcMessageDropped);
+            }
+            self.resp.uc_dropping = false;
+            self.resp.epsn = psn;
+        }
+        match self.execute(pkt, mem, srq) {
+            Ok(()) => {
+                self.resp.epsn = psn + 1;
+                Ok(())
+            }
+            Err(Outcome::Rnr) => {
+                self.resp.uc_dropping = true;
+                self.resp.epsn = psn + 1;
+                Err(DropReason::NoReceiveWqe)
+            }
+            Err(Outcome::Fatal(f)) => {
+                // UC drops a bad message silently; a receive it consumed is reused.
+                if let Some(wqe) = self.resp.take_in_progress_wqe() {
+                    if f.recv_status == WcStatus::LocLenErr {
+                        let wc = WorkCompletion::error(wqe.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, self.cfg.qpn);
+                        self.push_cqe(WorkQueue::Recv, wc);
+                    } else {
+                        self.put_back_recv(wqe, srq);
+                    }
+                }
+                self.resp.progress = Progress::Idle;
+                self.resp.uc_dropping = true;
+                self.resp.epsn = psn + 1;
+                Err(DropReason::UcMessageDropped)
+            }
+            Err(Outcome::Sequence) => {
+                if let Some(wqe) = self.resp.take_in_progress_wqe() {
+                    self.put_back_recv(wqe, srq);
+                }
+                self.resp.progress = Progress::Idle;
+                self.resp.uc_dropping = true;
+                self.resp.epsn = psn + 1;
+                Err(DropReason::UcMessageDropped)
+            }
+        }
+    }
+
+    fn rc_request(
+        &mut self,
+        _now: Instant,
+        pkt: &ParsedPacket<'_>,
+        mem: &dyn Memory,
+        srq: &mut Option<&mut dyn RecvSource>,
+    ) -> Result<(), DropReason> {
+        let psn = pkt.repr.bth.psn;
+        let epsn = self.resp.epsn;
+        if psn.is_after(epsn) {
+            // Something was lost: NAK once until the expected PSN arrives.
+            if !self.resp.nak_sent {
+                self.resp.nak_sent = true;
+                self.send_ack(AethSyndrome::Nak(NakCode::PsnSequenceError), epsn);
+            }
+            return Err(DropReason::BadPsn);
+        }
+        if psn.is_before(epsn) {
+            self.counters.duplicates += 1;
+            return self.rc_duplicate(pkt, mem);
+        }
+        self.resp.nak_sent = false;
+        let opcode = pkt.opcode();
+        let outcome = if opcode.is_read() {
+            self.execute_read(pkt, mem)
+        } else if opcode.is_atomic() {
+            self.execute_atomic(pkt, mem)
+        } else {
+            self.execute(pkt, mem, srq)
+        };
+        match outcome {
+            Ok(()) => {
+                if !opcode.is_read() && !opcode.is_atomic() {
+                    self.resp.epsn = psn + 1;
+                    if pkt.repr.bth.ack_req {
+                        self.send_ack(AethSyndrome::ACK_UNLIMITED, psn);
+                    }
+                }
+                Ok(())
+            }
+            Err(Outcome::Rnr) => {
+                self.send_ack(AethSyndrome::RnrNak { timer: self.attr.min_rnr_timer }, psn);
+                Ok(())
+            }
+            Err(Outcome::Sequence) => {
+                self.rc_fatal(INVALID_REQUEST, psn);
+                Ok(())
+            }
+            Err(Outcome::Fatal(f)) => {
+                self.rc_fatal(f, psn);
+                Ok(())
+            }
+        }
+    }
+
+    /// A class C error: NAK the requester, complete the receive in progress with an error and
+    /// move to ERR with the matching async event.
+    fn rc_fatal(&mut self, f: Fatal, psn: Psn) {
+        self.send_ack(AethSyndrome::Nak(f.nak), psn);
+        if let Some(wqe) = self.resp.take_in_progress_wqe() {
+            let wc = WorkCompletion::error(wqe.wr_id, f.recv_status, WcOpcode::Recv, self.cfg.qpn);
+            self.push_cqe(WorkQueue::Recv, wc);
+        }
+        self.events.push_back(f.event);
+        // The NAK must still leave: keep it across the flush.
+        let naks: Vec<_> = self.out.drain(..).collect();
+        self.enter_error();
+        self.out.extend(naks);
+    }
+
+    /// Executes an in-sequence SEND or WRITE packet.
+    fn execute(
+        &mut self,
+        pkt: &ParsedPacket<'_>,
+        mem: &dyn Memory,
+        srq: &mut Option<&mut dyn RecvSource>,
+    ) -> Result<(), Outcome> {
+        let opcode = pkt.opcode();
+        let mtu = u64::from(self.mtu());
+        let len = pkt.payload.len() as u64;
+        // Sequence: a FIRST/ONLY starts a message, MIDDLE/LAST continue one of the same kind.
+        let continuing = matches!(
+            (&self.resp.progress, opcode.is_send(), opcode.is_write()),
+            (Progress::Send { .. }, true, _) | (Progress::Write { .. }, _, true)
+        );
+        let idle = matches!(self.resp.progress, Progress::Idle);
+        if opcode.starts_message() != idle || (!opcode.starts_message() && !continuing) {
+            return Err(Outcome::Sequence);
+        }
+        // Lengths: FIRST and MIDDLE carry exactly one MTU, LAST and ONLY at most one.
+        let len_ok = if opcode.ends_message() { len <= mtu } else { len == mtu };
+        if !len_ok {
+            return Err(Outcome::Fatal(INVALID_REQUEST));
+        }
+        if opcode.is_write() {
+            if !self.attr.qp_access_flags.contains(AccessFlags::REMOTE_WRITE) {
+                return Err(Outcome::Fatal(INVALID_REQUEST));
+            }
+            if opcode.starts_message() {
+                let reth = pkt.repr.reth.ok_or(Outcome::Fatal(INVALID_REQUEST))?;
+                let total = u64::from(reth.dma_len);
+                if total > 0 {
+                    let key = KeyRef { key: reth.rkey, pd: self.cfg.pd, access: Access::RemoteWrite };
+                    mem.check(key, reth.va, total).map_err(|_| Outcome::Fatal(ACCESS_ERROR))?;
+                }
+                self.resp.progress = Progress::Write { va: reth.va, rkey: reth.rkey, total, offset: 0 };
+            }
+            let Progress::Write { va, rkey, total, offset } = self.resp.progress else { unreachable!() };
+            if offset + len > total || (opcode.ends_message() && offset + len != total) {
+                return Err(Outcome::Fatal(INVALID_REQUEST));
+            }
+            // A WRITE with immediate consumes a receive WQE: take it before touching memory, so an
+            // RNR retry of this packet repeats nothing.
+            let wqe = if opcode.has_imm() {
+                match self.take_recv(srq) {
+                    Some(w) => Some(w),
+                    None => return Err(Outcome::Rnr),
+                }
+            } else {
+                None
+            };
+            if len > 0 {
+                let key = KeyRef { key: rkey, pd: self.cfg.pd, access: Access::RemoteWrite };
+                if mem.write(key, va + offset, pkt.payload).is_err() {
+                    if let Some(w) = wqe {
+                        self.put_back_recv(w, srq);
+                    }
+                    return Err(Outcome::Fatal(ACCESS_ERROR));
+                }
+            }
+            let offset = offset + len;
+            if opcode.ends_message() {
+                self.resp.progress = Progress::Idle;
+                self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
+                if let Some(w) = wqe {
+                    let mut wc = WorkCompletion::error(w.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, self.cfg.qpn);
+                    wc.byte_len = total as u32;
+                    wc.src_qp = self.attr.dest_qp_num;
+                    wc.wc_flags = WcFlags::WITH_IMM;
+                    wc.imm_data = pkt.repr.imm_dt.map_or(0, |i| i.imm_data.to_be());
+                    wc.solicited = pkt.repr.bth.solicited;
+                    self.push_cqe(WorkQueue::Recv, wc);
+                }
+            } else {
+                self.resp.progress = Progress::Write { va, rkey, total, offset };
+            }
+            return Ok(());
+        }
+        // SEND.
+        if opcode.starts_message() {
+            match self.take_recv(srq) {
+                Some(wqe) => self.resp.progress = Progress::Send { wqe, offset: 0 },
+                None => return Err(Outcome::Rnr),
+            }
+        }
+        let Progress::Send { wqe, offset } = &mut self.resp.progress else { unreachable!() };
+        match scatter_sges(mem, self.cfg.pd, &wqe.sg_list, *offset, pkt.payload) {
+            Ok(()) => {}
+            Err(ScatterError::Length) => {
+                return Err(Outcome::Fatal(Fatal {
+                    nak: NakCode::InvalidRequest,
+                    recv_status: WcStatus::LocLenErr,
+                    event: EventType::QpReqErr,
+                }))
+            }
+            Err(ScatterError::Mem(_)) => {
+                return Err(Outcome::Fatal(Fatal {
+                    nak: NakCode::RemoteOperationalError,
+                    recv_status: WcStatus::LocProtErr,
+                    event: EventType::QpFatal,
+                }))
+            }
+        }
+        *offset += len;
+        if opcode.ends_message() {
+            let Progress::Send { wqe, offset } = std::mem::take(&mut self.resp.progress) else { unreachable!() };
+            self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
+            let mut wc = WorkCompletion::error(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.cfg.qpn);
+            wc.byte_len = offset as u32;
+            wc.src_qp = self.attr.dest_qp_num;
+            wc.solicited = pkt.repr.bth.solicited;
+            if let Some(imm) = pkt.repr.imm_dt {
+                wc.imm_data = imm.imm_data.to_be();
+                wc.wc_flags |= WcFlags::WITH_IMM;
+            }
+            if let Some(ieth) = pkt.repr.ieth {
+                wc.imm_data = ieth.rkey;
+                wc.wc_flags |= WcFlags::WITH_INV;
+            }
+            self.push_cqe(WorkQueue::Recv, wc);
+        }
+        Ok(())
+    }
+
+    fn execute_read(&mut self, pkt: &ParsedPacket<'_>, mem: &dyn Memory) -> Result<(), Outcome> {
+        if !matches!(self.resp.progress, Progress::Idle) {
+            return Err(Outcome::Sequence);
+        }
+        if !self.attr.qp_access_flags.contains(AccessFlags::REMOTE_READ) || self.resp.max_resources == 0 {
+            return Err(Outcome::Fatal(INVALID_REQUEST));
+        }
+        let reth = pkt.repr.reth.ok_or(Outcome::Fatal(INVALID_REQUEST))?;
+        let len = u64::from(reth.dma_len);
+        if len > 1 << 31 {
+            return Err(Outcome::Fatal(INVALID_REQUEST));
+        }
+        // IBTA C9-88: a zero-length READ checks neither the R_Key nor the address.
+        if len > 0 {
+            let key = KeyRef { key: reth.rkey, pd: self.cfg.pd, access: Access::RemoteRead };
+            mem.check(key, reth.va, len).map_err(|_| Outcome::Fatal(ACCESS_ERROR))?;
+        }
+        let psn = pkt.repr.bth.psn;
+        let n = packets(len, self.mtu());
+        self.push_resource(RdResource::Read { first: psn, last: psn + (n - 1), va: reth.va, rkey: reth.rkey, len });
+        self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
+        self.resp.epsn = psn + n;
+        self.send_read_responses(psn, reth.va, reth.rkey, len, mem);
+        Ok(())
+    }
+
+    fn execute_atomic(&mut self, pkt: &ParsedPacket<'_>, mem: &dyn Memory) -> Result<(), Outcome> {
+        if !matches!(self.resp.progress, Progress::Idle) {
+            return Err(Outcome::Sequence);
+        }
+        if !self.attr.qp_access_flags.contains(AccessFlags::REMOTE_ATOMIC) || self.resp.max_resources == 0 {
+            return Err(Outcome::Fatal(INVALID_REQUEST));
+        }
+        let a = pkt.repr.atomic_eth.ok_or(Outcome::Fatal(INVALID_REQUEST))?;
+        if a.va % 8 != 0 {
+            return Err(Outcome::Fatal(INVALID_REQUEST));
+        }
+        let op = if pkt.opcode() == Opcode::RcCompareSwap {
+            AtomicOp::CompareSwap { compare: a.compare, swap: a.swap_add }
+        } else {
+            AtomicOp::FetchAdd { add: a.swap_add }
+        };
+        let key = KeyRef { key: a.rkey, pd: self.cfg.pd, access: Access::RemoteAtomic };
+        let orig = match mem.atomic(key, a.va, op) {
+            Ok(v) => v,
+            Err(MemError::Misaligned) => return Err(Outcome::Fatal(INVALID_REQUEST)),
+            Err(_) => return Err(Outcome::Fatal(ACCESS_ERROR)),
+        };
+        let psn = pkt.repr.bth.psn;
+        self.push_resource(RdResource::Atomic { psn, orig });
+        self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
+        self.resp.epsn = psn + 1;
+        self.send_atomic_ack(psn, orig);
+        Ok(())
+    }
+
+    fn push_resource(&mut self, r: RdResource) {
+        if self.resp.resources.len() >= self.resp.max_resources.max(1) {
+            self.resp.resources.pop_front();
+        }
+        self.resp.resources.push_back(r);
+    }
+
+    /// A request with a PSN already executed.
+    fn rc_duplicate(&mut self, pkt: &ParsedPacket<'_>, mem: &dyn Memory) -> Result<(), DropReason> {
+        let psn = pkt.repr.bth.psn;
+        let opcode = pkt.opcode();
+        if opcode.is_read() {
+            let Some(reth) = pkt.repr.reth else { return Err(DropReason::Malformed) };
+            let found = self.resp.resources.iter().rev().find_map(|r| match *r {
+                RdResource::Read { first, last, va, rkey, len } if psn.in_range(first, last) => Some((va, rkey, len)),
+                _ => None,
+            });
+            let Some((va, rkey, len)) = found else { return Err(DropReason::BadPsn) };
+            // The retried request must ask for part of the original.
+            let (rva, rlen) = (reth.va, u64::from(reth.dma_len));
+            if reth.rkey != rkey || rva < va || rva + rlen > va + len {
+                return Err(DropReason::BadPsn);
+            }
+            self.send_read_responses(psn, rva, rkey, rlen, mem);
+            return Ok(());
+        }
+        if opcode.is_atomic() {
+            let found = self.resp.resources.iter().rev().find_map(|r| match *r {
+                RdResource::Atomic { psn: p, orig } if p == psn => Some(orig),
+                _ => None,
+            });
+            let Some(orig) = found else { return Err(DropReason::BadPsn) };
+            // Replayed from the cache, never executed twice.
+            self.send_atomic_ack(psn, orig);
+            return Ok(());
+        }
+        // SEND or WRITE: acknowledge again what was already received.
+        self.send_ack(AethSyndrome::ACK_UNLIMITED, self.resp.epsn - 1);
+        Ok(())
+    }
+
+    fn send_ack(&mut self, syndrome: AethSyndrome, psn: Psn) {
+        let bth = BthRepr::new(Opcode::RcAcknowledge, self.attr.dest_qp_num, psn);
+        let repr = PacketRepr { aeth: Some(AethRepr { syndrome, msn: self.resp.msn }), ..PacketRepr::new(bth, 0) };
+        if let Ok(tx) = build(&repr, self.path_dest(), |_| Ok(())) {
+            self.out.push_back(tx);
+        }
+    }
+
+    fn send_atomic_ack(&mut self, psn: Psn, orig: u64) {
+        let bth = BthRepr::new(Opcode::RcAtomicAcknowledge, self.attr.dest_qp_num, psn);
+        let repr = PacketRepr {
+            aeth: Some(AethRepr { syndrome: AethSyndrome::ACK_UNLIMITED, msn: self.resp.msn }),
+            atomic_ack_eth: Some(AtomicAckEthRepr { orig }),
+            ..PacketRepr::new(bth, 0)
+        };
+        if let Ok(tx) = build(&repr, self.path_dest(), |_| Ok(())) {
+            self.out.push_back(tx);
+        }
+    }
+
+    /// Sends the READ response packets for `len` bytes at `va`, numbered from `first`.
+    fn send_read_responses(&mut self, first: Psn, va: u64, rkey: u32, len: u64, mem: &dyn Memory) {
+        let mtu = u64::from(self.mtu());
+        let n = packets(len, self.mtu());
+        let dest = self.path_dest();
+        for i in 0..n {
+            let position = match (i == 0, i + 1 == n) {
+                (true, true) => Position::Only,
+                (true, false) => Position::First,
+                (false, true) => Position::Last,
+                (false, false) => Position::Middle,
+            };
+            let offset = u64::from(i) * mtu;
+            let chunk = (len - offset).min(mtu) as usize;
+            let bth = BthRepr::new(Opcode::read_response(position), self.attr.dest_qp_num, first + i);
+            let mut repr = PacketRepr::new(bth, chunk);
+            if position != Position::Middle {
+                repr.aeth = Some(AethRepr { syndrome: AethSyndrome::ACK_UNLIMITED, msn: self.resp.msn });
+            }
+            let key = KeyRef { key: rkey, pd: self.cfg.pd, access: Access::RemoteRead };
+            let built = build(&repr, dest, |buf| if buf.is_empty() { Ok(()) } else { mem.read(key, va + offset, buf) });
+            match built {
+                Ok(tx) => self.out.push_back(tx),
+                // The region went away mid-read: stop; the requester's timeout recovers.
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+/// Why an in-sequence request was not executed.
+enum Outcome {
+    /// No receive WQE: RNR NAK.
+    Rnr,
+    /// Opcode out of sequence.
+    Sequence,
+    /// A class C error.
+    Fatal(Fatal),
+}

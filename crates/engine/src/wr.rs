@@ -1,0 +1,227 @@
+//! Send work requests as the engine executes them, validated by [`SendWr::check`].
+
+use crate::error::{Error, Result};
+use crate::types::{Gid, QpType, SendFlags, Sge, WcOpcode, WrOpcode};
+
+/// Where a remote operation points.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RemoteAddr {
+    /// Remote virtual address.
+    pub addr: u64,
+    /// Remote key.
+    pub rkey: u32,
+}
+
+/// The operation of a send work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendOp {
+    /// SEND, optionally with immediate data or an R_Key to invalidate.
+    Send {
+        /// Immediate data (network byte order, as `ibv_send_wr.imm_data`).
+        imm: Option<u32>,
+        /// R_Key the responder invalidates.
+        invalidate: Option<u32>,
+    },
+    /// RDMA WRITE, optionally with immediate data.
+    Write {
+        /// Target.
+        remote: RemoteAddr,
+        /// Immediate data (network byte order).
+        imm: Option<u32>,
+    },
+    /// RDMA READ.
+    Read {
+        /// Source.
+        remote: RemoteAddr,
+    },
+    /// Atomic compare and swap.
+    CompareSwap {
+        /// Target word.
+        remote: RemoteAddr,
+        /// Expected value.
+        compare: u64,
+        /// New value.
+        swap: u64,
+    },
+    /// Atomic fetch and add.
+    FetchAdd {
+        /// Target word.
+        remote: RemoteAddr,
+        /// Addend.
+        add: u64,
+    },
+}
+
+impl SendOp {
+    /// The `ibv_wr_opcode` of this operation.
+    pub fn wr_opcode(&self) -> WrOpcode {
+        match self {
+            Self::Send { imm: Some(_), .. } => WrOpcode::SendWithImm,
+            Self::Send { invalidate: Some(_), .. } => WrOpcode::SendWithInv,
+            Self::Send { .. } => WrOpcode::Send,
+            Self::Write { imm: Some(_), .. } => WrOpcode::RdmaWriteWithImm,
+            Self::Write { .. } => WrOpcode::RdmaWrite,
+            Self::Read { .. } => WrOpcode::RdmaRead,
+            Self::CompareSwap { .. } => WrOpcode::AtomicCmpAndSwp,
+            Self::FetchAdd { .. } => WrOpcode::AtomicFetchAndAdd,
+        }
+    }
+
+    /// The opcode of its send completion.
+    pub fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            Self::Send { .. } => WcOpcode::Send,
+            Self::Write { .. } => WcOpcode::RdmaWrite,
+            Self::Read { .. } => WcOpcode::RdmaRead,
+            Self::CompareSwap { .. } => WcOpcode::CompSwap,
+            Self::FetchAdd { .. } => WcOpcode::FetchAdd,
+        }
+    }
+
+    /// READ or atomic: needs a responder resource and a response.
+    pub fn is_read_or_atomic(&self) -> bool {
+        matches!(self, Self::Read { .. } | Self::CompareSwap { .. } | Self::FetchAdd { .. })
+    }
+
+    /// Atomic.
+    pub fn is_atomic(&self) -> bool {
+        matches!(self, Self::CompareSwap { .. } | Self::FetchAdd { .. })
+    }
+}
+
+/// The destination of a UD send, resolved from its address handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdDest {
+    /// Destination GID (unicast or multicast).
+    pub dgid: Gid,
+    /// Source GID index.
+    pub sgid_index: u8,
+    /// Traffic class.
+    pub traffic_class: u8,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Flow label.
+    pub flow_label: u32,
+    /// Destination QP number (0xFFFFFF for multicast).
+    pub qpn: u32,
+    /// Q_Key; a value with the top bit set means "use the QP's own Q_Key".
+    pub qkey: u32,
+}
+
+/// Data of a send: gathered from registered memory, or copied in at post time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Payload {
+    /// Gather list.
+    Sges(Vec<Sge>),
+    /// Inline bytes (`IBV_SEND_INLINE`): no key is checked.
+    Inline(Vec<u8>),
+}
+
+impl Payload {
+    /// Total length in bytes (saturating).
+    pub fn len(&self) -> u64 {
+        match self {
+            Self::Sges(s) => s.iter().map(|s| u64::from(s.length)).sum(),
+            Self::Inline(b) => b.len() as u64,
+        }
+    }
+
+    /// Whether the payload has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A send work request (`struct ibv_send_wr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendWr {
+    /// User identifier returned in the completion.
+    pub wr_id: u64,
+    /// Operation.
+    pub op: SendOp,
+    /// `ibv_send_flags`.
+    pub flags: SendFlags,
+    /// Data (for READ and atomics: where the result lands).
+    pub payload: Payload,
+    /// UD destination.
+    pub ud: Option<UdDest>,
+}
+
+/// Limits [`SendWr::check`] enforces.
+#[derive(Debug, Clone, Copy)]
+pub struct SendLimits {
+    /// QP type.
+    pub qp_type: QpType,
+    /// `cap.max_send_sge`.
+    pub max_send_sge: u32,
+    /// `cap.max_inline_data`.
+    pub max_inline_data: u32,
+    /// Largest message.
+    pub max_msg_sz: u64,
+    /// Largest UD message (the path MTU).
+    pub ud_mtu: u32,
+    /// `max_rd_atomic` of the QP.
+    pub max_rd_atomic: u8,
+}
+
+impl SendWr {
+    /// Checks what `ibv_post_send` can check at once: the opcode is legal on the QP type
+    /// (ibv_post_send(3) table), the SGE count and inline size fit, atomics target one aligned
+    /// 8-byte word into an 8-byte buffer, and UD sends have a destination and fit one packet.
+    pub fn check(&self, l: &SendLimits) -> Result<()> {
+        let opcode = self.op.wr_opcode();
+        let legal = match l.qp_type {
+            QpType::Ud => matches!(opcode, WrOpcode::Send | WrOpcode::SendWithImm),
+            QpType::Uc => matches!(
+                opcode,
+                WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm
+            ),
+            QpType::Rc => true,
+        };
+        if !legal {
+            return Err(Error::invalid(format!("opcode {opcode:?} is not supported on a {} QP", l.qp_type)));
+        }
+        match &self.payload {
+            Payload::Sges(s) if s.len() > l.max_send_sge as usize => {
+                return Err(Error::invalid(format!("num_sge {} exceeds max_send_sge {}", s.len(), l.max_send_sge)))
+            }
+            Payload::Inline(b) => {
+                if b.len() > l.max_inline_data as usize {
+                    return Err(Error::invalid(format!(
+                        "{} bytes of inline data exceed max_inline_data {}",
+                        b.len(),
+                        l.max_inline_data
+                    )));
+                }
+                if self.op.is_read_or_atomic() {
+                    return Err(Error::invalid("IBV_SEND_INLINE is only valid for SEND and RDMA WRITE"));
+                }
+            }
+            Payload::Sges(_) => {}
+        }
+        let len = self.payload.len();
+        if len > l.max_msg_sz {
+            return Err(Error::invalid(format!("message of {len} bytes exceeds max_msg_sz {}", l.max_msg_sz)));
+        }
+        if self.op.is_read_or_atomic() && l.max_rd_atomic == 0 {
+            return Err(Error::invalid("max_rd_atomic is 0: the QP cannot issue RDMA READ or atomics"));
+        }
+        if let SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } = self.op {
+            if remote.addr % 8 != 0 {
+                return Err(Error::invalid(format!("atomic remote_addr {:#x} is not 8-byte aligned", remote.addr)));
+            }
+            if len != 8 {
+                return Err(Error::invalid(format!("an atomic needs an 8-byte local buffer, not {len} bytes")));
+            }
+        }
+        if l.qp_type == QpType::Ud {
+            if self.ud.is_none() {
+                return Err(Error::invalid("a UD send needs an address handle"));
+            }
+            if len > u64::from(l.ud_mtu) {
+                return Err(Error::invalid(format!("UD message of {len} bytes exceeds the path MTU {}", l.ud_mtu)));
+            }
+        }
+        Ok(())
+    }
+}
