@@ -176,8 +176,8 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    fn new(gids: &[Gid]) -> Self {
-        Self { counts: Default::default(), keys: Mutex::new(HashSet::new()), node: Node::new(gids) }
+    fn new(gids: &[Gid], ifindex: u32) -> Self {
+        Self { counts: Default::default(), keys: Mutex::new(HashSet::new()), node: Node::new(gids, ifindex) }
     }
 }
 
@@ -304,7 +304,7 @@ impl Device {
                 port,
                 gids,
                 config: config.clone(),
-                shared: Shared::new(&gids),
+                shared: Shared::new(&gids, ifc.index),
             }),
         }
     }
@@ -402,7 +402,13 @@ impl Device {
 
     /// A fresh QP number, unique among live QPs of this process.
     pub(crate) fn alloc_qpn(&self) -> u32 {
-        fabric().alloc_qpn()
+        fabric().alloc_qpn(self.config().udp_port)
+    }
+
+    /// The UDP driver of this process as (slot, own UDP port, whether it holds the standard
+    /// port); `None` before the first QP is created, or if no port could be bound.
+    pub fn udp_status(&self) -> Option<(u8, u16, bool)> {
+        fabric().udp_status()
     }
 
     /// Releases a QP number.

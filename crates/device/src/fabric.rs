@@ -23,6 +23,7 @@ use softverbs_wire::RocePacket;
 use crate::device::McastTable;
 use crate::mem::KeyTable;
 use crate::qp::Qp;
+use crate::udp::{Datagram, Udp};
 
 /// The multicast destination QPN.
 pub const MULTICAST_QPN: u32 = 0xFF_FFFF;
@@ -47,8 +48,10 @@ pub struct NodeCounters {
     pub rx_unknown_qp: AtomicU64,
     /// Received packets a QP dropped (wrong state, PSN, P_Key, Q_Key, no receive WQE, ...).
     pub rx_dropped: AtomicU64,
-    /// Received packets with a bad ICRC.
+    /// Received packets with a bad ICRC (dropped).
     pub rx_bad_icrc: AtomicU64,
+    /// Received IPv4 packets whose ICRC could not be checked (sent with a non-zero IP ID).
+    pub rx_icrc_unverified: AtomicU64,
     /// Sent packets no node was listening for.
     pub tx_unroutable: AtomicU64,
 }
@@ -63,6 +66,7 @@ pub struct CounterSnapshot {
     pub rx_unknown_qp: u64,
     pub rx_dropped: u64,
     pub rx_bad_icrc: u64,
+    pub rx_icrc_unverified: u64,
     pub tx_unroutable: u64,
 }
 
@@ -77,6 +81,7 @@ impl NodeCounters {
             rx_unknown_qp: g(&self.rx_unknown_qp),
             rx_dropped: g(&self.rx_dropped),
             rx_bad_icrc: g(&self.rx_bad_icrc),
+            rx_icrc_unverified: g(&self.rx_icrc_unverified),
             tx_unroutable: g(&self.tx_unroutable),
         }
     }
@@ -90,6 +95,7 @@ fn bump(c: &AtomicU64) {
 #[derive(Debug)]
 pub(crate) struct Node {
     gids: Vec<Gid>,
+    ifindex: u32,
     qps: RwLock<HashMap<u32, Weak<Qp>>>,
     /// Multicast group -> attached QP numbers.
     pub(crate) mcast: Mutex<McastTable>,
@@ -100,9 +106,10 @@ pub(crate) struct Node {
 }
 
 impl Node {
-    pub(crate) fn new(gids: &[Gid]) -> Arc<Self> {
+    pub(crate) fn new(gids: &[Gid], ifindex: u32) -> Arc<Self> {
         let node = Arc::new(Self {
             gids: gids.iter().copied().filter(|g| !g.is_zero()).collect(),
+            ifindex,
             qps: RwLock::new(HashMap::new()),
             mcast: Mutex::new(McastTable::default()),
             keys: KeyTable::default(),
@@ -226,6 +233,7 @@ pub(crate) struct Fabric {
     wake_lock: Mutex<()>,
     wake: Condvar,
     qpns: Mutex<(u32, HashSet<u32>)>,
+    udp: OnceLock<Option<Arc<Udp>>>,
 }
 
 /// QPNs 0 and 1 are the special management QPs; ordinary QPs start above them, as on hardware.
@@ -246,8 +254,18 @@ pub(crate) fn fabric() -> &'static Fabric {
             wake_lock: Mutex::new(()),
             wake: Condvar::new(),
             qpns: Mutex::new((FIRST_QPN, HashSet::new())),
+            udp: OnceLock::new(),
         }
     })
+}
+
+fn receive_thread(udp: &Udp) {
+    let f = fabric();
+    loop {
+        // Wakes at least once a second to take over the standard port if it was freed.
+        let batch = udp.receive(Some(Duration::from_secs(1)));
+        f.ingest(batch);
+    }
 }
 
 fn progress_thread() {
@@ -315,6 +333,9 @@ impl Fabric {
     /// transport deadline has passed, runs the timers (so busy polling does not wait for the
     /// progress thread to be scheduled).
     pub(crate) fn progress(&self, now: Instant) {
+        if let Some(batch) = self.udp().and_then(|u| u.try_receive()) {
+            self.ingest(batch);
+        }
         self.drive(now);
         if self.wake_at.load(Ordering::Acquire) <= now.as_nanos() {
             for n in self.live_nodes() {
@@ -344,6 +365,22 @@ impl Fabric {
             } else {
                 nodes.iter().filter(|n| n.has_gid(&tx.dest.dgid) && n.has_qp(qpn)).take(1).collect()
             };
+            if targets.is_empty() || qpn == MULTICAST_QPN {
+                // Not (only) for this process: out over UDP.
+                let sent = match self.udp() {
+                    Some(u) => {
+                        let mut data = tx.data.clone();
+                        u.send(meta.sgid.to_ip(), tx.dest.dgid.to_ip(), from.ifindex, qpn, &mut data)
+                    }
+                    None => false,
+                };
+                if targets.is_empty() {
+                    if !sent {
+                        bump(&from.counters.tx_unroutable);
+                    }
+                    continue;
+                }
+            }
             if targets.is_empty() {
                 bump(&from.counters.tx_unroutable);
                 continue;
@@ -356,16 +393,75 @@ impl Fabric {
         }
     }
 
-    /// A fresh QP number, unique among live QPs of the process.
-    pub(crate) fn alloc_qpn(&self) -> u32 {
+    /// Starts the UDP driver (once per process) on `base_port`; its slot numbers this
+    /// process's QPs.
+    pub(crate) fn start_udp(&'static self, base_port: u16) -> Option<&'static Arc<Udp>> {
+        self.udp
+            .get_or_init(|| {
+                let udp = Udp::start(base_port);
+                if let Some(u) = &udp {
+                    let u = u.clone();
+                    std::thread::Builder::new()
+                        .name("softverbs-rx".into())
+                        .spawn(move || receive_thread(&u))
+                        .expect("spawn the receive thread");
+                } else {
+                    tracing::warn!(base_port, "no UDP port available: only QPs of this process can talk");
+                }
+                udp
+            })
+            .as_ref()
+    }
+
+    fn udp(&self) -> Option<&Arc<Udp>> {
+        self.udp.get().and_then(Option::as_ref)
+    }
+
+    /// (slot, own UDP port, holds the standard port) if the UDP driver runs.
+    pub(crate) fn udp_status(&self) -> Option<(u8, u16, bool)> {
+        self.udp().map(|u| (u.slot(), u.port(), u.is_forwarder()))
+    }
+
+    /// A fresh QP number, unique among live QPs of this host: the process's UDP slot in bits
+    /// 16..24 and a per-process index below.
+    pub(crate) fn alloc_qpn(&'static self, base_port: u16) -> u32 {
+        let slot = self.start_udp(base_port).map_or(0, |u| u32::from(u.slot()));
         let mut t = self.qpns.lock();
         loop {
-            let qpn = t.0;
-            t.0 = if t.0 >= 0xFF_FFFE { FIRST_QPN } else { t.0 + 1 };
+            let idx = t.0;
+            t.0 = if t.0 >= 0xFFFF { FIRST_QPN } else { t.0 + 1 };
+            let qpn = (slot << 16) | idx;
             if t.1.insert(qpn) {
                 return qpn;
             }
         }
+    }
+
+    /// Hands received datagrams to their nodes and processes them.
+    fn ingest(&self, dgrams: Vec<Datagram>) {
+        if dgrams.is_empty() {
+            return;
+        }
+        let nodes = self.live_nodes();
+        for d in dgrams {
+            let multicast = d.meta.dgid.is_multicast();
+            let targets: Vec<&Arc<Node>> = nodes
+                .iter()
+                .filter(|n| if multicast { n.has_group(&d.meta.dgid) } else { n.has_gid(&d.meta.dgid) })
+                .collect();
+            let Some(first) = targets.first() else { continue };
+            if d.bad_icrc {
+                bump(&first.counters.rx_bad_icrc);
+                continue;
+            }
+            if d.icrc_unverified {
+                bump(&first.counters.rx_icrc_unverified);
+            }
+            for n in targets.iter().take(if multicast { usize::MAX } else { 1 }) {
+                n.deliver(Packet { data: d.data.clone(), meta: d.meta });
+            }
+        }
+        self.drive(self.now());
     }
 
     /// Releases a QP number.

@@ -19,6 +19,7 @@ pub mod netif;
 pub mod pd;
 pub mod qp;
 mod sync;
+mod udp;
 
 pub use config::{Config, Limits};
 pub use context::{AsyncEvent, Context, EventElement};

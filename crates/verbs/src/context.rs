@@ -219,6 +219,12 @@ impl Context {
         self.0.core.device().counters()
     }
 
+    /// This process's UDP endpoint as (slot, UDP port, whether it holds the standard RoCE
+    /// port); `None` until the first QP exists or if no port could be bound.
+    pub fn udp_status(&self) -> Option<(u8, u16, bool)> {
+        self.0.core.device().udp_status()
+    }
+
     /// Undelivered async events.
     pub fn pending_async_events(&self) -> usize {
         self.0.core.pending_async_events()

@@ -3,7 +3,7 @@
 
 use softverbs_wire::{AethSyndrome, NakCode, Opcode, ParsedPacket, Psn};
 
-use super::{ack_timeout, rnr_delay, DropReason, QpEngine};
+use super::{ack_timeout, rnr_delay, DropReason, QpEngine, SendWqe};
 use crate::memory::{Access, KeyRef, MemError, Memory};
 use crate::time::Instant;
 use crate::types::{QpState, QpType, WcStatus};
@@ -61,62 +61,22 @@ impl QpEngine {
         if self.cfg.qp_type != QpType::Rc {
             return Err(DropReason::WrongTransport);
         }
-        if !matches!(self.state, QpState::Rts | QpState::Sqd) {
+        if !self.sending() {
             return Err(DropReason::NotReceiving);
         }
         let psn = pkt.repr.bth.psn;
-        let opcode = pkt.opcode();
         // A response must fall in [unacked, next_psn).
         if psn.is_before(self.req.unacked) || !psn.is_before(self.req.next_psn) {
             return Err(DropReason::UnexpectedResponse);
         }
-        let syndrome = pkt.repr.aeth.map(|a| a.syndrome);
-        match syndrome {
-            Some(AethSyndrome::RnrNak { timer }) => {
-                self.counters.rnr_naks_received += 1;
-                self.ack_through(now, psn - 1, mem);
-                if self.req.rnr_retry != 7 {
-                    if self.req.rnr_left == 0 {
-                        let idx = self.wqe_index_of(psn);
-                        self.fail_wqe(idx.unwrap_or(0), WcStatus::RnrRetryExcErr);
-                        return Ok(());
-                    }
-                    self.req.rnr_left -= 1;
-                }
-                self.req.rnr_until = Some(now + rnr_delay(timer));
-                self.req.rnr_psn = psn;
-                self.req.retransmit_at = None;
-                return Ok(());
-            }
-            Some(AethSyndrome::Nak(code)) => {
-                self.ack_through(now, psn - 1, mem);
-                match code {
-                    NakCode::PsnSequenceError => {
-                        self.counters.seq_naks_received += 1;
-                        if !self.spend_retry() {
-                            let idx = self.wqe_index_of(psn);
-                            self.fail_wqe(idx.unwrap_or(0), WcStatus::RetryExcErr);
-                        } else {
-                            self.retry_from(psn);
-                        }
-                    }
-                    other => {
-                        let status = match other {
-                            NakCode::InvalidRequest => WcStatus::RemInvReqErr,
-                            NakCode::RemoteAccessError => WcStatus::RemAccessErr,
-                            _ => WcStatus::RemOpErr,
-                        };
-                        let idx = self.wqe_index_of(psn);
-                        self.fail_wqe(idx.unwrap_or(0), status);
-                    }
-                }
-                return Ok(());
-            }
+        match pkt.repr.aeth.map(|a| a.syndrome) {
+            Some(AethSyndrome::RnrNak { timer }) => return self.on_rnr_nak(now, psn, timer),
+            Some(AethSyndrome::Nak(code)) => return self.on_nak(now, psn, code),
             _ => {}
         }
-        match opcode {
+        match pkt.opcode() {
             Opcode::RcAcknowledge => {
-                self.ack_through(now, psn, mem);
+                self.ack_through(now, psn);
                 Ok(())
             }
             Opcode::RcAtomicAcknowledge => self.on_atomic_ack(now, pkt, mem),
@@ -125,9 +85,73 @@ impl QpEngine {
         }
     }
 
-    /// Index of the started WQE whose PSN range holds `psn`.
+    /// Whether the requester side is active (responses are only accepted then).
+    fn sending(&self) -> bool {
+        matches!(self.state, QpState::Rts | QpState::Sqd)
+    }
+
+    fn on_rnr_nak(&mut self, now: Instant, psn: Psn, timer: u8) -> Result<(), DropReason> {
+        self.counters.rnr_naks_received += 1;
+        if self.req.rnr_until.is_some() && self.req.rnr_psn == psn {
+            // A copy of the NAK we are already waiting out.
+            return Err(DropReason::BadPsn);
+        }
+        // Everything before the NAKed PSN was executed.
+        self.ack_through(now, psn - 1);
+        if !self.sending() {
+            return Ok(());
+        }
+        let Some(idx) = self.wqe_index_of(psn) else { return Err(DropReason::UnexpectedResponse) };
+        if self.req.rnr_retry != 7 {
+            if self.req.rnr_left == 0 {
+                self.fail_wqe(idx, WcStatus::RnrRetryExcErr);
+                return Ok(());
+            }
+            self.req.rnr_left -= 1;
+        }
+        // Go back now, so that nothing after the NAKed packet is sent during the wait; the
+        // sequence-error NAK the responder sends for packets already in flight then finds the
+        // retry under way and costs nothing.
+        self.retry_from(psn);
+        self.req.retry_psn = Some(psn);
+        self.req.rnr_until = Some(now + rnr_delay(timer));
+        self.req.rnr_psn = psn;
+        self.req.retransmit_at = None;
+        Ok(())
+    }
+
+    fn on_nak(&mut self, now: Instant, psn: Psn, code: NakCode) -> Result<(), DropReason> {
+        // A NAK acknowledges everything before its PSN.
+        self.ack_through(now, psn - 1);
+        if !self.sending() {
+            return Ok(());
+        }
+        match code {
+            NakCode::PsnSequenceError => {
+                self.counters.seq_naks_received += 1;
+                self.request_retry(psn);
+            }
+            other => {
+                let status = match other {
+                    NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                    NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                    _ => WcStatus::RemOpErr,
+                };
+                let idx = self.wqe_index_of(psn).or_else(|| self.first_outstanding()).unwrap_or(0);
+                self.fail_wqe(idx, status);
+            }
+        }
+        Ok(())
+    }
+
+    /// Index of the started, unfinished WQE whose PSN range holds `psn`.
     fn wqe_index_of(&self, psn: Psn) -> Option<usize> {
-        self.sq.iter().position(|w| w.started && !w.done && psn.in_range(w.first_psn, w.last_psn()))
+        self.sq.iter().position(|w| w.outstanding() && psn.in_range(w.first_psn, w.last_psn()))
+    }
+
+    /// Index of the oldest WQE still waiting for an acknowledgement or response.
+    fn first_outstanding(&self) -> Option<usize> {
+        self.sq.iter().position(SendWqe::outstanding)
     }
 
     /// Consumes one retry; false when the budget is exhausted.
@@ -139,36 +163,56 @@ impl QpEngine {
         true
     }
 
-    /// Everything up to and including `psn` is acknowledged: completes SEND/WRITE WQEs that end
-    /// there, in order. A READ or atomic still waiting for its response when a later PSN is
-    /// acknowledged lost its response: that triggers a retry from it.
-    pub(crate) fn ack_through(&mut self, now: Instant, psn: Psn, _mem: &dyn Memory) {
+    /// Resends from `psn` because the peer told us (sequence NAK) or we inferred (a response
+    /// past a lost one) that it is missing. Costs one retry unless a retry from the same PSN is
+    /// already under way; fails the QP with `IBV_WC_RETRY_EXC_ERR` once the budget is spent.
+    fn request_retry(&mut self, psn: Psn) {
+        if self.req.retry_psn == Some(psn) {
+            return;
+        }
+        let Some(idx) = self.wqe_index_of(psn) else { return };
+        if !self.spend_retry() {
+            self.fail_wqe(idx, WcStatus::RetryExcErr);
+            return;
+        }
+        self.retry_from(psn);
+        self.req.retry_psn = Some(psn);
+    }
+
+    /// Everything up to and including `psn` is acknowledged: completes, in order, SEND/WRITE
+    /// WQEs that end there and READ/atomic WQEs whose response already arrived. A READ or atomic
+    /// still waiting for its response when a PSN at or past it is acknowledged lost its
+    /// response (the responder executes in order): that triggers a retry from it.
+    pub(crate) fn ack_through(&mut self, now: Instant, psn: Psn) {
         let mut progressed = false;
+        let mut lost = None;
         while let Some(w) = self.sq.front() {
-            if !w.started || psn.is_before(w.first_psn) {
+            if !w.started {
                 break;
             }
+            if w.done {
+                progressed |= self.pop_completed();
+                continue;
+            }
             if w.wr.op.is_read_or_atomic() {
-                // An ACK beyond an unanswered READ/atomic: its response was lost (implied NAK).
                 if !psn.is_before(w.first_psn) {
-                    let resume = w.first_psn + w.resp_pkts;
-                    if self.spend_retry() {
-                        self.retry_from(resume);
-                    } else {
-                        self.fail_wqe(0, WcStatus::RetryExcErr);
-                    }
+                    lost = Some(w.resume_psn());
                 }
                 break;
             }
             if psn.is_before(w.last_psn()) || !w.fully_sent() {
                 break;
             }
-            let w = self.sq.pop_front().expect("front exists");
-            self.req.send_idx = self.req.send_idx.saturating_sub(1);
-            self.complete_send(&w, WcStatus::Success);
-            progressed = true;
+            progressed |= self.pop_completed();
         }
-        let next = psn + 1;
+        // The window base moves to psn + 1, but never past a READ or atomic whose response is
+        // still missing: its (retried) responses must still be accepted.
+        let mut next = psn + 1;
+        if let Some(w) = self.sq.front().filter(|w| w.outstanding() && w.wr.op.is_read_or_atomic()) {
+            if w.resume_psn().is_before(next) {
+                next = w.resume_psn();
+            }
+        }
         if next.is_after(self.req.unacked) {
             self.req.unacked = next;
             progressed = true;
@@ -176,83 +220,99 @@ impl QpEngine {
         if progressed {
             self.on_progress(now);
         }
+        if let Some(resume) = lost {
+            self.request_retry(resume);
+        }
+    }
+
+    /// Pops the front WQE, which is finished, and completes it successfully.
+    fn pop_completed(&mut self) -> bool {
+        let Some(w) = self.sq.pop_front() else { return false };
+        self.req.send_idx = self.req.send_idx.saturating_sub(1);
+        self.complete_send(&w, WcStatus::Success);
+        true
     }
 
     /// Resets the retry budgets and re-arms or stops the retransmit timer after progress.
     fn on_progress(&mut self, now: Instant) {
         self.req.retry_left = self.req.retry_cnt;
         self.req.rnr_left = self.req.rnr_retry;
-        let outstanding = self.sq.iter().any(|w| w.started && !w.done);
-        self.req.retransmit_at = if outstanding { ack_timeout(self.attr.timeout).map(|t| now + t) } else { None };
+        self.req.retry_psn = None;
+        let outstanding = self.sq.iter().any(SendWqe::outstanding);
+        // During an RNR wait nothing is in flight that a timeout could recover.
+        self.req.retransmit_at = if outstanding && self.req.rnr_until.is_none() {
+            ack_timeout(self.attr.timeout).map(|t| now + t)
+        } else {
+            None
+        };
         self.check_drained();
     }
 
     fn on_read_response(&mut self, now: Instant, pkt: &ParsedPacket<'_>, mem: &dyn Memory) -> Result<(), DropReason> {
         let psn = pkt.repr.bth.psn;
-        let idx = self.sq.iter().position(|w| w.started && !w.done && w.wr.op.is_read_or_atomic());
-        let Some(idx) = idx else { return Err(DropReason::UnexpectedResponse) };
-        if !matches!(self.sq[idx].wr.op, SendOp::Read { .. }) {
-            return Err(DropReason::UnexpectedResponse);
-        }
-        let (first, expected) = {
-            let w = &self.sq[idx];
-            (w.first_psn, w.first_psn + w.resp_pkts)
+        let find = |sq: &std::collections::VecDeque<SendWqe>| {
+            sq.iter().position(|w| {
+                w.started && matches!(w.wr.op, SendOp::Read { .. }) && psn.in_range(w.first_psn, w.last_psn())
+            })
         };
-        if psn.is_before(first) {
-            return Err(DropReason::UnexpectedResponse);
-        }
-        // The response also acknowledges every earlier request.
-        if idx > 0 || first.is_after(self.req.unacked) {
-            self.ack_through(now, first - 1, mem);
-        }
-        let Some(idx) = self.sq.iter().position(|w| w.started && !w.done && w.wr.op.is_read_or_atomic()) else {
-            return Ok(());
-        };
-        if psn.is_before(expected) {
+        let Some(idx) = find(&self.sq) else { return Err(DropReason::UnexpectedResponse) };
+        if self.sq[idx].done {
             self.counters.duplicates += 1;
             return Err(DropReason::BadPsn);
         }
-        if psn != expected {
-            // Responses in between were lost: go back to the first missing one.
-            if self.spend_retry() {
-                self.retry_from(expected);
-            } else {
-                self.fail_wqe(idx, WcStatus::RetryExcErr);
+        // A response also acknowledges every earlier request.
+        let first = self.sq[idx].first_psn;
+        if first.is_after(self.req.unacked) {
+            self.ack_through(now, first - 1);
+            if !self.sending() {
+                return Ok(());
             }
-            return Ok(());
         }
+        let Some(idx) = find(&self.sq) else { return Ok(()) };
         let mtu = u64::from(self.mtu());
         let w = &self.sq[idx];
-        let offset = u64::from(w.resp_pkts) * mtu;
-        let payload = pkt.payload;
-        let ends = pkt.opcode().ends_message();
-        let bad_len = if ends {
-            offset + payload.len() as u64 != w.len
-        } else {
-            payload.len() as u64 != mtu || offset + mtu >= w.len
-        };
-        if bad_len {
+        let k = first.distance(psn);
+        let ends_stream = k + 1 == w.npsn;
+        if w.resp_has(k) {
+            self.counters.duplicates += 1;
+            // The end of a (re)sent response stream, with holes still open before it: ask
+            // again for the first hole, unless that is already being done.
+            if ends_stream && w.resp_pkts < k {
+                let hole = w.resume_psn();
+                self.request_retry(hole);
+            }
+            return Err(DropReason::BadPsn);
+        }
+        // Packet k carries bytes [k * MTU, ...): FIRST and MIDDLE exactly one MTU, the last one
+        // the rest. Checked by position rather than opcode, because a retried READ may resume
+        // with either FIRST or MIDDLE.
+        let offset = u64::from(k) * mtu;
+        let want = if ends_stream { w.len.saturating_sub(offset) } else { mtu };
+        if pkt.payload.len() as u64 != want {
             self.fail_wqe(idx, WcStatus::BadRespErr);
             return Ok(());
         }
-        if let Err(e) = scatter(mem, self.cfg.pd, &w.wr.payload, offset, payload) {
-            let status = match e {
-                ScatterError::Length => WcStatus::LocLenErr,
-                ScatterError::Mem(m) => m.local_status(),
-            };
-            self.fail_wqe(idx, status);
+        if let Err(e) = scatter(mem, self.cfg.pd, &w.wr.payload, offset, pkt.payload) {
+            self.fail_wqe(idx, scatter_status(e));
             return Ok(());
         }
         let w = &mut self.sq[idx];
-        w.resp_pkts += 1;
-        let last = w.last_psn();
-        if ends {
+        w.resp_mark(k);
+        let (complete, base, holes_after_end) = (w.resp_count == w.npsn, w.resume_psn(), ends_stream && w.resp_pkts < k);
+        if idx == 0 && base.is_after(self.req.unacked) {
+            self.req.unacked = base;
+        }
+        if complete {
             w.done = true;
             self.req.outstanding_rd -= 1;
-            self.ack_through_responses(now, last);
+            self.complete_finished(now);
         } else {
-            self.req.unacked = psn + 1;
             self.on_progress(now);
+            if holes_after_end {
+                // The last response arrived but some before it did not: lost (or badly
+                // reordered, in which case the retry only produces duplicates).
+                self.request_retry(base);
+            }
         }
         Ok(())
     }
@@ -260,136 +320,107 @@ impl QpEngine {
     fn on_atomic_ack(&mut self, now: Instant, pkt: &ParsedPacket<'_>, mem: &dyn Memory) -> Result<(), DropReason> {
         let psn = pkt.repr.bth.psn;
         let Some(orig) = pkt.repr.atomic_ack_eth.map(|a| a.orig) else { return Err(DropReason::UnexpectedResponse) };
-        let Some(idx) = self.sq.iter().position(|w| w.started && !w.done && w.wr.op.is_read_or_atomic()) else {
-            return Err(DropReason::UnexpectedResponse);
+        let find = |sq: &std::collections::VecDeque<SendWqe>| {
+            sq.iter().position(|w| w.started && w.wr.op.is_atomic() && w.first_psn == psn)
         };
-        let first = self.sq[idx].first_psn;
-        if !self.sq[idx].wr.op.is_atomic() || psn != first {
-            if psn.is_after(first) && self.sq[idx].wr.op.is_atomic() {
-                // The expected ATOMIC ACK was lost.
-                if self.spend_retry() {
-                    self.retry_from(first);
-                } else {
-                    self.fail_wqe(idx, WcStatus::RetryExcErr);
-                }
+        let Some(idx) = find(&self.sq) else { return Err(DropReason::UnexpectedResponse) };
+        if self.sq[idx].done {
+            self.counters.duplicates += 1;
+            return Err(DropReason::BadPsn);
+        }
+        if psn.is_after(self.req.unacked) {
+            self.ack_through(now, psn - 1);
+            if !self.sending() {
                 return Ok(());
             }
-            return Err(DropReason::UnexpectedResponse);
         }
-        if first.is_after(self.req.unacked) {
-            self.ack_through(now, first - 1, mem);
-        }
-        let Some(idx) = self.sq.iter().position(|w| w.started && !w.done && w.wr.op.is_read_or_atomic()) else {
-            return Ok(());
-        };
+        let Some(idx) = find(&self.sq) else { return Ok(()) };
         let w = &self.sq[idx];
+        // The original value lands in the local buffer in host byte order.
         if let Err(e) = scatter(mem, self.cfg.pd, &w.wr.payload, 0, &orig.to_ne_bytes()) {
-            let status = match e {
-                ScatterError::Length => WcStatus::LocLenErr,
-                ScatterError::Mem(m) => m.local_status(),
-            };
-            self.fail_wqe(idx, status);
+            self.fail_wqe(idx, scatter_status(e));
             return Ok(());
         }
         self.sq[idx].done = true;
         self.req.outstanding_rd -= 1;
-        self.ack_through_responses(now, psn);
+        if idx == 0 && (psn + 1).is_after(self.req.unacked) {
+            self.req.unacked = psn + 1;
+        }
+        self.complete_finished(now);
         Ok(())
     }
 
-    /// After a READ or atomic finished at `last`: pops completed WQEs from the front in order.
-    fn ack_through_responses(&mut self, now: Instant, last: Psn) {
-        while let Some(w) = self.sq.front() {
-            if !w.done {
-                break;
-            }
-            let w = self.sq.pop_front().expect("front exists");
-            self.req.send_idx = self.req.send_idx.saturating_sub(1);
-            self.complete_send(&w, WcStatus::Success);
+    /// After a READ or atomic finished: completes the finished WQEs at the front, in order.
+    fn complete_finished(&mut self, now: Instant) {
+        while self.sq.front().is_some_and(|w| w.done) {
+            self.pop_completed();
         }
-        let next = last + 1;
-        if next.is_after(self.req.unacked) {
-            self.req.unacked = next;
+        // The window base is now the first unfinished WQE.
+        let base = match self.sq.front() {
+            Some(w) if w.started && w.wr.op.is_read_or_atomic() => w.resume_psn(),
+            Some(w) if w.started => w.first_psn,
+            _ => self.req.next_psn,
+        };
+        if base.is_after(self.req.unacked) {
+            self.req.unacked = base;
         }
         self.on_progress(now);
     }
 
-    /// Go-back-N: resend from `psn`, which lies in a started, incomplete WQE.
+    /// Go-back-N: resend from `psn`, which lies in a started, unfinished WQE. Later started WQEs
+    /// are resent whole; READs keep the response packets they already placed.
     pub(crate) fn retry_from(&mut self, psn: Psn) {
         let Some(idx) = self.wqe_index_of(psn) else {
             return;
         };
-        let mtu = self.mtu();
         for (i, w) in self.sq.iter_mut().enumerate().skip(idx) {
-            if !w.started || w.done {
+            if !w.outstanding() {
                 continue;
             }
-            if i == idx {
-                let k = w.first_psn.distance(psn);
-                if w.wr.op.is_read_or_atomic() {
-                    w.resp_pkts = if matches!(w.wr.op, SendOp::Read { .. }) { k } else { 0 };
-                    w.next_pkt = 0;
-                } else {
-                    w.next_pkt = k;
-                }
-            } else {
-                w.next_pkt = 0;
-                if matches!(w.wr.op, SendOp::Read { .. }) {
-                    w.resp_pkts = 0;
-                }
-            }
+            w.next_pkt = if i == idx && !w.wr.op.is_read_or_atomic() { w.first_psn.distance(psn) } else { 0 };
         }
-        let _ = mtu;
-        self.req.send_idx = idx;
+        self.req.send_idx = self.req.send_idx.min(idx);
         self.req.since_ackreq = 0;
         self.req.retransmit_at = None;
     }
 
     /// Handles expired timers.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if let Some(t) = self.req.rnr_until {
-            if now >= t {
-                self.req.rnr_until = None;
-                let psn = self.req.rnr_psn;
-                self.retry_from(psn);
-            }
+        if self.req.rnr_until.is_some_and(|t| now >= t) {
+            // The RNR wait is over: the requester already went back to the NAKed packet.
+            self.req.rnr_until = None;
         }
-        if let Some(t) = self.req.retransmit_at {
-            if now >= t {
-                self.req.retransmit_at = None;
-                let outstanding = self.sq.iter().any(|w| w.started && !w.done);
-                if !outstanding || !matches!(self.state, QpState::Rts | QpState::Sqd) {
-                    return;
-                }
-                self.counters.timeouts += 1;
-                if self.spend_retry() {
-                    let resume = self
-                        .sq
-                        .iter()
-                        .find(|w| w.started && !w.done)
-                        .map(|w| if matches!(w.wr.op, SendOp::Read { .. }) { w.first_psn + w.resp_pkts } else { self.req.unacked.max_in(w.first_psn) })
-                        .unwrap_or(self.req.unacked);
-                    self.retry_from(resume);
-                } else {
-                    let idx = self.sq.iter().position(|w| w.started && !w.done).unwrap_or(0);
-                    self.fail_wqe(idx, WcStatus::RetryExcErr);
-                }
-            }
+        let Some(t) = self.req.retransmit_at else { return };
+        if now < t {
+            return;
         }
+        self.req.retransmit_at = None;
+        if !self.sending() || self.req.rnr_until.is_some() {
+            return;
+        }
+        let Some(idx) = self.first_outstanding() else { return };
+        self.counters.timeouts += 1;
+        let w = &self.sq[idx];
+        let resume = if w.wr.op.is_read_or_atomic() {
+            w.resume_psn()
+        } else if self.req.unacked.is_after(w.first_psn) {
+            self.req.unacked
+        } else {
+            w.first_psn
+        };
+        if !self.spend_retry() {
+            self.fail_wqe(idx, WcStatus::RetryExcErr);
+            return;
+        }
+        self.retry_from(resume);
+        self.req.retry_psn = Some(resume);
     }
 }
 
-/// Small helper: the later of two PSNs in wrap-aware order.
-trait PsnExt {
-    fn max_in(self, other: Psn) -> Psn;
-}
-
-impl PsnExt for Psn {
-    fn max_in(self, other: Psn) -> Psn {
-        if self.is_before(other) {
-            other
-        } else {
-            self
-        }
+/// The local status of a failed scatter into a READ or atomic result buffer.
+fn scatter_status(e: ScatterError) -> WcStatus {
+    match e {
+        ScatterError::Length => WcStatus::LocLenErr,
+        ScatterError::Mem(m) => m.local_status(),
     }
 }

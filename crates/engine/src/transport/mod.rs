@@ -189,12 +189,37 @@ pub(crate) struct SendWqe {
     pub(crate) npsn: u32,
     /// Request packets of this WQE already sent in the current pass (always <= packets).
     pub(crate) next_pkt: u32,
-    /// For READ: response packets received in order.
+    /// For READ: index of the first response packet not yet received.
     pub(crate) resp_pkts: u32,
+    /// For READ: which response packets have been placed. Responses are placed out of order,
+    /// so a reordered or retransmitted packet never forces the whole remainder to be resent.
+    pub(crate) resp_seen: Vec<u64>,
+    /// For READ: number of distinct response packets placed.
+    pub(crate) resp_count: u32,
+    /// READ/atomic: the whole response has arrived (the WQE still completes in order).
     pub(crate) done: bool,
+    /// The WQE failed with this status; it completes with it when the QP is flushed, in order.
+    pub(crate) failed: Option<WcStatus>,
 }
 
 impl SendWqe {
+    pub(crate) fn new(wr: SendWr) -> Self {
+        let len = wr.payload.len();
+        Self {
+            wr,
+            len,
+            started: false,
+            first_psn: Psn::ZERO,
+            npsn: 0,
+            next_pkt: 0,
+            resp_pkts: 0,
+            resp_seen: Vec::new(),
+            resp_count: 0,
+            done: false,
+            failed: None,
+        }
+    }
+
     pub(crate) fn last_psn(&self) -> Psn {
         self.first_psn + (self.npsn.max(1) - 1)
     }
@@ -210,6 +235,35 @@ impl SendWqe {
 
     pub(crate) fn fully_sent(&self) -> bool {
         self.started && self.next_pkt >= self.request_packets()
+    }
+
+    /// Started, and still waiting for an acknowledgement or a response.
+    pub(crate) fn outstanding(&self) -> bool {
+        self.started && !self.done
+    }
+
+    /// The next PSN the requester still needs to hear about for this WQE.
+    pub(crate) fn resume_psn(&self) -> Psn {
+        self.first_psn + self.resp_pkts
+    }
+
+    /// Whether READ response packet `k` has been placed.
+    pub(crate) fn resp_has(&self, k: u32) -> bool {
+        let (word, bit) = ((k / 64) as usize, k % 64);
+        self.resp_seen.get(word).is_some_and(|w| w & (1 << bit) != 0)
+    }
+
+    /// Records READ response packet `k`; advances `resp_pkts` over the received prefix.
+    pub(crate) fn resp_mark(&mut self, k: u32) {
+        let (word, bit) = ((k / 64) as usize, k % 64);
+        if self.resp_seen.len() <= word {
+            self.resp_seen.resize(word + 1, 0);
+        }
+        self.resp_seen[word] |= 1 << bit;
+        self.resp_count += 1;
+        while self.resp_pkts < self.npsn && self.resp_has(self.resp_pkts) {
+            self.resp_pkts += 1;
+        }
     }
 }
 
@@ -266,7 +320,7 @@ impl QpEngine {
 
     /// Whether the send queue is still draining (for `ibv_query_qp` in SQD).
     pub fn sq_draining(&self) -> bool {
-        self.sq.iter().any(|w| w.started && !w.done)
+        self.sq.iter().any(SendWqe::outstanding)
     }
 
     /// Posted send WQEs not yet completed.
@@ -285,7 +339,8 @@ impl QpEngine {
         std::mem::take(&mut self.went_to_error)
     }
 
-    /// Applies new attributes after a validated `modify_qp` from `prev` to `attr.qp_state`.
+    /// Applies new attributes after a validated `modify_qp` from the current state to
+    /// `attr.qp_state`.
     pub fn set_attr(&mut self, now: Instant, attr: &QpAttr) {
         let prev = self.state;
         let next = attr.qp_state;
@@ -302,15 +357,17 @@ impl QpEngine {
             QpState::Err if prev != QpState::Err => self.flush(),
             _ => {}
         }
-        if prev == QpState::Init && next == QpState::Rtr || prev == QpState::Reset && next == QpState::Rtr {
+        if next == QpState::Rtr && matches!(prev, QpState::Reset | QpState::Init) {
             self.resp.reset(Psn::new(attr.rq_psn), attr.max_dest_rd_atomic);
         }
         if next == QpState::Rts && prev == QpState::Rtr {
             self.req.reset(Psn::new(attr.sq_psn), attr.retry_cnt, attr.rnr_retry);
         }
-        if next == QpState::Rts && prev == QpState::Sqd {
-            // Resume: new WQEs may start again.
-            self.req.rnr_until = None;
+        if matches!(prev, QpState::Rts | QpState::Sqd) && matches!(next, QpState::Rts | QpState::Sqd) {
+            // SQD->RTS and SQD->SQD may change the retry budgets and responder resources; the
+            // transport state (PSNs, timers, an RNR wait in progress) carries on untouched.
+            self.req.set_budgets(attr.retry_cnt, attr.rnr_retry);
+            self.resp.max_resources = usize::from(attr.max_dest_rd_atomic);
         }
         if next == QpState::Sqd && prev == QpState::Rts {
             self.req.drain_notify = attr.en_sqd_async_notify;
@@ -336,17 +393,7 @@ impl QpEngine {
             self.push_cqe(WorkQueue::Send, wc);
             return;
         }
-        let len = wr.payload.len();
-        self.sq.push_back(SendWqe {
-            wr,
-            len,
-            started: false,
-            first_psn: Psn::ZERO,
-            npsn: 0,
-            next_pkt: 0,
-            resp_pkts: 0,
-            done: false,
-        });
+        self.sq.push_back(SendWqe::new(wr));
     }
 
     /// Processes one received packet addressed to this QP. Returns why it was dropped, if it
@@ -415,18 +462,22 @@ impl QpEngine {
         }
     }
 
-    /// Completes every outstanding WQE with `IBV_WC_WR_FLUSH_ERR`, signaled or not.
+    /// Completes every outstanding WQE with `IBV_WC_WR_FLUSH_ERR`, signaled or not, in posting
+    /// order. A WQE that failed completes with its own status instead; WQEs whose response had
+    /// already arrived but which were still waiting for an earlier WQE are flushed too (send
+    /// completions are returned in order, so they cannot complete successfully any more).
     fn flush(&mut self) {
         self.out.clear();
         self.req.retransmit_at = None;
         self.req.rnr_until = None;
         let qpn = self.cfg.qpn;
         for w in std::mem::take(&mut self.sq) {
-            if !w.done {
-                let wc = WorkCompletion::error(w.wr.wr_id, WcStatus::WrFlushErr, w.wr.op.wc_opcode(), qpn);
-                self.push_cqe(WorkQueue::Send, wc);
-            }
+            let status = w.failed.unwrap_or(WcStatus::WrFlushErr);
+            let wc = WorkCompletion::error(w.wr.wr_id, status, w.wr.op.wc_opcode(), qpn);
+            self.push_cqe(WorkQueue::Send, wc);
         }
+        self.req.send_idx = 0;
+        self.req.outstanding_rd = 0;
         if let Some(wqe) = self.resp.take_in_progress_wqe() {
             self.push_cqe(WorkQueue::Recv, WorkCompletion::error(wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn));
         }

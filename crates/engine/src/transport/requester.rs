@@ -36,6 +36,10 @@ pub(crate) struct Requester {
     pub(crate) drain_notify: bool,
     /// One past the highest PSN ever sent, to tell retransmissions apart.
     pub(crate) sent_high: Psn,
+    /// The PSN the last retry went back to, until progress is made. A second trigger for the
+    /// same PSN (a duplicated NAK, more responses past the same hole) is then ignored instead of
+    /// spending the retry budget and resending again.
+    pub(crate) retry_psn: Option<Psn>,
 }
 
 impl Requester {
@@ -51,6 +55,14 @@ impl Requester {
             ..Self::default()
         };
     }
+
+    /// New retry budgets (SQD->RTS); the remaining counts restart from them.
+    pub(crate) fn set_budgets(&mut self, retry_cnt: u8, rnr_retry: u8) {
+        self.retry_cnt = retry_cnt;
+        self.retry_left = retry_cnt;
+        self.rnr_retry = rnr_retry;
+        self.rnr_left = rnr_retry;
+    }
 }
 
 /// Number of packets (or PSNs) a message of `len` bytes takes at `mtu`.
@@ -60,6 +72,10 @@ pub(crate) fn packets(len: u64, mtu: u32) -> u32 {
 
 /// Copies `dst.len()` bytes starting `offset` bytes into the gather list.
 pub(crate) fn gather(mem: &dyn Memory, pd: u32, payload: &Payload, offset: u64, dst: &mut [u8]) -> Result<(), MemError> {
+    if dst.is_empty() {
+        // Nothing to copy (a zero-length message, or a READ/atomic request): touch no key.
+        return Ok(());
+    }
     match payload {
         Payload::Inline(b) => {
             let start = offset as usize;
@@ -126,12 +142,24 @@ impl QpEngine {
         }
     }
 
+    /// Index of the WQE the requester sends from next: `send_idx`, skipping WQEs that need no
+    /// packet (a READ or atomic whose response already arrived while an earlier WQE was being
+    /// retried).
+    pub(crate) fn next_send_index(&self) -> usize {
+        let mut idx = self.req.send_idx;
+        while self.sq.get(idx).is_some_and(|w| w.fully_sent()) {
+            idx += 1;
+        }
+        idx
+    }
+
     /// Whether the requester has a packet it may send now.
     pub(crate) fn can_start_or_continue(&self) -> bool {
         if self.req.rnr_until.is_some() {
             return false;
         }
-        let Some(w) = self.sq.get(self.req.send_idx) else { return false };
+        let idx = self.next_send_index();
+        let Some(w) = self.sq.get(idx) else { return false };
         match self.state {
             QpState::Rts => {}
             // SQD finishes the message in progress but starts no new one.
@@ -142,7 +170,7 @@ impl QpEngine {
             return true;
         }
         if w.started {
-            let psn = self.wqe_packet_psn(self.req.send_idx);
+            let psn = self.wqe_packet_psn(idx);
             return self.req.unacked.distance(psn) < WINDOW;
         }
         if w.wr.flags.contains(SendFlags::FENCE) && self.req.outstanding_rd > 0 {
@@ -159,7 +187,7 @@ impl QpEngine {
         let w = &self.sq[idx];
         if w.wr.op.is_read_or_atomic() {
             // A READ resumed part-way starts at its first missing response.
-            w.first_psn + w.resp_pkts
+            w.resume_psn()
         } else {
             w.first_psn + w.next_pkt
         }
@@ -170,7 +198,8 @@ impl QpEngine {
         if !self.can_start_or_continue() {
             return;
         }
-        let idx = self.req.send_idx;
+        let idx = self.next_send_index();
+        self.req.send_idx = idx;
         let mtu = if self.cfg.qp_type == QpType::Ud { u32::MAX } else { self.mtu() };
         {
             let w = &mut self.sq[idx];
@@ -178,7 +207,7 @@ impl QpEngine {
                 w.started = true;
                 w.npsn = if self.cfg.qp_type == QpType::Ud || w.wr.op.is_atomic() { 1 } else { packets(w.len, mtu) };
                 w.first_psn = self.req.next_psn;
-                self.req.next_psn = self.req.next_psn + w.npsn;
+                self.req.next_psn += w.npsn;
                 if w.wr.op.is_read_or_atomic() {
                     self.req.outstanding_rd += 1;
                 }
@@ -323,13 +352,11 @@ impl QpEngine {
         }
     }
 
-    /// Completes WQE `idx` (and so the QP) with an error: the QP moves to ERR and the rest is
-    /// flushed.
+    /// Fails WQE `idx` (and so the QP): the QP moves to ERR, and the flush completes the WQE
+    /// with `status` and everything else with `IBV_WC_WR_FLUSH_ERR`, in posting order.
     pub(crate) fn fail_wqe(&mut self, idx: usize, status: WcStatus) {
         if let Some(w) = self.sq.get_mut(idx) {
-            w.done = true;
-            let w = w.clone();
-            self.complete_send(&w, status);
+            w.failed = Some(status);
         }
         self.enter_error();
     }

@@ -179,6 +179,12 @@ impl QpEngine {
     ) -> Result<(), DropReason> {
         let psn = pkt.repr.bth.psn;
         let opcode = pkt.opcode();
+        if psn.is_before(self.resp.epsn) {
+            // UC never retransmits, so an old PSN is a copy the network made: delivering it
+            // would complete a receive twice.
+            self.counters.duplicates += 1;
+            return Err(DropReason::BadPsn);
+        }
         if self.resp.uc_dropping || psn != self.resp.epsn {
             // A gap: whatever message was in progress is lost. Resynchronise on a new message.
             if let Some(wqe) = self.resp.take_in_progress_wqe() {
@@ -331,6 +337,9 @@ impl QpEngine {
             if opcode.starts_message() {
                 let reth = pkt.repr.reth.ok_or(Outcome::Fatal(INVALID_REQUEST))?;
                 let total = u64::from(reth.dma_len);
+                if total > 1 << 31 {
+                    return Err(Outcome::Fatal(INVALID_REQUEST));
+                }
                 if total > 0 {
                     let key = KeyRef { key: reth.rkey, pd: self.cfg.pd, access: Access::RemoteWrite };
                     mem.check(key, reth.va, total).map_err(|_| Outcome::Fatal(ACCESS_ERROR))?;

@@ -1,0 +1,356 @@
+//! RoCEv2 over UDP: the driver that carries packets between processes and hosts.
+//!
+//! Several processes on one host share the RoCE port without a daemon. Each process takes a
+//! *slot* k (1..=255) by binding UDP port `base + k` (`base` is 4791 unless configured), and
+//! every QP number it allocates carries the slot in bits 16..24. A sender that knows a QPN
+//! therefore knows the port to send to: softverbs peers talk to each other directly. Standard
+//! peers (the kernel's rxe, RoCE NICs) always send to `base`; whichever process holds `base`
+//! forwards packets for other slots to their port, wrapped in a small header that keeps the
+//! original addresses (so ICRC checks and GRHs stay right). If that process exits, another one
+//! takes `base` over within a second.
+//!
+//! Packets are sent from unconnected sockets with `IP_PMTUDISC_DO`, so Linux sends IPv4
+//! datagrams with ID 0 and DF set, which is what the ICRC is computed over. The IPv4 ID of a
+//! received datagram is not visible to a UDP socket, so an IPv4 ICRC can only be verified when
+//! the sender used ID 0 (any softverbs sender); a mismatch is counted as unverifiable rather
+//! than dropped. IPv6 ICRCs are always verified, and mismatches are dropped and counted.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant as StdInstant};
+
+use nix::errno::Errno;
+use nix::libc;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{
+    bind, recvmsg, sendmsg, setsockopt, socket, sockopt, AddressFamily, ControlMessage, ControlMessageOwned,
+    MsgFlags, SockFlag, SockType, SockaddrIn, SockaddrIn6, SockaddrStorage,
+};
+use parking_lot::Mutex;
+use softverbs_engine::transport::RxMeta;
+use softverbs_engine::types::Gid;
+use softverbs_wire::icrc;
+
+/// First bytes of a forwarded datagram. 0x53 is an RD opcode, which no valid packet here uses.
+const FORWARD_MAGIC: [u8; 4] = *b"SVFW";
+/// Magic, source address and port, destination address.
+const FORWARD_HEADER: usize = 4 + 16 + 2 + 16;
+/// Largest datagram accepted.
+const MAX_DATAGRAM: usize = 9216;
+
+/// What the receive side hands to the fabric.
+#[derive(Debug)]
+pub(crate) struct Datagram {
+    pub(crate) data: Vec<u8>,
+    pub(crate) meta: RxMeta,
+    /// The ICRC could be checked and was wrong.
+    pub(crate) bad_icrc: bool,
+    /// The ICRC could not be checked (IPv4 with a non-zero IP ID).
+    pub(crate) icrc_unverified: bool,
+}
+
+/// A bound socket pair (IPv4 and, where available, IPv6) on one port.
+#[derive(Debug)]
+struct Sockets {
+    v4: OwnedFd,
+    v6: Option<OwnedFd>,
+    port: u16,
+}
+
+fn udp_socket(family: AddressFamily) -> nix::Result<OwnedFd> {
+    socket(family, SockType::Datagram, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None)
+}
+
+impl Sockets {
+    fn bind(port: u16) -> nix::Result<Self> {
+        let v4 = udp_socket(AddressFamily::Inet)?;
+        setsockopt(&v4, sockopt::Ipv4PacketInfo, &true)?;
+        // Ask for DF and thereby IP ID 0: the ICRC covers the ID.
+        rustix::net::sockopt::set_ip_mtu_discover(&v4, rustix::net::sockopt::Ipv4PathMtuDiscovery::DO)
+            .map_err(|e| Errno::from_raw(e.raw_os_error()))?;
+        let _ = setsockopt(&v4, sockopt::RcvBuf, &(8 << 20));
+        let _ = setsockopt(&v4, sockopt::SndBuf, &(8 << 20));
+        bind(v4.as_raw_fd(), &SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)))?;
+        let v6 = (|| -> nix::Result<OwnedFd> {
+            let v6 = udp_socket(AddressFamily::Inet6)?;
+            setsockopt(&v6, sockopt::Ipv6V6Only, &true)?;
+            setsockopt(&v6, sockopt::Ipv6RecvPacketInfo, &true)?;
+            let _ = setsockopt(&v6, sockopt::RcvBuf, &(8 << 20));
+            let _ = setsockopt(&v6, sockopt::SndBuf, &(8 << 20));
+            bind(v6.as_raw_fd(), &SockaddrIn6::from(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0)))?;
+            Ok(v6)
+        })();
+        match v6 {
+            Ok(v6) => Ok(Self { v4, v6: Some(v6), port }),
+            // A host without IPv6 still gets IPv4; a port taken on IPv6 only is taken.
+            Err(Errno::EADDRINUSE) => Err(Errno::EADDRINUSE),
+            Err(_) => Ok(Self { v4, v6: None, port }),
+        }
+    }
+
+    fn fds(&self) -> impl Iterator<Item = &OwnedFd> {
+        std::iter::once(&self.v4).chain(self.v6.as_ref())
+    }
+}
+
+/// The process's UDP endpoint.
+#[derive(Debug)]
+pub(crate) struct Udp {
+    slot: u8,
+    base: u16,
+    own: Sockets,
+    /// The standard port, when this process holds it.
+    forwarder: Mutex<Option<Arc<Sockets>>>,
+    last_takeover_try: Mutex<StdInstant>,
+    rx: Mutex<RxBuffers>,
+}
+
+#[derive(Debug)]
+struct RxBuffers {
+    data: Vec<u8>,
+    cmsg: Vec<u8>,
+}
+
+/// The slot of a QP number: which process (and port) owns it.
+pub(crate) fn slot_of(qpn: u32) -> u8 {
+    (qpn >> 16) as u8
+}
+
+impl Udp {
+    /// Binds the first free slot above `base`. `None` if no UDP socket can be bound at all.
+    pub(crate) fn start(base: u16) -> Option<Arc<Self>> {
+        let (slot, own) = (1..=255u8).find_map(|k| {
+            let port = base.checked_add(u16::from(k))?;
+            Sockets::bind(port).ok().map(|s| (k, s))
+        })?;
+        let udp = Arc::new(Self {
+            slot,
+            base,
+            own,
+            forwarder: Mutex::new(Sockets::bind(base).ok().map(Arc::new)),
+            last_takeover_try: Mutex::new(StdInstant::now()),
+            rx: Mutex::new(RxBuffers { data: vec![0u8; MAX_DATAGRAM], cmsg: nix::cmsg_space!(libc::in6_pktinfo) }),
+        });
+        tracing::debug!(slot, port = udp.own.port, forwarder = udp.forwarder.lock().is_some(), "UDP driver up");
+        Some(udp)
+    }
+
+    /// This process's slot.
+    pub(crate) fn slot(&self) -> u8 {
+        self.slot
+    }
+
+    /// This process's own UDP port.
+    pub(crate) fn port(&self) -> u16 {
+        self.own.port
+    }
+
+    /// Whether this process holds the standard port.
+    pub(crate) fn is_forwarder(&self) -> bool {
+        self.forwarder.lock().is_some()
+    }
+
+    fn socket_for(&self, ip: &IpAddr) -> Option<&OwnedFd> {
+        match ip {
+            IpAddr::V4(_) => Some(&self.own.v4),
+            IpAddr::V6(_) => self.own.v6.as_ref(),
+        }
+    }
+
+    /// Sends one RoCE packet (BTH..ICRC) from `src` to `dst` for destination QP `dest_qpn`,
+    /// filling in the ICRC. `scope` is the interface index for link-local IPv6 addresses.
+    pub(crate) fn send(&self, src: IpAddr, dst: IpAddr, scope: u32, dest_qpn: u32, data: &mut [u8]) -> bool {
+        let slot = slot_of(dest_qpn);
+        let port = if slot == 0 || dest_qpn == crate::fabric::MULTICAST_QPN {
+            self.base
+        } else {
+            self.base.saturating_add(u16::from(slot))
+        };
+        let src_sa = SocketAddr::new(src, self.own.port);
+        let dst_sa = SocketAddr::new(dst, port);
+        if icrc::fill(src_sa, dst_sa, data).is_err() {
+            return false;
+        }
+        self.send_raw(src, dst_sa, scope, &[data])
+    }
+
+    fn send_raw(&self, src: IpAddr, dst: SocketAddr, scope: u32, parts: &[&[u8]]) -> bool {
+        let Some(fd) = self.socket_for(&dst.ip()) else { return false };
+        let iov: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
+        let r = match (src, dst) {
+            (IpAddr::V4(s), SocketAddr::V4(d)) => {
+                let info = libc::in_pktinfo {
+                    ipi_ifindex: 0,
+                    ipi_spec_dst: libc::in_addr { s_addr: u32::from_ne_bytes(s.octets()) },
+                    ipi_addr: libc::in_addr { s_addr: 0 },
+                };
+                sendmsg(fd.as_raw_fd(), &iov, &[ControlMessage::Ipv4PacketInfo(&info)], MsgFlags::empty(), Some(&SockaddrIn::from(d)))
+            }
+            (IpAddr::V6(s), SocketAddr::V6(d)) => {
+                let link_local = (d.ip().segments()[0] & 0xffc0) == 0xfe80;
+                let d = SocketAddrV6::new(*d.ip(), d.port(), 0, if link_local { scope } else { 0 });
+                let info = libc::in6_pktinfo {
+                    ipi6_addr: libc::in6_addr { s6_addr: s.octets() },
+                    ipi6_ifindex: if link_local { scope } else { 0 },
+                };
+                sendmsg(fd.as_raw_fd(), &iov, &[ControlMessage::Ipv6PacketInfo(&info)], MsgFlags::empty(), Some(&SockaddrIn6::from(d)))
+            }
+            _ => return false,
+        };
+        match r {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::debug!(%dst, error = %e, "UDP send failed");
+                false
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for datagrams and returns those that arrived (possibly none).
+    pub(crate) fn receive(&self, timeout: Option<Duration>) -> Vec<Datagram> {
+        if timeout.is_some() {
+            self.maybe_take_over();
+        }
+        let fwd = self.forwarder.lock().clone();
+        let mut fds: Vec<(&OwnedFd, bool)> = self.own.fds().map(|f| (f, false)).collect();
+        if let Some(f) = fwd.as_ref() {
+            fds.extend(f.fds().map(|f| (f, true)));
+        }
+        if let Some(t) = timeout {
+            let mut pfds: Vec<PollFd<'_>> = fds.iter().map(|(f, _)| PollFd::new(f.as_fd(), PollFlags::POLLIN)).collect();
+            let ms = PollTimeout::try_from(t.as_millis().min(60_000) as i32).unwrap_or(PollTimeout::MAX);
+            match poll(&mut pfds, ms) {
+                Ok(0) | Err(_) => return Vec::new(),
+                Ok(_) => {}
+            }
+        }
+        let mut out = Vec::new();
+        let mut rx = self.rx.lock();
+        for (fd, is_forwarder) in fds {
+            // Bounded, so one busy socket does not starve the others.
+            for _ in 0..256 {
+                match self.recv_one(fd, is_forwarder, &mut rx) {
+                    Some(Some(d)) => out.push(d),
+                    Some(None) => {}
+                    None => break,
+                }
+            }
+        }
+        out
+    }
+
+    /// Non-blocking receive for a polling application thread; `None` if another thread is
+    /// receiving.
+    pub(crate) fn try_receive(&self) -> Option<Vec<Datagram>> {
+        let rx = self.rx.try_lock()?;
+        drop(rx);
+        Some(self.receive(None))
+    }
+
+    /// Reads one datagram: `None` when the socket is empty, `Some(None)` for one consumed
+    /// without result (forwarded or garbage).
+    fn recv_one(&self, fd: &OwnedFd, is_forwarder: bool, rx: &mut RxBuffers) -> Option<Option<Datagram>> {
+        let RxBuffers { data, cmsg } = rx;
+        cmsg.clear();
+        let mut iov = [IoSliceMut::new(&mut data[..])];
+        let msg = match recvmsg::<SockaddrStorage>(fd.as_raw_fd(), &mut iov, Some(cmsg), MsgFlags::empty()) {
+            Ok(m) => m,
+            Err(Errno::EAGAIN) => return None,
+            Err(e) => {
+                tracing::debug!(error = %e, "UDP receive failed");
+                return None;
+            }
+        };
+        let len = msg.bytes;
+        let src = msg.address.and_then(|a| {
+            a.as_sockaddr_in().map(|s| SocketAddr::from(SocketAddrV4::from(*s))).or_else(|| {
+                a.as_sockaddr_in6().map(|s| SocketAddr::from(SocketAddrV6::from(*s)))
+            })
+        });
+        let mut dst_ip = None;
+        if let Ok(cmsgs) = msg.cmsgs() {
+            for c in cmsgs {
+                match c {
+                    ControlMessageOwned::Ipv4PacketInfo(i) => {
+                        dst_ip = Some(IpAddr::V4(Ipv4Addr::from(i.ipi_addr.s_addr.to_ne_bytes())));
+                    }
+                    ControlMessageOwned::Ipv6PacketInfo(i) => {
+                        dst_ip = Some(IpAddr::V6(Ipv6Addr::from(i.ipi6_addr.s6_addr)));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let (Some(src), Some(dst_ip)) = (src, dst_ip) else { return Some(None) };
+        let bytes = &data[..len];
+        let port = if is_forwarder { self.base } else { self.own.port };
+
+        if bytes.len() >= FORWARD_HEADER && bytes[..4] == FORWARD_MAGIC {
+            // Forwarded to us by the holder of the standard port: restore the real addresses.
+            let ip = |b: &[u8]| {
+                let v6 = Ipv6Addr::from(<[u8; 16]>::try_from(b).expect("16 bytes"));
+                v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+            };
+            let orig_src = SocketAddr::new(ip(&bytes[4..20]), u16::from_be_bytes([bytes[20], bytes[21]]));
+            let orig_dst = SocketAddr::new(ip(&bytes[22..38]), self.base);
+            return Some(Some(datagram(orig_src, orig_dst, &bytes[FORWARD_HEADER..])));
+        }
+        if is_forwarder {
+            let qpn = bytes.get(5..8).map_or(0, |b| u32::from_be_bytes([0, b[0], b[1], b[2]]));
+            let slot = slot_of(qpn);
+            if slot != 0 && slot != self.slot && qpn != crate::fabric::MULTICAST_QPN {
+                self.forward(src, dst_ip, slot, bytes);
+                return Some(None);
+            }
+        }
+        Some(Some(datagram(src, SocketAddr::new(dst_ip, port), bytes)))
+    }
+
+    fn forward(&self, src: SocketAddr, dst_ip: IpAddr, slot: u8, bytes: &[u8]) {
+        let mapped = |ip: IpAddr| match ip {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+            IpAddr::V6(v6) => v6.octets(),
+        };
+        let mut header = [0u8; FORWARD_HEADER];
+        header[..4].copy_from_slice(&FORWARD_MAGIC);
+        header[4..20].copy_from_slice(&mapped(src.ip()));
+        header[20..22].copy_from_slice(&src.port().to_be_bytes());
+        header[22..38].copy_from_slice(&mapped(dst_ip));
+        let to = SocketAddr::new(dst_ip, self.base.saturating_add(u16::from(slot)));
+        self.send_raw(dst_ip, to, 0, &[&header, bytes]);
+    }
+
+    /// Takes the standard port over when its holder has gone (checked at most once a second).
+    fn maybe_take_over(&self) {
+        let mut last = self.last_takeover_try.lock();
+        if last.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        *last = StdInstant::now();
+        let mut fwd = self.forwarder.lock();
+        if fwd.is_none() {
+            *fwd = Sockets::bind(self.base).ok().map(Arc::new);
+            if fwd.is_some() {
+                tracing::info!(port = self.base, "took over the standard RoCE port");
+            }
+        }
+    }
+}
+
+fn datagram(src: SocketAddr, dst: SocketAddr, bytes: &[u8]) -> Datagram {
+    let icrc_ok = icrc::verify(src, dst, bytes);
+    let (bad_icrc, icrc_unverified) = match (icrc_ok, src.ip()) {
+        (true, _) => (false, false),
+        // Only the sender knows the IPv4 ID it used; see the module documentation.
+        (false, IpAddr::V4(_)) => (false, true),
+        (false, IpAddr::V6(_)) => (true, false),
+    };
+    Datagram {
+        data: bytes.to_vec(),
+        meta: RxMeta { sgid: Gid::from_ip(src.ip()), dgid: Gid::from_ip(dst.ip()), traffic_class: 0, hop_limit: 64 },
+        bad_icrc,
+        icrc_unverified,
+    }
+}

@@ -1,0 +1,287 @@
+//! Two processes on one host talking RoCEv2 over UDP: the test re-runs its own executable as
+//! the peer (`--peer`), exchanging QP numbers, PSNs and memory keys over the child's stdin and
+//! stdout, as the pingpong tools do over TCP.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::Ipv4Addr;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use softverbs::*;
+
+const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
+    .union(AccessFlags::REMOTE_WRITE)
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_ATOMIC);
+const LEN: usize = 1 << 20;
+
+/// One side: a context, an RC QP and a 1 MiB region.
+struct Side {
+    ctx: Context,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+    mr: MemoryRegion,
+    gid_index: u8,
+}
+
+/// What a side tells its peer.
+#[derive(Debug, Clone, Copy)]
+struct Info {
+    qpn: u32,
+    addr: u64,
+    rkey: u32,
+}
+
+impl Info {
+    fn line(&self) -> String {
+        format!("{} {} {}\n", self.qpn, self.addr, self.rkey)
+    }
+
+    fn parse(line: &str) -> Self {
+        let v: Vec<u64> = line.split_whitespace().map(|t| t.parse().expect("number")).collect();
+        Self { qpn: v[0] as u32, addr: v[1], rkey: v[2] as u32 }
+    }
+}
+
+fn side(qp_type: QpType) -> Side {
+    let ctx = common::lo();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(1024, None, 0).unwrap();
+    let mut init = QpInit::new(qp_type, &cq);
+    init.cap.max_send_wr = 256;
+    init.cap.max_recv_wr = 256;
+    let qp = pd.create_qp(&init).unwrap();
+    let mr = pd.register(LEN, ALL).unwrap();
+    let gid_index = (0..16).find(|&i| ctx.query_gid(1, i).unwrap() == Gid::from(Ipv4Addr::LOCALHOST)).unwrap() as u8;
+    Side { ctx, pd, cq, qp, mr, gid_index }
+}
+
+impl Side {
+    fn info(&self) -> Info {
+        Info { qpn: self.qp.qp_num(), addr: self.mr.addr(), rkey: self.mr.rkey() }
+    }
+
+    /// RC/UC: INIT, RTR (to `peer`) and RTS with a short ACK timeout and `retry_cnt` retries.
+    fn connect(&self, peer: u32, retry_cnt: u8) {
+        let qp = &self.qp;
+        let init = QpAttr { qp_state: QpState::Init, port_num: 1, qp_access_flags: ALL - AccessFlags::LOCAL_WRITE, qkey: 0x11, ..Default::default() };
+        let extra = if qp.qp_type() == QpType::Ud { QpAttrMask::QKEY } else { QpAttrMask::ACCESS_FLAGS };
+        qp.modify(&init, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | extra).unwrap();
+        if qp.qp_type() == QpType::Ud {
+            qp.modify(&QpAttr { qp_state: QpState::Rtr, ..Default::default() }, QpAttrMask::STATE).unwrap();
+            qp.modify(&QpAttr { qp_state: QpState::Rts, ..Default::default() }, QpAttrMask::STATE | QpAttrMask::SQ_PSN).unwrap();
+            return;
+        }
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: Mtu::Mtu4096,
+            dest_qp_num: peer,
+            rq_psn: 0xFF_FFF0, // wraps around during the test
+            max_dest_rd_atomic: 16,
+            min_rnr_timer: 1,
+            ah_attr: AhAttr {
+                grh: GlobalRoute { dgid: Gid::from(Ipv4Addr::LOCALHOST), sgid_index: self.gid_index, hop_limit: 64, ..Default::default() },
+                is_global: true,
+                port_num: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        qp.modify(
+            &rtr,
+            QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN | QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER,
+        )
+        .unwrap();
+        let rts = QpAttr { qp_state: QpState::Rts, sq_psn: 0xFF_FFF0, timeout: 12, retry_cnt, rnr_retry: 7, max_rd_atomic: 16, ..Default::default() };
+        qp.modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN | QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC).unwrap();
+    }
+
+    fn wait(&self, n: usize, limit: Duration) -> Vec<WorkCompletion> {
+        let deadline = Instant::now() + limit;
+        let mut got = Vec::new();
+        let mut wc = [WorkCompletion::default(); 32];
+        while got.len() < n && Instant::now() < deadline {
+            let k = self.cq.poll(&mut wc);
+            got.extend_from_slice(&wc[..k]);
+        }
+        got
+    }
+}
+
+fn req(wr_id: u64, op: SendOp, sges: Vec<Sge>) -> SendRequest {
+    SendRequest { wr_id, op, flags: SendFlags::SIGNALED, payload: Payload::Sges(sges), ud: None }
+}
+
+fn pattern(seed: u8) -> Vec<u8> {
+    (0..LEN).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+/// The peer process: reads a command and the parent's info, answers with its own, then does
+/// what the command says.
+fn peer() {
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines().map(|l| l.unwrap());
+    let cmd = lines.next().unwrap();
+    let qp_type = if cmd.starts_with("ud") { QpType::Ud } else { QpType::Rc };
+    let s = side(qp_type);
+    let parent = Info::parse(&lines.next().unwrap());
+    s.mr.write(0, &pattern(7)).unwrap();
+    print!("{}", s.info().line());
+    std::io::stdout().flush().unwrap();
+    s.connect(parent.qpn, 7);
+    match cmd.as_str() {
+        // Receive one SEND, then stay passive while the parent reads and writes our memory.
+        "rc" => {
+            s.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: vec![s.mr.sge(0..LEN).unwrap()] }]).unwrap();
+            let c = s.wait(1, Duration::from_secs(20));
+            assert_eq!(c.len(), 1, "no SEND arrived");
+            assert_eq!((c[0].status, c[0].byte_len), (WcStatus::Success, LEN as u32));
+            let ok = s.mr.to_vec() == pattern(1);
+            println!("recv {ok}");
+            // Now do nothing at all until told to check: one-sided operations must progress.
+            let line = lines.next().unwrap();
+            assert_eq!(line, "check");
+            println!("mem {}", s.mr.to_vec()[..LEN / 2] == pattern(2)[..LEN / 2]);
+        }
+        // Stay silent: the parent kills us mid-transfer.
+        "victim" => {
+            let _ = lines.next();
+        }
+        "ud" => {
+            s.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: vec![s.mr.sge(0..4096).unwrap()] }]).unwrap();
+            println!("ready");
+            let c = s.wait(1, Duration::from_secs(20));
+            let mut payload = [0u8; 5];
+            s.mr.read(40, &mut payload).unwrap();
+            println!("ud {} {} {}", c.len(), c.first().map_or(0, |w| w.src_qp), String::from_utf8_lossy(&payload));
+        }
+        other => panic!("unknown command {other}"),
+    }
+}
+
+struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Peer {
+    fn spawn(cmd: &str, me: Info) -> (Self, Info) {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .arg("--peer")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        write!(stdin, "{cmd}\n{}", me.line()).unwrap();
+        let mut p = Self { child, stdin, stdout };
+        let info = Info::parse(&p.line());
+        (p, info)
+    }
+
+    fn line(&mut self) -> String {
+        let mut l = String::new();
+        self.stdout.read_line(&mut l).unwrap();
+        l.trim().to_string()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn rc_between_processes() {
+    let s = side(QpType::Rc);
+    let (mut p, peer) = Peer::spawn("rc", s.info());
+    s.connect(peer.qpn, 7);
+    assert!(s.ctx.udp_status().is_some(), "the UDP driver runs");
+    // SEND 1 MiB.
+    s.mr.write(0, &pattern(1)).unwrap();
+    s.qp.post_send(&[req(1, SendOp::Send { imm: None, invalidate: None }, vec![s.mr.sge(0..LEN).unwrap()])]).unwrap();
+    let c = s.wait(1, Duration::from_secs(20));
+    assert_eq!(c[0].status, WcStatus::Success);
+    assert_eq!(p.line(), "recv true", "the peer got the SEND byte-exact");
+    // RDMA READ 1 MiB from the passive peer, then WRITE half of it.
+    s.qp.post_send(&[req(2, SendOp::Read { remote: RemoteAddr { addr: peer.addr, rkey: peer.rkey } }, vec![s.mr.sge(0..LEN).unwrap()])]).unwrap();
+    let c = s.wait(1, Duration::from_secs(20));
+    assert_eq!(c[0].status, WcStatus::Success, "{c:?}");
+    // The peer wrote pattern(1) into its region by receiving our SEND.
+    assert_eq!(s.mr.to_vec(), pattern(1), "READ is byte-exact");
+    s.mr.write(0, &pattern(2)).unwrap();
+    s.qp.post_send(&[req(3, SendOp::Write { remote: RemoteAddr { addr: peer.addr, rkey: peer.rkey }, imm: None }, vec![s.mr.sge(0..LEN / 2).unwrap()])]).unwrap();
+    assert_eq!(s.wait(1, Duration::from_secs(20))[0].status, WcStatus::Success);
+    // Atomics on the peer's first word.
+    let faa = SendOp::FetchAdd { remote: RemoteAddr { addr: peer.addr + 8 * 1024, rkey: peer.rkey }, add: 1 };
+    s.qp.post_send(&[req(4, faa, vec![s.mr.sge(LEN - 8..LEN).unwrap()])]).unwrap();
+    assert_eq!(s.wait(1, Duration::from_secs(20))[0].status, WcStatus::Success);
+    writeln!(p.stdin, "check").unwrap();
+    let expect_first_half_is_pattern2 = p.line();
+    // The atomic changed one word of the written half.
+    assert_eq!(expect_first_half_is_pattern2, "mem false");
+    let counters = s.ctx.counters();
+    // 256 SEND + 128 WRITE packets out, 256 READ responses in, each ICRC checked.
+    assert!(counters.tx_packets >= 384 && counters.rx_packets >= 256, "{counters:?}");
+    assert_eq!((counters.rx_bad_icrc, counters.rx_icrc_unverified, counters.rx_malformed), (0, 0, 0));
+}
+
+fn peer_killed_gives_retry_exceeded() {
+    let s = side(QpType::Rc);
+    let (mut p, peer) = Peer::spawn("victim", s.info());
+    s.connect(peer.qpn, 3);
+    p.child.kill().unwrap();
+    p.child.wait().unwrap();
+    let start = Instant::now();
+    let remote = RemoteAddr { addr: peer.addr, rkey: peer.rkey };
+    s.qp.post_send(&[
+        req(1, SendOp::Write { remote, imm: None }, vec![s.mr.sge(0..LEN).unwrap()]),
+        req(2, SendOp::Write { remote, imm: None }, vec![s.mr.sge(0..8).unwrap()]),
+    ])
+    .unwrap();
+    let c = s.wait(2, Duration::from_secs(10));
+    // timeout 12 = 16.8 ms per try, 1 + 3 tries.
+    assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
+    assert_eq!(c.len(), 2, "{c:?}");
+    assert_eq!(c[0].status, WcStatus::RetryExcErr);
+    assert_eq!(c[1].status, WcStatus::WrFlushErr);
+    assert_eq!(s.qp.state(), QpState::Err);
+}
+
+fn ud_between_processes() {
+    let s = side(QpType::Ud);
+    let (mut p, peer) = Peer::spawn("ud", s.info());
+    s.connect(0, 0);
+    assert_eq!(p.line(), "ready");
+    let ah = s.pd.create_ah(&common::ah_attr(&s.ctx)).unwrap();
+    s.mr.write(0, b"hello").unwrap();
+    let r = SendRequest { ud: Some(ah.ud_address(peer.qpn, 0x11)), ..req(1, SendOp::Send { imm: None, invalidate: None }, vec![s.mr.sge(0..5).unwrap()]) };
+    s.qp.post_send(&[r]).unwrap();
+    assert_eq!(p.line(), format!("ud 1 {} hello", s.qp.qp_num()));
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--peer") {
+        peer();
+        return;
+    }
+    let tests: [(&str, fn()); 3] = [
+        ("rc_between_processes", rc_between_processes),
+        ("peer_killed_gives_retry_exceeded", peer_killed_gives_retry_exceeded),
+        ("ud_between_processes", ud_between_processes),
+    ];
+    let mut failed = 0;
+    for (name, t) in tests {
+        let ok = std::panic::catch_unwind(t).is_ok();
+        println!("test two_process::{name} ... {}", if ok { "ok" } else { "FAILED" });
+        failed += usize::from(!ok);
+    }
+    println!("{} passed, {} failed", tests.len() - failed, failed);
+    std::process::exit(i32::from(failed > 0));
+}
