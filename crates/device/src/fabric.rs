@@ -301,9 +301,12 @@ impl Fabric {
     }
 
     fn live_nodes(&self) -> Vec<Arc<Node>> {
-        let mut nodes = self.nodes.write();
-        nodes.retain(|n| n.strong_count() > 0);
-        nodes.iter().filter_map(Weak::upgrade).collect()
+        let nodes: Vec<Arc<Node>> = self.nodes.read().iter().filter_map(Weak::upgrade).collect();
+        if nodes.len() < self.nodes.read().len() {
+            // Devices were dropped: forget them (rare, so the hot path only reads).
+            self.nodes.write().retain(|n| n.strong_count() > 0);
+        }
+        nodes
     }
 
     /// Tells the progress thread about a deadline, waking it if it would sleep past it.
@@ -365,25 +368,23 @@ impl Fabric {
             } else {
                 nodes.iter().filter(|n| n.has_gid(&tx.dest.dgid) && n.has_qp(qpn)).take(1).collect()
             };
-            if targets.is_empty() || qpn == MULTICAST_QPN {
-                // Not (only) for this process: out over UDP.
-                let sent = match self.udp() {
-                    Some(u) => {
-                        let mut data = tx.data.clone();
-                        u.send(meta.sgid.to_ip(), tx.dest.dgid.to_ip(), from.ifindex, qpn, &mut data)
-                    }
-                    None => false,
-                };
-                if targets.is_empty() {
-                    if !sent {
-                        bump(&from.counters.tx_unroutable);
-                    }
-                    continue;
-                }
-            }
             if targets.is_empty() {
-                bump(&from.counters.tx_unroutable);
+                // Not for this process: out over UDP.
+                let mut data = tx.data;
+                let sent = self
+                    .udp()
+                    .is_some_and(|u| u.send(meta.sgid.to_ip(), tx.dest.dgid.to_ip(), from.ifindex, qpn, &mut data));
+                if !sent {
+                    bump(&from.counters.tx_unroutable);
+                }
                 continue;
+            }
+            if qpn == MULTICAST_QPN {
+                // Members may live in other processes and hosts too.
+                if let Some(u) = self.udp() {
+                    let mut data = tx.data.clone();
+                    u.send(meta.sgid.to_ip(), tx.dest.dgid.to_ip(), from.ifindex, qpn, &mut data);
+                }
             }
             let (last, rest) = targets.split_last().expect("non-empty");
             for n in rest {

@@ -63,6 +63,19 @@ fn udp_socket(family: AddressFamily) -> nix::Result<OwnedFd> {
     socket(family, SockType::Datagram, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None)
 }
 
+/// Socket buffers big enough for a full send window of every QP: a receive buffer that
+/// overflows turns into go-back-N retransmissions. The `FORCE` variants pass `net.core.rmem_max`
+/// when allowed (root); otherwise the plain ones get what the system permits.
+fn big_buffers(fd: &OwnedFd) {
+    const SIZE: usize = 16 << 20;
+    if setsockopt(fd, sockopt::RcvBufForce, &SIZE).is_err() {
+        let _ = setsockopt(fd, sockopt::RcvBuf, &SIZE);
+    }
+    if setsockopt(fd, sockopt::SndBufForce, &SIZE).is_err() {
+        let _ = setsockopt(fd, sockopt::SndBuf, &SIZE);
+    }
+}
+
 impl Sockets {
     fn bind(port: u16) -> nix::Result<Self> {
         let v4 = udp_socket(AddressFamily::Inet)?;
@@ -70,15 +83,13 @@ impl Sockets {
         // Ask for DF and thereby IP ID 0: the ICRC covers the ID.
         rustix::net::sockopt::set_ip_mtu_discover(&v4, rustix::net::sockopt::Ipv4PathMtuDiscovery::DO)
             .map_err(|e| Errno::from_raw(e.raw_os_error()))?;
-        let _ = setsockopt(&v4, sockopt::RcvBuf, &(8 << 20));
-        let _ = setsockopt(&v4, sockopt::SndBuf, &(8 << 20));
+        big_buffers(&v4);
         bind(v4.as_raw_fd(), &SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)))?;
         let v6 = (|| -> nix::Result<OwnedFd> {
             let v6 = udp_socket(AddressFamily::Inet6)?;
             setsockopt(&v6, sockopt::Ipv6V6Only, &true)?;
             setsockopt(&v6, sockopt::Ipv6RecvPacketInfo, &true)?;
-            let _ = setsockopt(&v6, sockopt::RcvBuf, &(8 << 20));
-            let _ = setsockopt(&v6, sockopt::SndBuf, &(8 << 20));
+            big_buffers(&v6);
             bind(v6.as_raw_fd(), &SockaddrIn6::from(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0)))?;
             Ok(v6)
         })();

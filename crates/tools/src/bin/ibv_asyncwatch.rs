@@ -1,0 +1,47 @@
+//! `ibv_asyncwatch`: prints a device's async events as they arrive.
+
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use softverbs_tools::{asyncwatch, cli, OrFail, ToolError};
+
+/// Watch the async events of an RDMA device, printing one line per event until killed.
+#[derive(Parser, Debug)]
+#[command(version)]
+struct Args {
+    /// Use RDMA device DEV (default: the first device found)
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    ib_dev: Option<String>,
+    /// Exit after N events (softverbs extension)
+    #[arg(long = "count", value_name = "N", value_parser = cli::parse_c_int::<u64>)]
+    count: Option<u64>,
+    /// Exit after SECS seconds (softverbs extension)
+    #[arg(long = "timeout", value_name = "SECS")]
+    timeout: Option<f64>,
+}
+
+fn main() -> ExitCode {
+    let args: Args = cli::parse_args();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => cli::fail("ibv_asyncwatch", &e),
+    }
+}
+
+fn run(args: &Args) -> Result<(), ToolError> {
+    let timeout = match args.timeout {
+        Some(s) => Some(Duration::try_from_secs_f64(s).or_fail("--timeout")?),
+        None => None,
+    };
+    let dev = cli::find_device(args.ib_dev.as_deref())?;
+    let ctx = dev.open().or_fail(&format!("Couldn't get context for {}", dev.name()))?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    writeln!(out, "{}: async event FD {}", dev.name(), ctx.as_fd().as_raw_fd()).or_fail("write")?;
+    out.flush().or_fail("write")?;
+    asyncwatch::watch(&ctx, args.count, timeout, &mut out)?;
+    Ok(())
+}
