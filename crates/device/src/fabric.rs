@@ -234,6 +234,8 @@ pub(crate) struct Fabric {
     wake: Condvar,
     qpns: Mutex<(u32, HashSet<u32>)>,
     udp: OnceLock<Option<Arc<Udp>>>,
+    /// When an application thread last polled an empty CQ (engine nanoseconds).
+    app_poll_at: AtomicU64,
 }
 
 /// QPNs 0 and 1 are the special management QPs; ordinary QPs start above them, as on hardware.
@@ -255,16 +257,30 @@ pub(crate) fn fabric() -> &'static Fabric {
             wake: Condvar::new(),
             qpns: Mutex::new((FIRST_QPN, HashSet::new())),
             udp: OnceLock::new(),
+            app_poll_at: AtomicU64::new(0),
         }
     })
 }
 
+/// How recently an application thread must have polled for the receive thread to leave the
+/// socket to it.
+const APP_POLLING: Duration = Duration::from_micros(200);
+
 fn receive_thread(udp: &Udp) {
     let f = fabric();
     loop {
+        // An application thread busy polling a CQ reads the socket itself, with no thread
+        // hand-off; competing with it for the two ends of a datagram only adds latency.
         // Wakes at least once a second to take over the standard port if it was freed.
-        let batch = udp.receive(Some(Duration::from_secs(1)));
-        f.ingest(batch);
+        if !udp.wait_readable(Duration::from_secs(1)) {
+            continue;
+        }
+        let since = f.now().as_nanos().saturating_sub(f.app_poll_at.load(Ordering::Relaxed));
+        if since < APP_POLLING.as_nanos() as u64 {
+            std::thread::sleep(APP_POLLING);
+            continue;
+        }
+        f.ingest(udp.receive());
     }
 }
 
@@ -336,6 +352,7 @@ impl Fabric {
     /// transport deadline has passed, runs the timers (so busy polling does not wait for the
     /// progress thread to be scheduled).
     pub(crate) fn progress(&self, now: Instant) {
+        self.app_poll_at.store(now.as_nanos(), Ordering::Relaxed);
         if let Some(batch) = self.udp().and_then(|u| u.try_receive()) {
             self.ingest(batch);
         }
@@ -348,13 +365,16 @@ impl Fabric {
         }
     }
 
-    /// Routes packets from `from` to their destination nodes.
+    /// Routes packets from `from` to their destination nodes: to a node of this process, or out
+    /// over UDP (runs of packets to one destination QP leave in one batch).
     pub(crate) fn send_all(&self, from: &Node, txs: Vec<Transmit>) {
         if txs.is_empty() {
             return;
         }
         let nodes = self.live_nodes();
-        for tx in txs {
+        // Packets for other processes, grouped by (source GID, destination GID, QP).
+        let mut remote: Vec<((Gid, Gid, u32), Vec<Vec<u8>>)> = Vec::new();
+        for mut tx in txs {
             bump(&from.counters.tx_packets);
             let meta = RxMeta {
                 sgid: from.gids.get(usize::from(tx.dest.sgid_index)).copied().unwrap_or(Gid::ZERO),
@@ -368,22 +388,17 @@ impl Fabric {
             } else {
                 nodes.iter().filter(|n| n.has_gid(&tx.dest.dgid) && n.has_qp(qpn)).take(1).collect()
             };
-            if targets.is_empty() {
-                // Not for this process: out over UDP.
-                let mut data = tx.data;
-                let sent = self
-                    .udp()
-                    .is_some_and(|u| u.send(meta.sgid.to_ip(), tx.dest.dgid.to_ip(), from.ifindex, qpn, &mut data));
-                if !sent {
-                    bump(&from.counters.tx_unroutable);
+            // Multicast members may live in other processes and hosts too.
+            if targets.is_empty() || qpn == MULTICAST_QPN {
+                let key = (meta.sgid, tx.dest.dgid, qpn);
+                let only_remote = targets.is_empty();
+                let data = if only_remote { std::mem::take(&mut tx.data) } else { tx.data.clone() };
+                match remote.last_mut() {
+                    Some((k, batch)) if *k == key => batch.push(data),
+                    _ => remote.push((key, vec![data])),
                 }
-                continue;
-            }
-            if qpn == MULTICAST_QPN {
-                // Members may live in other processes and hosts too.
-                if let Some(u) = self.udp() {
-                    let mut data = tx.data.clone();
-                    u.send(meta.sgid.to_ip(), tx.dest.dgid.to_ip(), from.ifindex, qpn, &mut data);
+                if only_remote {
+                    continue;
                 }
             }
             let (last, rest) = targets.split_last().expect("non-empty");
@@ -391,6 +406,14 @@ impl Fabric {
                 n.deliver(Packet { data: tx.data.clone(), meta });
             }
             last.deliver(Packet { data: tx.data, meta });
+        }
+        for ((sgid, dgid, qpn), mut batch) in remote {
+            let sent = self.udp().map_or(0, |u| u.send(sgid.to_ip(), dgid.to_ip(), from.ifindex, qpn, &mut batch));
+            if qpn != MULTICAST_QPN {
+                for _ in sent..batch.len() {
+                    bump(&from.counters.tx_unroutable);
+                }
+            }
         }
     }
 

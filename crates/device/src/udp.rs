@@ -37,8 +37,12 @@ use softverbs_wire::icrc;
 const FORWARD_MAGIC: [u8; 4] = *b"SVFW";
 /// Magic, source address and port, destination address.
 const FORWARD_HEADER: usize = 4 + 16 + 2 + 16;
-/// Largest datagram accepted.
-const MAX_DATAGRAM: usize = 9216;
+/// Largest receive: a GRO-coalesced batch of datagrams.
+const MAX_DATAGRAM: usize = 65536;
+/// Most datagrams sent in one GSO batch (the kernel's limit is 64).
+const GSO_MAX_SEGMENTS: usize = 64;
+/// Most bytes in one GSO batch (the UDP payload limit).
+const GSO_MAX_BYTES: usize = 65_000;
 
 /// What the receive side hands to the fabric.
 #[derive(Debug)]
@@ -80,6 +84,8 @@ impl Sockets {
     fn bind(port: u16) -> nix::Result<Self> {
         let v4 = udp_socket(AddressFamily::Inet)?;
         setsockopt(&v4, sockopt::Ipv4PacketInfo, &true)?;
+        // Receive batches of datagrams in one call where the kernel can coalesce them.
+        let _ = setsockopt(&v4, sockopt::UdpGroSegment, &true);
         // Ask for DF and thereby IP ID 0: the ICRC covers the ID.
         rustix::net::sockopt::set_ip_mtu_discover(&v4, rustix::net::sockopt::Ipv4PathMtuDiscovery::DO)
             .map_err(|e| Errno::from_raw(e.raw_os_error()))?;
@@ -89,6 +95,7 @@ impl Sockets {
             let v6 = udp_socket(AddressFamily::Inet6)?;
             setsockopt(&v6, sockopt::Ipv6V6Only, &true)?;
             setsockopt(&v6, sockopt::Ipv6RecvPacketInfo, &true)?;
+            let _ = setsockopt(&v6, sockopt::UdpGroSegment, &true);
             big_buffers(&v6);
             bind(v6.as_raw_fd(), &SockaddrIn6::from(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0)))?;
             Ok(v6)
@@ -116,6 +123,8 @@ pub(crate) struct Udp {
     forwarder: Mutex<Option<Arc<Sockets>>>,
     last_takeover_try: Mutex<StdInstant>,
     rx: Mutex<RxBuffers>,
+    /// Whether the kernel accepts UDP segmentation offload (GSO) sends.
+    gso: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug)]
@@ -142,7 +151,8 @@ impl Udp {
             own,
             forwarder: Mutex::new(Sockets::bind(base).ok().map(Arc::new)),
             last_takeover_try: Mutex::new(StdInstant::now()),
-            rx: Mutex::new(RxBuffers { data: vec![0u8; MAX_DATAGRAM], cmsg: nix::cmsg_space!(libc::in6_pktinfo) }),
+            rx: Mutex::new(RxBuffers { data: vec![0u8; MAX_DATAGRAM], cmsg: nix::cmsg_space!(libc::in6_pktinfo, i32) }),
+            gso: std::sync::atomic::AtomicBool::new(true),
         });
         tracing::debug!(slot, port = udp.own.port, forwarder = udp.forwarder.lock().is_some(), "UDP driver up");
         Some(udp)
@@ -170,9 +180,11 @@ impl Udp {
         }
     }
 
-    /// Sends one RoCE packet (BTH..ICRC) from `src` to `dst` for destination QP `dest_qpn`,
-    /// filling in the ICRC. `scope` is the interface index for link-local IPv6 addresses.
-    pub(crate) fn send(&self, src: IpAddr, dst: IpAddr, scope: u32, dest_qpn: u32, data: &mut [u8]) -> bool {
+    /// Sends RoCE packets (BTH..ICRC) from `src` to `dst` for destination QP `dest_qpn`,
+    /// filling in their ICRCs. Runs of equal-sized packets go out as one GSO batch: one system
+    /// call, segmented by the kernel. `scope` is the interface index for link-local IPv6.
+    /// Returns how many were handed to the kernel.
+    pub(crate) fn send(&self, src: IpAddr, dst: IpAddr, scope: u32, dest_qpn: u32, packets: &mut [Vec<u8>]) -> usize {
         let slot = slot_of(dest_qpn);
         let port = if slot == 0 || dest_qpn == crate::fabric::MULTICAST_QPN {
             self.base
@@ -181,15 +193,48 @@ impl Udp {
         };
         let src_sa = SocketAddr::new(src, self.own.port);
         let dst_sa = SocketAddr::new(dst, port);
-        if icrc::fill(src_sa, dst_sa, data).is_err() {
-            return false;
+        for p in packets.iter_mut() {
+            // Only a packet too short to hold a BTH fails here; it is dropped below.
+            let _ = icrc::fill(src_sa, dst_sa, p);
         }
-        self.send_raw(src, dst_sa, scope, &[data])
+        let mut sent = 0;
+        let mut rest: &[Vec<u8>] = packets;
+        while !rest.is_empty() {
+            let seg = rest[0].len();
+            let mut n = 1;
+            let mut bytes = seg;
+            // A batch: equal sizes, except that the last may be shorter.
+            while n < rest.len() && n < GSO_MAX_SEGMENTS && bytes + rest[n].len() <= GSO_MAX_BYTES && rest[n - 1].len() == seg
+                && rest[n].len() <= seg
+            {
+                bytes += rest[n].len();
+                n += 1;
+            }
+            let batch = &rest[..n];
+            let use_gso = n > 1 && self.gso.load(std::sync::atomic::Ordering::Relaxed);
+            if use_gso {
+                let parts: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
+                if self.send_raw(src, dst_sa, scope, &parts, Some(seg as u16)) {
+                    sent += n;
+                    rest = &rest[n..];
+                    continue;
+                }
+                // Without GSO support, fall back to one datagram per call from now on.
+                self.gso.store(false, std::sync::atomic::Ordering::Relaxed);
+            }
+            for p in batch {
+                sent += usize::from(self.send_raw(src, dst_sa, scope, &[p], None));
+            }
+            rest = &rest[n..];
+        }
+        sent
     }
 
-    fn send_raw(&self, src: IpAddr, dst: SocketAddr, scope: u32, parts: &[&[u8]]) -> bool {
+    fn send_raw(&self, src: IpAddr, dst: SocketAddr, scope: u32, parts: &[&[u8]], gso: Option<u16>) -> bool {
         let Some(fd) = self.socket_for(&dst.ip()) else { return false };
         let iov: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
+        let gso_size = gso.unwrap_or(0);
+        let gso_cmsg = ControlMessage::UdpGsoSegments(&gso_size);
         let r = match (src, dst) {
             (IpAddr::V4(s), SocketAddr::V4(d)) => {
                 let info = libc::in_pktinfo {
@@ -197,7 +242,9 @@ impl Udp {
                     ipi_spec_dst: libc::in_addr { s_addr: u32::from_ne_bytes(s.octets()) },
                     ipi_addr: libc::in_addr { s_addr: 0 },
                 };
-                sendmsg(fd.as_raw_fd(), &iov, &[ControlMessage::Ipv4PacketInfo(&info)], MsgFlags::empty(), Some(&SockaddrIn::from(d)))
+                let info_cmsg = ControlMessage::Ipv4PacketInfo(&info);
+                let cmsgs: &[ControlMessage<'_>] = if gso.is_some() { &[info_cmsg, gso_cmsg] } else { &[info_cmsg] };
+                sendmsg(fd.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), Some(&SockaddrIn::from(d)))
             }
             (IpAddr::V6(s), SocketAddr::V6(d)) => {
                 let link_local = (d.ip().segments()[0] & 0xffc0) == 0xfe80;
@@ -206,7 +253,9 @@ impl Udp {
                     ipi6_addr: libc::in6_addr { s6_addr: s.octets() },
                     ipi6_ifindex: if link_local { scope } else { 0 },
                 };
-                sendmsg(fd.as_raw_fd(), &iov, &[ControlMessage::Ipv6PacketInfo(&info)], MsgFlags::empty(), Some(&SockaddrIn6::from(d)))
+                let info_cmsg = ControlMessage::Ipv6PacketInfo(&info);
+                let cmsgs: &[ControlMessage<'_>] = if gso.is_some() { &[info_cmsg, gso_cmsg] } else { &[info_cmsg] };
+                sendmsg(fd.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), Some(&SockaddrIn6::from(d)))
             }
             _ => return false,
         };
@@ -219,33 +268,32 @@ impl Udp {
         }
     }
 
-    /// Waits up to `timeout` for datagrams and returns those that arrived (possibly none).
-    pub(crate) fn receive(&self, timeout: Option<Duration>) -> Vec<Datagram> {
-        if timeout.is_some() {
-            self.maybe_take_over();
+    /// Waits up to `timeout` until a datagram can be read; false on timeout.
+    pub(crate) fn wait_readable(&self, timeout: Duration) -> bool {
+        self.maybe_take_over();
+        let fwd = self.forwarder.lock().clone();
+        let mut pfds: Vec<PollFd<'_>> = self.own.fds().map(|f| PollFd::new(f.as_fd(), PollFlags::POLLIN)).collect();
+        if let Some(f) = fwd.as_ref() {
+            pfds.extend(f.fds().map(|f| PollFd::new(f.as_fd(), PollFlags::POLLIN)));
         }
+        let ms = PollTimeout::try_from(timeout.as_millis().min(60_000) as i32).unwrap_or(PollTimeout::MAX);
+        matches!(poll(&mut pfds, ms), Ok(n) if n > 0)
+    }
+
+    /// Reads every datagram waiting, without blocking.
+    pub(crate) fn receive(&self) -> Vec<Datagram> {
         let fwd = self.forwarder.lock().clone();
         let mut fds: Vec<(&OwnedFd, bool)> = self.own.fds().map(|f| (f, false)).collect();
         if let Some(f) = fwd.as_ref() {
             fds.extend(f.fds().map(|f| (f, true)));
-        }
-        if let Some(t) = timeout {
-            let mut pfds: Vec<PollFd<'_>> = fds.iter().map(|(f, _)| PollFd::new(f.as_fd(), PollFlags::POLLIN)).collect();
-            let ms = PollTimeout::try_from(t.as_millis().min(60_000) as i32).unwrap_or(PollTimeout::MAX);
-            match poll(&mut pfds, ms) {
-                Ok(0) | Err(_) => return Vec::new(),
-                Ok(_) => {}
-            }
         }
         let mut out = Vec::new();
         let mut rx = self.rx.lock();
         for (fd, is_forwarder) in fds {
             // Bounded, so one busy socket does not starve the others.
             for _ in 0..256 {
-                match self.recv_one(fd, is_forwarder, &mut rx) {
-                    Some(Some(d)) => out.push(d),
-                    Some(None) => {}
-                    None => break,
+                if !self.recv_one(fd, is_forwarder, &mut rx, &mut out) {
+                    break;
                 }
             }
         }
@@ -257,21 +305,20 @@ impl Udp {
     pub(crate) fn try_receive(&self) -> Option<Vec<Datagram>> {
         let rx = self.rx.try_lock()?;
         drop(rx);
-        Some(self.receive(None))
+        Some(self.receive())
     }
 
-    /// Reads one datagram: `None` when the socket is empty, `Some(None)` for one consumed
-    /// without result (forwarded or garbage).
-    fn recv_one(&self, fd: &OwnedFd, is_forwarder: bool, rx: &mut RxBuffers) -> Option<Option<Datagram>> {
+    /// Reads one datagram, or one GRO batch of them, into `out`; false when the socket is empty.
+    fn recv_one(&self, fd: &OwnedFd, is_forwarder: bool, rx: &mut RxBuffers, out: &mut Vec<Datagram>) -> bool {
         let RxBuffers { data, cmsg } = rx;
         cmsg.clear();
         let mut iov = [IoSliceMut::new(&mut data[..])];
         let msg = match recvmsg::<SockaddrStorage>(fd.as_raw_fd(), &mut iov, Some(cmsg), MsgFlags::empty()) {
             Ok(m) => m,
-            Err(Errno::EAGAIN) => return None,
+            Err(Errno::EAGAIN) => return false,
             Err(e) => {
                 tracing::debug!(error = %e, "UDP receive failed");
-                return None;
+                return false;
             }
         };
         let len = msg.bytes;
@@ -281,9 +328,11 @@ impl Udp {
             })
         });
         let mut dst_ip = None;
+        let mut segment = len;
         if let Ok(cmsgs) = msg.cmsgs() {
             for c in cmsgs {
                 match c {
+                    ControlMessageOwned::UdpGroSegments(size) if size > 0 => segment = size as usize,
                     ControlMessageOwned::Ipv4PacketInfo(i) => {
                         dst_ip = Some(IpAddr::V4(Ipv4Addr::from(i.ipi_addr.s_addr.to_ne_bytes())));
                     }
@@ -294,8 +343,15 @@ impl Udp {
                 }
             }
         }
-        let (Some(src), Some(dst_ip)) = (src, dst_ip) else { return Some(None) };
-        let bytes = &data[..len];
+        let (Some(src), Some(dst_ip)) = (src, dst_ip) else { return true };
+        for bytes in data[..len].chunks(segment.max(1)) {
+            self.accept(src, dst_ip, is_forwarder, bytes, out);
+        }
+        true
+    }
+
+    /// Handles one received datagram: unwraps forwarded ones, forwards those of other slots.
+    fn accept(&self, src: SocketAddr, dst_ip: IpAddr, is_forwarder: bool, bytes: &[u8], out: &mut Vec<Datagram>) {
         let port = if is_forwarder { self.base } else { self.own.port };
 
         if bytes.len() >= FORWARD_HEADER && bytes[..4] == FORWARD_MAGIC {
@@ -306,17 +362,18 @@ impl Udp {
             };
             let orig_src = SocketAddr::new(ip(&bytes[4..20]), u16::from_be_bytes([bytes[20], bytes[21]]));
             let orig_dst = SocketAddr::new(ip(&bytes[22..38]), self.base);
-            return Some(Some(datagram(orig_src, orig_dst, &bytes[FORWARD_HEADER..])));
+            out.push(datagram(orig_src, orig_dst, &bytes[FORWARD_HEADER..]));
+            return;
         }
         if is_forwarder {
             let qpn = bytes.get(5..8).map_or(0, |b| u32::from_be_bytes([0, b[0], b[1], b[2]]));
             let slot = slot_of(qpn);
             if slot != 0 && slot != self.slot && qpn != crate::fabric::MULTICAST_QPN {
                 self.forward(src, dst_ip, slot, bytes);
-                return Some(None);
+                return;
             }
         }
-        Some(Some(datagram(src, SocketAddr::new(dst_ip, port), bytes)))
+        out.push(datagram(src, SocketAddr::new(dst_ip, port), bytes));
     }
 
     fn forward(&self, src: SocketAddr, dst_ip: IpAddr, slot: u8, bytes: &[u8]) {
@@ -330,7 +387,7 @@ impl Udp {
         header[20..22].copy_from_slice(&src.port().to_be_bytes());
         header[22..38].copy_from_slice(&mapped(dst_ip));
         let to = SocketAddr::new(dst_ip, self.base.saturating_add(u16::from(slot)));
-        self.send_raw(dst_ip, to, 0, &[&header, bytes]);
+        self.send_raw(dst_ip, to, 0, &[&header, bytes], None);
     }
 
     /// Takes the standard port over when its holder has gone (checked at most once a second).

@@ -203,6 +203,25 @@ mod threads {
     }
 
     #[test]
+    fn check_reports_the_pages_a_client_without_the_pattern_left_unwritten() {
+        // As with rdma-core, only a client started with -c writes the pattern.
+        let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut cfg = config(Transport::Rc, false);
+        cfg.size = 2 * pingpong::CHECK_PAGE_SIZE;
+        cfg.iters = 10;
+        let mut unchecked = cfg.clone();
+        unchecked.check = false;
+        let server = thread::spawn(move || side(cfg, Role::Server, move || listener.accept().unwrap().0));
+        let client = side(unchecked, Role::Client, move || TcpStream::connect(addr).unwrap()).unwrap();
+        let server = server.join().unwrap().unwrap();
+        assert_eq!(server.report.invalid_pages, vec![0, 1]);
+        assert!(server.output.contains("invalid data in page 0\ninvalid data in page 1\n"), "{}", server.output);
+        assert!(client.report.invalid_pages.is_empty());
+    }
+
+    #[test]
     fn ud_size_above_the_mtu_is_refused() {
         let mut cfg = config(Transport::Ud, false);
         cfg.size = 8192;
@@ -503,7 +522,8 @@ mod two_processes {
 
     fn two_process_run(t: Transport, events: bool) {
         let port = free_port();
-        let mut common: Vec<String> = ["-d", "sv_lo", "-p", &port.to_string(), "-n", "200", "--timeout", "20"]
+        // -c on both sides: the client writes the pattern, the server checks it.
+        let mut common: Vec<String> = ["-d", "sv_lo", "-p", &port.to_string(), "-n", "200", "-c", "--timeout", "20"]
             .iter()
             .map(|s| s.to_string())
             .collect();
@@ -511,9 +531,7 @@ mod two_processes {
             common.push("-e".into());
         }
         let deadline = Instant::now() + BOUND;
-        let mut server_args = common.clone();
-        server_args.push("-c".into());
-        let server = Proc::spawn(t, &server_args);
+        let server = Proc::spawn(t, &common);
         // The server prints its address right before it listens.
         let first = server.lines.recv_timeout(BOUND).expect("the server started");
         assert!(first.contains("local address"), "{first}");

@@ -171,6 +171,7 @@ impl QpEngine {
             return;
         }
         let Some(idx) = self.wqe_index_of(psn) else { return };
+        if std::env::var_os("SV_DEBUG").is_some() { eprintln!("DBG qp {:#x} request_retry {} left {} unacked {} front {:?}", self.cfg.qpn, psn.value(), self.req.retry_left, self.req.unacked.value(), self.sq.front().map(|w| (w.wr.wr_id, w.first_psn.value(), w.npsn, w.resp_pkts, w.resp_count, w.done))); }
         if !self.spend_retry() {
             self.fail_wqe(idx, WcStatus::RetryExcErr);
             return;

@@ -837,6 +837,9 @@ impl Sim {
                 qp.events.push(ev);
             }
             if qp.engine.take_error_transition() {
+                if self.trace {
+                    eprintln!("{:>12} QP {id:?} entered ERR", now.0);
+                }
                 qp.attr.qp_state = QpState::Err;
                 qp.attr.cur_qp_state = QpState::Err;
             }
@@ -921,7 +924,12 @@ impl Sim {
                 let mut bytes = data.clone();
                 if self.rng.chance(self.net.corrupt_pct) {
                     self.stats.corrupted += 1;
-                    let i = self.rng.below(bytes.len() as u64) as usize;
+                    // Any byte but BTH byte 4 (FECN, BECN, reserved): switches may change that
+                    // one, so the ICRC deliberately does not cover it.
+                    let mut i = self.rng.below(bytes.len() as u64 - 1) as usize;
+                    if i >= 4 {
+                        i += 1;
+                    }
                     bytes[i] ^= 1 << self.rng.below(8);
                 }
                 let mut at = depart + self.net.latency_ns + extra;
@@ -999,7 +1007,20 @@ impl Sim {
             let Node { mem, qps, srqs, .. } = node;
             let qp = qps.get_mut(&qpn).expect("routed QP exists");
             let srq = qp.srq.map(|i| &mut srqs[i] as &mut dyn RecvSource);
-            if let Err(reason) = qp.engine.handle_packet(now, &pkt, &meta, mem, srq) {
+            let result = qp.engine.handle_packet(now, &pkt, &meta, mem, srq);
+            if self.trace {
+                eprintln!(
+                    "{:>12} deliver     node {} qp {:#x} {:<28} psn {:>8} {:?} -> {:?}",
+                    now.0,
+                    f.to_node,
+                    qpn,
+                    pkt.opcode().name(),
+                    pkt.repr.bth.psn.value(),
+                    pkt.repr.aeth.map(|a| a.syndrome),
+                    result
+                );
+            }
+            if let Err(reason) = result {
                 qp.drops.push(reason);
                 self.stats.engine_dropped += 1;
             }
@@ -1049,6 +1070,9 @@ impl Sim {
             }
             let due = self.qp(id).engine.poll_timeout().is_some_and(|t| t <= now);
             if due {
+                if self.trace {
+                    eprintln!("{:>12} timeout     {id:?}", now.0);
+                }
                 self.qp_mut(id).engine.handle_timeout(now);
                 self.pump(id);
             }
