@@ -211,7 +211,9 @@ impl Udp {
                 n += 1;
             }
             let batch = &rest[..n];
-            let use_gso = n > 1 && self.gso.load(std::sync::atomic::Ordering::Relaxed);
+            // Only to loopback addresses: on a real link a capture would show the unsegmented
+            // batch rather than the packets that go on the wire.
+            let use_gso = n > 1 && dst.is_loopback() && self.gso.load(std::sync::atomic::Ordering::Relaxed);
             if use_gso {
                 let parts: Vec<&[u8]> = batch.iter().map(Vec::as_slice).collect();
                 if self.send_raw(src, dst_sa, scope, &parts, Some(seg as u16)) {

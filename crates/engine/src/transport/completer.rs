@@ -163,15 +163,14 @@ impl QpEngine {
         true
     }
 
-    /// Resends from `psn` because the peer told us (sequence NAK) or we inferred (a response
-    /// past a lost one) that it is missing. Costs one retry unless a retry from the same PSN is
-    /// already under way; fails the QP with `IBV_WC_RETRY_EXC_ERR` once the budget is spent.
+    /// Go-back-N from `psn`, because the responder told us (sequence NAK) that it is missing.
+    /// Costs one retry, unless a go-back-N from `psn` or before is already under way (then the
+    /// resend covers it); fails the QP with `IBV_WC_RETRY_EXC_ERR` once the budget is spent.
     fn request_retry(&mut self, psn: Psn) {
-        if self.req.retry_psn == Some(psn) {
+        if self.req.retry_psn.is_some_and(|r| !psn.is_before(r)) {
             return;
         }
         let Some(idx) = self.wqe_index_of(psn) else { return };
-        if std::env::var_os("SV_DEBUG").is_some() { eprintln!("DBG qp {:#x} request_retry {} left {} unacked {} front {:?}", self.cfg.qpn, psn.value(), self.req.retry_left, self.req.unacked.value(), self.sq.front().map(|w| (w.wr.wr_id, w.first_psn.value(), w.npsn, w.resp_pkts, w.resp_count, w.done))); }
         if !self.spend_retry() {
             self.fail_wqe(idx, WcStatus::RetryExcErr);
             return;
@@ -180,13 +179,37 @@ impl QpEngine {
         self.req.retry_psn = Some(psn);
     }
 
+    /// Asks again for the missing responses of the READ or atomic at `idx`, which the responder
+    /// has executed (it answered something after it, or the end of its response stream arrived)
+    /// while some responses were lost. Only that request is resent, as a duplicate the responder
+    /// answers from its resources; the requests after it were executed and are not repeated.
+    /// For a READ only the first hole is asked for.
+    fn request_responses(&mut self, idx: usize) {
+        let w = &self.sq[idx];
+        let resume = w.resume_psn();
+        if w.rereq_psn == Some(resume) || !w.fully_sent() {
+            // Already asked at this point, or a go-back-N pass will send the request anyway.
+            return;
+        }
+        if !self.spend_retry() {
+            self.fail_wqe(idx, WcStatus::RetryExcErr);
+            return;
+        }
+        let w = &mut self.sq[idx];
+        w.rereq_psn = Some(resume);
+        w.rereq = true;
+        if matches!(w.wr.op, SendOp::Read { .. }) {
+            w.req_end = w.hole_end();
+        }
+    }
+
     /// Everything up to and including `psn` is acknowledged: completes, in order, SEND/WRITE
     /// WQEs that end there and READ/atomic WQEs whose response already arrived. A READ or atomic
     /// still waiting for its response when a PSN at or past it is acknowledged lost its
     /// response (the responder executes in order): that triggers a retry from it.
     pub(crate) fn ack_through(&mut self, now: Instant, psn: Psn) {
         let mut progressed = false;
-        let mut lost = None;
+        let mut lost = false;
         while let Some(w) = self.sq.front() {
             if !w.started {
                 break;
@@ -196,9 +219,7 @@ impl QpEngine {
                 continue;
             }
             if w.wr.op.is_read_or_atomic() {
-                if !psn.is_before(w.first_psn) {
-                    lost = Some(w.resume_psn());
-                }
+                lost = !psn.is_before(w.first_psn);
                 break;
             }
             if psn.is_before(w.last_psn()) || !w.fully_sent() {
@@ -221,8 +242,8 @@ impl QpEngine {
         if progressed {
             self.on_progress(now);
         }
-        if let Some(resume) = lost {
-            self.request_retry(resume);
+        if lost && self.sending() {
+            self.request_responses(0);
         }
     }
 
@@ -274,19 +295,19 @@ impl QpEngine {
         let w = &self.sq[idx];
         let k = first.distance(psn);
         let ends_stream = k + 1 == w.npsn;
+        // The last packet the latest request for this READ asked for.
+        let ends_request = k + 1 == w.req_end;
         if w.resp_has(k) {
             self.counters.duplicates += 1;
-            // The end of a (re)sent response stream, with holes still open before it: ask
-            // again for the first hole, unless that is already being done.
-            if ends_stream && w.resp_pkts < k {
-                let hole = w.resume_psn();
-                self.request_retry(hole);
+            if ends_request && w.resp_count < w.npsn {
+                // The end of a resent response stream, with a hole still open: ask again.
+                self.request_responses(idx);
             }
             return Err(DropReason::BadPsn);
         }
         // Packet k carries bytes [k * MTU, ...): FIRST and MIDDLE exactly one MTU, the last one
         // the rest. Checked by position rather than opcode, because a retried READ may resume
-        // with either FIRST or MIDDLE.
+        // with either FIRST or MIDDLE, and a hole may be asked for on its own.
         let offset = u64::from(k) * mtu;
         let want = if ends_stream { w.len.saturating_sub(offset) } else { mtu };
         if pkt.payload.len() as u64 != want {
@@ -299,7 +320,10 @@ impl QpEngine {
         }
         let w = &mut self.sq[idx];
         w.resp_mark(k);
-        let (complete, base, holes_after_end) = (w.resp_count == w.npsn, w.resume_psn(), ends_stream && w.resp_pkts < k);
+        let (complete, base) = (w.resp_count == w.npsn, w.resume_psn());
+        // Holes before the end of what was asked for: lost (or reordered, in which case asking
+        // again only produces duplicates).
+        let holes = !complete && (ends_request || k >= w.req_end) && w.resp_pkts < k;
         if idx == 0 && base.is_after(self.req.unacked) {
             self.req.unacked = base;
         }
@@ -309,10 +333,8 @@ impl QpEngine {
             self.complete_finished(now);
         } else {
             self.on_progress(now);
-            if holes_after_end {
-                // The last response arrived but some before it did not: lost (or badly
-                // reordered, in which case the retry only produces duplicates).
-                self.request_retry(base);
+            if holes {
+                self.request_responses(idx);
             }
         }
         Ok(())
@@ -379,6 +401,9 @@ impl QpEngine {
                 continue;
             }
             w.next_pkt = if i == idx && !w.wr.op.is_read_or_atomic() { w.first_psn.distance(psn) } else { 0 };
+            // The pass sends the READ/atomic request itself.
+            w.rereq = false;
+            w.rereq_psn = None;
         }
         self.req.send_idx = self.req.send_idx.min(idx);
         self.req.since_ackreq = 0;

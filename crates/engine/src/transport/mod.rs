@@ -196,6 +196,14 @@ pub(crate) struct SendWqe {
     pub(crate) resp_seen: Vec<u64>,
     /// For READ: number of distinct response packets placed.
     pub(crate) resp_count: u32,
+    /// For READ: one past the last response packet the latest request asked for.
+    pub(crate) req_end: u32,
+    /// READ/atomic: the responses are to be asked for again (the request was executed, the
+    /// response lost), without resending the requests after it.
+    pub(crate) rereq: bool,
+    /// READ/atomic: the first missing response when it was last asked for again, so that more
+    /// evidence of the same loss does not ask again.
+    pub(crate) rereq_psn: Option<Psn>,
     /// READ/atomic: the whole response has arrived (the WQE still completes in order).
     pub(crate) done: bool,
     /// The WQE failed with this status; it completes with it when the QP is flushed, in order.
@@ -215,6 +223,9 @@ impl SendWqe {
             resp_pkts: 0,
             resp_seen: Vec::new(),
             resp_count: 0,
+            req_end: 0,
+            rereq: false,
+            rereq_psn: None,
             done: false,
             failed: None,
         }
@@ -251,6 +262,12 @@ impl SendWqe {
     pub(crate) fn resp_has(&self, k: u32) -> bool {
         let (word, bit) = ((k / 64) as usize, k % 64);
         self.resp_seen.get(word).is_some_and(|w| w & (1 << bit) != 0)
+    }
+
+    /// The first READ response packet at or after the first missing one that has been received
+    /// (the end of the first hole), or `npsn`.
+    pub(crate) fn hole_end(&self) -> u32 {
+        (self.resp_pkts..self.npsn).find(|&k| self.resp_has(k)).unwrap_or(self.npsn)
     }
 
     /// Records READ response packet `k`; advances `resp_pkts` over the received prefix.

@@ -193,15 +193,27 @@ impl QpEngine {
         }
     }
 
+    /// A READ or atomic before the send position whose responses are to be asked for again.
+    fn pending_rerequest(&self) -> Option<usize> {
+        if self.req.rnr_until.is_some() || !matches!(self.state, QpState::Rts | QpState::Sqd) {
+            return None;
+        }
+        let end = self.next_send_index().min(self.sq.len());
+        self.sq.range(..end).position(|w| w.rereq && w.outstanding())
+    }
+
     /// Generates at most one request packet into `out`.
     pub(crate) fn generate(&mut self, now: Instant, mem: &dyn Memory) {
-        if !self.can_start_or_continue() {
-            return;
-        }
-        let idx = self.next_send_index();
-        self.req.send_idx = idx;
+        let (idx, rerequest) = match self.pending_rerequest() {
+            Some(idx) => (idx, true),
+            None if self.can_start_or_continue() => (self.next_send_index(), false),
+            None => return,
+        };
         let mtu = if self.cfg.qp_type == QpType::Ud { u32::MAX } else { self.mtu() };
-        {
+        if rerequest {
+            self.sq[idx].rereq = false;
+        } else {
+            self.req.send_idx = idx;
             let w = &mut self.sq[idx];
             if !w.started {
                 w.started = true;
@@ -212,6 +224,8 @@ impl QpEngine {
                     self.req.outstanding_rd += 1;
                 }
             }
+            // A full pass over a READ asks for every response still missing.
+            w.req_end = w.npsn;
         }
         let psn = self.wqe_packet_psn(idx);
         if psn.is_before(self.req.sent_high) {
@@ -271,11 +285,13 @@ impl QpEngine {
                 }
             }
             SendOp::Read { remote } => {
-                let done = u64::from(w.resp_pkts) * u64::from(mtu);
+                // From the first missing response to the end of what this request asks for.
+                let start = (u64::from(w.resp_pkts) * u64::from(mtu)).min(w.len);
+                let end = (u64::from(w.req_end) * u64::from(mtu)).min(w.len);
                 repr.reth = Some(RethRepr {
-                    va: remote.addr + done,
+                    va: remote.addr + start,
                     rkey: remote.rkey,
-                    dma_len: (w.len - done.min(w.len)) as u32,
+                    dma_len: end.saturating_sub(start) as u32,
                 });
             }
             SendOp::CompareSwap { remote, compare, swap } => {
@@ -316,6 +332,12 @@ impl QpEngine {
         };
         self.out.push_back(tx);
         self.counters.tx_packets += 1;
+        if rerequest {
+            if self.req.retransmit_at.is_none() {
+                self.req.retransmit_at = ack_timeout(self.attr.timeout).map(|t| now + t);
+            }
+            return;
+        }
         let w = &mut self.sq[idx];
         w.next_pkt += 1;
         let fully_sent = w.fully_sent();

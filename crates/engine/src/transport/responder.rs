@@ -525,8 +525,13 @@ impl QpEngine {
             self.send_atomic_ack(psn, orig);
             return Ok(());
         }
-        // SEND or WRITE: acknowledge again what was already received.
-        self.send_ack(AethSyndrome::ACK_UNLIMITED, self.resp.epsn - 1);
+        // SEND or WRITE: acknowledge again what was already received, if asked to. (rxe answers
+        // every duplicate; a go-back-N resend of a whole window then draws one ACK per packet.
+        // Every resend pass carries AckReq at least every 64 packets and on each message's
+        // last, so answering only those is enough.)
+        if pkt.repr.bth.ack_req {
+            self.send_ack(AethSyndrome::ACK_UNLIMITED, self.resp.epsn - 1);
+        }
         Ok(())
     }
 
