@@ -165,6 +165,17 @@ fn json_str(s: &str) -> String {
     out
 }
 
+/// Whether `v` is a JSON number as written here: `-?(0|[1-9][0-9]*)(\.[0-9]+)?`.
+fn is_json_number(v: &str) -> bool {
+    let v = v.strip_prefix('-').unwrap_or(v);
+    let (int, frac) = match v.split_once('.') {
+        Some((i, f)) => (i, Some(f)),
+        None => (v, None),
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    digits(int) && (int == "0" || !int.starts_with('0')) && frac.is_none_or(digits)
+}
+
 fn json_num(x: f64) -> String {
     if x.is_finite() {
         format!("{x:.6}")
@@ -257,13 +268,7 @@ impl Reporter {
     pub fn json(&self) -> String {
         let mut s = String::from("{");
         for (k, v) in &self.meta {
-            let val = if v.parse::<f64>().is_ok_and(f64::is_finite) && !v.starts_with('0') || v == "0" {
-                v.clone()
-            } else if v == "true" || v == "false" {
-                v.clone()
-            } else {
-                json_str(v)
-            };
+            let val = if is_json_number(v) || v == "true" || v == "false" { v.clone() } else { json_str(v) };
             let _ = write!(s, "{}:{},", json_str(k), val);
         }
         s.push_str("\"results\":[");

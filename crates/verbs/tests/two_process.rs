@@ -266,12 +266,35 @@ fn ud_between_processes() {
     assert_eq!(p.line(), format!("ud 1 {} hello", s.qp.qp_num()));
 }
 
+/// A standard peer (one that knows nothing of slots) sends to port 4791; the process holding
+/// that port forwards the packet to the slot that owns the destination QP.
+fn standard_port_forwarding() {
+    use softverbs_wire::{BthRepr, DethRepr, Opcode, PacketRepr, Psn};
+    let s = side(QpType::Ud);
+    let (slot, _, holds_standard_port) = s.ctx.udp_status().expect("the UDP driver runs");
+    assert!(holds_standard_port, "this process (slot {slot}) must hold UDP port 4791 for the test");
+    let (mut p, peer) = Peer::spawn("ud", s.info());
+    assert_ne!(peer.qpn >> 16, u32::from(slot), "the peer has its own slot");
+    assert_eq!(p.line(), "ready");
+    // Build a UD SEND ONLY as a foreign stack would and send it from a plain UDP socket.
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let bth = BthRepr::new(Opcode::UdSendOnly, peer.qpn, Psn::new(7));
+    let repr = PacketRepr { deth: Some(DethRepr { qkey: 0x11, src_qpn: 0x1234 }), ..PacketRepr::new(bth, 5) };
+    let mut pkt = vec![0u8; repr.buffer_len()];
+    repr.emit_with_payload(&mut pkt, b"hello").unwrap();
+    let dst: std::net::SocketAddr = "127.0.0.1:4791".parse().unwrap();
+    softverbs_wire::icrc::fill(sock.local_addr().unwrap(), dst, &mut pkt).unwrap();
+    sock.send_to(&pkt, dst).unwrap();
+    assert_eq!(p.line(), "ud 1 4660 hello", "delivered to the peer's slot with the original source QP");
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--peer") {
         peer();
         return;
     }
-    let tests: [(&str, fn()); 3] = [
+    let tests: [(&str, fn()); 4] = [
+        ("standard_port_forwarding", standard_port_forwarding),
         ("rc_between_processes", rc_between_processes),
         ("peer_killed_gives_retry_exceeded", peer_killed_gives_retry_exceeded),
         ("ud_between_processes", ud_between_processes),
