@@ -177,7 +177,11 @@ pub(crate) struct Shared {
 
 impl Shared {
     fn new(gids: &[Gid], ifindex: u32) -> Self {
-        Self { counts: Default::default(), keys: Mutex::new(HashSet::new()), node: Node::new(gids, ifindex) }
+        Self {
+            counts: Default::default(),
+            keys: Mutex::new(HashSet::new()),
+            node: Node::new(gids, ifindex),
+        }
     }
 }
 

@@ -177,21 +177,31 @@ impl Node {
 
     fn receive(&self, now: Instant, pkt: Packet) {
         bump(&self.counters.rx_packets);
-        let parsed = match RocePacket::parse(&pkt.data) {
-            Ok(p) => p,
-            Err(_) => {
-                bump(&self.counters.rx_malformed);
-                return;
-            }
+        let Ok(parsed) = RocePacket::parse(&pkt.data) else {
+            bump(&self.counters.rx_malformed);
+            return;
         };
         let qpn = parsed.repr.bth.dest_qpn;
         let targets: Vec<Arc<Qp>> = if qpn == MULTICAST_QPN {
-            let members: Vec<u32> =
-                self.mcast.lock().groups.get(&pkt.meta.dgid).map(|m| m.iter().copied().collect()).unwrap_or_default();
+            let members: Vec<u32> = self
+                .mcast
+                .lock()
+                .groups
+                .get(&pkt.meta.dgid)
+                .map(|m| m.iter().copied().collect())
+                .unwrap_or_default();
             let qps = self.qps.read();
-            members.iter().filter_map(|q| qps.get(q).and_then(Weak::upgrade)).collect()
+            members
+                .iter()
+                .filter_map(|q| qps.get(q).and_then(Weak::upgrade))
+                .collect()
         } else {
-            self.qps.read().get(&qpn).and_then(Weak::upgrade).into_iter().collect()
+            self.qps
+                .read()
+                .get(&qpn)
+                .and_then(Weak::upgrade)
+                .into_iter()
+                .collect()
         };
         if targets.is_empty() {
             bump(&self.counters.rx_unknown_qp);
@@ -275,7 +285,10 @@ fn receive_thread(udp: &Udp) {
         if !udp.wait_readable(Duration::from_secs(1)) {
             continue;
         }
-        let since = f.now().as_nanos().saturating_sub(f.app_poll_at.load(Ordering::Relaxed));
+        let since = f
+            .now()
+            .as_nanos()
+            .saturating_sub(f.app_poll_at.load(Ordering::Relaxed));
         if since < APP_POLLING.as_nanos() as u64 {
             std::thread::sleep(APP_POLLING);
             continue;
@@ -372,27 +385,43 @@ impl Fabric {
             return;
         }
         let nodes = self.live_nodes();
-        // Packets for other processes, grouped by (source GID, destination GID, QP).
-        let mut remote: Vec<((Gid, Gid, u32), Vec<Vec<u8>>)> = Vec::new();
+        // Packets for other processes, in runs with one (source GID, destination GID, QP).
+        type Run = ((Gid, Gid, u32), Vec<Vec<u8>>);
+        let mut remote: Vec<Run> = Vec::new();
         for mut tx in txs {
             bump(&from.counters.tx_packets);
             let meta = RxMeta {
-                sgid: from.gids.get(usize::from(tx.dest.sgid_index)).copied().unwrap_or(Gid::ZERO),
+                sgid: from
+                    .gids
+                    .get(usize::from(tx.dest.sgid_index))
+                    .copied()
+                    .unwrap_or(Gid::ZERO),
                 dgid: tx.dest.dgid,
                 traffic_class: tx.dest.traffic_class,
                 hop_limit: tx.dest.hop_limit,
             };
-            let qpn = tx.data.get(5..8).map_or(0, |b| u32::from_be_bytes([0, b[0], b[1], b[2]]));
+            let qpn = tx
+                .data
+                .get(5..8)
+                .map_or(0, |b| u32::from_be_bytes([0, b[0], b[1], b[2]]));
             let targets: Vec<&Arc<Node>> = if qpn == MULTICAST_QPN {
                 nodes.iter().filter(|n| n.has_group(&tx.dest.dgid)).collect()
             } else {
-                nodes.iter().filter(|n| n.has_gid(&tx.dest.dgid) && n.has_qp(qpn)).take(1).collect()
+                nodes
+                    .iter()
+                    .filter(|n| n.has_gid(&tx.dest.dgid) && n.has_qp(qpn))
+                    .take(1)
+                    .collect()
             };
             // Multicast members may live in other processes and hosts too.
             if targets.is_empty() || qpn == MULTICAST_QPN {
                 let key = (meta.sgid, tx.dest.dgid, qpn);
                 let only_remote = targets.is_empty();
-                let data = if only_remote { std::mem::take(&mut tx.data) } else { tx.data.clone() };
+                let data = if only_remote {
+                    std::mem::take(&mut tx.data)
+                } else {
+                    tx.data.clone()
+                };
                 match remote.last_mut() {
                     Some((k, batch)) if *k == key => batch.push(data),
                     _ => remote.push((key, vec![data])),
@@ -403,12 +432,17 @@ impl Fabric {
             }
             let (last, rest) = targets.split_last().expect("non-empty");
             for n in rest {
-                n.deliver(Packet { data: tx.data.clone(), meta });
+                n.deliver(Packet {
+                    data: tx.data.clone(),
+                    meta,
+                });
             }
             last.deliver(Packet { data: tx.data, meta });
         }
         for ((sgid, dgid, qpn), mut batch) in remote {
-            let sent = self.udp().map_or(0, |u| u.send(sgid.to_ip(), dgid.to_ip(), from.ifindex, qpn, &mut batch));
+            let sent = self.udp().map_or(0, |u| {
+                u.send(sgid.to_ip(), dgid.to_ip(), from.ifindex, qpn, &mut batch)
+            });
             if qpn != MULTICAST_QPN {
                 for _ in sent..batch.len() {
                     bump(&from.counters.tx_unroutable);
@@ -430,7 +464,10 @@ impl Fabric {
                         .spawn(move || receive_thread(&u))
                         .expect("spawn the receive thread");
                 } else {
-                    tracing::warn!(base_port, "no UDP port available: only QPs of this process can talk");
+                    tracing::warn!(
+                        base_port,
+                        "no UDP port available: only QPs of this process can talk"
+                    );
                 }
                 udp
             })
@@ -471,7 +508,13 @@ impl Fabric {
             let multicast = d.meta.dgid.is_multicast();
             let targets: Vec<&Arc<Node>> = nodes
                 .iter()
-                .filter(|n| if multicast { n.has_group(&d.meta.dgid) } else { n.has_gid(&d.meta.dgid) })
+                .filter(|n| {
+                    if multicast {
+                        n.has_group(&d.meta.dgid)
+                    } else {
+                        n.has_gid(&d.meta.dgid)
+                    }
+                })
                 .collect();
             let Some(first) = targets.first() else { continue };
             if d.bad_icrc {
@@ -482,7 +525,10 @@ impl Fabric {
                 bump(&first.counters.rx_icrc_unverified);
             }
             for n in targets.iter().take(if multicast { usize::MAX } else { 1 }) {
-                n.deliver(Packet { data: d.data.clone(), meta: d.meta });
+                n.deliver(Packet {
+                    data: d.data.clone(),
+                    meta: d.meta,
+                });
             }
         }
         self.drive(self.now());

@@ -131,7 +131,10 @@ impl AtomicBuffer {
 
     /// The 8-byte word at `offset` (8-byte aligned), in host order.
     pub fn load_u64(&self, offset: usize) -> u64 {
-        assert!(offset % 8 == 0 && offset + 8 <= self.len, "unaligned or out of bounds");
+        assert!(
+            offset % 8 == 0 && offset + 8 <= self.len,
+            "unaligned or out of bounds"
+        );
         self.words[offset / 8].load(Ordering::SeqCst)
     }
 }
@@ -153,9 +156,11 @@ impl MemoryBacking for AtomicBuffer {
         let w = &self.words[offset as usize / 8];
         match op {
             AtomicOp::FetchAdd { add } => w.fetch_add(add, Ordering::SeqCst),
-            AtomicOp::CompareSwap { compare, swap } => match w.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
-                Ok(v) | Err(v) => v,
-            },
+            AtomicOp::CompareSwap { compare, swap } => {
+                match w.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(v) | Err(v) => v,
+                }
+            }
         }
     }
 }
@@ -179,8 +184,16 @@ impl KeyTable {
     }
 
     fn lookup(&self, key: KeyRef) -> Result<Arc<Mr>, MemError> {
-        let table = if key.access.is_remote() { &self.rkeys } else { &self.lkeys };
-        table.read().get(&key.key).and_then(Weak::upgrade).ok_or(MemError::BadKey)
+        let table = if key.access.is_remote() {
+            &self.rkeys
+        } else {
+            &self.lkeys
+        };
+        table
+            .read()
+            .get(&key.key)
+            .and_then(Weak::upgrade)
+            .ok_or(MemError::BadKey)
     }
 
     /// Resolves an access to (region, offset), checking PD, rights and bounds.
@@ -200,7 +213,11 @@ impl KeyTable {
             return Err(MemError::NoAccess);
         }
         // Local keys use virtual addresses, remote keys the region's I/O virtual address.
-        let base = if key.access.is_remote() { mr.iova() } else { mr.addr() };
+        let base = if key.access.is_remote() {
+            mr.iova()
+        } else {
+            mr.addr()
+        };
         let offset = addr.checked_sub(base).ok_or(MemError::OutOfRange)?;
         if offset.checked_add(len).is_none_or(|end| end > mr.length()) {
             return Err(MemError::OutOfRange);
@@ -287,7 +304,16 @@ mod tests {
             .collect();
         handles.into_iter().for_each(|h| h.join().unwrap());
         assert_eq!(b.load_u64(8), 4000);
-        assert_eq!(b.atomic(8, AtomicOp::CompareSwap { compare: 4000, swap: 7 }), 4000);
+        assert_eq!(
+            b.atomic(
+                8,
+                AtomicOp::CompareSwap {
+                    compare: 4000,
+                    swap: 7
+                }
+            ),
+            4000
+        );
         assert_eq!(b.atomic(8, AtomicOp::CompareSwap { compare: 1, swap: 9 }), 7);
         assert_eq!(b.load_u64(8), 7);
     }

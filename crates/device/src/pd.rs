@@ -82,7 +82,12 @@ impl Mr {
     /// `access` is the raw `ibv_access_flags` value. Remote write or atomic access without local
     /// write is EINVAL (`ibv_reg_mr(3)`); unknown flags are EINVAL, bits in the optional range are
     /// ignored, and on-demand paging is EOPNOTSUPP.
-    pub fn register(pd: &Arc<Pd>, backing: Arc<dyn MemoryBacking>, addr: u64, access: u32) -> Result<Arc<Self>> {
+    pub fn register(
+        pd: &Arc<Pd>,
+        backing: Arc<dyn MemoryBacking>,
+        addr: u64,
+        access: u32,
+    ) -> Result<Arc<Self>> {
         Self::register_iova(pd, backing, addr, addr, access)
     }
 

@@ -149,7 +149,9 @@ impl Qp {
         let c = init.cap;
         let check = |v: u32, max: u32, name: &str| {
             if v > max {
-                Err(Error::invalid(format!("cap.{name} {v} exceeds the device maximum {max}")))
+                Err(Error::invalid(format!(
+                    "cap.{name} {v} exceeds the device maximum {max}"
+                )))
             } else {
                 Ok(())
             }
@@ -159,7 +161,11 @@ impl Qp {
         check(c.max_inline_data, limits.max_inline_data, "max_inline_data")?;
         // With an SRQ the receive capabilities are ignored (ibv_create_qp(3)).
         let cap = if init.srq.is_some() {
-            QpCap { max_recv_wr: 0, max_recv_sge: 0, ..c }
+            QpCap {
+                max_recv_wr: 0,
+                max_recv_sge: 0,
+                ..c
+            }
         } else {
             check(c.max_recv_wr, limits.max_qp_wr, "max_recv_wr")?;
             check(c.max_recv_sge, limits.max_sge, "max_recv_sge")?;
@@ -171,7 +177,11 @@ impl Qp {
             max_send_sge: cap.max_send_sge,
             max_recv_sge: cap.max_recv_sge,
             // Inline data is copied into the WQE in 16-byte units.
-            max_inline_data: cap.max_inline_data.div_ceil(16).saturating_mul(16).min(limits.max_inline_data),
+            max_inline_data: cap
+                .max_inline_data
+                .div_ceil(16)
+                .saturating_mul(16)
+                .min(limits.max_inline_data),
         };
 
         // Take every reference, undoing the ones already taken if a later one fails.
@@ -201,7 +211,10 @@ impl Qp {
         }
 
         let qpn = ctx.device().alloc_qpn();
-        let attr = QpAttr { cap, ..QpAttr::default() };
+        let attr = QpAttr {
+            cap,
+            ..QpAttr::default()
+        };
         let engine = QpEngine::new(QpConfig {
             qp_type: init.qp_type,
             qpn,
@@ -215,7 +228,11 @@ impl Qp {
             init: QpInitAttr { cap, ..init.clone() },
             qpn,
             handle: ctx.next_handle(),
-            inner: Mutex::new(QpInner { attr, engine, mcast: HashSet::new() }),
+            inner: Mutex::new(QpInner {
+                attr,
+                engine,
+                mcast: HashSet::new(),
+            }),
             deadline: AtomicU64::new(u64::MAX),
             uses: UseCount::default(),
             async_acks: AckCounter::default(),
@@ -336,7 +353,8 @@ impl Qp {
             break;
         }
         let deadline = inner.engine.poll_timeout();
-        self.deadline.store(deadline.map_or(u64::MAX, Instant::as_nanos), Ordering::Release);
+        self.deadline
+            .store(deadline.map_or(u64::MAX, Instant::as_nanos), Ordering::Release);
         if let Some(d) = deadline {
             fabric().schedule(d);
         }
@@ -352,15 +370,26 @@ impl Qp {
 
     /// Handles a packet for this QP (called by the node). Returns packets to send, and whether
     /// the packet was dropped.
-    pub(crate) fn handle_packet(&self, now: Instant, pkt: &ParsedPacket<'_>, meta: &RxMeta) -> (Vec<Transmit>, bool) {
+    pub(crate) fn handle_packet(
+        &self,
+        now: Instant,
+        pkt: &ParsedPacket<'_>,
+        meta: &RxMeta,
+    ) -> (Vec<Transmit>, bool) {
         let mut inner = self.inner.lock();
         let node = self.node();
         let dropped = match &self.init.srq {
             Some(srq) => {
                 let mut src = SrqRecv(srq);
-                inner.engine.handle_packet(now, pkt, meta, &node.keys, Some(&mut src)).is_err()
+                inner
+                    .engine
+                    .handle_packet(now, pkt, meta, &node.keys, Some(&mut src))
+                    .is_err()
             }
-            None => inner.engine.handle_packet(now, pkt, meta, &node.keys, None).is_err(),
+            None => inner
+                .engine
+                .handle_packet(now, pkt, meta, &node.keys, None)
+                .is_err(),
         };
         let txs = self.drain(&mut inner, now);
         (txs, dropped)
@@ -405,12 +434,18 @@ impl Qp {
     pub fn post_recv(&self, wrs: &[RecvWr]) -> Result<(), PostError> {
         let fail = |index, error| Err(PostError { index, error });
         if self.init.srq.is_some() {
-            return fail(0, Error::invalid("the QP receives from an SRQ: use post_srq_recv"));
+            return fail(
+                0,
+                Error::invalid("the QP receives from an SRQ: use post_srq_recv"),
+            );
         }
         let now = fabric().now();
         let mut inner = self.inner.lock();
         if inner.attr.qp_state == QpState::Reset {
-            return fail(0, Error::invalid("receives cannot be posted to a QP in the RESET state"));
+            return fail(
+                0,
+                Error::invalid("receives cannot be posted to a QP in the RESET state"),
+            );
         }
         let cap = self.init.cap;
         let mut result = Ok(());
@@ -418,12 +453,19 @@ impl Qp {
             if wr.sg_list.len() > cap.max_recv_sge as usize {
                 result = fail(
                     index,
-                    Error::invalid(format!("num_sge {} exceeds max_recv_sge {}", wr.sg_list.len(), cap.max_recv_sge)),
+                    Error::invalid(format!(
+                        "num_sge {} exceeds max_recv_sge {}",
+                        wr.sg_list.len(),
+                        cap.max_recv_sge
+                    )),
                 );
                 break;
             }
             if inner.engine.recv_queue_len() >= cap.max_recv_wr as usize {
-                result = fail(index, Error::no_resources(format!("the receive queue is full ({} WRs)", cap.max_recv_wr)));
+                result = fail(
+                    index,
+                    Error::no_resources(format!("the receive queue is full ({} WRs)", cap.max_recv_wr)),
+                );
                 break;
             }
             inner.engine.post_recv(wr.clone());
@@ -461,7 +503,10 @@ impl Qp {
             let ud = match (&req.ud, self.qp_type()) {
                 (Some(u), QpType::Ud) => {
                     if !Arc::ptr_eq(u.ah.pd().context(), self.context()) {
-                        result = Err(PostError { index, error: Error::invalid("the address handle belongs to another context") });
+                        result = Err(PostError {
+                            index,
+                            error: Error::invalid("the address handle belongs to another context"),
+                        });
                         break;
                     }
                     let g = u.ah.attr().grh;
@@ -477,7 +522,13 @@ impl Qp {
                 }
                 _ => None,
             };
-            let wr = SendWr { wr_id: req.wr_id, op: req.op, flags: req.flags, payload: req.payload.clone(), ud };
+            let wr = SendWr {
+                wr_id: req.wr_id,
+                op: req.op,
+                flags: req.flags,
+                payload: req.payload.clone(),
+                ud,
+            };
             if let Err(error) = wr.check(&limits) {
                 result = Err(PostError { index, error });
                 break;
@@ -485,7 +536,10 @@ impl Qp {
             if inner.engine.send_queue_len() >= self.init.cap.max_send_wr as usize {
                 result = Err(PostError {
                     index,
-                    error: Error::no_resources(format!("the send queue is full ({} WRs)", self.init.cap.max_send_wr)),
+                    error: Error::no_resources(format!(
+                        "the send queue is full ({} WRs)",
+                        self.init.cap.max_send_wr
+                    )),
                 });
                 break;
             }

@@ -64,7 +64,12 @@ struct Sockets {
 }
 
 fn udp_socket(family: AddressFamily) -> nix::Result<OwnedFd> {
-    socket(family, SockType::Datagram, SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK, None)
+    socket(
+        family,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )
 }
 
 /// Socket buffers big enough for a full send window of every QP: a receive buffer that
@@ -90,18 +95,28 @@ impl Sockets {
         rustix::net::sockopt::set_ip_mtu_discover(&v4, rustix::net::sockopt::Ipv4PathMtuDiscovery::DO)
             .map_err(|e| Errno::from_raw(e.raw_os_error()))?;
         big_buffers(&v4);
-        bind(v4.as_raw_fd(), &SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)))?;
+        bind(
+            v4.as_raw_fd(),
+            &SockaddrIn::from(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)),
+        )?;
         let v6 = (|| -> nix::Result<OwnedFd> {
             let v6 = udp_socket(AddressFamily::Inet6)?;
             setsockopt(&v6, sockopt::Ipv6V6Only, &true)?;
             setsockopt(&v6, sockopt::Ipv6RecvPacketInfo, &true)?;
             let _ = setsockopt(&v6, sockopt::UdpGroSegment, &true);
             big_buffers(&v6);
-            bind(v6.as_raw_fd(), &SockaddrIn6::from(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0)))?;
+            bind(
+                v6.as_raw_fd(),
+                &SockaddrIn6::from(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0)),
+            )?;
             Ok(v6)
         })();
         match v6 {
-            Ok(v6) => Ok(Self { v4, v6: Some(v6), port }),
+            Ok(v6) => Ok(Self {
+                v4,
+                v6: Some(v6),
+                port,
+            }),
             // A host without IPv6 still gets IPv4; a port taken on IPv6 only is taken.
             Err(Errno::EADDRINUSE) => Err(Errno::EADDRINUSE),
             Err(_) => Ok(Self { v4, v6: None, port }),
@@ -151,10 +166,18 @@ impl Udp {
             own,
             forwarder: Mutex::new(Sockets::bind(base).ok().map(Arc::new)),
             last_takeover_try: Mutex::new(StdInstant::now()),
-            rx: Mutex::new(RxBuffers { data: vec![0u8; MAX_DATAGRAM], cmsg: nix::cmsg_space!(libc::in6_pktinfo, i32) }),
+            rx: Mutex::new(RxBuffers {
+                data: vec![0u8; MAX_DATAGRAM],
+                cmsg: nix::cmsg_space!(libc::in6_pktinfo, i32),
+            }),
             gso: std::sync::atomic::AtomicBool::new(true),
         });
-        tracing::debug!(slot, port = udp.own.port, forwarder = udp.forwarder.lock().is_some(), "UDP driver up");
+        tracing::debug!(
+            slot,
+            port = udp.own.port,
+            forwarder = udp.forwarder.lock().is_some(),
+            "UDP driver up"
+        );
         Some(udp)
     }
 
@@ -184,7 +207,14 @@ impl Udp {
     /// filling in their ICRCs. Runs of equal-sized packets go out as one GSO batch: one system
     /// call, segmented by the kernel. `scope` is the interface index for link-local IPv6.
     /// Returns how many were handed to the kernel.
-    pub(crate) fn send(&self, src: IpAddr, dst: IpAddr, scope: u32, dest_qpn: u32, packets: &mut [Vec<u8>]) -> usize {
+    pub(crate) fn send(
+        &self,
+        src: IpAddr,
+        dst: IpAddr,
+        scope: u32,
+        dest_qpn: u32,
+        packets: &mut [Vec<u8>],
+    ) -> usize {
         let slot = slot_of(dest_qpn);
         let port = if slot == 0 || dest_qpn == crate::fabric::MULTICAST_QPN {
             self.base
@@ -204,7 +234,10 @@ impl Udp {
             let mut n = 1;
             let mut bytes = seg;
             // A batch: equal sizes, except that the last may be shorter.
-            while n < rest.len() && n < GSO_MAX_SEGMENTS && bytes + rest[n].len() <= GSO_MAX_BYTES && rest[n - 1].len() == seg
+            while n < rest.len()
+                && n < GSO_MAX_SEGMENTS
+                && bytes + rest[n].len() <= GSO_MAX_BYTES
+                && rest[n - 1].len() == seg
                 && rest[n].len() <= seg
             {
                 bytes += rest[n].len();
@@ -233,7 +266,9 @@ impl Udp {
     }
 
     fn send_raw(&self, src: IpAddr, dst: SocketAddr, scope: u32, parts: &[&[u8]], gso: Option<u16>) -> bool {
-        let Some(fd) = self.socket_for(&dst.ip()) else { return false };
+        let Some(fd) = self.socket_for(&dst.ip()) else {
+            return false;
+        };
         let iov: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
         let gso_size = gso.unwrap_or(0);
         let gso_cmsg = ControlMessage::UdpGsoSegments(&gso_size);
@@ -241,12 +276,24 @@ impl Udp {
             (IpAddr::V4(s), SocketAddr::V4(d)) => {
                 let info = libc::in_pktinfo {
                     ipi_ifindex: 0,
-                    ipi_spec_dst: libc::in_addr { s_addr: u32::from_ne_bytes(s.octets()) },
+                    ipi_spec_dst: libc::in_addr {
+                        s_addr: u32::from_ne_bytes(s.octets()),
+                    },
                     ipi_addr: libc::in_addr { s_addr: 0 },
                 };
                 let info_cmsg = ControlMessage::Ipv4PacketInfo(&info);
-                let cmsgs: &[ControlMessage<'_>] = if gso.is_some() { &[info_cmsg, gso_cmsg] } else { &[info_cmsg] };
-                sendmsg(fd.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), Some(&SockaddrIn::from(d)))
+                let cmsgs: &[ControlMessage<'_>] = if gso.is_some() {
+                    &[info_cmsg, gso_cmsg]
+                } else {
+                    &[info_cmsg]
+                };
+                sendmsg(
+                    fd.as_raw_fd(),
+                    &iov,
+                    cmsgs,
+                    MsgFlags::empty(),
+                    Some(&SockaddrIn::from(d)),
+                )
             }
             (IpAddr::V6(s), SocketAddr::V6(d)) => {
                 let link_local = (d.ip().segments()[0] & 0xffc0) == 0xfe80;
@@ -256,8 +303,18 @@ impl Udp {
                     ipi6_ifindex: if link_local { scope } else { 0 },
                 };
                 let info_cmsg = ControlMessage::Ipv6PacketInfo(&info);
-                let cmsgs: &[ControlMessage<'_>] = if gso.is_some() { &[info_cmsg, gso_cmsg] } else { &[info_cmsg] };
-                sendmsg(fd.as_raw_fd(), &iov, cmsgs, MsgFlags::empty(), Some(&SockaddrIn6::from(d)))
+                let cmsgs: &[ControlMessage<'_>] = if gso.is_some() {
+                    &[info_cmsg, gso_cmsg]
+                } else {
+                    &[info_cmsg]
+                };
+                sendmsg(
+                    fd.as_raw_fd(),
+                    &iov,
+                    cmsgs,
+                    MsgFlags::empty(),
+                    Some(&SockaddrIn6::from(d)),
+                )
             }
             _ => return false,
         };
@@ -274,7 +331,11 @@ impl Udp {
     pub(crate) fn wait_readable(&self, timeout: Duration) -> bool {
         self.maybe_take_over();
         let fwd = self.forwarder.lock().clone();
-        let mut pfds: Vec<PollFd<'_>> = self.own.fds().map(|f| PollFd::new(f.as_fd(), PollFlags::POLLIN)).collect();
+        let mut pfds: Vec<PollFd<'_>> = self
+            .own
+            .fds()
+            .map(|f| PollFd::new(f.as_fd(), PollFlags::POLLIN))
+            .collect();
         if let Some(f) = fwd.as_ref() {
             pfds.extend(f.fds().map(|f| PollFd::new(f.as_fd(), PollFlags::POLLIN)));
         }
@@ -311,7 +372,13 @@ impl Udp {
     }
 
     /// Reads one datagram, or one GRO batch of them, into `out`; false when the socket is empty.
-    fn recv_one(&self, fd: &OwnedFd, is_forwarder: bool, rx: &mut RxBuffers, out: &mut Vec<Datagram>) -> bool {
+    fn recv_one(
+        &self,
+        fd: &OwnedFd,
+        is_forwarder: bool,
+        rx: &mut RxBuffers,
+        out: &mut Vec<Datagram>,
+    ) -> bool {
         let RxBuffers { data, cmsg } = rx;
         cmsg.clear();
         let mut iov = [IoSliceMut::new(&mut data[..])];
@@ -325,9 +392,12 @@ impl Udp {
         };
         let len = msg.bytes;
         let src = msg.address.and_then(|a| {
-            a.as_sockaddr_in().map(|s| SocketAddr::from(SocketAddrV4::from(*s))).or_else(|| {
-                a.as_sockaddr_in6().map(|s| SocketAddr::from(SocketAddrV6::from(*s)))
-            })
+            a.as_sockaddr_in()
+                .map(|s| SocketAddr::from(SocketAddrV4::from(*s)))
+                .or_else(|| {
+                    a.as_sockaddr_in6()
+                        .map(|s| SocketAddr::from(SocketAddrV6::from(*s)))
+                })
         });
         let mut dst_ip = None;
         let mut segment = len;
@@ -345,7 +415,9 @@ impl Udp {
                 }
             }
         }
-        let (Some(src), Some(dst_ip)) = (src, dst_ip) else { return true };
+        let (Some(src), Some(dst_ip)) = (src, dst_ip) else {
+            return true;
+        };
         for bytes in data[..len].chunks(segment.max(1)) {
             self.accept(src, dst_ip, is_forwarder, bytes, out);
         }
@@ -353,7 +425,14 @@ impl Udp {
     }
 
     /// Handles one received datagram: unwraps forwarded ones, forwards those of other slots.
-    fn accept(&self, src: SocketAddr, dst_ip: IpAddr, is_forwarder: bool, bytes: &[u8], out: &mut Vec<Datagram>) {
+    fn accept(
+        &self,
+        src: SocketAddr,
+        dst_ip: IpAddr,
+        is_forwarder: bool,
+        bytes: &[u8],
+        out: &mut Vec<Datagram>,
+    ) {
         let port = if is_forwarder { self.base } else { self.own.port };
 
         if bytes.len() >= FORWARD_HEADER && bytes[..4] == FORWARD_MAGIC {
@@ -368,7 +447,9 @@ impl Udp {
             return;
         }
         if is_forwarder {
-            let qpn = bytes.get(5..8).map_or(0, |b| u32::from_be_bytes([0, b[0], b[1], b[2]]));
+            let qpn = bytes
+                .get(5..8)
+                .map_or(0, |b| u32::from_be_bytes([0, b[0], b[1], b[2]]));
             let slot = slot_of(qpn);
             if slot != 0 && slot != self.slot && qpn != crate::fabric::MULTICAST_QPN {
                 self.forward(src, dst_ip, slot, bytes);
@@ -419,7 +500,12 @@ fn datagram(src: SocketAddr, dst: SocketAddr, bytes: &[u8]) -> Datagram {
     };
     Datagram {
         data: bytes.to_vec(),
-        meta: RxMeta { sgid: Gid::from_ip(src.ip()), dgid: Gid::from_ip(dst.ip()), traffic_class: 0, hop_limit: 64 },
+        meta: RxMeta {
+            sgid: Gid::from_ip(src.ip()),
+            dgid: Gid::from_ip(dst.ip()),
+            traffic_class: 0,
+            hop_limit: 64,
+        },
         bad_icrc,
         icrc_unverified,
     }

@@ -2,7 +2,7 @@
 //!
 //! Function pointers the library never calls or fills are kept as opaque `*const c_void` slots of
 //! the same size. `tests` in `lib.rs` checks every size and offset against the system header.
-#![allow(non_camel_case_types, missing_docs)]
+#![allow(non_camel_case_types, non_snake_case, missing_docs)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
@@ -312,10 +312,17 @@ pub struct ibv_port_attr {
 /// Bytes of `struct _compat_ibv_port_attr`: `ibv_port_attr` without `port_cap_flags2`.
 pub const COMPAT_PORT_ATTR_SIZE: usize = 48;
 
+/// `union ibv_gid`: 16 bytes, aligned as its `__be64` members.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+pub struct ibv_gid {
+    pub raw: [u8; 16],
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct ibv_global_route {
-    pub dgid: [u8; 16],
+    pub dgid: ibv_gid,
     pub flow_label: u32,
     pub sgid_index: u8,
     pub hop_limit: u8,
@@ -756,7 +763,7 @@ pub struct ibv_async_event {
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_gid_entry {
-    pub gid: [u8; 16],
+    pub gid: ibv_gid,
     pub gid_index: u32,
     pub port_num: u32,
     pub gid_type: u32,

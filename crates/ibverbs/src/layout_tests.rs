@@ -73,6 +73,8 @@ fn checks() -> Checks {
         init_type_reply, active_width, active_speed, phys_state, link_layer, flags,
         port_cap_flags2
     });
+    v.push(("sizeof(union ibv_gid)".into(), size_of::<ibv_gid>()));
+    v.push(("_Alignof(union ibv_gid)".into(), std::mem::align_of::<ibv_gid>()));
     layout!(v, ibv_global_route { dgid, flow_label, sgid_index, hop_limit, traffic_class });
     layout!(v, ibv_ah_attr { grh, dlid, sl, src_path_bits, static_rate, is_global, port_num });
     layout!(v, ibv_qp_cap { max_send_wr, max_recv_wr, max_send_sge, max_recv_sge, max_inline_data });

@@ -4,7 +4,6 @@ use std::time::{Duration, Instant};
 
 use softverbs::{SendRequest, WcOpcode, WcStatus, WorkCompletion};
 
-use crate::cli::TestKind;
 use crate::endpoint::{split_wr_id, Endpoint, Info};
 use crate::error::{bail, Result};
 use crate::oob::Oob;
@@ -90,7 +89,7 @@ pub(crate) fn client(ep: &Endpoint, remote: &Info, size: usize, iters: Option<u6
                 }
             }
         }
-        let k = ep.cq.poll(&mut wcs);
+        let k = ep.poll(&mut wcs)?;
         for wc in &wcs[..k] {
             check_wc(wc)?;
             let (q, idx) = split_wr_id(wc.wr_id);
@@ -146,7 +145,7 @@ pub(crate) fn server_send(ep: &mut Endpoint, oob: &mut Oob, size: usize, iters: 
     let mut expected = iters.map(|n| n * nq as u64);
     let mut last_check = Instant::now();
     loop {
-        let k = ep.cq.poll(&mut wcs);
+        let k = ep.poll(&mut wcs)?;
         for wc in &wcs[..k] {
             check_wc(wc)?;
             if wc.opcode == WcOpcode::Recv {
@@ -183,9 +182,4 @@ pub(crate) fn server_send(ep: &mut Endpoint, oob: &mut Oob, size: usize, iters: 
             return Ok((parse_end(&rest)?, bad_len));
         }
     }
-}
-
-/// Whether the server has work of its own during a bandwidth run of `test`.
-pub(crate) fn server_is_passive(test: TestKind) -> bool {
-    test != TestKind::Send
 }

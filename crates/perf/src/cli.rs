@@ -109,7 +109,7 @@ pub struct Args {
     pub lat: bool,
 
     /// Message size in bytes (default 65536 for --bw, 2 for --lat; atomics are always 8).
-    #[arg(short, long, conflicts_with = "sweep")]
+    #[arg(short, long, conflicts_with = "sweep", value_parser = parse_size_arg)]
     pub size: Option<usize>,
 
     /// Run several sizes: without a value every power of two from 2 to 8 MiB, or a
@@ -137,13 +137,18 @@ pub struct Args {
     #[arg(short = 'q', long, default_value_t = 1)]
     pub qps: u32,
 
-    /// Request a completion for every N-th work request (bandwidth tests).
+    /// Request a completion for every N-th work request.
     #[arg(short = 'Q', long, default_value_t = 100)]
     pub cq_mod: u32,
 
     /// Post work requests in lists of up to N per ibv_post_send call (bandwidth tests).
     #[arg(short = 'l', long, default_value_t = 1)]
     pub post_list: u32,
+
+    /// Sleep on a completion channel when the CQ is empty instead of busy-polling it
+    /// (perftest's --use_event).
+    #[arg(short = 'e', long)]
+    pub use_event: bool,
 
     /// Send messages of up to BYTES inline (IBV_SEND_INLINE); without a value, up to the
     /// device maximum (512).
@@ -202,7 +207,7 @@ pub struct Args {
     #[arg(long)]
     pub warmup: Option<u64>,
 
-    /// Internal: print "PORT <n>" once listening and print nothing else (the loopback child).
+    /// Internal: print `PORT <n>` once listening and print nothing else (the loopback child).
     #[arg(long, hide = true)]
     pub announce: bool,
 }
@@ -258,6 +263,8 @@ pub struct Params {
     pub post_list: u32,
     /// Largest inline message (0: none).
     pub inline: u32,
+    /// Wait for completions on a completion channel.
+    pub use_event: bool,
     /// Path MTU in bytes (0: the port's active MTU).
     pub mtu: u32,
     /// The atomic operation.
@@ -270,6 +277,10 @@ pub struct Params {
 
 /// Largest message of the default sweep.
 pub const MAX_SWEEP: usize = 8 << 20;
+
+fn parse_size_arg(s: &str) -> Result<usize, String> {
+    parse_size(s).map_err(|e| e.to_string())
+}
 
 fn parse_size(s: &str) -> Result<usize> {
     let s = s.trim();
@@ -344,6 +355,7 @@ impl Params {
             cq_mod: a.cq_mod.min(a.tx_depth),
             post_list: a.post_list.min(a.tx_depth),
             inline: a.inline.unwrap_or(0),
+            use_event: a.use_event,
             mtu: a.mtu.unwrap_or(0),
             atomic: a.atomic_type,
             check: a.check,
@@ -366,7 +378,7 @@ impl Params {
         let sizes: Vec<String> = self.sizes.iter().map(ToString::to_string).collect();
         format!(
             "test={} metric={} sizes={} iters={} duration={} warmup={} tx_depth={} rx_depth={} qps={} cq_mod={} \
-             post_list={} inline={} mtu={} atomic={} check={} idle={}",
+             post_list={} inline={} event={} mtu={} atomic={} check={} idle={}",
             self.test.name(),
             self.metric.name(),
             sizes.join(","),
@@ -379,6 +391,7 @@ impl Params {
             self.cq_mod,
             self.post_list,
             self.inline,
+            u8::from(self.use_event),
             self.mtu,
             self.atomic.name(),
             u8::from(self.check),
@@ -401,6 +414,7 @@ impl Params {
             cq_mod: 100,
             post_list: 1,
             inline: 0,
+            use_event: false,
             mtu: 0,
             atomic: AtomicKind::FetchAdd,
             check: false,
@@ -431,6 +445,7 @@ impl Params {
                 "cq_mod" => p.cq_mod = num(k, v)?,
                 "post_list" => p.post_list = num(k, v)?,
                 "inline" => p.inline = num(k, v)?,
+                "event" => p.use_event = v == "1",
                 "mtu" => p.mtu = num(k, v)?,
                 "atomic" => {
                     p.atomic = match v {

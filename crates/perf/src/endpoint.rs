@@ -5,9 +5,9 @@ use std::hash::{BuildHasher, Hasher};
 use std::net::IpAddr;
 
 use softverbs::{
-    devices, AccessFlags, AhAttr, CompletionQueue, Context, Gid, GlobalRoute, MemoryRegion, Mtu, Payload,
+    devices, AccessFlags, AhAttr, CompletionChannel, CompletionQueue, Context, Gid, GlobalRoute, MemoryRegion, Mtu, Payload,
     ProtectionDomain, QpAttr, QpAttrMask, QpInit, QpState, QpType, QueuePair, RecvWr, RemoteAddr, SendFlags, SendOp,
-    SendRequest,
+    SendRequest, WorkCompletion,
 };
 
 use crate::cli::{AtomicKind, Params, TestKind};
@@ -215,6 +215,8 @@ pub(crate) struct Endpoint {
     pub(crate) ctx: Context,
     _pd: ProtectionDomain,
     pub(crate) cq: CompletionQueue,
+    /// The completion channel of `cq` with `--use-event`.
+    channel: Option<CompletionChannel>,
     pub(crate) qps: Vec<QueuePair>,
     pub(crate) psns: Vec<u32>,
     pub(crate) mr: MemoryRegion,
@@ -254,7 +256,8 @@ impl Endpoint {
         let pd = ctx.alloc_pd()?;
         let cqe = u64::from(params.qps) * (u64::from(params.tx_depth) + 1 + u64::from(params.rx_depth)) + 16;
         let cqe = i32::try_from(cqe.min(u64::from(attr.max_cqe))).unwrap_or(i32::MAX);
-        let cq = ctx.create_cq(cqe, None, 0)?;
+        let channel = if params.use_event { Some(ctx.create_comp_channel()?) } else { None };
+        let cq = ctx.create_cq(cqe, channel.as_ref(), 0)?;
         let mut init = QpInit::new(QpType::Rc, &cq);
         init.cap.max_send_wr = params.tx_depth + 1;
         init.cap.max_recv_wr = params.rx_depth;
@@ -275,6 +278,7 @@ impl Endpoint {
             ctx,
             _pd: pd,
             cq,
+            channel,
             qps,
             psns,
             mr,
@@ -360,6 +364,30 @@ impl Endpoint {
             )?;
         }
         Ok(())
+    }
+
+    /// Polls the CQ into `wcs`. With a completion channel, an empty CQ is armed and the
+    /// thread sleeps until the next completion event instead of returning 0.
+    pub(crate) fn poll(&self, wcs: &mut [WorkCompletion]) -> Result<usize> {
+        let n = self.cq.poll(wcs);
+        let Some(ch) = &self.channel else { return Ok(n) };
+        if n > 0 {
+            return Ok(n);
+        }
+        self.cq.req_notify(false)?;
+        // A completion may have come between the poll and the arming.
+        let n = self.cq.poll(wcs);
+        if n > 0 {
+            return Ok(n);
+        }
+        // Bounded, so that callers polling for something else (a memory byte, the TCP
+        // channel) get to look now and then.
+        match ch.get_cq_event_timeout(Some(std::time::Duration::from_millis(1))) {
+            Ok(ev) => ev.ack(),
+            Err(softverbs::Error::WouldBlock) => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(self.cq.poll(wcs))
     }
 
     /// Tops the receive queue of QP `q` up to `depth` posted WRs, each taking a message of up

@@ -137,6 +137,17 @@ pub fn lat_row(bytes: usize, samples_ns: &[f64], divisor: f64) -> LatRow {
     }
 }
 
+/// `x` with two decimals, or enough for four significant digits when it is below 1 (so that
+/// small bandwidths do not print as 0.00).
+fn fig(x: f64) -> String {
+    if x >= 1.0 || x <= 0.0 || !x.is_finite() {
+        format!("{x:.2}")
+    } else {
+        let digits = (3 - x.log10().floor() as i32).clamp(2, 12) as usize;
+        format!("{x:.digits$}")
+    }
+}
+
 const RULE: &str = "---------------------------------------------------------------------------------------";
 
 /// Prints results as they come, in the chosen format.
@@ -225,8 +236,12 @@ impl Reporter {
         }
         match (self.format, &row) {
             (Format::Table, Row::Bw(r)) => println!(
-                " {:<10} {:<14} {:<18.2} {:<20.2} {:.6}",
-                r.bytes, r.iterations, r.bw_peak_gbps, r.bw_avg_gbps, r.msg_rate_mpps
+                " {:<10} {:<14} {:<18} {:<20} {:.6}",
+                r.bytes,
+                r.iterations,
+                fig(r.bw_peak_gbps),
+                fig(r.bw_avg_gbps),
+                r.msg_rate_mpps
             ),
             (Format::Table, Row::Lat(r)) => println!(
                 " {:<7} {:<11} {:<14.2} {:<14.2} {:<16.2} {:<14.2} {:<15.2} {:<22.2} {:.2}",
@@ -236,7 +251,7 @@ impl Reporter {
                 println!(" {:<10.2} {:<25.3} {:.3}", r.seconds, r.client_cpu_pct, r.server_cpu_pct);
             }
             (Format::Csv, Row::Bw(r)) => println!(
-                "{},{},{:.4},{:.4},{:.6}",
+                "{},{},{:.6},{:.6},{:.6}",
                 r.bytes, r.iterations, r.bw_peak_gbps, r.bw_avg_gbps, r.msg_rate_mpps
             ),
             (Format::Csv, Row::Lat(r)) => println!(
@@ -336,6 +351,14 @@ mod tests {
         let r = bw_row(1000, 400, 400, 2.0, &points);
         assert!((r.bw_avg_gbps - 200.0 * 8000.0 / 1e9).abs() < 1e-12);
         assert!(r.bw_peak_gbps > r.bw_avg_gbps);
+    }
+
+    #[test]
+    fn small_figures_keep_significant_digits() {
+        assert_eq!(fig(12.345), "12.35");
+        assert_eq!(fig(0.000724), "0.0007240");
+        assert_eq!(fig(0.5), "0.5000");
+        assert_eq!(fig(0.0), "0.00");
     }
 
     #[test]

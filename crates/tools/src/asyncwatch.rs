@@ -49,7 +49,12 @@ pub fn describe_target(target: &AsyncEventTarget) -> String {
 /// One output line (without the newline): `  event_type <NAME> (<number>), <object>`.
 pub fn describe(ev: &AsyncEvent) -> String {
     let t = ev.event_type();
-    format!("  event_type {} ({}), {}", event_name(t), t.raw(), describe_target(ev.target()))
+    format!(
+        "  event_type {} ({}), {}",
+        event_name(t),
+        t.raw(),
+        describe_target(ev.target())
+    )
 }
 
 /// Prints each async event of `ctx` to `out` (acknowledging it) until `count` events were seen or

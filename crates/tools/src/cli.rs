@@ -35,7 +35,10 @@ pub fn parse_c_int<T: TryFrom<i64>>(s: &str) -> Result<T, String> {
 pub fn find_device(name: Option<&str>) -> Result<Device, ToolError> {
     let list = devices().map_err(|e| ToolError::new(format!("Failed to get the RDMA device list: {e}")))?;
     match name {
-        None => list.into_iter().next().ok_or_else(|| ToolError::new("No RDMA devices found")),
+        None => list
+            .into_iter()
+            .next()
+            .ok_or_else(|| ToolError::new("No RDMA devices found")),
         Some(n) => list
             .into_iter()
             .find(|d| d.name() == n)
@@ -83,7 +86,9 @@ fn parse_ib_port(s: &str) -> Result<u8, String> {
 }
 
 fn parse_secs(s: &str) -> Result<Duration, String> {
-    let secs: f64 = s.parse().map_err(|e| format!("'{s}' is not a number of seconds: {e}"))?;
+    let secs: f64 = s
+        .parse()
+        .map_err(|e| format!("'{s}' is not a number of seconds: {e}"))?;
     Duration::try_from_secs_f64(secs).map_err(|e| format!("'{s}': {e}"))
 }
 
@@ -164,7 +169,12 @@ pub fn unsupported(tool: &str, what: &str) -> ExitCode {
 
 /// Runs a ping-pong program: opens the device, prints the local addresses, connects the TCP
 /// exchange (listening on `args.port`, or connecting to `args.servername`) and runs.
-pub fn pingpong_main(transport: Transport, args: &PingPongArgs, mtu: Option<Mtu>, num_qp: Option<u32>) -> ExitCode {
+pub fn pingpong_main(
+    transport: Transport,
+    args: &PingPongArgs,
+    mtu: Option<Mtu>,
+    num_qp: Option<u32>,
+) -> ExitCode {
     let tool = transport.tool_name();
     match pingpong_run(transport, args, mtu, num_qp) {
         Ok(()) => ExitCode::SUCCESS,
@@ -180,7 +190,9 @@ fn pingpong_run(
 ) -> Result<(), ToolError> {
     let cfg = args.config(transport, mtu, num_qp);
     let dev = find_device(args.ib_dev.as_deref())?;
-    let ctx = dev.open().or_fail(&format!("Couldn't get context for {}", dev.name()))?;
+    let ctx = dev
+        .open()
+        .or_fail(&format!("Couldn't get context for {}", dev.name()))?;
     let pp = PingPong::new(&ctx, cfg)?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -191,7 +203,9 @@ fn pingpong_run(
     };
     if let Some(t) = args.timeout {
         // Bounds the address exchange; the completion loop has its own bound.
-        stream.set_read_timeout(Some(t)).or_fail("set the socket timeout")?;
+        stream
+            .set_read_timeout(Some(t))
+            .or_fail("set the socket timeout")?;
     }
     pp.run(role, stream, &mut out)?;
     Ok(())
@@ -233,7 +247,9 @@ fn accept(port: u16, timeout: Option<Duration>) -> Result<TcpStream, ToolError> 
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
-                    return Err(ToolError::new(format!("no client connected to port {port} within {limit:?}")));
+                    return Err(ToolError::new(format!(
+                        "no client connected to port {port} within {limit:?}"
+                    )));
                 }
                 std::thread::sleep(Duration::from_millis(10));
             }

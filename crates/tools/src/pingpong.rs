@@ -24,8 +24,9 @@ use std::time::{Duration, Instant};
 
 use softverbs::{
     AccessFlags, AddressHandle, AhAttr, CompletionChannel, CompletionQueue, Context, Error, Gid, GlobalRoute,
-    MemoryRegion, Mtu, Payload, PortAttr, ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInit, QpState, QpType,
-    QueuePair, RecvWr, SendFlags, SendOp, SendRequest, SharedReceiveQueue, SrqAttr, WcStatus, WorkCompletion,
+    MemoryRegion, Mtu, Payload, PortAttr, ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInit, QpState,
+    QpType, QueuePair, RecvWr, SendFlags, SendOp, SendRequest, SharedReceiveQueue, SrqAttr, WcStatus,
+    WorkCompletion,
 };
 
 use crate::{OrFail, ToolError};
@@ -116,12 +117,22 @@ pub struct Dest {
 
 impl Dest {
     /// An all-zero address, as the C program sends for unused SRQ slots.
-    pub const ZERO: Self = Self { lid: 0, qpn: 0, psn: 0, gid: Gid::ZERO };
+    pub const ZERO: Self = Self {
+        lid: 0,
+        qpn: 0,
+        psn: 0,
+        gid: Gid::ZERO,
+    };
 
     /// The wire message: `"%04x:%06x:%06x:<32 hex GID digits>"` and a NUL.
     pub fn to_wire(&self) -> [u8; WIRE_LEN] {
         let gid: String = self.gid.0.iter().map(|b| format!("{b:02x}")).collect();
-        let text = format!("{:04x}:{:06x}:{:06x}:{gid}", self.lid, self.qpn & 0xff_ffff, self.psn & 0xff_ffff);
+        let text = format!(
+            "{:04x}:{:06x}:{:06x}:{gid}",
+            self.lid,
+            self.qpn & 0xff_ffff,
+            self.psn & 0xff_ffff
+        );
         debug_assert_eq!(text.len(), WIRE_LEN - 1);
         let mut msg = [0u8; WIRE_LEN];
         msg[..text.len()].copy_from_slice(text.as_bytes());
@@ -131,12 +142,20 @@ impl Dest {
     /// Parses a wire message (text up to the first NUL).
     pub fn from_wire(msg: &[u8]) -> Result<Self, ToolError> {
         let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
-        let bad = || ToolError::new(format!("malformed address message {:?}", String::from_utf8_lossy(&msg[..end])));
+        let bad = || {
+            ToolError::new(format!(
+                "malformed address message {:?}",
+                String::from_utf8_lossy(&msg[..end])
+            ))
+        };
         let text = std::str::from_utf8(&msg[..end]).map_err(|_| bad())?;
         let mut fields = text.splitn(4, ':');
         let mut hex = |max: u32| -> Result<u32, ToolError> {
             let f = fields.next().ok_or_else(bad)?;
-            u32::from_str_radix(f, 16).ok().filter(|v| *v <= max).ok_or_else(bad)
+            u32::from_str_radix(f, 16)
+                .ok()
+                .filter(|v| *v <= max)
+                .ok_or_else(bad)
         };
         let lid = hex(0xffff)? as u16;
         let qpn = hex(0xff_ffff)?;
@@ -149,7 +168,12 @@ impl Dest {
         for (i, b) in gid.iter_mut().enumerate() {
             *b = u8::from_str_radix(&g[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
         }
-        Ok(Self { lid, qpn, psn, gid: Gid(gid) })
+        Ok(Self {
+            lid,
+            qpn,
+            psn,
+            gid: Gid(gid),
+        })
     }
 
     /// The GID as `inet_ntop(AF_INET6)` writes it, e.g. `::ffff:127.0.0.1`.
@@ -161,7 +185,11 @@ impl Dest {
     fn line(&self, label: &str, transport: Transport) -> String {
         let pad = if label == "local" { "  " } else { " " };
         // ibv_ud_pingpong has a colon before "GID" in its local line; keep the format identical.
-        let sep = if transport == Transport::Ud && label == "local" { ":" } else { "," };
+        let sep = if transport == Transport::Ud && label == "local" {
+            ":"
+        } else {
+            ","
+        };
         format!(
             "  {label} address:{pad}LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}{sep} GID {}",
             self.lid,
@@ -242,7 +270,10 @@ impl Config {
                 )));
             }
             if self.num_qp as usize >= SRQ_WIRE_COUNT {
-                return Err(ToolError::new(format!("num-qp {} must be below {SRQ_WIRE_COUNT}", self.num_qp)));
+                return Err(ToolError::new(format!(
+                    "num-qp {} must be below {SRQ_WIRE_COUNT}",
+                    self.num_qp
+                )));
             }
         } else if self.num_qp != 1 {
             return Err(ToolError::new("only ibv_srq_pingpong uses more than one QP"));
@@ -298,15 +329,19 @@ impl Report {
 /// One side of a ping-pong: every verbs object it uses, created and in INIT with receives posted.
 #[derive(Debug)]
 pub struct PingPong {
-    cfg: Config,
-    ctx: Context,
-    channel: Option<CompletionChannel>,
-    pd: ProtectionDomain,
-    mr: MemoryRegion,
-    cq: CompletionQueue,
-    srq: Option<SharedReceiveQueue>,
+    // Fields drop in declaration order, and the order matters: the QPs must go before the MR,
+    // as in the C programs' teardown. The peer may still have a send in flight when this side
+    // is done; to a destroyed QP it is simply dropped, but a live QP whose receive buffer was
+    // already deregistered would NAK it and fail the peer's run.
     qps: Vec<QueuePair>,
     ah: Option<AddressHandle>,
+    srq: Option<SharedReceiveQueue>,
+    cq: CompletionQueue,
+    channel: Option<CompletionChannel>,
+    mr: MemoryRegion,
+    pd: ProtectionDomain,
+    ctx: Context,
+    cfg: Config,
     port: PortAttr,
     sgid_index: u8,
     local: Vec<Dest>,
@@ -319,7 +354,9 @@ impl PingPong {
     pub fn new(ctx: &Context, cfg: Config) -> Result<Self, ToolError> {
         cfg.validate()?;
         let t = cfg.transport;
-        let port = ctx.query_port(cfg.ib_port).or_fail(&format!("Couldn't query port {}", cfg.ib_port))?;
+        let port = ctx
+            .query_port(cfg.ib_port)
+            .or_fail(&format!("Couldn't query port {}", cfg.ib_port))?;
         if t == Transport::Ud && cfg.size > port.active_mtu.bytes() as usize {
             return Err(ToolError::new(format!(
                 "Requested size {} is larger than the port MTU ({})",
@@ -328,20 +365,29 @@ impl PingPong {
             )));
         }
         let channel = if cfg.use_events {
-            Some(ctx.create_comp_channel().or_fail("Couldn't create completion channel")?)
+            Some(
+                ctx.create_comp_channel()
+                    .or_fail("Couldn't create completion channel")?,
+            )
         } else {
             None
         };
         let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
         let buf_len = cfg.size + if t == Transport::Ud { UD_GRH_LEN } else { 0 };
-        let mr = pd.register(buf_len, AccessFlags::LOCAL_WRITE).or_fail("Couldn't register MR")?;
+        let mr = pd
+            .register(buf_len, AccessFlags::LOCAL_WRITE)
+            .or_fail("Couldn't register MR")?;
         mr.fill(FILL);
         let cqe = cfg.rx_depth + if t == Transport::Srq { cfg.num_qp } else { 1 };
         let cq = ctx
             .create_cq(i32::try_from(cqe).unwrap_or(i32::MAX), channel.as_ref(), 0)
             .or_fail("Couldn't create CQ")?;
         let srq = if t == Transport::Srq {
-            let attr = SrqAttr { max_wr: cfg.rx_depth, max_sge: 1, srq_limit: 0 };
+            let attr = SrqAttr {
+                max_wr: cfg.rx_depth,
+                max_sge: 1,
+                srq_limit: 0,
+            };
             Some(pd.create_srq(&attr).or_fail("Couldn't create SRQ")?)
         } else {
             None
@@ -373,7 +419,12 @@ impl PingPong {
             .or_fail(&format!("Couldn't read the GID of index {sgid_index}"))?;
         let local = qps
             .iter()
-            .map(|qp| Dest { lid: port.lid, qpn: qp.qp_num(), psn: random_psn(), gid })
+            .map(|qp| Dest {
+                lid: port.lid,
+                qpn: qp.qp_num(),
+                psn: random_psn(),
+                gid,
+            })
             .collect();
         let mut pp = Self {
             cfg,
@@ -395,7 +446,9 @@ impl PingPong {
             return Err(ToolError::new(format!("Couldn't post receive ({})", pp.routs)));
         }
         if pp.channel.is_some() {
-            pp.cq.req_notify(false).or_fail("Couldn't request CQ notification")?;
+            pp.cq
+                .req_notify(false)
+                .or_fail("Couldn't request CQ notification")?;
         }
         Ok(pp)
     }
@@ -420,23 +473,35 @@ impl PingPong {
 
     /// Exchanges addresses over `stream` as `role`, connects, runs the ping-pong and prints the
     /// remote addresses, the summary and (server with `check`) any invalid pages to `out`.
-    pub fn run<S: Read + Write>(mut self, role: Role, mut stream: S, out: &mut dyn Write) -> Result<Report, ToolError> {
+    pub fn run<S: Read + Write>(
+        mut self,
+        role: Role,
+        mut stream: S,
+        out: &mut dyn Write,
+    ) -> Result<Report, ToolError> {
         let remote = match role {
             Role::Client => {
                 self.send_dests(&mut stream)?;
                 let remote = self.read_dests(&mut stream)?;
-                stream.write_all(DONE).or_fail("Couldn't write the done message")?;
+                stream
+                    .write_all(DONE)
+                    .or_fail("Couldn't write the done message")?;
                 stream.flush().or_fail("Couldn't write the done message")?;
                 remote
             }
             Role::Server => {
                 let remote = self.read_dests(&mut stream)?;
-                self.connect(&remote).map_err(|e| ToolError::new(format!("Couldn't connect to remote QP: {e}")))?;
+                self.connect(&remote)
+                    .map_err(|e| ToolError::new(format!("Couldn't connect to remote QP: {e}")))?;
                 self.send_dests(&mut stream)?;
                 let mut done = [0u8; DONE.len()];
-                stream.read_exact(&mut done).or_fail("Couldn't read the done message")?;
+                stream
+                    .read_exact(&mut done)
+                    .or_fail("Couldn't read the done message")?;
                 if &done != DONE {
-                    return Err(ToolError::new(format!("expected \"done\" from the client, got {done:?}")));
+                    return Err(ToolError::new(format!(
+                        "expected \"done\" from the client, got {done:?}"
+                    )));
                 }
                 remote
             }
@@ -460,7 +525,11 @@ impl PingPong {
     }
 
     fn send_dests<S: Write>(&self, stream: &mut S) -> Result<(), ToolError> {
-        let count = if self.cfg.transport == Transport::Srq { SRQ_WIRE_COUNT } else { 1 };
+        let count = if self.cfg.transport == Transport::Srq {
+            SRQ_WIRE_COUNT
+        } else {
+            1
+        };
         let mut bytes = Vec::with_capacity(count * WIRE_LEN);
         for i in 0..count {
             bytes.extend_from_slice(&self.local.get(i).copied().unwrap_or(Dest::ZERO).to_wire());
@@ -470,11 +539,17 @@ impl PingPong {
     }
 
     fn read_dests<S: Read>(&self, stream: &mut S) -> Result<Vec<Dest>, ToolError> {
-        let count = if self.cfg.transport == Transport::Srq { SRQ_WIRE_COUNT } else { 1 };
+        let count = if self.cfg.transport == Transport::Srq {
+            SRQ_WIRE_COUNT
+        } else {
+            1
+        };
         let mut dests = Vec::with_capacity(count);
         for i in 0..count {
             let mut msg = [0u8; WIRE_LEN];
-            stream.read_exact(&mut msg).or_fail(&format!("Couldn't read remote address [{i}]"))?;
+            stream
+                .read_exact(&mut msg)
+                .or_fail(&format!("Couldn't read remote address [{i}]"))?;
             dests.push(Dest::from_wire(&msg)?);
         }
         dests.truncate(self.qps.len());
@@ -492,7 +567,12 @@ impl PingPong {
                 )));
             }
             let av = AhAttr {
-                grh: GlobalRoute { dgid: dest.gid, sgid_index: self.sgid_index, hop_limit: 1, ..Default::default() },
+                grh: GlobalRoute {
+                    dgid: dest.gid,
+                    sgid_index: self.sgid_index,
+                    hop_limit: 1,
+                    ..Default::default()
+                },
                 dlid: dest.lid,
                 sl: cfg.sl,
                 src_path_bits: 0,
@@ -502,8 +582,20 @@ impl PingPong {
             };
             match cfg.transport {
                 Transport::Ud => {
-                    modify(qp, QpAttr { qp_state: QpState::Rtr, ..Default::default() }, QpAttrMask::STATE, "RTR")?;
-                    let rts = QpAttr { qp_state: QpState::Rts, sq_psn: me.psn, ..Default::default() };
+                    modify(
+                        qp,
+                        QpAttr {
+                            qp_state: QpState::Rtr,
+                            ..Default::default()
+                        },
+                        QpAttrMask::STATE,
+                        "RTR",
+                    )?;
+                    let rts = QpAttr {
+                        qp_state: QpState::Rts,
+                        sq_psn: me.psn,
+                        ..Default::default()
+                    };
                     modify(qp, rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN, "RTS")?;
                     self.ah = Some(self.pd.create_ah(&av).or_fail("Failed to create AH")?);
                 }
@@ -522,7 +614,11 @@ impl PingPong {
                         | QpAttrMask::DEST_QPN
                         | QpAttrMask::RQ_PSN;
                     modify(qp, rtr, mask, "RTR")?;
-                    let rts = QpAttr { qp_state: QpState::Rts, sq_psn: me.psn, ..Default::default() };
+                    let rts = QpAttr {
+                        qp_state: QpState::Rts,
+                        sq_psn: me.psn,
+                        ..Default::default()
+                    };
                     modify(qp, rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN, "RTS")?;
                 }
                 Transport::Rc | Transport::Srq => {
@@ -581,11 +677,15 @@ impl PingPong {
             return 0;
         }
         // UD receives take the GRH too, so they cover the whole buffer.
-        let sge = match self.mr.sge(0..self.mr.len()) {
-            Ok(sge) => sge,
-            Err(_) => return 0,
+        let Ok(sge) = self.mr.sge(0..self.mr.len()) else {
+            return 0;
         };
-        let wrs: Vec<RecvWr> = (0..n).map(|_| RecvWr { wr_id: RECV_WRID, sg_list: vec![sge] }).collect();
+        let wrs: Vec<RecvWr> = (0..n)
+            .map(|_| RecvWr {
+                wr_id: RECV_WRID,
+                sg_list: vec![sge],
+            })
+            .collect();
         let r = match &self.srq {
             Some(srq) => srq.post_recv(&wrs),
             None => self.qps[0].post_recv(&wrs),
@@ -598,16 +698,22 @@ impl PingPong {
 
     fn post_send(&self, qp_index: usize, remote: &[Dest]) -> Result<(), ToolError> {
         let off = self.data_offset();
-        let sge = self.mr.sge(off..off + self.cfg.size).or_fail("Couldn't post send")?;
-        let ud = match &self.ah {
-            Some(ah) => Some(ah.ud_address(remote[qp_index].qpn, UD_QKEY)),
-            None => None,
-        };
+        let sge = self
+            .mr
+            .sge(off..off + self.cfg.size)
+            .or_fail("Couldn't post send")?;
+        let ud = self
+            .ah
+            .as_ref()
+            .map(|ah| ah.ud_address(remote[qp_index].qpn, UD_QKEY));
         // The C programs send inline when the QP allows it; that changes nothing on the wire,
         // so the gather list is always used here.
         let wr = SendRequest {
             wr_id: SEND_WRID,
-            op: SendOp::Send { imm: None, invalidate: None },
+            op: SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
             flags: SendFlags::SIGNALED,
             payload: Payload::Sges(vec![sge]),
             ud,
@@ -633,8 +739,19 @@ impl PingPong {
             }
         }
         // SRQ mode refills once no more than one receive per QP is left; the others at one.
-        let refill_at = if self.cfg.transport == Transport::Srq { self.cfg.num_qp } else { 1 };
-        let mut wc = vec![WorkCompletion::default(); if nqp > 1 { nqp + self.cfg.rx_depth as usize } else { 2 }];
+        let refill_at = if self.cfg.transport == Transport::Srq {
+            self.cfg.num_qp
+        } else {
+            1
+        };
+        let mut wc = vec![
+            WorkCompletion::default();
+            if nqp > 1 {
+                nqp + self.cfg.rx_depth as usize
+            } else {
+                2
+            }
+        ];
         let (mut scnt, mut rcnt, mut cq_events) = (0u64, 0u64, 0u64);
         let start = Instant::now();
         let mut last_progress = start;
@@ -649,7 +766,9 @@ impl PingPong {
                 if !ev.cq().same_as(&self.cq) {
                     return Err(ToolError::new("CQ event for an unknown CQ"));
                 }
-                self.cq.req_notify(false).or_fail("Couldn't request CQ notification")?;
+                self.cq
+                    .req_notify(false)
+                    .or_fail("Couldn't request CQ notification")?;
                 ev.ack();
             }
             let ne = loop {
@@ -691,7 +810,10 @@ impl PingPong {
                         if self.routs <= refill_at {
                             self.routs += self.post_recv(self.cfg.rx_depth - self.routs);
                             if self.routs < self.cfg.rx_depth {
-                                return Err(ToolError::new(format!("Couldn't post receive ({})", self.routs)));
+                                return Err(ToolError::new(format!(
+                                    "Couldn't post receive ({})",
+                                    self.routs
+                                )));
                             }
                         }
                         rcnt += 1;
@@ -764,11 +886,17 @@ pub fn run<S: Read + Write>(
 }
 
 fn modify(qp: &QueuePair, attr: QpAttr, mask: QpAttrMask, state: &str) -> Result<(), ToolError> {
-    qp.modify(&attr, mask).or_fail(&format!("Failed to modify QP to {state}"))
+    qp.modify(&attr, mask)
+        .or_fail(&format!("Failed to modify QP to {state}"))
 }
 
 fn to_init(qp: &QueuePair, cfg: &Config) -> softverbs::Result<()> {
-    let mut attr = QpAttr { qp_state: QpState::Init, pkey_index: 0, port_num: cfg.ib_port, ..Default::default() };
+    let mut attr = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: cfg.ib_port,
+        ..Default::default()
+    };
     let mut mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT;
     if cfg.transport == Transport::Ud {
         attr.qkey = UD_QKEY;
@@ -786,10 +914,14 @@ fn to_init(qp: &QueuePair, cfg: &Config) -> softverbs::Result<()> {
 /// zero GID without `-g`, which RoCE cannot route, so choosing one makes `-g` optional here.
 fn pick_gid(ctx: &Context, port: u8, asked: Option<i32>) -> Result<u8, ToolError> {
     if let Some(i) = asked.filter(|i| *i >= 0) {
-        ctx.query_gid(port, i).or_fail(&format!("can't read sgid of index {i}"))?;
+        ctx.query_gid(port, i)
+            .or_fail(&format!("can't read sgid of index {i}"))?;
         return u8::try_from(i).map_err(|_| ToolError::new(format!("GID index {i} is out of range")));
     }
-    let len = ctx.query_port(port).or_fail("Couldn't get port info")?.gid_tbl_len;
+    let len = ctx
+        .query_port(port)
+        .or_fail("Couldn't get port info")?
+        .gid_tbl_len;
     let gids: Vec<(u8, Gid)> = (0..len.min(256))
         .filter_map(|i| Some((i as u8, ctx.query_gid(port, i as i32).ok()?)))
         .filter(|(_, g)| g.interface_id() != 0)
@@ -837,17 +969,35 @@ mod tests {
 
     #[test]
     fn malformed_messages_are_refused() {
-        for bad in [&b"zzzz:000011:abcdef:00000000000000000000ffff7f000001\0"[..], b"0000:000011\0", b"\0"] {
+        for bad in [
+            &b"zzzz:000011:abcdef:00000000000000000000ffff7f000001\0"[..],
+            b"0000:000011\0",
+            b"\0",
+        ] {
             assert!(Dest::from_wire(bad).is_err(), "{bad:?}");
         }
     }
 
     #[test]
     fn address_lines() {
-        let d = Dest { lid: 0, qpn: 0x11, psn: 0x10, gid: Gid::ZERO };
-        assert_eq!(d.line("local", Transport::Rc), "  local address:  LID 0x0000, QPN 0x000011, PSN 0x000010, GID ::");
-        assert_eq!(d.line("local", Transport::Ud), "  local address:  LID 0x0000, QPN 0x000011, PSN 0x000010: GID ::");
-        assert_eq!(d.line("remote", Transport::Ud), "  remote address: LID 0x0000, QPN 0x000011, PSN 0x000010, GID ::");
+        let d = Dest {
+            lid: 0,
+            qpn: 0x11,
+            psn: 0x10,
+            gid: Gid::ZERO,
+        };
+        assert_eq!(
+            d.line("local", Transport::Rc),
+            "  local address:  LID 0x0000, QPN 0x000011, PSN 0x000010, GID ::"
+        );
+        assert_eq!(
+            d.line("local", Transport::Ud),
+            "  local address:  LID 0x0000, QPN 0x000011, PSN 0x000010: GID ::"
+        );
+        assert_eq!(
+            d.line("remote", Transport::Ud),
+            "  remote address: LID 0x0000, QPN 0x000011, PSN 0x000010, GID ::"
+        );
     }
 
     #[test]

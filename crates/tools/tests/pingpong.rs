@@ -41,7 +41,10 @@ fn side(cfg: Config, role: Role, stream: impl FnOnce() -> TcpStream) -> Result<S
     let s = stream();
     s.set_read_timeout(Some(BOUND)).unwrap();
     let report = pp.run(role, s, &mut out).map_err(|e| e.to_string())?;
-    Ok(Side { report, output: String::from_utf8(out).unwrap() })
+    Ok(Side {
+        report,
+        output: String::from_utf8(out).unwrap(),
+    })
 }
 
 /// Runs a server thread and a client thread with the same configuration.
@@ -55,7 +58,10 @@ fn pair(cfg: &Config) -> (Side, Side) {
     let deadline = Instant::now() + BOUND;
     for h in [&server, &client] {
         while !h.is_finished() {
-            assert!(Instant::now() < deadline, "the ping-pong did not finish within {BOUND:?}");
+            assert!(
+                Instant::now() < deadline,
+                "the ping-pong did not finish within {BOUND:?}"
+            );
             thread::sleep(Duration::from_millis(5));
         }
     }
@@ -78,7 +84,12 @@ fn assert_good_run(cfg: &Config, s: &Side, c: &Side) {
     let iters = u64::from(cfg.iters);
     for (who, side) in [("server", s), ("client", c)] {
         let r = &side.report;
-        assert!(r.sends >= iters && r.recvs >= iters, "{who}: {} sends, {} receives", r.sends, r.recvs);
+        assert!(
+            r.sends >= iters && r.recvs >= iters,
+            "{who}: {} sends, {} receives",
+            r.sends,
+            r.recvs
+        );
         assert_eq!(r.bytes, cfg.size as u64 * iters * 2);
         assert_eq!(r.local.len(), cfg.num_qp as usize);
         assert_eq!(r.remote.len(), cfg.num_qp as usize);
@@ -88,14 +99,41 @@ fn assert_good_run(cfg: &Config, s: &Side, c: &Side) {
             assert_eq!(r.cq_events, 0);
         }
         let lines: Vec<&str> = side.output.lines().collect();
-        let locals = lines.iter().filter(|l| l.starts_with("  local address:  LID 0x0000, QPN 0x")).count();
-        let remotes = lines.iter().filter(|l| l.starts_with("  remote address: LID 0x0000, QPN 0x")).count();
-        assert_eq!((locals, remotes), (cfg.num_qp as usize, cfg.num_qp as usize), "{who}:\n{}", side.output);
-        assert!(side.output.contains("GID ::ffff:127.0.0.1"), "{who}:\n{}", side.output);
+        let locals = lines
+            .iter()
+            .filter(|l| l.starts_with("  local address:  LID 0x0000, QPN 0x"))
+            .count();
+        let remotes = lines
+            .iter()
+            .filter(|l| l.starts_with("  remote address: LID 0x0000, QPN 0x"))
+            .count();
+        assert_eq!(
+            (locals, remotes),
+            (cfg.num_qp as usize, cfg.num_qp as usize),
+            "{who}:\n{}",
+            side.output
+        );
+        assert!(
+            side.output.contains("GID ::ffff:127.0.0.1"),
+            "{who}:\n{}",
+            side.output
+        );
         let summary = format!("{} bytes in ", r.bytes);
-        assert!(lines.iter().any(|l| l.starts_with(&summary) && l.ends_with(" Mbit/sec")), "{who}:\n{}", side.output);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with(&summary) && l.ends_with(" Mbit/sec")),
+            "{who}:\n{}",
+            side.output
+        );
         let iters_line = format!("{} iters in ", cfg.iters);
-        assert!(lines.iter().any(|l| l.starts_with(&iters_line) && l.ends_with(" usec/iter")), "{who}:\n{}", side.output);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with(&iters_line) && l.ends_with(" usec/iter")),
+            "{who}:\n{}",
+            side.output
+        );
         assert!(!side.output.contains("invalid data"), "{who}:\n{}", side.output);
     }
     // Each side learned exactly what the other announced (QPN and random PSN).
@@ -193,7 +231,9 @@ mod threads {
     #[test]
     fn explicit_gid_index_is_announced() {
         let ctx = lo();
-        let idx = (0..16).find(|&i| ctx.query_gid(1, i).unwrap() == Gid::from(std::net::Ipv4Addr::LOCALHOST)).unwrap();
+        let idx = (0..16)
+            .find(|&i| ctx.query_gid(1, i).unwrap() == Gid::from(std::net::Ipv4Addr::LOCALHOST))
+            .unwrap();
         let mut cfg = config(Transport::Rc, false);
         cfg.gid_index = Some(idx);
         cfg.iters = 20;
@@ -217,7 +257,13 @@ mod threads {
         let client = side(unchecked, Role::Client, move || TcpStream::connect(addr).unwrap()).unwrap();
         let server = server.join().unwrap().unwrap();
         assert_eq!(server.report.invalid_pages, vec![0, 1]);
-        assert!(server.output.contains("invalid data in page 0\ninvalid data in page 1\n"), "{}", server.output);
+        assert!(
+            server
+                .output
+                .contains("invalid data in page 0\ninvalid data in page 1\n"),
+            "{}",
+            server.output
+        );
         assert!(client.report.invalid_pages.is_empty());
     }
 
@@ -258,12 +304,24 @@ mod c_wire_protocol {
         init.cap.max_send_wr = 1;
         init.cap.max_recv_wr = 32;
         let qp = pd.create_qp(&init).unwrap();
-        let attr = QpAttr { qp_state: QpState::Init, port_num: 1, ..Default::default() };
-        qp.modify(&attr, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)
-            .unwrap();
+        let attr = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            ..Default::default()
+        };
+        qp.modify(
+            &attr,
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+        )
+        .unwrap();
         let mr = pd.register(size, AccessFlags::LOCAL_WRITE).unwrap();
         mr.fill(0x7b);
-        let wrs: Vec<RecvWr> = (0..32).map(|_| RecvWr { wr_id: 1, sg_list: vec![mr.sge(0..size).unwrap()] }).collect();
+        let wrs: Vec<RecvWr> = (0..32)
+            .map(|_| RecvWr {
+                wr_id: 1,
+                sg_list: vec![mr.sge(0..size).unwrap()],
+            })
+            .collect();
         qp.post_recv(&wrs).unwrap();
         CPeer { _pd: pd, cq, qp, mr }
     }
@@ -294,7 +352,9 @@ mod c_wire_protocol {
 
         let ctx = lo();
         let me = c_peer(&ctx, size);
-        let sgid = (0..16).find(|&i| ctx.query_gid(1, i).unwrap() == Gid::from(std::net::Ipv4Addr::LOCALHOST)).unwrap();
+        let sgid = (0..16)
+            .find(|&i| ctx.query_gid(1, i).unwrap() == Gid::from(std::net::Ipv4Addr::LOCALHOST))
+            .unwrap();
         let gid = ctx.query_gid(1, sgid).unwrap();
         let my_psn = 0x00c0de_u32;
         // sprintf(msg, "%04x:%06x:%06x:%s", lid, qpn, psn, wire_gid), sent with its NUL.
@@ -314,7 +374,11 @@ mod c_wire_protocol {
         let text = std::str::from_utf8(&answer[..51]).unwrap();
         let f: Vec<&str> = text.split(':').collect();
         assert_eq!(f.len(), 4, "{text}");
-        assert_eq!((f[0].len(), f[1].len(), f[2].len(), f[3].len()), (4, 6, 6, 32), "{text}");
+        assert_eq!(
+            (f[0].len(), f[1].len(), f[2].len(), f[3].len()),
+            (4, 6, 6, 32),
+            "{text}"
+        );
         let qpn = u32::from_str_radix(f[1], 16).unwrap();
         let psn = u32::from_str_radix(f[2], 16).unwrap();
         let mut rgid = [0u8; 16];
@@ -332,7 +396,12 @@ mod c_wire_protocol {
             max_dest_rd_atomic: 1,
             min_rnr_timer: 12,
             ah_attr: AhAttr {
-                grh: GlobalRoute { dgid: Gid(rgid), sgid_index: sgid as u8, hop_limit: 1, ..Default::default() },
+                grh: GlobalRoute {
+                    dgid: Gid(rgid),
+                    sgid_index: sgid as u8,
+                    hop_limit: 1,
+                    ..Default::default()
+                },
                 is_global: true,
                 port_num: 1,
                 ..Default::default()
@@ -375,7 +444,10 @@ mod c_wire_protocol {
         me.mr.write(0, &[0]).unwrap();
         let send = SendRequest {
             wr_id: 2,
-            op: SendOp::Send { imm: None, invalidate: None },
+            op: SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
             flags: SendFlags::SIGNALED,
             payload: Payload::Sges(vec![me.mr.sge(0..size).unwrap()]),
             ud: None,
@@ -400,16 +472,33 @@ mod c_wire_protocol {
                 }
             }
             if posted < 4 {
-                let wrs: Vec<RecvWr> =
-                    (0..28).map(|_| RecvWr { wr_id: 1, sg_list: vec![me.mr.sge(0..size).unwrap()] }).collect();
+                let wrs: Vec<RecvWr> = (0..28)
+                    .map(|_| RecvWr {
+                        wr_id: 1,
+                        sg_list: vec![me.mr.sge(0..size).unwrap()],
+                    })
+                    .collect();
                 me.qp.post_recv(&wrs).unwrap();
                 posted += 28;
             }
         }
         let s = server.join().unwrap().unwrap_or_else(|e| panic!("server: {e}"));
-        assert_eq!(s.report.remote[0], Dest { lid: 0, qpn: me.qp.qp_num(), psn: my_psn, gid });
+        assert_eq!(
+            s.report.remote[0],
+            Dest {
+                lid: 0,
+                qpn: me.qp.qp_num(),
+                psn: my_psn,
+                gid
+            }
+        );
         assert!(s.report.invalid_pages.is_empty(), "{}", s.output);
-        assert!(s.output.contains(&format!("PSN 0x{my_psn:06x}, GID ::ffff:127.0.0.1")), "{}", s.output);
+        assert!(
+            s.output
+                .contains(&format!("PSN 0x{my_psn:06x}, GID ::ffff:127.0.0.1")),
+            "{}",
+            s.output
+        );
     }
 
     #[test]
@@ -421,7 +510,8 @@ mod c_wire_protocol {
         let addr = listener.local_addr().unwrap();
         let mut cfg = config(Transport::Uc, false);
         cfg.timeout = Some(Duration::from_millis(300));
-        let client = thread::spawn(move || side(cfg, Role::Client, move || TcpStream::connect(addr).unwrap()));
+        let client =
+            thread::spawn(move || side(cfg, Role::Client, move || TcpStream::connect(addr).unwrap()));
         let (mut sock, _) = listener.accept().unwrap();
         sock.set_read_timeout(Some(BOUND)).unwrap();
         let mut msg = [0u8; WIRE_LEN];
@@ -430,12 +520,21 @@ mod c_wire_protocol {
         assert_eq!(theirs.gid, Gid::from(std::net::Ipv4Addr::LOCALHOST));
         let ctx = lo();
         let peer = c_peer(&ctx, 64);
-        let mine = Dest { lid: 0, qpn: peer.qp.qp_num(), psn: 5, gid: theirs.gid };
+        let mine = Dest {
+            lid: 0,
+            qpn: peer.qp.qp_num(),
+            psn: 5,
+            gid: theirs.gid,
+        };
         sock.write_all(&mine.to_wire()).unwrap();
         let mut done = [0u8; 5];
         sock.read_exact(&mut done).unwrap();
         assert_eq!(&done, DONE);
-        let err = client.join().unwrap().err().expect("nobody answers, so the client times out");
+        let err = client
+            .join()
+            .unwrap()
+            .err()
+            .expect("nobody answers, so the client times out");
         assert!(err.contains("timed out"), "{err}");
     }
 }
@@ -504,7 +603,9 @@ mod two_processes {
                 out.push_str(&l);
                 out.push('\n');
             }
-            let err = std::mem::replace(&mut self.stderr, thread::spawn(String::new)).join().unwrap();
+            let err = std::mem::replace(&mut self.stderr, thread::spawn(String::new))
+                .join()
+                .unwrap();
             (status, out, err)
         }
     }
@@ -517,16 +618,30 @@ mod two_processes {
     }
 
     fn free_port() -> u16 {
-        TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+        TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
     }
 
     fn two_process_run(t: Transport, events: bool) {
         let port = free_port();
         // -c on both sides: the client writes the pattern, the server checks it.
-        let mut common: Vec<String> = ["-d", "sv_lo", "-p", &port.to_string(), "-n", "200", "-c", "--timeout", "20"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+        let mut common: Vec<String> = [
+            "-d",
+            "sv_lo",
+            "-p",
+            &port.to_string(),
+            "-n",
+            "200",
+            "-c",
+            "--timeout",
+            "20",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         if events {
             common.push("-e".into());
         }
@@ -556,7 +671,10 @@ mod two_processes {
         for out in [&server_out, &client_out] {
             assert!(out.contains("remote address:"), "{ctx}");
             assert!(out.contains(" bytes in ") && out.contains(" Mbit/sec"), "{ctx}");
-            assert!(out.contains("200 iters in ") && out.contains(" usec/iter"), "{ctx}");
+            assert!(
+                out.contains("200 iters in ") && out.contains(" usec/iter"),
+                "{ctx}"
+            );
         }
         assert!(!server_out.contains("invalid data"), "{ctx}");
     }

@@ -50,11 +50,19 @@ fn run(bin: &str, args: &[&str]) -> Run {
         }
         thread::sleep(Duration::from_millis(10));
     };
-    Run { code, stdout: out_reader.join().unwrap(), stderr: err_reader.join().unwrap() }
+    Run {
+        code,
+        stdout: out_reader.join().unwrap(),
+        stderr: err_reader.join().unwrap(),
+    }
 }
 
 fn lo() -> Device {
-    devices().unwrap().into_iter().find(|d| d.netdev() == "lo").expect("a loopback device")
+    devices()
+        .unwrap()
+        .into_iter()
+        .find(|d| d.netdev() == "lo")
+        .expect("a loopback device")
 }
 
 mod ibv_devices {
@@ -68,12 +76,19 @@ mod ibv_devices {
         assert_eq!(lines[0], "    device          \t   node GUID");
         assert_eq!(lines[1], "    ------          \t----------------");
         let lo = lo();
-        assert!(lines.contains(&format!("    {:<16}\t{:016x}", lo.name(), lo.guid()).as_str()), "{}", r.stdout);
+        assert!(
+            lines.contains(&format!("    {:<16}\t{:016x}", lo.name(), lo.guid()).as_str()),
+            "{}",
+            r.stdout
+        );
         assert_eq!(lines.len(), 2 + devices().unwrap().len());
         for l in &lines[2..] {
             let (name, guid) = l.trim_start().split_once('\t').unwrap();
             assert!(name.trim_end().starts_with("sv_"), "{l}");
-            assert!(guid.len() == 16 && guid.bytes().all(|b| b.is_ascii_hexdigit()), "{l}");
+            assert!(
+                guid.len() == 16 && guid.bytes().all(|b| b.is_ascii_hexdigit()),
+                "{l}"
+            );
         }
     }
 }
@@ -114,11 +129,18 @@ mod ibv_devinfo {
             "\t\t\tport_lmc:\t\t0x00\n".into(),
             "\t\t\tlink_layer:\t\tEthernet\n".into(),
         ] {
-            assert!(r.stdout.contains(&expected), "missing {expected:?} in\n{}", r.stdout);
+            assert!(
+                r.stdout.contains(&expected),
+                "missing {expected:?} in\n{}",
+                r.stdout
+            );
         }
         assert!(!r.stdout.contains("max_qp:"), "only -v prints the limits");
         assert!(!r.stdout.contains("GID["), "only -v prints the GID table");
-        assert!(!r.stdout.contains("softverbs counters"), "only -v prints the counters");
+        assert!(
+            !r.stdout.contains("softverbs counters"),
+            "only -v prints the counters"
+        );
     }
 
     #[test]
@@ -153,11 +175,30 @@ mod ibv_devinfo {
             "\t\t\tGID[  0]:\t\t::ffff:127.0.0.1, RoCE v2\n".into(),
             "\tsoftverbs counters:\n".into(),
         ] {
-            assert!(r.stdout.contains(&expected), "missing {expected:?} in\n{}", r.stdout);
+            assert!(
+                r.stdout.contains(&expected),
+                "missing {expected:?} in\n{}",
+                r.stdout
+            );
         }
-        for counter in ["tx_packets", "rx_packets", "rx_malformed", "rx_unknown_qp", "rx_dropped", "rx_bad_icrc", "tx_unroutable"] {
-            let line = r.stdout.lines().find(|l| l.trim_start().starts_with(&format!("{counter}:")));
-            let value = line.unwrap_or_else(|| panic!("no {counter} in\n{}", r.stdout)).rsplit('\t').next().unwrap();
+        for counter in [
+            "tx_packets",
+            "rx_packets",
+            "rx_malformed",
+            "rx_unknown_qp",
+            "rx_dropped",
+            "rx_bad_icrc",
+            "tx_unroutable",
+        ] {
+            let line = r
+                .stdout
+                .lines()
+                .find(|l| l.trim_start().starts_with(&format!("{counter}:")));
+            let value = line
+                .unwrap_or_else(|| panic!("no {counter} in\n{}", r.stdout))
+                .rsplit('\t')
+                .next()
+                .unwrap();
             assert!(value.parse::<u64>().is_ok(), "{counter}: {value:?}");
         }
         // The counters come after the port section, apart from rdma-core's fields.
@@ -211,7 +252,9 @@ mod ibv_asyncwatch {
         assert_eq!(r.code, Some(0), "{}", r.stderr);
         assert!(started.elapsed() >= Duration::from_millis(500));
         let first = r.stdout.lines().next().unwrap_or_default();
-        let fd = first.strip_prefix("sv_lo: async event FD ").unwrap_or_else(|| panic!("{first:?}"));
+        let fd = first
+            .strip_prefix("sv_lo: async event FD ")
+            .unwrap_or_else(|| panic!("{first:?}"));
         assert!(fd.parse::<i32>().unwrap() >= 0);
     }
 
@@ -220,7 +263,11 @@ mod ibv_asyncwatch {
         let r = run(BIN, &["--count", "0"]);
         assert_eq!(r.code, Some(0), "{}", r.stderr);
         let first = devices().unwrap()[0].name().to_string();
-        assert!(r.stdout.starts_with(&format!("{first}: async event FD ")), "{}", r.stdout);
+        assert!(
+            r.stdout.starts_with(&format!("{first}: async event FD ")),
+            "{}",
+            r.stdout
+        );
     }
 
     #[test]
@@ -237,18 +284,41 @@ mod ibv_asyncwatch {
         let ctx = lo().open().unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(8, None, 0).unwrap();
-        let srq = pd.create_srq(&SrqAttr { max_wr: 4, max_sge: 1, srq_limit: 0 }).unwrap();
-        let qp = pd.create_qp(&QpInit { srq: Some(&srq), ..QpInit::new(QpType::Rc, &cq) }).unwrap();
-        let err = QpAttr { qp_state: QpState::Err, ..Default::default() };
+        let srq = pd
+            .create_srq(&SrqAttr {
+                max_wr: 4,
+                max_sge: 1,
+                srq_limit: 0,
+            })
+            .unwrap();
+        let qp = pd
+            .create_qp(&QpInit {
+                srq: Some(&srq),
+                ..QpInit::new(QpType::Rc, &cq)
+            })
+            .unwrap();
+        let err = QpAttr {
+            qp_state: QpState::Err,
+            ..Default::default()
+        };
         qp.modify(&err, QpAttrMask::STATE).unwrap();
         let mut out = Vec::new();
         let n = asyncwatch::watch(&ctx, Some(1), Some(BOUND), &mut out).unwrap();
         assert_eq!(n, 1);
         let text = String::from_utf8(out).unwrap();
-        assert_eq!(text, format!("  event_type IBV_EVENT_QP_LAST_WQE_REACHED (16), QP 0x{:06x}\n", qp.qp_num()));
+        assert_eq!(
+            text,
+            format!(
+                "  event_type IBV_EVENT_QP_LAST_WQE_REACHED (16), QP 0x{:06x}\n",
+                qp.qp_num()
+            )
+        );
         // The bound: nothing more arrives, so the watch ends at the timeout with no line.
         let mut out = Vec::new();
-        assert_eq!(asyncwatch::watch(&ctx, None, Some(Duration::from_millis(100)), &mut out).unwrap(), 0);
+        assert_eq!(
+            asyncwatch::watch(&ctx, None, Some(Duration::from_millis(100)), &mut out).unwrap(),
+            0
+        );
         assert!(out.is_empty());
     }
 
@@ -258,7 +328,10 @@ mod ibv_asyncwatch {
             let name = asyncwatch::event_name(*t);
             assert!(name.starts_with("IBV_EVENT_"), "{name}");
         }
-        assert_eq!(asyncwatch::event_name(EventType::PortActive), "IBV_EVENT_PORT_ACTIVE");
+        assert_eq!(
+            asyncwatch::event_name(EventType::PortActive),
+            "IBV_EVENT_PORT_ACTIVE"
+        );
         assert_eq!(asyncwatch::describe_target(&AsyncEventTarget::Port(1)), "port 1");
     }
 }
@@ -275,16 +348,38 @@ mod pingpong_cli {
     #[test]
     fn help_lists_the_rdma_core_options() {
         for (bin, extra) in [
-            (RC, &["--mtu", "--odp", "--iodp", "--prefetch", "--ts", "--dm", "--new_send"][..]),
+            (
+                RC,
+                &[
+                    "--mtu",
+                    "--odp",
+                    "--iodp",
+                    "--prefetch",
+                    "--ts",
+                    "--dm",
+                    "--new_send",
+                ][..],
+            ),
             (UC, &["--mtu"][..]),
             (UD, &[][..]),
             (SRQ, &["--mtu", "--num-qp", "--odp"][..]),
         ] {
             let r = run(bin, &["--help"]);
             assert_eq!(r.code, Some(0), "{bin}");
-            for opt in ["--port", "--ib-dev", "--ib-port", "--size", "--rx-depth", "--iters", "--sl", "--events", "--gid-idx", "--chk"]
-                .iter()
-                .chain(extra)
+            for opt in [
+                "--port",
+                "--ib-dev",
+                "--ib-port",
+                "--size",
+                "--rx-depth",
+                "--iters",
+                "--sl",
+                "--events",
+                "--gid-idx",
+                "--chk",
+            ]
+            .iter()
+            .chain(extra)
             {
                 assert!(r.stdout.contains(opt), "{bin} --help lacks {opt}:\n{}", r.stdout);
             }
@@ -325,17 +420,42 @@ mod pingpong_cli {
     #[test]
     fn server_prints_its_address_and_honours_the_timeout() {
         // -N is accepted; C-style numbers are too (0x10 iterations).
-        let r = run(RC, &["-d", "sv_lo", "-p", "0", "-N", "-n", "0x10", "-g", "0", "--timeout", "0.3"]);
+        let r = run(
+            RC,
+            &[
+                "-d",
+                "sv_lo",
+                "-p",
+                "0",
+                "-N",
+                "-n",
+                "0x10",
+                "-g",
+                "0",
+                "--timeout",
+                "0.3",
+            ],
+        );
         assert_eq!(r.code, Some(1), "no client comes");
         assert!(
-            r.stdout.starts_with("  local address:  LID 0x0000, QPN 0x") && r.stdout.contains(", GID ::ffff:127.0.0.1\n"),
+            r.stdout.starts_with("  local address:  LID 0x0000, QPN 0x")
+                && r.stdout.contains(", GID ::ffff:127.0.0.1\n"),
             "{}",
             r.stdout
         );
         assert!(r.stderr.contains("no client connected"), "{}", r.stderr);
         let r = run(UD, &["-d", "sv_lo", "-p", "0", "--timeout", "0.3"]);
-        assert!(r.stdout.contains(": GID ::ffff:127.0.0.1"), "the UD local line has a colon: {}", r.stdout);
+        assert!(
+            r.stdout.contains(": GID ::ffff:127.0.0.1"),
+            "the UD local line has a colon: {}",
+            r.stdout
+        );
         let r = run(SRQ, &["-d", "sv_lo", "-p", "0", "-q", "4", "--timeout", "0.3"]);
-        assert_eq!(r.stdout.lines().filter(|l| l.contains("local address")).count(), 4, "{}", r.stdout);
+        assert_eq!(
+            r.stdout.lines().filter(|l| l.contains("local address")).count(),
+            4,
+            "{}",
+            r.stdout
+        );
     }
 }

@@ -36,12 +36,12 @@ pub use softverbs_device::config::{Config, Limits};
 pub use softverbs_device::device::{DeviceAttr, PortAttr};
 pub use softverbs_device::qp::{PostError, SendRequest, UdAddress};
 pub use softverbs_device::CounterSnapshot;
-pub use softverbs_engine::transport::QpCounters;
-pub use softverbs_engine::wr::{Payload, RemoteAddr, SendOp};
 pub use softverbs_engine::rate::{mbps_to_rate, mult_to_rate, rate_to_mbps, rate_to_mult};
+pub use softverbs_engine::transport::QpCounters;
 pub use softverbs_engine::types::{
     AccessFlags, AhAttr, AtomicCap, EventType, Gid, GlobalRoute, MigState, Mtu, PortState, QpAttr,
-    QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, Sge, SrqAttr, SrqAttrMask, WcFlags, WcOpcode, WcStatus,
-    WorkCompletion,
+    QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, Sge, SrqAttr, SrqAttrMask, WcFlags, WcOpcode,
+    WcStatus, WorkCompletion,
 };
+pub use softverbs_engine::wr::{Payload, RemoteAddr, SendOp};
 pub use softverbs_engine::{Error, Result};

@@ -33,7 +33,10 @@ pub struct ProtectionDomain(pub(crate) Arc<PdInner>);
 
 impl ProtectionDomain {
     pub(crate) fn alloc(ctx: &Context) -> Result<Self> {
-        Ok(Self(Arc::new(PdInner { core: core::Pd::alloc(ctx.core())?, ctx: ctx.clone() })))
+        Ok(Self(Arc::new(PdInner {
+            core: core::Pd::alloc(ctx.core())?,
+            ctx: ctx.clone(),
+        })))
     }
 
     pub(crate) fn core(&self) -> &Arc<core::Pd> {
@@ -59,7 +62,11 @@ impl ProtectionDomain {
     fn register_buffer(&self, buf: Arc<AtomicBuffer>, access: AccessFlags) -> Result<MemoryRegion> {
         let addr = buf.addr();
         let core = core::Mr::register(&self.0.core, buf.clone(), addr, access.bits())?;
-        Ok(MemoryRegion { core, buf, _pd: self.clone() })
+        Ok(MemoryRegion {
+            core,
+            buf,
+            _pd: self.clone(),
+        })
     }
 
     /// `ibv_create_qp`: see [`QueuePair::cap`] for the capabilities actually granted.
@@ -177,15 +184,25 @@ impl MemoryRegion {
     /// A scatter/gather element for `range` of this region; EINVAL if it is out of bounds.
     pub fn sge(&self, range: Range<usize>) -> Result<Sge> {
         if range.start > range.end || range.end > self.len() {
-            return Err(Error::invalid(format!("range {range:?} is outside the {}-byte region", self.len())));
+            return Err(Error::invalid(format!(
+                "range {range:?} is outside the {}-byte region",
+                self.len()
+            )));
         }
         let length = u32::try_from(range.len()).map_err(|_| Error::invalid("an SGE holds at most 4 GiB"))?;
-        Ok(Sge { addr: self.addr() + range.start as u64, length, lkey: self.lkey() })
+        Ok(Sge {
+            addr: self.addr() + range.start as u64,
+            length,
+            lkey: self.lkey(),
+        })
     }
 
     /// The remote address of `offset` in this region, for a peer's RDMA or atomic request.
     pub fn remote(&self, offset: usize) -> RemoteAddr {
-        RemoteAddr { addr: self.addr() + offset as u64, rkey: self.rkey() }
+        RemoteAddr {
+            addr: self.addr() + offset as u64,
+            rkey: self.rkey(),
+        }
     }
 }
 
@@ -211,7 +228,11 @@ impl AddressHandle {
 
     /// The UD destination of a send through this AH (`ibv_send_wr.wr.ud`).
     pub fn ud_address(&self, remote_qpn: u32, remote_qkey: u32) -> UdAddress {
-        UdAddress { ah: self.core.clone(), remote_qpn, remote_qkey }
+        UdAddress {
+            ah: self.core.clone(),
+            remote_qpn,
+            remote_qkey,
+        }
     }
 }
 

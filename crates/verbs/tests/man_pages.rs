@@ -183,9 +183,7 @@ mod ibv_query_device {
         );
         let _mr = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
         assert_eq!(
-            pd.register(64, AccessFlags::LOCAL_WRITE)
-                .unwrap_err()
-                .errno(),
+            pd.register(64, AccessFlags::LOCAL_WRITE).unwrap_err().errno(),
             ENOMEM
         );
         let _qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap();
@@ -330,11 +328,7 @@ mod ibv_reg_mr {
             AccessFlags::REMOTE_ATOMIC,
             AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ,
         ] {
-            assert_eq!(
-                pd.register(64, bad).unwrap_err().errno(),
-                EINVAL,
-                "{bad:?}"
-            );
+            assert_eq!(pd.register(64, bad).unwrap_err().errno(), EINVAL, "{bad:?}");
         }
         for ok in [
             AccessFlags::empty(),
@@ -396,9 +390,7 @@ mod ibv_reg_mr {
     fn zero_length_is_einval() {
         let pd = lo().alloc_pd().unwrap();
         assert_eq!(
-            pd.register(0, AccessFlags::LOCAL_WRITE)
-                .unwrap_err()
-                .errno(),
+            pd.register(0, AccessFlags::LOCAL_WRITE).unwrap_err().errno(),
             EINVAL
         );
     }

@@ -20,13 +20,22 @@ const LEN: usize = 1 << 20;
 const FIRST_PSN: u32 = 0xFF_FFFA;
 
 fn pattern(seed: u8) -> Vec<u8> {
-    (0..LEN).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect()
+    (0..LEN)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+        .collect()
 }
 
 /// Runs a command to completion, failing on a non-zero exit.
 fn run(cmd: &str, args: &[&str]) {
-    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Two namespaces and a veth pair between them; removed on drop.
@@ -46,10 +55,27 @@ impl Hosts {
         for ns in &h.ns {
             run("ip", &["netns", "add", ns]);
         }
-        run("ip", &["link", "add", &h.ifs[0], "netns", &h.ns[0], "type", "veth", "peer", "name", &h.ifs[1], "netns", &h.ns[1]]);
+        run(
+            "ip",
+            &[
+                "link", "add", &h.ifs[0], "netns", &h.ns[0], "type", "veth", "peer", "name", &h.ifs[1],
+                "netns", &h.ns[1],
+            ],
+        );
         for i in 0..2 {
             let ns = &h.ns[i];
-            run("ip", &["-n", ns, "addr", "add", &format!("{}/24", h.ips[i]), "dev", &h.ifs[i]]);
+            run(
+                "ip",
+                &[
+                    "-n",
+                    ns,
+                    "addr",
+                    "add",
+                    &format!("{}/24", h.ips[i]),
+                    "dev",
+                    &h.ifs[i],
+                ],
+            );
             run("ip", &["-n", ns, "link", "set", &h.ifs[i], "up"]);
             run("ip", &["-n", ns, "link", "set", "lo", "up"]);
         }
@@ -99,7 +125,9 @@ struct Peer {
 
 impl Peer {
     fn line(&mut self, limit: Duration) -> String {
-        self.lines.recv_timeout(limit).unwrap_or_else(|_| panic!("no answer from the peer within {limit:?}"))
+        self.lines
+            .recv_timeout(limit)
+            .unwrap_or_else(|_| panic!("no answer from the peer within {limit:?}"))
     }
 
     fn say(&mut self, s: &str) {
@@ -135,18 +163,41 @@ impl Node {
         init.cap.max_recv_wr = 64;
         let qp = pd.create_qp(&init).unwrap();
         let mr = pd.register(LEN, ALL).unwrap();
-        let gid_index = (0..16).find(|&i| ctx.query_gid(1, i).is_ok_and(|g| g.to_ip().is_ipv4())).expect("an IPv4 GID") as u8;
+        let gid_index = (0..16)
+            .find(|&i| ctx.query_gid(1, i).is_ok_and(|g| g.to_ip().is_ipv4()))
+            .expect("an IPv4 GID") as u8;
         let gid = ctx.query_gid(1, i32::from(gid_index)).unwrap();
         println!("{} {} {} {}", qp.qp_num(), mr.addr(), mr.rkey(), gid.to_ip());
-        Self { cq, qp, mr, gid_index, _ctx: ctx, _pd: pd }
+        Self {
+            cq,
+            qp,
+            mr,
+            gid_index,
+            _ctx: ctx,
+            _pd: pd,
+        }
     }
 
     fn connect(&self, line: &str) -> (u64, u32) {
         let v: Vec<&str> = line.split_whitespace().collect();
-        let (qpn, addr, rkey) = (v[0].parse().unwrap(), v[1].parse().unwrap(), v[2].parse().unwrap());
+        let (qpn, addr, rkey) = (
+            v[0].parse().unwrap(),
+            v[1].parse().unwrap(),
+            v[2].parse().unwrap(),
+        );
         let ip: IpAddr = v[3].parse().unwrap();
-        let init = QpAttr { qp_state: QpState::Init, port_num: 1, qp_access_flags: ALL - AccessFlags::LOCAL_WRITE, ..Default::default() };
-        self.qp.modify(&init, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS).unwrap();
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: ALL - AccessFlags::LOCAL_WRITE,
+            ..Default::default()
+        };
+        self.qp
+            .modify(
+                &init,
+                QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+            )
+            .unwrap();
         let rtr = QpAttr {
             qp_state: QpState::Rtr,
             path_mtu: Mtu::Mtu1024,
@@ -155,7 +206,12 @@ impl Node {
             max_dest_rd_atomic: 16,
             min_rnr_timer: 1,
             ah_attr: AhAttr {
-                grh: GlobalRoute { dgid: Gid::from_ip(ip), sgid_index: self.gid_index, hop_limit: 64, ..Default::default() },
+                grh: GlobalRoute {
+                    dgid: Gid::from_ip(ip),
+                    sgid_index: self.gid_index,
+                    hop_limit: 64,
+                    ..Default::default()
+                },
                 is_global: true,
                 port_num: 1,
                 ..Default::default()
@@ -163,11 +219,36 @@ impl Node {
             ..Default::default()
         };
         self.qp
-            .modify(&rtr, QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN | QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER)
+            .modify(
+                &rtr,
+                QpAttrMask::STATE
+                    | QpAttrMask::AV
+                    | QpAttrMask::PATH_MTU
+                    | QpAttrMask::DEST_QPN
+                    | QpAttrMask::RQ_PSN
+                    | QpAttrMask::MAX_DEST_RD_ATOMIC
+                    | QpAttrMask::MIN_RNR_TIMER,
+            )
             .unwrap();
-        let rts = QpAttr { qp_state: QpState::Rts, sq_psn: FIRST_PSN, timeout: 12, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 16, ..Default::default() };
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: FIRST_PSN,
+            timeout: 12,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 16,
+            ..Default::default()
+        };
         self.qp
-            .modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN | QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC)
+            .modify(
+                &rts,
+                QpAttrMask::STATE
+                    | QpAttrMask::SQ_PSN
+                    | QpAttrMask::TIMEOUT
+                    | QpAttrMask::RETRY_CNT
+                    | QpAttrMask::RNR_RETRY
+                    | QpAttrMask::MAX_QP_RD_ATOMIC,
+            )
             .unwrap();
         (addr, rkey)
     }
@@ -186,7 +267,13 @@ impl Node {
 }
 
 fn req(wr_id: u64, op: SendOp, sges: Vec<Sge>) -> SendRequest {
-    SendRequest { wr_id, op, flags: SendFlags::SIGNALED, payload: Payload::Sges(sges), ud: None }
+    SendRequest {
+        wr_id,
+        op,
+        flags: SendFlags::SIGNALED,
+        payload: Payload::Sges(sges),
+        ud: None,
+    }
 }
 
 /// Role run inside a namespace. The server receives a SEND and stays passive; the client sends,
@@ -199,22 +286,52 @@ fn role(which: &str, len: usize) {
     let remote = RemoteAddr { addr, rkey };
     match which {
         "server" => {
-            node.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: vec![node.mr.sge(0..len).unwrap()] }]).unwrap();
+            node.qp
+                .post_recv(&[RecvWr {
+                    wr_id: 1,
+                    sg_list: vec![node.mr.sge(0..len).unwrap()],
+                }])
+                .unwrap();
             let wc = node.wait_one();
-            println!("recv {} {}", wc.byte_len, node.mr.to_vec()[..len] == pattern(1)[..len]);
+            println!(
+                "recv {} {}",
+                wc.byte_len,
+                node.mr.to_vec()[..len] == pattern(1)[..len]
+            );
             assert_eq!(stdin.next().unwrap().unwrap(), "check");
             println!("mem {}", node.mr.to_vec()[..len] == pattern(2)[..len]);
         }
         _ => {
             node.mr.write(0, &pattern(1)).unwrap();
-            node.qp.post_send(&[req(1, SendOp::Send { imm: None, invalidate: None }, vec![node.mr.sge(0..len).unwrap()])]).unwrap();
+            node.qp
+                .post_send(&[req(
+                    1,
+                    SendOp::Send {
+                        imm: None,
+                        invalidate: None,
+                    },
+                    vec![node.mr.sge(0..len).unwrap()],
+                )])
+                .unwrap();
             node.wait_one();
             node.mr.fill(0);
-            node.qp.post_send(&[req(2, SendOp::Read { remote }, vec![node.mr.sge(0..len).unwrap()])]).unwrap();
+            node.qp
+                .post_send(&[req(
+                    2,
+                    SendOp::Read { remote },
+                    vec![node.mr.sge(0..len).unwrap()],
+                )])
+                .unwrap();
             node.wait_one();
             let read_ok = node.mr.to_vec()[..len] == pattern(1)[..len];
             node.mr.write(0, &pattern(2)).unwrap();
-            node.qp.post_send(&[req(3, SendOp::Write { remote, imm: None }, vec![node.mr.sge(0..len).unwrap()])]).unwrap();
+            node.qp
+                .post_send(&[req(
+                    3,
+                    SendOp::Write { remote, imm: None },
+                    vec![node.mr.sge(0..len).unwrap()],
+                )])
+                .unwrap();
             node.wait_one();
             let c = node.qp.counters();
             println!("done {read_ok} {} {}", c.retransmits, c.timeouts);
@@ -231,7 +348,11 @@ fn exchange(hosts: &Hosts, len: usize) -> String {
     let c_info = client.line(limit);
     server.say(&c_info);
     client.say(&s_info);
-    assert_eq!(server.line(limit), format!("recv {len} true"), "SEND arrived byte-exact");
+    assert_eq!(
+        server.line(limit),
+        format!("recv {len} true"),
+        "SEND arrived byte-exact"
+    );
     let done = client.line(limit);
     assert!(done.starts_with("done true"), "READ was byte-exact: {done}");
     server.say("check");
@@ -248,9 +369,30 @@ fn five_percent_loss() {
     let hosts = Hosts::new("l");
     // Drop 5 % of the receiver's incoming RoCE packets.
     let ns = &hosts.ns[1];
-    run("ip", &["netns", "exec", ns, "nft", "add", "table", "inet", "svloss"]);
-    run("ip", &["netns", "exec", ns, "nft", "add chain inet svloss input { type filter hook input priority 0 ; }"]);
-    run("ip", &["netns", "exec", ns, "nft", "add rule inet svloss input udp dport 4791-5046 numgen random mod 100 < 5 drop"]);
+    run(
+        "ip",
+        &["netns", "exec", ns, "nft", "add", "table", "inet", "svloss"],
+    );
+    run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            ns,
+            "nft",
+            "add chain inet svloss input { type filter hook input priority 0 ; }",
+        ],
+    );
+    run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            ns,
+            "nft",
+            "add rule inet svloss input udp dport 4791-5046 numgen random mod 100 < 5 drop",
+        ],
+    );
     let start = Instant::now();
     let done = exchange(&hosts, LEN);
     let retransmits: u64 = done.split_whitespace().nth(2).unwrap().parse().unwrap();
@@ -264,7 +406,19 @@ fn capture_decodes_and_icrc_agrees() {
     std::fs::create_dir_all(&dir).unwrap();
     let pcap = dir.join("roce.pcap");
     let mut dump = Command::new("ip")
-        .args(["netns", "exec", &hosts.ns[0], "tcpdump", "-Z", "root", "--immediate-mode", "-i", &hosts.ifs[0], "-U", "-w"])
+        .args([
+            "netns",
+            "exec",
+            &hosts.ns[0],
+            "tcpdump",
+            "-Z",
+            "root",
+            "--immediate-mode",
+            "-i",
+            &hosts.ifs[0],
+            "-U",
+            "-w",
+        ])
         .arg(&pcap)
         .arg("udp")
         .stderr(Stdio::piped())
@@ -288,7 +442,11 @@ fn capture_decodes_and_icrc_agrees() {
     server.say("check");
     server.line(limit);
     std::thread::sleep(Duration::from_millis(200));
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(dump.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(dump.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
     dump.wait().unwrap();
 
     let s_qpn: u32 = s_info.split_whitespace().next().unwrap().parse().unwrap();
@@ -298,8 +456,26 @@ fn capture_decodes_and_icrc_agrees() {
     let out = Command::new("tshark")
         .args(["-r"])
         .arg(&pcap)
-        .args(["-o", &format!("infiniband.rroce.port:{port}"), "--disable-protocol", "rpcordma", "-T", "fields", "-E", "separator=,"])
-        .args(["-e", "infiniband.bth.opcode", "-e", "infiniband.bth.destqp", "-e", "infiniband.bth.psn", "-e", "ip.dst"])
+        .args([
+            "-o",
+            &format!("infiniband.rroce.port:{port}"),
+            "--disable-protocol",
+            "rpcordma",
+            "-T",
+            "fields",
+            "-E",
+            "separator=,",
+        ])
+        .args([
+            "-e",
+            "infiniband.bth.opcode",
+            "-e",
+            "infiniband.bth.destqp",
+            "-e",
+            "infiniband.bth.psn",
+            "-e",
+            "ip.dst",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -319,28 +495,54 @@ fn capture_decodes_and_icrc_agrees() {
     assert!(!rows.is_empty(), "tshark decoded no RoCE packet: {text}");
     let to_server: Vec<_> = rows.iter().filter(|r| r.3 == hosts.ips[1]).collect();
     let to_client: Vec<_> = rows.iter().filter(|r| r.3 == hosts.ips[0]).collect();
-    assert!(to_server.iter().all(|r| r.1 == s_qpn), "requests name the server's QP");
-    assert!(to_client.iter().all(|r| r.1 == c_qpn), "responses name the client's QP");
+    assert!(
+        to_server.iter().all(|r| r.1 == s_qpn),
+        "requests name the server's QP"
+    );
+    assert!(
+        to_client.iter().all(|r| r.1 == c_qpn),
+        "responses name the client's QP"
+    );
     assert_eq!(to_server.len() + to_client.len(), rows.len());
     let opcodes: Vec<u32> = to_server.iter().map(|r| r.0).collect();
     // 5000 bytes at MTU 1024: SEND FIRST, 3 x MIDDLE, LAST; then READ REQUEST; WRITE FIRST..LAST.
     assert_eq!(&opcodes[..5], &[0, 1, 1, 1, 2], "SEND segmentation: {opcodes:?}");
     assert!(opcodes.contains(&12), "RDMA READ request");
-    assert!(opcodes.contains(&6) && opcodes.contains(&8), "RDMA WRITE first and last");
+    assert!(
+        opcodes.contains(&6) && opcodes.contains(&8),
+        "RDMA WRITE first and last"
+    );
     let psns: Vec<u32> = to_server.iter().map(|r| r.2).collect();
     assert_eq!(psns[0], FIRST_PSN, "the first PSN is the one set at RTS");
-    assert!(psns.windows(2).all(|w| (w[1].wrapping_sub(w[0]) & 0xFF_FFFF) < 16), "PSNs advance and wrap: {psns:x?}");
-    assert!(psns.contains(&0xFF_FFFF) && psns.iter().any(|&p| p < 16), "the PSNs wrapped through zero: {psns:x?}");
+    assert!(
+        psns.windows(2)
+            .all(|w| (w[1].wrapping_sub(w[0]) & 0xFF_FFFF) < 16),
+        "PSNs advance and wrap: {psns:x?}"
+    );
+    assert!(
+        psns.contains(&0xFF_FFFF) && psns.iter().any(|&p| p < 16),
+        "the PSNs wrapped through zero: {psns:x?}"
+    );
     let back: Vec<u32> = to_client.iter().map(|r| r.0).collect();
     assert!(back.contains(&17), "ACKs come back: {back:?}");
-    assert!(back.contains(&13) && back.contains(&15), "READ responses come back: {back:?}");
+    assert!(
+        back.contains(&13) && back.contains(&15),
+        "READ responses come back: {back:?}"
+    );
 
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/netns/icrc_check.py");
     let out = Command::new("python3").arg(script).arg(&pcap).output().unwrap();
     let verdict = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let checked: usize = verdict.split_whitespace().nth(1).unwrap().parse().unwrap();
-    assert!(checked == rows.len() && verdict.ends_with("mismatched 0"), "{verdict} of {} packets", rows.len());
-    println!("  capture: {} packets decoded by tshark, ICRC {verdict} by zlib", rows.len());
+    assert!(
+        checked == rows.len() && verdict.ends_with("mismatched 0"),
+        "{verdict} of {} packets",
+        rows.len()
+    );
+    println!(
+        "  capture: {} packets decoded by tshark, ICRC {verdict} by zlib",
+        rows.len()
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -351,7 +553,10 @@ fn main() {
         role(which, len.parse().unwrap());
         return;
     }
-    assert!(nix::unistd::Uid::effective().is_root(), "the namespace tests need root (CI runs as root)");
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "the namespace tests need root (CI runs as root)"
+    );
     let tests: [(&str, fn()); 3] = [
         ("over_veth", over_veth),
         ("five_percent_loss", five_percent_loss),

@@ -41,8 +41,15 @@ impl Info {
     }
 
     fn parse(line: &str) -> Self {
-        let v: Vec<u64> = line.split_whitespace().map(|t| t.parse().expect("number")).collect();
-        Self { qpn: v[0] as u32, addr: v[1], rkey: v[2] as u32 }
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .map(|t| t.parse().expect("number"))
+            .collect();
+        Self {
+            qpn: v[0] as u32,
+            addr: v[1],
+            rkey: v[2] as u32,
+        }
     }
 }
 
@@ -55,24 +62,65 @@ fn side(qp_type: QpType) -> Side {
     init.cap.max_recv_wr = 256;
     let qp = pd.create_qp(&init).unwrap();
     let mr = pd.register(LEN, ALL).unwrap();
-    let gid_index = (0..16).find(|&i| ctx.query_gid(1, i).unwrap() == Gid::from(Ipv4Addr::LOCALHOST)).unwrap() as u8;
-    Side { ctx, pd, cq, qp, mr, gid_index }
+    let gid_index = (0..16)
+        .find(|&i| ctx.query_gid(1, i).unwrap() == Gid::from(Ipv4Addr::LOCALHOST))
+        .unwrap() as u8;
+    Side {
+        ctx,
+        pd,
+        cq,
+        qp,
+        mr,
+        gid_index,
+    }
 }
 
 impl Side {
     fn info(&self) -> Info {
-        Info { qpn: self.qp.qp_num(), addr: self.mr.addr(), rkey: self.mr.rkey() }
+        Info {
+            qpn: self.qp.qp_num(),
+            addr: self.mr.addr(),
+            rkey: self.mr.rkey(),
+        }
     }
 
     /// RC/UC: INIT, RTR (to `peer`) and RTS with a short ACK timeout and `retry_cnt` retries.
     fn connect(&self, peer: u32, retry_cnt: u8) {
         let qp = &self.qp;
-        let init = QpAttr { qp_state: QpState::Init, port_num: 1, qp_access_flags: ALL - AccessFlags::LOCAL_WRITE, qkey: 0x11, ..Default::default() };
-        let extra = if qp.qp_type() == QpType::Ud { QpAttrMask::QKEY } else { QpAttrMask::ACCESS_FLAGS };
-        qp.modify(&init, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | extra).unwrap();
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: ALL - AccessFlags::LOCAL_WRITE,
+            qkey: 0x11,
+            ..Default::default()
+        };
+        let extra = if qp.qp_type() == QpType::Ud {
+            QpAttrMask::QKEY
+        } else {
+            QpAttrMask::ACCESS_FLAGS
+        };
+        qp.modify(
+            &init,
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | extra,
+        )
+        .unwrap();
         if qp.qp_type() == QpType::Ud {
-            qp.modify(&QpAttr { qp_state: QpState::Rtr, ..Default::default() }, QpAttrMask::STATE).unwrap();
-            qp.modify(&QpAttr { qp_state: QpState::Rts, ..Default::default() }, QpAttrMask::STATE | QpAttrMask::SQ_PSN).unwrap();
+            qp.modify(
+                &QpAttr {
+                    qp_state: QpState::Rtr,
+                    ..Default::default()
+                },
+                QpAttrMask::STATE,
+            )
+            .unwrap();
+            qp.modify(
+                &QpAttr {
+                    qp_state: QpState::Rts,
+                    ..Default::default()
+                },
+                QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+            )
+            .unwrap();
             return;
         }
         let rtr = QpAttr {
@@ -83,7 +131,12 @@ impl Side {
             max_dest_rd_atomic: 16,
             min_rnr_timer: 1,
             ah_attr: AhAttr {
-                grh: GlobalRoute { dgid: Gid::from(Ipv4Addr::LOCALHOST), sgid_index: self.gid_index, hop_limit: 64, ..Default::default() },
+                grh: GlobalRoute {
+                    dgid: Gid::from(Ipv4Addr::LOCALHOST),
+                    sgid_index: self.gid_index,
+                    hop_limit: 64,
+                    ..Default::default()
+                },
                 is_global: true,
                 port_num: 1,
                 ..Default::default()
@@ -92,11 +145,34 @@ impl Side {
         };
         qp.modify(
             &rtr,
-            QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN | QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER,
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+                | QpAttrMask::MAX_DEST_RD_ATOMIC
+                | QpAttrMask::MIN_RNR_TIMER,
         )
         .unwrap();
-        let rts = QpAttr { qp_state: QpState::Rts, sq_psn: 0xFF_FFF0, timeout: 12, retry_cnt, rnr_retry: 7, max_rd_atomic: 16, ..Default::default() };
-        qp.modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN | QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC).unwrap();
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: 0xFF_FFF0,
+            timeout: 12,
+            retry_cnt,
+            rnr_retry: 7,
+            max_rd_atomic: 16,
+            ..Default::default()
+        };
+        qp.modify(
+            &rts,
+            QpAttrMask::STATE
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC,
+        )
+        .unwrap();
     }
 
     fn wait(&self, n: usize, limit: Duration) -> Vec<WorkCompletion> {
@@ -112,11 +188,19 @@ impl Side {
 }
 
 fn req(wr_id: u64, op: SendOp, sges: Vec<Sge>) -> SendRequest {
-    SendRequest { wr_id, op, flags: SendFlags::SIGNALED, payload: Payload::Sges(sges), ud: None }
+    SendRequest {
+        wr_id,
+        op,
+        flags: SendFlags::SIGNALED,
+        payload: Payload::Sges(sges),
+        ud: None,
+    }
 }
 
 fn pattern(seed: u8) -> Vec<u8> {
-    (0..LEN).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..LEN)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
 
 /// The peer process: reads a command and the parent's info, answers with its own, then does
@@ -125,7 +209,11 @@ fn peer() {
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines().map(|l| l.unwrap());
     let cmd = lines.next().unwrap();
-    let qp_type = if cmd.starts_with("ud") { QpType::Ud } else { QpType::Rc };
+    let qp_type = if cmd.starts_with("ud") {
+        QpType::Ud
+    } else {
+        QpType::Rc
+    };
     let s = side(qp_type);
     let parent = Info::parse(&lines.next().unwrap());
     s.mr.write(0, &pattern(7)).unwrap();
@@ -135,7 +223,11 @@ fn peer() {
     match cmd.as_str() {
         // Receive one SEND, then stay passive while the parent reads and writes our memory.
         "rc" => {
-            s.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: vec![s.mr.sge(0..LEN).unwrap()] }]).unwrap();
+            s.qp.post_recv(&[RecvWr {
+                wr_id: 1,
+                sg_list: vec![s.mr.sge(0..LEN).unwrap()],
+            }])
+            .unwrap();
             let c = s.wait(1, Duration::from_secs(20));
             assert_eq!(c.len(), 1, "no SEND arrived");
             assert_eq!((c[0].status, c[0].byte_len), (WcStatus::Success, LEN as u32));
@@ -151,12 +243,21 @@ fn peer() {
             let _ = lines.next();
         }
         "ud" => {
-            s.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: vec![s.mr.sge(0..4096).unwrap()] }]).unwrap();
+            s.qp.post_recv(&[RecvWr {
+                wr_id: 1,
+                sg_list: vec![s.mr.sge(0..4096).unwrap()],
+            }])
+            .unwrap();
             println!("ready");
             let c = s.wait(1, Duration::from_secs(20));
             let mut payload = [0u8; 5];
             s.mr.read(40, &mut payload).unwrap();
-            println!("ud {} {} {}", c.len(), c.first().map_or(0, |w| w.src_qp), String::from_utf8_lossy(&payload));
+            println!(
+                "ud {} {} {}",
+                c.len(),
+                c.first().map_or(0, |w| w.src_qp),
+                String::from_utf8_lossy(&payload)
+            );
         }
         other => panic!("unknown command {other}"),
     }
@@ -205,22 +306,58 @@ fn rc_between_processes() {
     assert!(s.ctx.udp_status().is_some(), "the UDP driver runs");
     // SEND 1 MiB.
     s.mr.write(0, &pattern(1)).unwrap();
-    s.qp.post_send(&[req(1, SendOp::Send { imm: None, invalidate: None }, vec![s.mr.sge(0..LEN).unwrap()])]).unwrap();
+    s.qp.post_send(&[req(
+        1,
+        SendOp::Send {
+            imm: None,
+            invalidate: None,
+        },
+        vec![s.mr.sge(0..LEN).unwrap()],
+    )])
+    .unwrap();
     let c = s.wait(1, Duration::from_secs(20));
     assert_eq!(c[0].status, WcStatus::Success);
     assert_eq!(p.line(), "recv true", "the peer got the SEND byte-exact");
     // RDMA READ 1 MiB from the passive peer, then WRITE half of it.
-    s.qp.post_send(&[req(2, SendOp::Read { remote: RemoteAddr { addr: peer.addr, rkey: peer.rkey } }, vec![s.mr.sge(0..LEN).unwrap()])]).unwrap();
+    s.qp.post_send(&[req(
+        2,
+        SendOp::Read {
+            remote: RemoteAddr {
+                addr: peer.addr,
+                rkey: peer.rkey,
+            },
+        },
+        vec![s.mr.sge(0..LEN).unwrap()],
+    )])
+    .unwrap();
     let c = s.wait(1, Duration::from_secs(20));
     assert_eq!(c[0].status, WcStatus::Success, "{c:?}");
     // The peer wrote pattern(1) into its region by receiving our SEND.
     assert_eq!(s.mr.to_vec(), pattern(1), "READ is byte-exact");
     s.mr.write(0, &pattern(2)).unwrap();
-    s.qp.post_send(&[req(3, SendOp::Write { remote: RemoteAddr { addr: peer.addr, rkey: peer.rkey }, imm: None }, vec![s.mr.sge(0..LEN / 2).unwrap()])]).unwrap();
+    s.qp.post_send(&[req(
+        3,
+        SendOp::Write {
+            remote: RemoteAddr {
+                addr: peer.addr,
+                rkey: peer.rkey,
+            },
+            imm: None,
+        },
+        vec![s.mr.sge(0..LEN / 2).unwrap()],
+    )])
+    .unwrap();
     assert_eq!(s.wait(1, Duration::from_secs(20))[0].status, WcStatus::Success);
     // Atomics on the peer's first word.
-    let faa = SendOp::FetchAdd { remote: RemoteAddr { addr: peer.addr + 8 * 1024, rkey: peer.rkey }, add: 1 };
-    s.qp.post_send(&[req(4, faa, vec![s.mr.sge(LEN - 8..LEN).unwrap()])]).unwrap();
+    let faa = SendOp::FetchAdd {
+        remote: RemoteAddr {
+            addr: peer.addr + 8 * 1024,
+            rkey: peer.rkey,
+        },
+        add: 1,
+    };
+    s.qp.post_send(&[req(4, faa, vec![s.mr.sge(LEN - 8..LEN).unwrap()])])
+        .unwrap();
     assert_eq!(s.wait(1, Duration::from_secs(20))[0].status, WcStatus::Success);
     writeln!(p.stdin, "check").unwrap();
     let expect_first_half_is_pattern2 = p.line();
@@ -228,8 +365,18 @@ fn rc_between_processes() {
     assert_eq!(expect_first_half_is_pattern2, "mem false");
     let counters = s.ctx.counters();
     // 256 SEND + 128 WRITE packets out, 256 READ responses in, each ICRC checked.
-    assert!(counters.tx_packets >= 384 && counters.rx_packets >= 256, "{counters:?}");
-    assert_eq!((counters.rx_bad_icrc, counters.rx_icrc_unverified, counters.rx_malformed), (0, 0, 0));
+    assert!(
+        counters.tx_packets >= 384 && counters.rx_packets >= 256,
+        "{counters:?}"
+    );
+    assert_eq!(
+        (
+            counters.rx_bad_icrc,
+            counters.rx_icrc_unverified,
+            counters.rx_malformed
+        ),
+        (0, 0, 0)
+    );
 }
 
 fn peer_killed_gives_retry_exceeded() {
@@ -239,15 +386,30 @@ fn peer_killed_gives_retry_exceeded() {
     p.child.kill().unwrap();
     p.child.wait().unwrap();
     let start = Instant::now();
-    let remote = RemoteAddr { addr: peer.addr, rkey: peer.rkey };
+    let remote = RemoteAddr {
+        addr: peer.addr,
+        rkey: peer.rkey,
+    };
     s.qp.post_send(&[
-        req(1, SendOp::Write { remote, imm: None }, vec![s.mr.sge(0..LEN).unwrap()]),
-        req(2, SendOp::Write { remote, imm: None }, vec![s.mr.sge(0..8).unwrap()]),
+        req(
+            1,
+            SendOp::Write { remote, imm: None },
+            vec![s.mr.sge(0..LEN).unwrap()],
+        ),
+        req(
+            2,
+            SendOp::Write { remote, imm: None },
+            vec![s.mr.sge(0..8).unwrap()],
+        ),
     ])
     .unwrap();
     let c = s.wait(2, Duration::from_secs(10));
     // timeout 12 = 16.8 ms per try, 1 + 3 tries.
-    assert!(start.elapsed() < Duration::from_secs(2), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
     assert_eq!(c.len(), 2, "{c:?}");
     assert_eq!(c[0].status, WcStatus::RetryExcErr);
     assert_eq!(c[1].status, WcStatus::WrFlushErr);
@@ -261,7 +423,17 @@ fn ud_between_processes() {
     assert_eq!(p.line(), "ready");
     let ah = s.pd.create_ah(&common::ah_attr(&s.ctx)).unwrap();
     s.mr.write(0, b"hello").unwrap();
-    let r = SendRequest { ud: Some(ah.ud_address(peer.qpn, 0x11)), ..req(1, SendOp::Send { imm: None, invalidate: None }, vec![s.mr.sge(0..5).unwrap()]) };
+    let r = SendRequest {
+        ud: Some(ah.ud_address(peer.qpn, 0x11)),
+        ..req(
+            1,
+            SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+            vec![s.mr.sge(0..5).unwrap()],
+        )
+    };
     s.qp.post_send(&[r]).unwrap();
     assert_eq!(p.line(), format!("ud 1 {} hello", s.qp.qp_num()));
 }
@@ -272,20 +444,33 @@ fn standard_port_forwarding() {
     use softverbs_wire::{BthRepr, DethRepr, Opcode, PacketRepr, Psn};
     let s = side(QpType::Ud);
     let (slot, _, holds_standard_port) = s.ctx.udp_status().expect("the UDP driver runs");
-    assert!(holds_standard_port, "this process (slot {slot}) must hold UDP port 4791 for the test");
+    assert!(
+        holds_standard_port,
+        "this process (slot {slot}) must hold UDP port 4791 for the test"
+    );
     let (mut p, peer) = Peer::spawn("ud", s.info());
     assert_ne!(peer.qpn >> 16, u32::from(slot), "the peer has its own slot");
     assert_eq!(p.line(), "ready");
     // Build a UD SEND ONLY as a foreign stack would and send it from a plain UDP socket.
     let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let bth = BthRepr::new(Opcode::UdSendOnly, peer.qpn, Psn::new(7));
-    let repr = PacketRepr { deth: Some(DethRepr { qkey: 0x11, src_qpn: 0x1234 }), ..PacketRepr::new(bth, 5) };
+    let repr = PacketRepr {
+        deth: Some(DethRepr {
+            qkey: 0x11,
+            src_qpn: 0x1234,
+        }),
+        ..PacketRepr::new(bth, 5)
+    };
     let mut pkt = vec![0u8; repr.buffer_len()];
     repr.emit_with_payload(&mut pkt, b"hello").unwrap();
     let dst: std::net::SocketAddr = "127.0.0.1:4791".parse().unwrap();
     softverbs_wire::icrc::fill(sock.local_addr().unwrap(), dst, &mut pkt).unwrap();
     sock.send_to(&pkt, dst).unwrap();
-    assert_eq!(p.line(), "ud 1 4660 hello", "delivered to the peer's slot with the original source QP");
+    assert_eq!(
+        p.line(),
+        "ud 1 4660 hello",
+        "delivered to the peer's slot with the original source QP"
+    );
 }
 
 fn main() {
@@ -296,13 +481,19 @@ fn main() {
     let tests: [(&str, fn()); 4] = [
         ("standard_port_forwarding", standard_port_forwarding),
         ("rc_between_processes", rc_between_processes),
-        ("peer_killed_gives_retry_exceeded", peer_killed_gives_retry_exceeded),
+        (
+            "peer_killed_gives_retry_exceeded",
+            peer_killed_gives_retry_exceeded,
+        ),
         ("ud_between_processes", ud_between_processes),
     ];
     let mut failed = 0;
     for (name, t) in tests {
         let ok = std::panic::catch_unwind(t).is_ok();
-        println!("test two_process::{name} ... {}", if ok { "ok" } else { "FAILED" });
+        println!(
+            "test two_process::{name} ... {}",
+            if ok { "ok" } else { "FAILED" }
+        );
         failed += usize::from(!ok);
     }
     println!("{} passed, {} failed", tests.len() - failed, failed);

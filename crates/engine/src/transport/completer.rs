@@ -197,7 +197,10 @@ impl QpEngine {
         }
         let w = &mut self.sq[idx];
         w.rereq_psn = Some(resume);
-        w.rereq = true;
+        if !w.rereq {
+            w.rereq = true;
+            self.req.rereq_pending += 1;
+        }
         if matches!(w.wr.op, SendOp::Read { .. }) {
             w.req_end = w.hole_end();
         }
@@ -208,6 +211,11 @@ impl QpEngine {
     /// still waiting for its response when a PSN at or past it is acknowledged lost its
     /// response (the responder executes in order): that triggers a retry from it.
     pub(crate) fn ack_through(&mut self, now: Instant, psn: Psn) {
+        // Remembered for WQEs stuck behind an unanswered READ/atomic: once its response arrives
+        // they complete without being sent again.
+        if self.req.acked_psn.is_none_or(|a| psn.is_after(a)) {
+            self.req.acked_psn = Some(psn);
+        }
         let mut progressed = false;
         let mut lost = false;
         while let Some(w) = self.sq.front() {
@@ -250,6 +258,9 @@ impl QpEngine {
     /// Pops the front WQE, which is finished, and completes it successfully.
     fn pop_completed(&mut self) -> bool {
         let Some(w) = self.sq.pop_front() else { return false };
+        if w.rereq {
+            self.req.rereq_pending -= 1;
+        }
         self.req.send_idx = self.req.send_idx.saturating_sub(1);
         self.complete_send(&w, WcStatus::Success);
         true
@@ -260,7 +271,7 @@ impl QpEngine {
         self.req.retry_left = self.req.retry_cnt;
         self.req.rnr_left = self.req.rnr_retry;
         self.req.retry_psn = None;
-        let outstanding = self.sq.iter().any(SendWqe::outstanding);
+        let outstanding = self.has_outstanding();
         // During an RNR wait nothing is in flight that a timeout could recover.
         self.req.retransmit_at = if outstanding && self.req.rnr_until.is_none() {
             ack_timeout(self.attr.timeout).map(|t| now + t)
@@ -300,7 +311,7 @@ impl QpEngine {
         if w.resp_has(k) {
             self.counters.duplicates += 1;
             if ends_request && w.resp_count < w.npsn {
-                // The end of a resent response stream, with a hole still open: ask again.
+                // The end of a response stream again, with a hole still open: ask again.
                 self.request_responses(idx);
             }
             return Err(DropReason::BadPsn);
@@ -321,9 +332,9 @@ impl QpEngine {
         let w = &mut self.sq[idx];
         w.resp_mark(k);
         let (complete, base) = (w.resp_count == w.npsn, w.resume_psn());
-        // Holes before the end of what was asked for: lost (or reordered, in which case asking
-        // again only produces duplicates).
-        let holes = !complete && (ends_request || k >= w.req_end) && w.resp_pkts < k;
+        // The end of what was asked for arrived with responses still missing: they were lost
+        // (or are reordered, in which case asking again only produces duplicates).
+        let holes = !complete && ends_request;
         if idx == 0 && base.is_after(self.req.unacked) {
             self.req.unacked = base;
         }
@@ -373,10 +384,18 @@ impl QpEngine {
         Ok(())
     }
 
-    /// After a READ or atomic finished: completes the finished WQEs at the front, in order.
+    /// After a READ or atomic finished: completes the finished WQEs at the front, in order,
+    /// and the SEND/WRITE WQEs behind them that were acknowledged meanwhile.
     fn complete_finished(&mut self, now: Instant) {
         while self.sq.front().is_some_and(|w| w.done) {
             self.pop_completed();
+        }
+        if let Some(acked) = self.req.acked_psn {
+            let next = self.req.next_psn;
+            if self.sq.front().is_some_and(|w| w.started && acked.in_range(w.first_psn, next - 1)) {
+                self.ack_through(now, acked);
+                return;
+            }
         }
         // The window base is now the first unfinished WQE.
         let base = match self.sq.front() {
@@ -402,7 +421,9 @@ impl QpEngine {
             }
             w.next_pkt = if i == idx && !w.wr.op.is_read_or_atomic() { w.first_psn.distance(psn) } else { 0 };
             // The pass sends the READ/atomic request itself.
-            w.rereq = false;
+            if std::mem::take(&mut w.rereq) {
+                self.req.rereq_pending -= 1;
+            }
             w.rereq_psn = None;
         }
         self.req.send_idx = self.req.send_idx.min(idx);

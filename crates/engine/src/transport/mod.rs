@@ -337,7 +337,13 @@ impl QpEngine {
 
     /// Whether the send queue is still draining (for `ibv_query_qp` in SQD).
     pub fn sq_draining(&self) -> bool {
-        self.sq.iter().any(SendWqe::outstanding)
+        self.has_outstanding()
+    }
+
+    /// Whether a started WQE still waits for an acknowledgement or response. WQEs start in
+    /// order, so only the started prefix of the queue is looked at.
+    pub(crate) fn has_outstanding(&self) -> bool {
+        self.sq.iter().take_while(|w| w.started).any(SendWqe::outstanding)
     }
 
     /// Posted send WQEs not yet completed.
@@ -495,6 +501,7 @@ impl QpEngine {
         }
         self.req.send_idx = 0;
         self.req.outstanding_rd = 0;
+        self.req.rereq_pending = 0;
         if let Some(wqe) = self.resp.take_in_progress_wqe() {
             self.push_cqe(WorkQueue::Recv, WorkCompletion::error(wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn));
         }

@@ -40,6 +40,10 @@ pub(crate) struct Requester {
     /// same PSN (a duplicated NAK, more responses past the same hole) is then ignored instead of
     /// spending the retry budget and resending again.
     pub(crate) retry_psn: Option<Psn>,
+    /// The highest PSN an ACK or NAK acknowledged (the responder executed everything up to it).
+    pub(crate) acked_psn: Option<Psn>,
+    /// Number of WQEs with `rereq` set (so the common case skips looking for them).
+    pub(crate) rereq_pending: u32,
 }
 
 impl Requester {
@@ -195,7 +199,10 @@ impl QpEngine {
 
     /// A READ or atomic before the send position whose responses are to be asked for again.
     fn pending_rerequest(&self) -> Option<usize> {
-        if self.req.rnr_until.is_some() || !matches!(self.state, QpState::Rts | QpState::Sqd) {
+        if self.req.rereq_pending == 0
+            || self.req.rnr_until.is_some()
+            || !matches!(self.state, QpState::Rts | QpState::Sqd)
+        {
             return None;
         }
         let end = self.next_send_index().min(self.sq.len());
@@ -212,6 +219,7 @@ impl QpEngine {
         let mtu = if self.cfg.qp_type == QpType::Ud { u32::MAX } else { self.mtu() };
         if rerequest {
             self.sq[idx].rereq = false;
+            self.req.rereq_pending -= 1;
         } else {
             self.req.send_idx = idx;
             let w = &mut self.sq[idx];

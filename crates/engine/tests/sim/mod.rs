@@ -43,21 +43,37 @@ use softverbs_wire::{icrc, AethSyndrome, Opcode, Psn, RocePacket, MULTICAST_QPN,
 // ---------------------------------------------------------------------------------------------
 // Seeds and randomness
 
-/// splitmix64: tiny, fast and good enough to drive fault injection reproducibly.
+/// xoshiro256**, seeded through splitmix64. (A bare splitmix64 counter is not enough here: a
+/// retry loop that draws the same number of values per round walks the counter in a fixed
+/// stride, and the outputs at such strides can correlate, so one packet was "corrupted" on
+/// every retransmission.)
 #[derive(Debug, Clone)]
-pub struct Rng(u64);
+pub struct Rng([u64; 4]);
 
 impl Rng {
     pub fn new(seed: u64) -> Self {
-        Self(seed)
+        let mut sm = seed;
+        let mut next = || {
+            sm = sm.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = sm;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        Self([next(), next(), next(), next()])
     }
 
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        let s = &mut self.0;
+        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
     }
 
     /// Uniform in `0..n` (`n > 0`).
@@ -980,6 +996,9 @@ impl Sim {
         }
         if !icrc::verify(f.src, f.dst, &f.data) {
             self.stats.bad_icrc += 1;
+            if self.trace {
+                eprintln!("{:>12} bad-icrc    node {} {:02x?}", self.now.0, f.to_node, &f.data[..12.min(f.data.len())]);
+            }
             return;
         }
         let Ok(pkt) = RocePacket::parse(&f.data) else {

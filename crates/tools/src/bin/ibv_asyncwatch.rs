@@ -37,7 +37,9 @@ fn run(args: &Args) -> Result<(), ToolError> {
         None => None,
     };
     let dev = cli::find_device(args.ib_dev.as_deref())?;
-    let ctx = dev.open().or_fail(&format!("Couldn't get context for {}", dev.name()))?;
+    let ctx = dev
+        .open()
+        .or_fail(&format!("Couldn't get context for {}", dev.name()))?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     writeln!(out, "{}: async event FD {}", dev.name(), ctx.as_fd().as_raw_fd()).or_fail("write")?;

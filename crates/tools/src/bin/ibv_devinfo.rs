@@ -45,7 +45,11 @@ fn main() -> ExitCode {
         }
     };
     if args.list {
-        println!("{} HCA{} found:", list.len(), if list.len() == 1 { "" } else { "s" });
+        println!(
+            "{} HCA{} found:",
+            list.len(),
+            if list.len() == 1 { "" } else { "s" }
+        );
         for d in &list {
             println!("\t{}", d.name());
         }
@@ -92,7 +96,9 @@ macro_rules! emit {
 
 /// The report of one device, or the exit code and message rdma-core would give.
 fn print_device(dev: &Device, port_filter: Option<u8>, verbose: bool) -> Result<String, (u8, String)> {
-    let ctx = dev.open().map_err(|e| (1, format!("Failed to open device {}: {e}", dev.name())))?;
+    let ctx = dev
+        .open()
+        .map_err(|e| (1, format!("Failed to open device {}: {e}", dev.name())))?;
     let a = ctx.query_device();
     if port_filter.is_some_and(|p| p > a.phys_port_cnt) {
         return Err((4, "Invalid port requested for device".to_string()));
@@ -130,7 +136,12 @@ fn print_device(dev: &Device, port_filter: Option<u8>, verbose: bool) -> Result<
         emit!(o, "\tmax_res_rd_atom:\t\t{}", a.max_res_rd_atom);
         emit!(o, "\tmax_qp_init_rd_atom:\t\t{}", a.max_qp_init_rd_atom);
         emit!(o, "\tmax_ee_init_rd_atom:\t\t{}", a.max_ee_init_rd_atom);
-        emit!(o, "\tatomic_cap:\t\t\t{} ({})", atomic_cap_str(a.atomic_cap), a.atomic_cap.raw());
+        emit!(
+            o,
+            "\tatomic_cap:\t\t\t{} ({})",
+            atomic_cap_str(a.atomic_cap),
+            a.atomic_cap.raw()
+        );
         emit!(o, "\tmax_ee:\t\t\t\t{}", a.max_ee);
         emit!(o, "\tmax_rdd:\t\t\t{}", a.max_rdd);
         emit!(o, "\tmax_mw:\t\t\t\t{}", a.max_mw);
@@ -180,9 +191,24 @@ fn print_port(o: &mut String, ctx: &Context, port: u8, verbose: bool) -> Result<
         .query_port(port)
         .map_err(|e| (1, format!("Failed to query port {port} props: {e}")))?;
     emit!(o, "\t\tport:\t{port}");
-    emit!(o, "\t\t\tstate:\t\t\t{} ({})", port_state_str(p.state), p.state.raw());
-    emit!(o, "\t\t\tmax_mtu:\t\t{} ({})", mtu_str(p.max_mtu), p.max_mtu.raw());
-    emit!(o, "\t\t\tactive_mtu:\t\t{} ({})", mtu_str(p.active_mtu), p.active_mtu.raw());
+    emit!(
+        o,
+        "\t\t\tstate:\t\t\t{} ({})",
+        port_state_str(p.state),
+        p.state.raw()
+    );
+    emit!(
+        o,
+        "\t\t\tmax_mtu:\t\t{} ({})",
+        mtu_str(p.max_mtu),
+        p.max_mtu.raw()
+    );
+    emit!(
+        o,
+        "\t\t\tactive_mtu:\t\t{} ({})",
+        mtu_str(p.active_mtu),
+        p.active_mtu.raw()
+    );
     emit!(o, "\t\t\tsm_lid:\t\t\t{}", p.sm_lid);
     emit!(o, "\t\t\tport_lid:\t\t{}", p.lid);
     emit!(o, "\t\t\tport_lmc:\t\t0x{:02x}", p.lmc);
@@ -191,7 +217,12 @@ fn print_port(o: &mut String, ctx: &Context, port: u8, verbose: bool) -> Result<
         emit!(o, "\t\t\tmax_msg_sz:\t\t0x{:x}", p.max_msg_sz);
         emit!(o, "\t\t\tport_cap_flags:\t\t0x{:08x}", p.port_cap_flags);
         emit!(o, "\t\t\tport_cap_flags2:\t0x{:04x}", p.port_cap_flags2);
-        emit!(o, "\t\t\tmax_vl_num:\t\t{} ({})", vl_str(p.max_vl_num), p.max_vl_num);
+        emit!(
+            o,
+            "\t\t\tmax_vl_num:\t\t{} ({})",
+            vl_str(p.max_vl_num),
+            p.max_vl_num
+        );
         emit!(o, "\t\t\tbad_pkey_cntr:\t\t0x{:x}", p.bad_pkey_cntr);
         emit!(o, "\t\t\tqkey_viol_cntr:\t\t0x{:x}", p.qkey_viol_cntr);
         emit!(o, "\t\t\tsm_sl:\t\t\t{}", p.sm_sl);
@@ -199,10 +230,25 @@ fn print_port(o: &mut String, ctx: &Context, port: u8, verbose: bool) -> Result<
         emit!(o, "\t\t\tgid_tbl_len:\t\t{}", p.gid_tbl_len);
         emit!(o, "\t\t\tsubnet_timeout:\t\t{}", p.subnet_timeout);
         emit!(o, "\t\t\tinit_type_reply:\t{}", p.init_type_reply);
-        emit!(o, "\t\t\tactive_width:\t\t{}X ({})", width_str(p.active_width), p.active_width);
-        emit!(o, "\t\t\tactive_speed:\t\t{} ({})", speed_str(p.active_speed), p.active_speed);
+        emit!(
+            o,
+            "\t\t\tactive_width:\t\t{}X ({})",
+            width_str(p.active_width),
+            p.active_width
+        );
+        emit!(
+            o,
+            "\t\t\tactive_speed:\t\t{} ({})",
+            speed_str(p.active_speed),
+            p.active_speed
+        );
         // Printed for the InfiniBand transport, which RoCE devices report.
-        emit!(o, "\t\t\tphys_state:\t\t{} ({})", phys_state_str(p.phys_state), p.phys_state);
+        emit!(
+            o,
+            "\t\t\tphys_state:\t\t{} ({})",
+            phys_state_str(p.phys_state),
+            p.phys_state
+        );
         for i in 0..p.gid_tbl_len {
             let idx = i as i32;
             let gid = ctx
@@ -292,7 +338,11 @@ fn cap_flag_names(flags: u32) -> Vec<String> {
         (1 << 26, "RAW_IP_CSUM"),
         (1 << 29, "MANAGED_FLOW_STEERING"),
     ];
-    let mut out: Vec<String> = NAMES.iter().filter(|(b, _)| flags & b != 0).map(|(_, n)| n.to_string()).collect();
+    let mut out: Vec<String> = NAMES
+        .iter()
+        .filter(|(b, _)| flags & b != 0)
+        .map(|(_, n)| n.to_string())
+        .collect();
     let known = NAMES.iter().fold(0, |acc, (b, _)| acc | b);
     if flags & !known != 0 {
         out.push(format!("Unknown flags: 0x{:X}", flags & !known));

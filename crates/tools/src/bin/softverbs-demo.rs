@@ -76,7 +76,16 @@ impl Side {
         init.cap.max_send_wr = 64;
         init.cap.max_recv_wr = 64;
         let qp = pd.create_qp(&init)?;
-        Ok(Self { ctx, cq, qp, mr, gid, sgid_index: sgid_index as u8, mtu: port.active_mtu, _pd: pd })
+        Ok(Self {
+            ctx,
+            cq,
+            qp,
+            mr,
+            gid,
+            sgid_index: sgid_index as u8,
+            mtu: port.active_mtu,
+            _pd: pd,
+        })
     }
 
     /// What the peer needs: QP number, region address and key.
@@ -91,8 +100,16 @@ impl Side {
         if v.len() != 3 {
             return Err(Error::invalid(format!("bad peer info {info:?}")));
         }
-        let init = QpAttr { qp_state: QpState::Init, port_num: 1, qp_access_flags: ACCESS - AccessFlags::LOCAL_WRITE, ..Default::default() };
-        self.qp.modify(&init, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)?;
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: ACCESS - AccessFlags::LOCAL_WRITE,
+            ..Default::default()
+        };
+        self.qp.modify(
+            &init,
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+        )?;
         let rtr = QpAttr {
             qp_state: QpState::Rtr,
             path_mtu: self.mtu,
@@ -101,7 +118,12 @@ impl Side {
             max_dest_rd_atomic: 16,
             min_rnr_timer: 12,
             ah_attr: AhAttr {
-                grh: GlobalRoute { dgid: self.gid, sgid_index: self.sgid_index, hop_limit: 64, ..Default::default() },
+                grh: GlobalRoute {
+                    dgid: self.gid,
+                    sgid_index: self.sgid_index,
+                    hop_limit: 64,
+                    ..Default::default()
+                },
                 is_global: true,
                 port_num: 1,
                 ..Default::default()
@@ -118,7 +140,15 @@ impl Side {
                 | QpAttrMask::MAX_DEST_RD_ATOMIC
                 | QpAttrMask::MIN_RNR_TIMER,
         )?;
-        let rts = QpAttr { qp_state: QpState::Rts, sq_psn: 0, timeout: 14, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 16, ..Default::default() };
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: 0,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 16,
+            ..Default::default()
+        };
         self.qp.modify(
             &rts,
             QpAttrMask::STATE
@@ -128,16 +158,28 @@ impl Side {
                 | QpAttrMask::RNR_RETRY
                 | QpAttrMask::MAX_QP_RD_ATOMIC,
         )?;
-        Ok(RemoteAddr { addr: v[1], rkey: v[2] as u32 })
+        Ok(RemoteAddr {
+            addr: v[1],
+            rkey: v[2] as u32,
+        })
     }
 
     fn send(&self, wr_id: u64, op: SendOp, range: std::ops::Range<usize>) -> Result<()> {
-        let req = SendRequest { wr_id, op, flags: SendFlags::SIGNALED, payload: Payload::Sges(vec![self.mr.sge(range)?]), ud: None };
+        let req = SendRequest {
+            wr_id,
+            op,
+            flags: SendFlags::SIGNALED,
+            payload: Payload::Sges(vec![self.mr.sge(range)?]),
+            ud: None,
+        };
         Ok(self.qp.post_send(&[req])?)
     }
 
     fn recv(&self, wr_id: u64, range: std::ops::Range<usize>) -> Result<()> {
-        Ok(self.qp.post_recv(&[RecvWr { wr_id, sg_list: vec![self.mr.sge(range)?] }])?)
+        Ok(self.qp.post_recv(&[RecvWr {
+            wr_id,
+            sg_list: vec![self.mr.sge(range)?],
+        }])?)
     }
 
     /// Polls until `n` completions; fails on an unsuccessful one or after 10 s.
@@ -149,7 +191,11 @@ impl Side {
             let k = self.cq.poll(&mut wc);
             for w in &wc[..k] {
                 if w.status != WcStatus::Success {
-                    return Err(Error::invalid(format!("work request {} failed: {}", w.wr_id, w.status.as_str())));
+                    return Err(Error::invalid(format!(
+                        "work request {} failed: {}",
+                        w.wr_id,
+                        w.status.as_str()
+                    )));
                 }
                 got.push(*w);
             }
@@ -172,14 +218,24 @@ fn peer(args: &Args) -> Result<()> {
     let s = Side::open(&args.interface)?;
     let mut lines = std::io::stdin().lock().lines();
     println!("{}", s.info());
-    let parent = lines.next().and_then(|l| l.ok()).ok_or_else(|| Error::invalid("no peer info"))?;
+    let parent = lines
+        .next()
+        .and_then(|l| l.ok())
+        .ok_or_else(|| Error::invalid("no peer info"))?;
     s.connect(&parent)?;
     s.recv(0, 0..4096)?;
     for i in 0..=PINGS {
         s.wait_recv()?;
         s.recv(i + 1, 0..4096)?;
         if i > 0 {
-            s.send(i, SendOp::Send { imm: None, invalidate: None }, 8..16)?;
+            s.send(
+                i,
+                SendOp::Send {
+                    imm: None,
+                    invalidate: None,
+                },
+                8..16,
+            )?;
         }
     }
     Ok(())
@@ -193,57 +249,91 @@ fn run(args: &Args) -> Result<()> {
     }
     let a = Side::open(&args.interface)?;
     let attr = a.ctx.query_device();
-    println!("opened {}: fw {}, max_qp {}, max_cqe {}", a.ctx.device().name(), attr.fw_ver, attr.max_qp, attr.max_cqe);
-    println!("port 1: active, MTU {} bytes, GID[{}] {} ({})", a.mtu.bytes(), a.sgid_index, a.gid, a.gid.to_ip());
+    println!(
+        "opened {}: fw {}, max_qp {}, max_cqe {}",
+        a.ctx.device().name(),
+        attr.fw_ver,
+        attr.max_qp,
+        attr.max_cqe
+    );
+    println!(
+        "port 1: active, MTU {} bytes, GID[{}] {} ({})",
+        a.mtu.bytes(),
+        a.sgid_index,
+        a.gid,
+        a.gid.to_ip()
+    );
 
     // The other side: a second process over UDP, or a second QP in this process.
-    let (remote, mut talk): (RemoteAddr, Box<dyn FnMut() -> Result<()>>) = if args.in_process {
-        let b = Side::open(&args.interface)?;
-        let remote = a.connect(&b.info())?;
-        b.connect(&a.info())?;
-        println!("RC QP {:#08x} <-> RC QP {:#08x} in this process (in-memory fabric)", a.qp.qp_num(), b.qp.qp_num());
-        b.recv(0, 0..4096)?;
-        let mut i = 0;
-        (remote, Box::new(move || {
-            b.wait_recv()?;
-            i += 1;
-            b.recv(i, 0..4096)?;
-            if i > 1 {
-                b.send(i, SendOp::Send { imm: None, invalidate: None }, 8..16)?;
-            }
-            Ok(())
-        }))
-    } else {
-        let exe = std::env::current_exe().map_err(Error::Io)?;
-        let mut child = Command::new(exe)
-            .args(["--peer", "--interface", &args.interface])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(Error::Io)?;
-        let mut stdin = child.stdin.take().expect("piped");
-        let mut out = BufReader::new(child.stdout.take().expect("piped"));
-        let mut info = String::new();
-        out.read_line(&mut info).map_err(Error::Io)?;
-        writeln!(stdin, "{}", a.info()).map_err(Error::Io)?;
-        let remote = a.connect(&info)?;
-        let (slot, port, _) = a.ctx.udp_status().unwrap_or_default();
-        println!(
+    let (remote, mut talk): (RemoteAddr, Box<dyn FnMut() -> Result<()>>) =
+        if args.in_process {
+            let b = Side::open(&args.interface)?;
+            let remote = a.connect(&b.info())?;
+            b.connect(&a.info())?;
+            println!(
+                "RC QP {:#08x} <-> RC QP {:#08x} in this process (in-memory fabric)",
+                a.qp.qp_num(),
+                b.qp.qp_num()
+            );
+            b.recv(0, 0..4096)?;
+            let mut i = 0;
+            (
+                remote,
+                Box::new(move || {
+                    b.wait_recv()?;
+                    i += 1;
+                    b.recv(i, 0..4096)?;
+                    if i > 1 {
+                        b.send(
+                            i,
+                            SendOp::Send {
+                                imm: None,
+                                invalidate: None,
+                            },
+                            8..16,
+                        )?;
+                    }
+                    Ok(())
+                }),
+            )
+        } else {
+            let exe = std::env::current_exe().map_err(Error::Io)?;
+            let mut child = Command::new(exe)
+                .args(["--peer", "--interface", &args.interface])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .map_err(Error::Io)?;
+            let mut stdin = child.stdin.take().expect("piped");
+            let mut out = BufReader::new(child.stdout.take().expect("piped"));
+            let mut info = String::new();
+            out.read_line(&mut info).map_err(Error::Io)?;
+            writeln!(stdin, "{}", a.info()).map_err(Error::Io)?;
+            let remote = a.connect(&info)?;
+            let (slot, port, _) = a.ctx.udp_status().unwrap_or_default();
+            println!(
             "RC QP {:#08x} (pid {}, UDP port {port}, slot {slot}) <-> RC QP {:#08x} (pid {}) over RoCEv2/UDP",
             a.qp.qp_num(),
             std::process::id(),
             info.split_whitespace().next().and_then(|q| q.parse::<u32>().ok()).unwrap_or(0),
             child.id()
         );
-        // The peer process answers by itself.
-        std::mem::forget(child);
-        (remote, Box::new(|| Ok(())))
-    };
+            // The peer process answers by itself.
+            std::mem::forget(child);
+            (remote, Box::new(|| Ok(())))
+        };
 
     // SEND/RECV: the peer posted a receive; the first SEND only wakes it.
     let text = b"hello over RoCEv2";
     a.mr.write(0, text)?;
-    a.send(1, SendOp::Send { imm: None, invalidate: None }, 0..text.len())?;
+    a.send(
+        1,
+        SendOp::Send {
+            imm: None,
+            invalidate: None,
+        },
+        0..text.len(),
+    )?;
     talk()?;
     a.wait(1)?;
     println!("SEND: {} bytes sent and received", text.len());
@@ -271,36 +361,77 @@ fn run(args: &Args) -> Result<()> {
     // RDMA READ the peer's memory back and compare.
     a.send(7, SendOp::Read { remote }, MSG..2 * MSG)?;
     a.wait(1)?;
-    println!("RDMA READ: {} bytes read back from the peer, identical: {}", MSG, a.mr.to_vec()[MSG..] == data[..]);
+    println!(
+        "RDMA READ: {} bytes read back from the peer, identical: {}",
+        MSG,
+        a.mr.to_vec()[MSG..] == data[..]
+    );
 
     // Atomics on a word of the peer's region (its last 8 bytes).
-    let word = RemoteAddr { addr: remote.addr + (2 * MSG - 8) as u64, rkey: remote.rkey };
+    let word = RemoteAddr {
+        addr: remote.addr + (2 * MSG - 8) as u64,
+        rkey: remote.rkey,
+    };
     a.mr.write(0, &0u64.to_ne_bytes())?;
-    a.send(8, SendOp::CompareSwap { remote: word, compare: 0, swap: 0 }, 0..8)?;
+    a.send(
+        8,
+        SendOp::CompareSwap {
+            remote: word,
+            compare: 0,
+            swap: 0,
+        },
+        0..8,
+    )?;
     a.wait(1)?;
     let before = a.mr.read_u64(0)?;
     for i in 0..10 {
         a.send(i, SendOp::FetchAdd { remote: word, add: 5 }, 0..8)?;
         a.wait(1)?;
     }
-    a.send(11, SendOp::CompareSwap { remote: word, compare: before.wrapping_add(50), swap: 42 }, 0..8)?;
+    a.send(
+        11,
+        SendOp::CompareSwap {
+            remote: word,
+            compare: before.wrapping_add(50),
+            swap: 42,
+        },
+        0..8,
+    )?;
     a.wait(1)?;
     a.send(12, SendOp::Read { remote: word }, 0..8)?;
     a.wait(1)?;
-    println!("atomics: 10 x fetch-and-add 5, then compare-and-swap: the peer's word is now {}", a.mr.read_u64(0)?);
+    println!(
+        "atomics: 10 x fetch-and-add 5, then compare-and-swap: the peer's word is now {}",
+        a.mr.read_u64(0)?
+    );
 
     // Ping-pong latency with 8-byte SENDs.
     let start = Instant::now();
     for i in 0..PINGS {
         a.recv(i, 0..8)?;
-        a.send(i, SendOp::Send { imm: None, invalidate: None }, 8..16)?;
+        a.send(
+            i,
+            SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+            8..16,
+        )?;
         talk()?;
         a.wait_recv()?;
     }
     let rtt = start.elapsed().as_secs_f64() / PINGS as f64;
-    println!("ping-pong: {PINGS} round trips of 8 bytes, {:.2} us one way", rtt / 2.0 * 1e6);
+    println!(
+        "ping-pong: {PINGS} round trips of 8 bytes, {:.2} us one way",
+        rtt / 2.0 * 1e6
+    );
     let c = a.ctx.counters();
-    println!("device counters: {} packets sent, {} received, {} dropped", c.tx_packets, c.rx_packets, c.rx_dropped + c.rx_bad_icrc + c.rx_malformed);
+    println!(
+        "device counters: {} packets sent, {} received, {} dropped",
+        c.tx_packets,
+        c.rx_packets,
+        c.rx_dropped + c.rx_bad_icrc + c.rx_malformed
+    );
     println!("done: all objects are released as they go out of scope");
     Ok(())
 }

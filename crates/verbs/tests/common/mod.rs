@@ -141,11 +141,7 @@ pub(crate) fn to_err(qp: &QueuePair) {
 }
 
 /// Receive WRs `ids` of `len` bytes each, into `mr`.
-pub(crate) fn recv_wrs(
-    mr: &MemoryRegion,
-    ids: std::ops::Range<u64>,
-    len: usize,
-) -> Vec<RecvWr> {
+pub(crate) fn recv_wrs(mr: &MemoryRegion, ids: std::ops::Range<u64>, len: usize) -> Vec<RecvWr> {
     ids.map(|id| RecvWr {
         wr_id: id,
         sg_list: vec![mr.sge(0..len).unwrap()],
