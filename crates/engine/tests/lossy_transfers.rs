@@ -284,13 +284,15 @@ proptest! {
 #[ignore = "slow: a stress run over many seeds"]
 fn stress_many_seeds() {
     let n: u64 = std::env::var("SOFTVERBS_SIM_STRESS").ok().and_then(|s| s.parse().ok()).unwrap_or(50);
-    let mut rng = sim::Rng::new(seed_override().unwrap_or(0xDEAD_BEEF));
+    // SOFTVERBS_SIM_STRESS_FROM=<i> skips to iteration i (to replay a failure quickly).
+    let from: u64 = std::env::var("SOFTVERBS_SIM_STRESS_FROM").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let mut rng = sim::Rng::new(0xDEAD_BEEF);
     for i in 0..n {
         let seed = rng.next_u64();
         let loss = [1.0, 5.0, 10.0, 15.0][i as usize % 4];
         let mtu = [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096][i as usize % 3];
         for op in ["write", "read", "send"] {
-            if mtu == Mtu::Mtu256 && loss > 10.0 {
+            if (mtu == Mtu::Mtu256 && loss > 10.0) || i < from {
                 continue;
             }
             eprintln!("stress {i}: seed {seed} loss {loss} {mtu:?} {op}");
@@ -305,6 +307,9 @@ fn stress_many_seeds() {
                 _ => Op::CmpSwp { word: rng.below(4) as u8, compare: rng.below(3), swap: rng.below(3) },
             })
             .collect();
-        check_workload(seed, loss, mtu, &ops);
+        if i >= from {
+            eprintln!("stress {i}: seed {seed} loss {loss} {mtu:?} workload");
+            check_workload(seed, loss, mtu, &ops);
+        }
     }
 }

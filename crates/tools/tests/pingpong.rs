@@ -1,6 +1,6 @@
 //! The ping-pong programs' logic, run as server and client threads of this process over a real
 //! TCP connection on 127.0.0.1 (the QPs talk through softverbs' in-process fabric), plus the
-//! same programs as two processes when `SOFTVERBS_TWO_PROCESS=1`.
+//! same programs as two processes talking RoCEv2 over UDP.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -539,9 +539,7 @@ mod c_wire_protocol {
     }
 }
 
-/// The binaries as two processes on 127.0.0.1. The in-process fabric cannot carry traffic
-/// between processes, so this runs only when `SOFTVERBS_TWO_PROCESS=1` (once the UDP driver is
-/// in).
+/// The binaries as two processes on 127.0.0.1, talking RoCEv2 over UDP.
 mod two_processes {
     use super::*;
 
@@ -681,13 +679,6 @@ mod two_processes {
 
     #[test]
     fn pingpongs_as_two_processes() {
-        if std::env::var("SOFTVERBS_TWO_PROCESS").as_deref() != Ok("1") {
-            println!(
-                "skipping the two-process ping-pongs: set SOFTVERBS_TWO_PROCESS=1 to run them \
-                 (they need the UDP driver between processes)"
-            );
-            return;
-        }
         let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         for t in [Transport::Rc, Transport::Uc, Transport::Ud, Transport::Srq] {
             for events in [false, true] {

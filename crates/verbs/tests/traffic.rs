@@ -705,7 +705,7 @@ mod ud {
             ud: Some(ah.ud_address(p.b.qp.qp_num(), 0x1111_1111)),
             ..send(5, imm, vec![p.a.mr.sge(0..8).unwrap()])
         };
-        p.a.qp.post_send(&[req.clone()]).unwrap();
+        p.a.qp.post_send(std::slice::from_ref(&req)).unwrap();
         let r = wait(&p.b.cq, 1);
         assert_eq!((r[0].byte_len, r[0].src_qp), (48, p.a.qp.qp_num()));
         assert!(r[0].wc_flags.contains(WcFlags::GRH | WcFlags::WITH_IMM));

@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 /// The real rdma-core library, for comparisons only.
 pub const SYSTEM_LIB: &str = "/usr/lib/x86_64-linux-gnu/libibverbs.so.1";
 
-/// The `libibverbs.so` cargo built for this test run (the cdylib of this package, in the
-/// profile directory above the test executable).
+/// The `libibverbs.so` cargo built for this test run: the cdylib of this package, which cargo
+/// leaves beside the test executable in `target/<profile>/deps`.
 pub fn built_library() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
-    let lib = profile_dir.join("libibverbs.so");
+    let deps = exe.parent().expect("target/<profile>/deps/<test>");
+    let lib = deps.join("libibverbs.so");
     assert!(lib.exists(), "{} not found: cargo builds the cdylib with the tests", lib.display());
     lib
 }

@@ -1,0 +1,234 @@
+//! Acceptance: rdma-core's own binaries (ibverbs-utils and perftest), unmodified, run against
+//! our `libibverbs.so.1` with only `LD_LIBRARY_PATH` set. Two-process tests run a server and a
+//! client on 127.0.0.1 over device `sv_lo`, using the GID index of `::ffff:127.0.0.1`; every
+//! run is bounded by a timeout, and the runs are serialised so they do not compete for CPU.
+
+mod common;
+
+use std::process::{Child, Output, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The GID index of `::ffff:127.0.0.1` on sv_lo, as `ibv_devinfo -v` reports it.
+fn gid_index() -> String {
+    static INDEX: OnceLock<String> = OnceLock::new();
+    INDEX
+        .get_or_init(|| {
+            require("/usr/bin/ibv_devinfo");
+            let mut c = command("/usr/bin/ibv_devinfo");
+            c.args(["-v", "-d", "sv_lo"]);
+            let (out, err) = text(&run_bounded(c, LIMIT));
+            out.lines()
+                .find(|l| l.contains("::ffff:127.0.0.1"))
+                .and_then(|l| l.split('[').nth(1))
+                .and_then(|l| l.split(']').next())
+                .map(|i| i.trim().to_string())
+                .unwrap_or_else(|| panic!("no ::ffff:127.0.0.1 GID on sv_lo:\n{out}{err}"))
+        })
+        .clone()
+}
+
+/// A TCP port nobody listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Whether something listens on TCP `port` (read from /proc, so the server's one accept is not
+/// consumed by a probe).
+fn listening(port: u16) -> bool {
+    let needle = format!(":{port:04X} ");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).unwrap_or_default().lines().skip(1).any(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            cols.len() > 3 && format!("{} ", cols[1]).ends_with(&needle) && cols[3] == "0A"
+        })
+    })
+}
+
+fn spawn(program: &str, args: &[String]) -> Child {
+    require(program);
+    let mut c = command(program);
+    c.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.spawn().unwrap_or_else(|e| panic!("spawn {program}: {e}"))
+}
+
+/// Runs `program args` as server and `program args 127.0.0.1` as client; both must exit 0.
+fn pair(program: &str, args: &[&str]) -> (Output, Output) {
+    let _serial = serial();
+    let port = free_port().to_string();
+    let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    args.extend(["-p".into(), port.clone()]);
+    let server = spawn(program, &args);
+    let start = Instant::now();
+    while !listening(port.parse().unwrap()) {
+        assert!(start.elapsed() < Duration::from_secs(20), "{program} server never listened on {port}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut cargs = args.clone();
+    cargs.push("127.0.0.1".into());
+    let client = spawn(program, &cargs);
+    let c = wait_bounded(client, LIMIT);
+    let s = wait_bounded(server, LIMIT);
+    let (cout, cerr) = text(&c);
+    let (sout, serr) = text(&s);
+    let report = format!(
+        "{program} {args:?}\n-- client ({:?}) stdout:\n{cout}\nstderr:\n{cerr}\n-- server ({:?}) stdout:\n{sout}\nstderr:\n{serr}",
+        c.status, s.status
+    );
+    assert!(c.status.success() && s.status.success(), "{report}");
+    for e in [&cerr, &serr] {
+        assert!(!e.contains("version information"), "{report}");
+    }
+    (c, s)
+}
+
+fn pingpong(program: &str, extra: &[&str]) {
+    let gid = gid_index();
+    let mut args = vec!["-d", "sv_lo", "-g", gid.as_str(), "-n", "50", "-c"];
+    args.extend_from_slice(extra);
+    let (c, s) = pair(program, &args);
+    for o in [&c, &s] {
+        let (out, _) = text(o);
+        assert!(out.contains("iters in"), "{program}: {out}");
+        assert!(out.contains("GID ::ffff:127.0.0.1"), "{program}: {out}");
+    }
+}
+
+/// A perftest run: the client prints the results table (and so does the server of the send and
+/// write tests).
+fn perftest(program: &str, server_prints_table: bool) {
+    let gid = gid_index();
+    let (c, s) = pair(program, &["-d", "sv_lo", "-x", gid.as_str(), "-n", "50", "-F"]);
+    let has_table = |o: &Output| {
+        let (out, _) = text(o);
+        let mut lines = out.lines().skip_while(|l| !l.trim_start().starts_with("#bytes"));
+        lines.next().is_some()
+            && lines.next().is_some_and(|l| l.split_whitespace().next().is_some_and(|n| n.parse::<u64>().is_ok()))
+    };
+    assert!(has_table(&c), "{program} client: {}", text(&c).0);
+    if server_prints_table {
+        assert!(has_table(&s), "{program} server: {}", text(&s).0);
+    }
+}
+
+#[test]
+fn ibv_devices_lists_sv_lo() {
+    let _serial = serial();
+    require("/usr/bin/ibv_devices");
+    let o = run_bounded(command("/usr/bin/ibv_devices"), LIMIT);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}{err}");
+    assert!(out.contains("sv_lo"), "{out}");
+    assert!(err.is_empty(), "{err}");
+}
+
+#[test]
+fn ibv_devinfo_verbose() {
+    let _serial = serial();
+    require("/usr/bin/ibv_devinfo");
+    let mut c = command("/usr/bin/ibv_devinfo");
+    c.arg("-v");
+    let o = run_bounded(c, LIMIT);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}{err}");
+    for want in ["hca_id:\tsv_lo", "PORT_ACTIVE", "link_layer:\t\tEthernet", "::ffff:127.0.0.1, RoCE v2", "max_qp:"] {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+    assert!(!err.contains("version information"), "{err}");
+}
+
+#[test]
+fn ibv_asyncwatch_waits_for_events() {
+    let _serial = serial();
+    require("/usr/bin/ibv_asyncwatch");
+    require("stdbuf");
+    let mut c = command("stdbuf");
+    c.args(["-o0", "/usr/bin/ibv_asyncwatch", "-d", "sv_lo"]).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let still_running = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let o = child.wait_with_output().unwrap();
+    let (out, err) = text(&o);
+    assert!(still_running, "ibv_asyncwatch exited early: {out}{err}");
+    assert!(out.contains("sv_lo: async event FD"), "{out}{err}");
+}
+
+#[test]
+fn ibv_rc_pingpong() {
+    pingpong("/usr/bin/ibv_rc_pingpong", &[]);
+}
+
+#[test]
+fn ibv_rc_pingpong_events() {
+    pingpong("/usr/bin/ibv_rc_pingpong", &["-e"]);
+}
+
+#[test]
+fn ibv_rc_pingpong_new_send_api() {
+    pingpong("/usr/bin/ibv_rc_pingpong", &["-N"]);
+}
+
+#[test]
+fn ibv_uc_pingpong() {
+    pingpong("/usr/bin/ibv_uc_pingpong", &[]);
+}
+
+#[test]
+fn ibv_ud_pingpong() {
+    pingpong("/usr/bin/ibv_ud_pingpong", &[]);
+}
+
+#[test]
+fn ibv_srq_pingpong() {
+    pingpong("/usr/bin/ibv_srq_pingpong", &[]);
+}
+
+#[test]
+fn ib_send_bw() {
+    perftest("/usr/bin/ib_send_bw", true);
+}
+
+#[test]
+fn ib_send_lat() {
+    perftest("/usr/bin/ib_send_lat", true);
+}
+
+#[test]
+fn ib_write_bw() {
+    perftest("/usr/bin/ib_write_bw", true);
+}
+
+#[test]
+fn ib_write_lat() {
+    perftest("/usr/bin/ib_write_lat", true);
+}
+
+#[test]
+fn ib_read_bw() {
+    perftest("/usr/bin/ib_read_bw", true);
+}
+
+#[test]
+fn ib_read_lat() {
+    perftest("/usr/bin/ib_read_lat", false);
+}
+
+#[test]
+fn ib_atomic_bw() {
+    perftest("/usr/bin/ib_atomic_bw", true);
+}
+
+#[test]
+fn ib_atomic_lat() {
+    perftest("/usr/bin/ib_atomic_lat", false);
+}
