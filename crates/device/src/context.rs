@@ -95,7 +95,12 @@ impl Context {
     /// `ibv_query_port`.
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
         self.check_port(port)?;
-        Ok(*self.device.port_attr())
+        let mut attr = *self.device.port_attr();
+        let c = self.device.counters();
+        // The IBTA counters are 16 bits wide and saturate.
+        attr.bad_pkey_cntr = c.rx_bad_pkey.min(0xFFFF) as u32;
+        attr.qkey_viol_cntr = c.rx_bad_qkey.min(0xFFFF) as u32;
+        Ok(attr)
     }
 
     /// `ibv_query_gid`: the GID at `index`; unused entries read as zero.

@@ -228,7 +228,9 @@ impl Device {
             hw_ver: 0,
             max_qp: limits.max_qp,
             max_qp_wr: limits.max_qp_wr,
-            device_cap_flags: cap_flags::CURR_QP_STATE_MOD
+            device_cap_flags: cap_flags::BAD_PKEY_CNTR
+                | cap_flags::BAD_QKEY_CNTR
+                | cap_flags::CURR_QP_STATE_MOD
                 | cap_flags::SYS_IMAGE_GUID
                 | cap_flags::RC_RNR_NAK_GEN
                 | cap_flags::SRQ_RESIZE

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
 use softverbs_engine::time::Instant;
-use softverbs_engine::transport::{RxMeta, Transmit};
+use softverbs_engine::transport::{DropReason, RxMeta, Transmit};
 use softverbs_engine::types::Gid;
 use softverbs_wire::RocePacket;
 
@@ -46,8 +46,12 @@ pub struct NodeCounters {
     pub rx_malformed: AtomicU64,
     /// Received packets for a QP number that does not exist.
     pub rx_unknown_qp: AtomicU64,
-    /// Received packets a QP dropped (wrong state, PSN, P_Key, Q_Key, no receive WQE, ...).
+    /// Received packets a QP dropped (wrong state or PSN, no receive WQE, duplicate, ...).
     pub rx_dropped: AtomicU64,
+    /// Received packets with a P_Key not in the table.
+    pub rx_bad_pkey: AtomicU64,
+    /// Received datagrams with the wrong Q_Key.
+    pub rx_bad_qkey: AtomicU64,
     /// Received packets with a bad ICRC (dropped).
     pub rx_bad_icrc: AtomicU64,
     /// Received IPv4 packets whose ICRC could not be checked (sent with a non-zero IP ID).
@@ -65,6 +69,8 @@ pub struct CounterSnapshot {
     pub rx_malformed: u64,
     pub rx_unknown_qp: u64,
     pub rx_dropped: u64,
+    pub rx_bad_pkey: u64,
+    pub rx_bad_qkey: u64,
     pub rx_bad_icrc: u64,
     pub rx_icrc_unverified: u64,
     pub tx_unroutable: u64,
@@ -80,6 +86,8 @@ impl NodeCounters {
             rx_malformed: g(&self.rx_malformed),
             rx_unknown_qp: g(&self.rx_unknown_qp),
             rx_dropped: g(&self.rx_dropped),
+            rx_bad_pkey: g(&self.rx_bad_pkey),
+            rx_bad_qkey: g(&self.rx_bad_qkey),
             rx_bad_icrc: g(&self.rx_bad_icrc),
             rx_icrc_unverified: g(&self.rx_icrc_unverified),
             tx_unroutable: g(&self.tx_unroutable),
@@ -209,8 +217,11 @@ impl Node {
         }
         for qp in targets {
             let (txs, dropped) = qp.handle_packet(now, &parsed, &pkt.meta);
-            if dropped {
-                bump(&self.counters.rx_dropped);
+            match dropped {
+                None => {}
+                Some(DropReason::BadPkey) => bump(&self.counters.rx_bad_pkey),
+                Some(DropReason::BadQkey) => bump(&self.counters.rx_bad_qkey),
+                Some(_) => bump(&self.counters.rx_dropped),
             }
             fabric().send_all(self, txs);
         }

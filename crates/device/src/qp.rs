@@ -7,7 +7,9 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 use softverbs_engine::qp_state::{apply_modify, validate_modify};
 use softverbs_engine::time::Instant;
-use softverbs_engine::transport::{QpConfig, QpCounters, QpEngine, RecvSource, RxMeta, Transmit, WorkQueue};
+use softverbs_engine::transport::{
+    DropReason, QpConfig, QpCounters, QpEngine, RecvSource, RxMeta, Transmit, WorkQueue,
+};
 use softverbs_engine::types::{
     EventType, Gid, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SrqAttr, SrqAttrMask,
 };
@@ -368,14 +370,14 @@ impl Qp {
         f.drive(f.now());
     }
 
-    /// Handles a packet for this QP (called by the node). Returns packets to send, and whether
-    /// the packet was dropped.
+    /// Handles a packet for this QP (called by the node). Returns packets to send, and why
+    /// the packet was dropped if it was.
     pub(crate) fn handle_packet(
         &self,
         now: Instant,
         pkt: &ParsedPacket<'_>,
         meta: &RxMeta,
-    ) -> (Vec<Transmit>, bool) {
+    ) -> (Vec<Transmit>, Option<DropReason>) {
         let mut inner = self.inner.lock();
         let node = self.node();
         let dropped = match &self.init.srq {
@@ -384,12 +386,9 @@ impl Qp {
                 inner
                     .engine
                     .handle_packet(now, pkt, meta, &node.keys, Some(&mut src))
-                    .is_err()
+                    .err()
             }
-            None => inner
-                .engine
-                .handle_packet(now, pkt, meta, &node.keys, None)
-                .is_err(),
+            None => inner.engine.handle_packet(now, pkt, meta, &node.keys, None).err(),
         };
         let txs = self.drain(&mut inner, now);
         (txs, dropped)

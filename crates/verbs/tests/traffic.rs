@@ -722,7 +722,7 @@ mod ud {
         p.b.mr.read(40, &mut payload).unwrap();
         assert_eq!(&payload, b"datagram");
         // A wrong Q_Key: the datagram is dropped and counted.
-        let before = p.b.ctx.counters().rx_dropped;
+        let before = p.b.ctx.counters().rx_bad_qkey;
         p.b.qp
             .post_recv(&[RecvWr {
                 wr_id: 2,
@@ -736,7 +736,12 @@ mod ud {
         p.a.qp.post_send(&[bad]).unwrap();
         wait(&p.a.cq, 2);
         assert!(drain(&p.b.cq).is_empty());
-        assert_eq!(p.b.ctx.counters().rx_dropped, before + 1);
+        assert_eq!(p.b.ctx.counters().rx_bad_qkey, before + 1);
+        assert_eq!(
+            p.b.ctx.query_port(1).unwrap().qkey_viol_cntr as u64,
+            before + 1,
+            "the port's Q_Key violation counter"
+        );
     }
 
     #[test]

@@ -179,6 +179,9 @@ fn print_device(dev: &Device, port_filter: Option<u8>, verbose: bool) -> Result<
         emit!(o, "\t\trx_malformed:\t\t{}", c.rx_malformed);
         emit!(o, "\t\trx_unknown_qp:\t\t{}", c.rx_unknown_qp);
         emit!(o, "\t\trx_dropped:\t\t{}", c.rx_dropped);
+        emit!(o, "\t\trx_bad_pkey:\t\t{}", c.rx_bad_pkey);
+        emit!(o, "\t\trx_bad_qkey:\t\t{}", c.rx_bad_qkey);
+        emit!(o, "\t\trx_icrc_unverified:\t{}", c.rx_icrc_unverified);
         emit!(o, "\t\trx_bad_icrc:\t\t{}", c.rx_bad_icrc);
         emit!(o, "\t\ttx_unroutable:\t\t{}", c.tx_unroutable);
         emit!(o);
