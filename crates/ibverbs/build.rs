@@ -36,7 +36,10 @@ fn main() {
     map.push_str("IBVERBS_PRIVATE_34 { };\n");
     let path = out.join("libibverbs.map");
     std::fs::write(&path, map).expect("write the version script");
-    println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={}", path.display());
+    println!(
+        "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
+        path.display()
+    );
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libibverbs.so.1");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-z,now");
     println!("cargo:rerun-if-changed=build.rs");

@@ -3,6 +3,8 @@
 //! Function pointers the library never calls or fills are kept as opaque `*const c_void` slots of
 //! the same size. `tests` in `lib.rs` checks every size and offset against the system header.
 #![allow(non_camel_case_types, non_snake_case, missing_docs)]
+// The mirrors spell out C type names, as the header does, rather than `Self`.
+#![allow(clippy::use_self)]
 
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
@@ -91,8 +93,12 @@ pub struct ibv_context {
 
 pub type QueryPortFn = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
 pub type CreateCqExFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
-pub type QueryDeviceExFn =
-    unsafe extern "C" fn(*mut ibv_context, *const ibv_query_device_ex_input, *mut ibv_device_attr_ex, usize) -> c_int;
+pub type QueryDeviceExFn = unsafe extern "C" fn(
+    *mut ibv_context,
+    *const ibv_query_device_ex_input,
+    *mut ibv_device_attr_ex,
+    usize,
+) -> c_int;
 pub type CreateQpExFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
 pub type GetSrqNumFn = unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int;
 pub type CreateSrqExFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut ibv_srq;

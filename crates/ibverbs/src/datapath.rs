@@ -62,7 +62,14 @@ unsafe fn sges(sg: *const ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
     }
     // SAFETY: per the contract.
     let list = unsafe { std::slice::from_raw_parts(sg, n as usize) };
-    Ok(list.iter().map(|s| Sge { addr: s.addr, length: s.length, lkey: s.lkey }).collect())
+    Ok(list
+        .iter()
+        .map(|s| Sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: s.lkey,
+        })
+        .collect())
 }
 
 /// Inline data: the bytes the SGEs name, copied now.
@@ -84,42 +91,76 @@ unsafe fn inline_bytes(list: &[Sge]) -> Vec<u8> {
 /// `wr` must be a valid work request whose pointers are readable.
 unsafe fn send_request(wr: &ibv_send_wr, qp_type: QpType) -> Result<SendRequest, c_int> {
     let flags = SendFlags::from_bits_truncate(wr.send_flags);
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     let list = unsafe { sges(wr.sg_list, wr.num_sge) }?;
     // SAFETY: each union member is plain integers (and a pointer for `ud`), valid for any bits.
     let (rdma, atomic, ud) = unsafe { (wr.wr.rdma, wr.wr.atomic, wr.wr.ud) };
-    let remote = RemoteAddr { addr: rdma.remote_addr, rkey: rdma.rkey };
+    let remote = RemoteAddr {
+        addr: rdma.remote_addr,
+        rkey: rdma.rkey,
+    };
     let op = match wr.opcode {
         0 => SendOp::Write { remote, imm: None },
-        1 => SendOp::Write { remote, imm: Some(wr.imm_data) },
-        2 => SendOp::Send { imm: None, invalidate: None },
-        3 => SendOp::Send { imm: Some(wr.imm_data), invalidate: None },
+        1 => SendOp::Write {
+            remote,
+            imm: Some(wr.imm_data),
+        },
+        2 => SendOp::Send {
+            imm: None,
+            invalidate: None,
+        },
+        3 => SendOp::Send {
+            imm: Some(wr.imm_data),
+            invalidate: None,
+        },
         4 => SendOp::Read { remote },
         5 => SendOp::CompareSwap {
-            remote: RemoteAddr { addr: atomic.remote_addr, rkey: atomic.rkey },
+            remote: RemoteAddr {
+                addr: atomic.remote_addr,
+                rkey: atomic.rkey,
+            },
             compare: atomic.compare_add,
             swap: atomic.swap,
         },
         6 => SendOp::FetchAdd {
-            remote: RemoteAddr { addr: atomic.remote_addr, rkey: atomic.rkey },
+            remote: RemoteAddr {
+                addr: atomic.remote_addr,
+                rkey: atomic.rkey,
+            },
             add: atomic.compare_add,
         },
-        9 => SendOp::Send { imm: None, invalidate: Some(wr.imm_data) },
+        9 => SendOp::Send {
+            imm: None,
+            invalidate: Some(wr.imm_data),
+        },
         // LOCAL_INV, BIND_MW, TSO, DRIVER1 and atomic write need memory windows or raw QPs.
         7 | 8 | 10 | 11 | 15 => return Err(EOPNOTSUPP),
         _ => return Err(EINVAL),
     };
     let payload = if flags.contains(SendFlags::INLINE) && !op.is_read_or_atomic() {
+        // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
         Payload::Inline(unsafe { inline_bytes(&list) })
     } else {
         Payload::Sges(list)
     };
     let ud = if qp_type == QpType::Ud {
+        // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
         let ah = unsafe { outer::<SvAh, _>(ud.ah) }.ok_or(EINVAL)?;
-        Some(UdAddress { ah: ah.core.clone(), remote_qpn: ud.remote_qpn, remote_qkey: ud.remote_qkey })
+        Some(UdAddress {
+            ah: ah.core.clone(),
+            remote_qpn: ud.remote_qpn,
+            remote_qkey: ud.remote_qkey,
+        })
     } else {
         None
     };
-    Ok(SendRequest { wr_id: wr.wr_id, op, flags, payload, ud })
+    Ok(SendRequest {
+        wr_id: wr.wr_id,
+        op,
+        flags,
+        payload,
+        ud,
+    })
 }
 
 /// The `post_send` op.
@@ -128,6 +169,7 @@ pub(crate) unsafe extern "C" fn post_send(
     wr: *mut ibv_send_wr,
     bad: *mut *mut ibv_send_wr,
 ) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(q) = (unsafe { outer::<SvQp, _>(qp) }) else {
         return EINVAL;
     };
@@ -139,6 +181,7 @@ pub(crate) unsafe extern "C" fn post_send(
     while !p.is_null() {
         // SAFETY: `p` is a work request of the caller's list.
         let w = unsafe { &*p };
+        // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
         match unsafe { send_request(w, qp_type) } {
             Ok(r) => {
                 ptrs.push(p);
@@ -167,15 +210,25 @@ pub(crate) unsafe extern "C" fn post_send(
 
 /// Translates a receive list; returns the WRs, their pointers, and the first untranslatable
 /// WR with its errno.
-unsafe fn recv_list(wr: *mut ibv_recv_wr) -> (Vec<RecvWr>, Vec<*mut ibv_recv_wr>, Option<(*mut ibv_recv_wr, c_int)>) {
+unsafe fn recv_list(
+    wr: *mut ibv_recv_wr,
+) -> (
+    Vec<RecvWr>,
+    Vec<*mut ibv_recv_wr>,
+    Option<(*mut ibv_recv_wr, c_int)>,
+) {
     let (mut reqs, mut ptrs) = (Vec::new(), Vec::new());
     let mut p = wr;
     while !p.is_null() {
         // SAFETY: `p` is a work request of the caller's list.
         let w = unsafe { &*p };
+        // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
         match unsafe { sges(w.sg_list, w.num_sge) } {
             Ok(sg_list) => {
-                reqs.push(RecvWr { wr_id: w.wr_id, sg_list });
+                reqs.push(RecvWr {
+                    wr_id: w.wr_id,
+                    sg_list,
+                });
                 ptrs.push(p);
             }
             Err(e) => return (reqs, ptrs, Some((p, e))),
@@ -211,11 +264,14 @@ pub(crate) unsafe extern "C" fn post_recv(
     wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(q) = (unsafe { outer::<SvQp, _>(qp) }) else {
         return EINVAL;
     };
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     let (reqs, ptrs, conv_err) = unsafe { recv_list(wr) };
     let result = q.core.post_recv(&reqs);
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe { finish_recv(result, &ptrs, conv_err, bad) }
 }
 
@@ -225,16 +281,20 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(s) = (unsafe { outer::<SvSrq, _>(srq) }) else {
         return EINVAL;
     };
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     let (reqs, ptrs, conv_err) = unsafe { recv_list(wr) };
     let result = s.core.post_recv(&reqs);
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe { finish_recv(result, &ptrs, conv_err, bad) }
 }
 
 /// The `poll_cq` op: up to `n` completions, or a negative errno.
 pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { outer::<SvCq, _>(cq) }) else {
         return -EINVAL;
     };
@@ -261,6 +321,7 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
 
 /// The `req_notify_cq` op.
 pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     match unsafe { outer::<SvCq, _>(cq) } {
         Some(c) => match c.core.req_notify(solicited_only != 0) {
             Ok(()) => 0,
@@ -282,6 +343,7 @@ unsafe fn cq_ex<'a>(cq: *mut ibv_cq_ex) -> &'a SvCq {
 
 /// Takes the next completion into `cur` and the public `status`/`wr_id`; ENOENT if none.
 unsafe fn poll_one(cq: *mut ibv_cq_ex) -> c_int {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     let c = unsafe { cq_ex(cq) };
     let mut one = [WorkCompletion::default()];
     if c.core.poll(&mut one) == 0 {
@@ -297,47 +359,60 @@ unsafe fn poll_one(cq: *mut ibv_cq_ex) -> c_int {
 }
 
 unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, _attr: *mut ibv_poll_cq_attr) -> c_int {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { poll_one(cq) }
 }
 
 unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { poll_one(cq) }
 }
 
 unsafe extern "C" fn end_poll(_cq: *mut ibv_cq_ex) {}
 
 unsafe fn cur(cq: *mut ibv_cq_ex) -> WorkCompletion {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { cq_ex(cq) }.cur.get()
 }
 
 unsafe extern "C" fn read_opcode(cq: *mut ibv_cq_ex) -> c_uint {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { cur(cq) }.opcode.raw()
 }
 unsafe extern "C" fn read_vendor_err(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { cur(cq) }.vendor_err
 }
 unsafe extern "C" fn read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { cur(cq) }.byte_len
 }
 unsafe extern "C" fn read_imm_data(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { cur(cq) }.imm_data
 }
 unsafe extern "C" fn read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { cur(cq) }.qp_num
 }
 unsafe extern "C" fn read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { cur(cq) }.src_qp
 }
 unsafe extern "C" fn read_wc_flags(cq: *mut ibv_cq_ex) -> c_uint {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { cur(cq) }.wc_flags.bits()
 }
 unsafe extern "C" fn read_slid(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     u32::from(unsafe { cur(cq) }.slid)
 }
 unsafe extern "C" fn read_sl(cq: *mut ibv_cq_ex) -> u8 {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { cur(cq) }.sl
 }
 unsafe extern "C" fn read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { cur(cq) }.dlid_path_bits
 }
 
@@ -362,7 +437,10 @@ pub(crate) fn install_cq_ex_ops(b: *mut SvCq) {
 
 /// The `create_cq_ex` op: the standard completion fields only (no timestamps, flow tags or
 /// parent domains: EOPNOTSUPP).
-pub(crate) unsafe extern "C" fn create_cq_ex(ctx: *mut ibv_context, attr: *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex {
+pub(crate) unsafe extern "C" fn create_cq_ex(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_cq_init_attr_ex,
+) -> *mut ibv_cq_ex {
     if attr.is_null() {
         return fail_null(EINVAL);
     }
@@ -373,6 +451,7 @@ pub(crate) unsafe extern "C" fn create_cq_ex(ctx: *mut ibv_context, attr: *mut i
     }
     let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
     let vector = c_int::try_from(a.comp_vector).unwrap_or(c_int::MAX);
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     match unsafe { verbs::new_cq(ctx, cqe, a.cq_context, a.channel, vector) } {
         Ok(b) => {
             // SAFETY: `b` is live; record which fields the caller asked for.
@@ -428,6 +507,7 @@ unsafe fn batch<'a>(qpx: *mut ibv_qp_ex) -> Option<(&'a SvQp, MutexGuard<'a, WrB
 unsafe fn push(qpx: *mut ibv_qp_ex, op: SendOp) {
     // SAFETY: `qpx` is live; read the two public fields the caller sets before each builder.
     let (wr_id, flags) = unsafe { ((*qpx).wr_id, (*qpx).wr_flags) };
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     if let Some((_, mut b)) = unsafe { batch(qpx) } {
         b.reqs.push(SendRequest {
             wr_id,
@@ -442,6 +522,7 @@ unsafe fn push(qpx: *mut ibv_qp_ex, op: SendOp) {
 /// Applies `f` to the work request being built; a setter without a builder is EINVAL at
 /// `wr_complete`.
 unsafe fn last(qpx: *mut ibv_qp_ex, f: impl FnOnce(&SvQp, &mut SendRequest) -> Result<(), c_int>) {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     if let Some((q, mut b)) = unsafe { batch(qpx) } {
         let r = match b.reqs.last_mut() {
             Some(req) => f(q, req),
@@ -463,16 +544,19 @@ fn set_data(req: &mut SendRequest, list: Vec<Sge>) {
 }
 
 unsafe extern "C" fn wr_start(qpx: *mut ibv_qp_ex) {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     if let Some((_, mut b)) = unsafe { batch(qpx) } {
         *b = WrBatch::default();
     }
 }
 
 unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { wr_start(qpx) };
 }
 
 unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     let Some((q, mut b)) = (unsafe { batch(qpx) }) else {
         return EINVAL;
     };
@@ -488,38 +572,111 @@ unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
 }
 
 unsafe extern "C" fn wr_send(qpx: *mut ibv_qp_ex) {
-    unsafe { push(qpx, SendOp::Send { imm: None, invalidate: None }) };
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+    unsafe {
+        push(
+            qpx,
+            SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+        );
+    };
 }
 
 unsafe extern "C" fn wr_send_imm(qpx: *mut ibv_qp_ex, imm: u32) {
-    unsafe { push(qpx, SendOp::Send { imm: Some(imm), invalidate: None }) };
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+    unsafe {
+        push(
+            qpx,
+            SendOp::Send {
+                imm: Some(imm),
+                invalidate: None,
+            },
+        );
+    };
 }
 
 unsafe extern "C" fn wr_send_inv(qpx: *mut ibv_qp_ex, rkey: u32) {
-    unsafe { push(qpx, SendOp::Send { imm: None, invalidate: Some(rkey) }) };
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+    unsafe {
+        push(
+            qpx,
+            SendOp::Send {
+                imm: None,
+                invalidate: Some(rkey),
+            },
+        );
+    };
 }
 
 unsafe extern "C" fn wr_rdma_write(qpx: *mut ibv_qp_ex, rkey: u32, addr: u64) {
-    unsafe { push(qpx, SendOp::Write { remote: RemoteAddr { addr, rkey }, imm: None }) };
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+    unsafe {
+        push(
+            qpx,
+            SendOp::Write {
+                remote: RemoteAddr { addr, rkey },
+                imm: None,
+            },
+        );
+    };
 }
 
 unsafe extern "C" fn wr_rdma_write_imm(qpx: *mut ibv_qp_ex, rkey: u32, addr: u64, imm: u32) {
-    unsafe { push(qpx, SendOp::Write { remote: RemoteAddr { addr, rkey }, imm: Some(imm) }) };
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+    unsafe {
+        push(
+            qpx,
+            SendOp::Write {
+                remote: RemoteAddr { addr, rkey },
+                imm: Some(imm),
+            },
+        );
+    };
 }
 
 unsafe extern "C" fn wr_rdma_read(qpx: *mut ibv_qp_ex, rkey: u32, addr: u64) {
-    unsafe { push(qpx, SendOp::Read { remote: RemoteAddr { addr, rkey } }) };
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+    unsafe {
+        push(
+            qpx,
+            SendOp::Read {
+                remote: RemoteAddr { addr, rkey },
+            },
+        );
+    };
 }
 
 unsafe extern "C" fn wr_atomic_cmp_swp(qpx: *mut ibv_qp_ex, rkey: u32, addr: u64, compare: u64, swap: u64) {
-    unsafe { push(qpx, SendOp::CompareSwap { remote: RemoteAddr { addr, rkey }, compare, swap }) };
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+    unsafe {
+        push(
+            qpx,
+            SendOp::CompareSwap {
+                remote: RemoteAddr { addr, rkey },
+                compare,
+                swap,
+            },
+        );
+    };
 }
 
 unsafe extern "C" fn wr_atomic_fetch_add(qpx: *mut ibv_qp_ex, rkey: u32, addr: u64, add: u64) {
-    unsafe { push(qpx, SendOp::FetchAdd { remote: RemoteAddr { addr, rkey }, add }) };
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+    unsafe {
+        push(
+            qpx,
+            SendOp::FetchAdd {
+                remote: RemoteAddr { addr, rkey },
+                add,
+            },
+        );
+    };
 }
 
 unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe {
         last(qpx, |_, req| {
             set_data(req, vec![Sge { addr, length, lkey }]);
@@ -532,6 +689,7 @@ unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, n: usize, list: *const
     let n = c_int::try_from(n).unwrap_or(-1);
     // SAFETY: the caller passes `n` readable SGEs.
     let list = unsafe { sges(list, n) };
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe {
         last(qpx, |_, req| {
             set_data(req, list?);
@@ -543,6 +701,7 @@ unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, n: usize, list: *const
 unsafe extern "C" fn wr_set_inline_data(qpx: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
     // SAFETY: ibv_wr_set_inline_data(3): `addr` names `length` readable bytes.
     let data = unsafe { copy_in(addr as u64, length) };
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe {
         last(qpx, |_, req| {
             req.payload = Payload::Inline(data);
@@ -556,9 +715,11 @@ unsafe extern "C" fn wr_set_inline_data_list(qpx: *mut ibv_qp_ex, n: usize, bufs
     if n > 0 && !bufs.is_null() {
         // SAFETY: the caller passes `n` readable buffer descriptors naming readable bytes.
         for b in unsafe { std::slice::from_raw_parts(bufs, n) } {
+            // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
             data.extend_from_slice(&unsafe { copy_in(b.addr as u64, b.length) });
         }
     }
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe {
         last(qpx, |_, req| {
             req.payload = Payload::Inline(data);
@@ -570,22 +731,31 @@ unsafe extern "C" fn wr_set_inline_data_list(qpx: *mut ibv_qp_ex, n: usize, bufs
 unsafe extern "C" fn wr_set_ud_addr(qpx: *mut ibv_qp_ex, ah: *mut ibv_ah, remote_qpn: u32, remote_qkey: u32) {
     // SAFETY: `ah` is NULL or an address handle of this library.
     let ah = unsafe { outer::<SvAh, _>(ah) };
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe {
         last(qpx, |_, req| {
             let ah = ah.ok_or(EINVAL)?;
-            req.ud = Some(UdAddress { ah: ah.core.clone(), remote_qpn, remote_qkey });
+            req.ud = Some(UdAddress {
+                ah: ah.core.clone(),
+                remote_qpn,
+                remote_qkey,
+            });
             Ok(())
         });
     }
 }
 
 unsafe extern "C" fn wr_set_xrc_srqn(qpx: *mut ibv_qp_ex, _srqn: u32) {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { last(qpx, |_, _| Err(EOPNOTSUPP)) };
 }
 
 /// The `create_qp_ex` op: RC, UC and UD QPs with the `ibv_wr_*` operations of
 /// `SUPPORTED_SEND_OPS`; XRC, RSS, TSO and creation flags are EOPNOTSUPP.
-pub(crate) unsafe extern "C" fn create_qp_ex(_ctx: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    _ctx: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
     if attr.is_null() {
         return fail_null(EINVAL);
     }
@@ -611,6 +781,7 @@ pub(crate) unsafe extern "C" fn create_qp_ex(_ctx: *mut ibv_context, attr: *mut 
         qp_type: a.qp_type,
         sq_sig_all: a.sq_sig_all != 0,
     };
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     match unsafe { verbs::new_qp(&n) } {
         Ok(b) => {
             // SAFETY: `b` is live.

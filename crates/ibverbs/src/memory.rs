@@ -19,7 +19,10 @@ pub(crate) struct RawMemory {
 impl RawMemory {
     /// A backing over `len` bytes at `base`.
     pub(crate) fn new(base: *mut u8, len: u64) -> Self {
-        Self { base: base as usize, len }
+        Self {
+            base: base as usize,
+            len,
+        }
     }
 
     fn ptr(&self, offset: u64) -> *mut u8 {
@@ -89,7 +92,7 @@ mod tests {
         assert_eq!(m.atomic(8, AtomicOp::FetchAdd { add: 5 }), 0);
         assert_eq!(m.atomic(8, AtomicOp::CompareSwap { compare: 5, swap: 9 }), 5);
         assert_eq!(m.atomic(8, AtomicOp::CompareSwap { compare: 5, swap: 1 }), 9);
-        drop(m);
+        let _ = m;
         assert_eq!(buf[1], 9);
     }
 }

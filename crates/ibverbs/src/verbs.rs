@@ -14,16 +14,17 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::mem::{offset_of, size_of};
 use std::ptr::{addr_of_mut, null_mut};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use softverbs_device::qp::{QpInitAttr, SendRequest};
 use softverbs_device::{
-    device_list, Ah, AsyncEvent, CompChannel, Context, Cq, Device, DeviceAttr, EventElement, Mr, Pd, PortAttr,
-    Qp, Srq,
+    device_list, Ah, AsyncEvent, CompChannel, Context, Cq, Device, DeviceAttr, EventElement, Mr, Pd,
+    PortAttr, Qp, Srq,
 };
 use softverbs_engine::types::{
-    AccessFlags, AhAttr, EventType, Gid, GlobalRoute, MigState, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType,
-    SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+    AccessFlags, AhAttr, EventType, Gid, GlobalRoute, MigState, Mtu, QpAttr, QpAttrMask, QpCap, QpState,
+    QpType, SrqAttr, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
 use softverbs_engine::{Errno, Error};
 
@@ -72,7 +73,8 @@ pub(crate) struct SvPd {
 #[repr(C)]
 pub(crate) struct SvMr {
     mr: ibv_mr,
-    core: Arc<Mr>,
+    /// Replaced by `ibv_rereg_mr`.
+    core: Mutex<Arc<Mr>>,
 }
 
 #[repr(C)]
@@ -144,7 +146,12 @@ pub(crate) unsafe fn context<'a>(ctx: *mut ibv_context) -> Option<&'a SvContext>
     }
     // SAFETY: every context we hand out is the `context` field of a `verbs_context` at the start
     // of an `SvContext`, so stepping back by the field offset stays inside that allocation.
-    Some(unsafe { &*ctx.cast::<u8>().sub(offset_of!(verbs_context, context)).cast::<SvContext>() })
+    Some(unsafe {
+        &*ctx
+            .cast::<u8>()
+            .sub(offset_of!(verbs_context, context))
+            .cast::<SvContext>()
+    })
 }
 
 fn errno_of(e: &Error) -> c_int {
@@ -174,7 +181,10 @@ fn sv_device(core: &Device) -> *mut SvDevice {
         return p as *mut SvDevice;
     }
     let mut dev = ibv_device {
-        _ops: _ibv_device_ops { _dummy1: std::ptr::null(), _dummy2: std::ptr::null() },
+        _ops: _ibv_device_ops {
+            _dummy1: std::ptr::null(),
+            _dummy2: std::ptr::null(),
+        },
         node_type: 1,      // IBV_NODE_CA
         transport_type: 0, // IBV_TRANSPORT_IB
         name: [0; IBV_SYSFS_NAME_MAX],
@@ -184,9 +194,19 @@ fn sv_device(core: &Device) -> *mut SvDevice {
     };
     copy_str(&mut dev.name, core.name());
     copy_str(&mut dev.dev_name, core.name());
-    copy_str(&mut dev.dev_path, &format!("/sys/class/infiniband_verbs/{}", core.name()));
-    copy_str(&mut dev.ibdev_path, &format!("/sys/class/infiniband/{}", core.name()));
-    let p = Box::into_raw(Box::new(SvDevice { dev, ops: DEVICE_OPS_TAG.as_ptr().cast(), core: core.clone() }));
+    copy_str(
+        &mut dev.dev_path,
+        &format!("/sys/class/infiniband_verbs/{}", core.name()),
+    );
+    copy_str(
+        &mut dev.ibdev_path,
+        &format!("/sys/class/infiniband/{}", core.name()),
+    );
+    let p = Box::into_raw(Box::new(SvDevice {
+        dev,
+        ops: DEVICE_OPS_TAG.as_ptr().cast(),
+        core: core.clone(),
+    }));
     reg.insert(core.name().to_string(), p as usize);
     p
 }
@@ -221,6 +241,7 @@ pub(crate) unsafe extern "C" fn free_device_list(list: *mut *mut ibv_device) {
 
 /// `ibv_get_device_name`.
 pub(crate) unsafe extern "C" fn get_device_name(dev: *mut ibv_device) -> *const c_char {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     match unsafe { outer::<SvDevice, _>(dev) } {
         Some(d) => d.dev.name.as_ptr(),
         None => fail_null(EINVAL),
@@ -229,6 +250,7 @@ pub(crate) unsafe extern "C" fn get_device_name(dev: *mut ibv_device) -> *const 
 
 /// `ibv_get_device_guid`: the node GUID in network byte order.
 pub(crate) unsafe extern "C" fn get_device_guid(dev: *mut ibv_device) -> u64 {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     match unsafe { outer::<SvDevice, _>(dev) } {
         Some(d) => d.core.guid().to_be(),
         None => 0,
@@ -237,6 +259,7 @@ pub(crate) unsafe extern "C" fn get_device_guid(dev: *mut ibv_device) -> u64 {
 
 /// `ibv_get_device_index`: the interface index, which is stable and unique per device.
 pub(crate) unsafe extern "C" fn get_device_index(dev: *mut ibv_device) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     match unsafe { outer::<SvDevice, _>(dev) } {
         Some(d) => d.core.ifindex() as c_int,
         None => -1,
@@ -245,6 +268,7 @@ pub(crate) unsafe extern "C" fn get_device_index(dev: *mut ibv_device) -> c_int 
 
 /// `ibv_open_device`.
 pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_context {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(d) = (unsafe { outer::<SvDevice, _>(dev) }) else {
         return fail_null(EINVAL);
     };
@@ -345,6 +369,7 @@ pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_co
 
 /// `ibv_close_device`.
 pub(crate) unsafe extern "C" fn close_device(ctx: *mut ibv_context) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
         return EINVAL;
     };
@@ -407,6 +432,7 @@ fn device_attr_c(a: &DeviceAttr) -> ibv_device_attr {
 
 /// `ibv_query_device`.
 pub(crate) unsafe extern "C" fn query_device(ctx: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
         return EINVAL;
     };
@@ -425,6 +451,7 @@ unsafe extern "C" fn query_device_ex(
     attr: *mut ibv_device_attr_ex,
     attr_size: usize,
 ) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
         return EINVAL;
     };
@@ -443,7 +470,13 @@ unsafe extern "C" fn query_device_ex(
     ex.phys_port_cnt_ex = u32::from(orig.phys_port_cnt);
     let n = attr_size.min(size_of::<ibv_device_attr_ex>());
     // SAFETY: the caller's buffer holds `attr_size` bytes; we copy at most that many.
-    unsafe { std::ptr::copy_nonoverlapping((&ex as *const ibv_device_attr_ex).cast::<u8>(), attr.cast::<u8>(), n) };
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            (&ex as *const ibv_device_attr_ex).cast::<u8>(),
+            attr.cast::<u8>(),
+            n,
+        );
+    };
     0
 }
 
@@ -476,6 +509,7 @@ fn port_attr_c(p: &PortAttr) -> ibv_port_attr {
 
 /// Writes at most `len` bytes of the port attributes.
 unsafe fn query_port_into(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_attr, len: usize) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
         return EINVAL;
     };
@@ -487,7 +521,13 @@ unsafe fn query_port_into(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_a
             let a = port_attr_c(&p);
             let n = len.min(size_of::<ibv_port_attr>());
             // SAFETY: the caller's buffer holds at least `len` bytes.
-            unsafe { std::ptr::copy_nonoverlapping((&a as *const ibv_port_attr).cast::<u8>(), attr.cast::<u8>(), n) };
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (&a as *const ibv_port_attr).cast::<u8>(),
+                    attr.cast::<u8>(),
+                    n,
+                );
+            };
             0
         }
         Err(e) => errno_of(&e),
@@ -495,17 +535,34 @@ unsafe fn query_port_into(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_a
 }
 
 /// `ibv_query_port@@IBVERBS_1.1`: the buffer is the 48-byte `struct _compat_ibv_port_attr`.
-pub(crate) unsafe extern "C" fn query_port_compat(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_attr) -> c_int {
+pub(crate) unsafe extern "C" fn query_port_compat(
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+) -> c_int {
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe { query_port_into(ctx, port, attr, COMPAT_PORT_ATTR_SIZE) }
 }
 
 /// The `query_port` op of `verbs_context`, behind the `ibv_query_port` inline wrapper.
-unsafe extern "C" fn query_port_ex(ctx: *mut ibv_context, port: u8, attr: *mut ibv_port_attr, len: usize) -> c_int {
+unsafe extern "C" fn query_port_ex(
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+    len: usize,
+) -> c_int {
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe { query_port_into(ctx, port, attr, len) }
 }
 
 /// `ibv_query_gid`: 0, or -1 with errno.
-pub(crate) unsafe extern "C" fn query_gid(ctx: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
+pub(crate) unsafe extern "C" fn query_gid(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    gid: *mut ibv_gid,
+) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
         return fail_minus_one(EINVAL);
     };
@@ -523,7 +580,13 @@ pub(crate) unsafe extern "C" fn query_gid(ctx: *mut ibv_context, port: u8, index
 }
 
 /// `ibv_query_gid_type` (IBVERBS_PRIVATE_34): the sysfs GID type; 0, or -1 with errno.
-pub(crate) unsafe extern "C" fn query_gid_type(ctx: *mut ibv_context, port: u8, index: c_uint, ty: *mut c_uint) -> c_int {
+pub(crate) unsafe extern "C" fn query_gid_type(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_uint,
+    ty: *mut c_uint,
+) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
         return fail_minus_one(EINVAL);
     };
@@ -557,6 +620,7 @@ pub(crate) unsafe extern "C" fn query_gid_ex(
     flags: u32,
     entry_size: usize,
 ) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
         return EINVAL;
     };
@@ -585,6 +649,7 @@ pub(crate) unsafe extern "C" fn query_gid_table(
     flags: u32,
     entry_size: usize,
 ) -> isize {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
         return -(EINVAL as isize);
     };
@@ -592,7 +657,12 @@ pub(crate) unsafe extern "C" fn query_gid_table(
         return -(EINVAL as isize);
     }
     let table = c.core.device().gid_table();
-    let valid: Vec<(usize, Gid)> = table.iter().copied().enumerate().filter(|(_, g)| !g.is_zero()).collect();
+    let valid: Vec<(usize, Gid)> = table
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|(_, g)| !g.is_zero())
+        .collect();
     if valid.len() > max_entries {
         return -(EINVAL as isize);
     }
@@ -610,7 +680,13 @@ pub(crate) unsafe extern "C" fn query_gid_table(
 }
 
 /// `ibv_query_pkey`: 0, or -1 with errno.
-pub(crate) unsafe extern "C" fn query_pkey(ctx: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
+pub(crate) unsafe extern "C" fn query_pkey(
+    ctx: *mut ibv_context,
+    port: u8,
+    index: c_int,
+    pkey: *mut u16,
+) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
         return fail_minus_one(EINVAL);
     };
@@ -627,6 +703,7 @@ pub(crate) unsafe extern "C" fn query_pkey(ctx: *mut ibv_context, port: u8, inde
 
 /// `ibv_get_pkey_index`: the index, or -1 with errno.
 pub(crate) unsafe extern "C" fn get_pkey_index(ctx: *mut ibv_context, port: u8, pkey: u16) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
         return fail_minus_one(EINVAL);
     };
@@ -681,12 +758,19 @@ pub(crate) extern "C" fn read_ibdev_sysfs_file(_buf: *mut c_char, _size: usize, 
 
 /// `ibv_alloc_pd`.
 pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
         return fail_null(EINVAL);
     };
     match Pd::alloc(&c.core) {
         Ok(core) => {
-            let b = Box::new(SvPd { pd: ibv_pd { context: ctx, handle: core.handle() }, core });
+            let b = Box::new(SvPd {
+                pd: ibv_pd {
+                    context: ctx,
+                    handle: core.handle(),
+                },
+                core,
+            });
             Box::into_raw(b).cast()
         }
         Err(e) => fail_null(errno_of(&e)),
@@ -695,6 +779,7 @@ pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
 
 /// `ibv_dealloc_pd`: EBUSY while anything uses the PD.
 pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(p) = (unsafe { outer::<SvPd, _>(pd) }) else {
         return EINVAL;
     };
@@ -709,6 +794,7 @@ pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
 }
 
 unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: c_int) -> *mut ibv_mr {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(p) = (unsafe { outer::<SvPd, _>(pd) }) else {
         return fail_null(EINVAL);
     };
@@ -725,14 +811,24 @@ unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, acce
                 lkey: core.lkey(),
                 rkey: core.rkey(),
             };
-            Box::into_raw(Box::new(SvMr { mr, core })).cast()
+            Box::into_raw(Box::new(SvMr {
+                mr,
+                core: Mutex::new(core),
+            }))
+            .cast()
         }
         Err(e) => fail_null(errno_of(&e)),
     }
 }
 
 /// `ibv_reg_mr`.
-pub(crate) unsafe extern "C" fn reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
+pub(crate) unsafe extern "C" fn reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe { reg(pd, addr, length, addr as u64, access) }
 }
 
@@ -744,6 +840,7 @@ pub(crate) unsafe extern "C" fn reg_mr_iova(
     iova: u64,
     access: c_int,
 ) -> *mut ibv_mr {
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe { reg(pd, addr, length, iova, access) }
 }
 
@@ -755,27 +852,97 @@ pub(crate) unsafe extern "C" fn reg_mr_iova2(
     iova: u64,
     access: c_uint,
 ) -> *mut ibv_mr {
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe { reg(pd, addr, length, iova, access as c_int) }
 }
 
-/// `ibv_rereg_mr`: not offered (the device flags do not claim it).
-pub(crate) extern "C" fn rereg_mr(
-    _mr: *mut ibv_mr,
-    _flags: c_int,
-    _pd: *mut ibv_pd,
-    _addr: *mut c_void,
-    _length: usize,
-    _access: c_int,
+/// `ibv_rereg_mr`: registers the region again with a new translation, PD and/or access
+/// (`IBV_REREG_MR_CHANGE_*`), keeping the `ibv_mr` pointer; the keys change. 0, or a negative
+/// `IBV_REREG_MR_ERR_*` with errno set; on error the old registration stays.
+pub(crate) unsafe extern "C" fn rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
 ) -> c_int {
-    EOPNOTSUPP
+    const CHANGE_TRANSLATION: c_int = 1;
+    const CHANGE_PD: c_int = 2;
+    const CHANGE_ACCESS: c_int = 4;
+    const ERR_INPUT: c_int = -1;
+    const ERR_CMD: c_int = -3;
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
+    let Some(m) = (unsafe { outer::<SvMr, _>(mr) }) else {
+        return fail_minus_one(EINVAL);
+    };
+    if flags == 0
+        || flags & !(CHANGE_TRANSLATION | CHANGE_PD | CHANGE_ACCESS) != 0
+        || (flags & CHANGE_TRANSLATION != 0 && (addr.is_null() || length == 0))
+    {
+        set_errno(EINVAL);
+        return ERR_INPUT;
+    }
+    let new_pd_ptr = if flags & CHANGE_PD != 0 {
+        pd
+    } else {
+        // SAFETY: `mr` is live.
+        unsafe { (*mr).pd }
+    };
+    // SAFETY: the caller passes NULL or a live PD of this library (the verbs API contract).
+    let Some(new_pd) = (unsafe { outer::<SvPd, _>(new_pd_ptr) }) else {
+        set_errno(EINVAL);
+        return ERR_INPUT;
+    };
+    let mut core = m.core.lock().unwrap_or_else(|p| p.into_inner());
+    let (backing, base, iova): (Arc<dyn softverbs_device::MemoryBacking>, u64, u64) =
+        if flags & CHANGE_TRANSLATION != 0 {
+            (
+                Arc::new(RawMemory::new(addr.cast(), length as u64)),
+                addr as u64,
+                addr as u64,
+            )
+        } else {
+            (core.backing().clone(), core.addr(), core.iova())
+        };
+    let access = if flags & CHANGE_ACCESS != 0 {
+        access as u32
+    } else {
+        core.access().bits()
+    };
+    let new = match Mr::register_iova(&new_pd.core, backing, base, iova, access) {
+        Ok(n) => n,
+        Err(e) => {
+            set_errno(errno_of(&e));
+            return ERR_CMD;
+        }
+    };
+    if let Err(e) = core.dereg() {
+        let _ = new.dereg();
+        set_errno(errno_of(&e));
+        return ERR_CMD;
+    }
+    // SAFETY: `mr` is live; update its public fields to the new registration.
+    unsafe {
+        (*mr).pd = new_pd_ptr;
+        (*mr).addr = new.addr() as usize as *mut c_void;
+        (*mr).length = new.length() as usize;
+        (*mr).lkey = new.lkey();
+        (*mr).rkey = new.rkey();
+        (*mr).handle = new.handle();
+    }
+    *core = new;
+    0
 }
 
 /// `ibv_dereg_mr`.
 pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(m) = (unsafe { outer::<SvMr, _>(mr) }) else {
         return EINVAL;
     };
-    match m.core.dereg() {
+    let result = m.core.lock().unwrap_or_else(|p| p.into_inner()).dereg();
+    match result {
         Ok(()) => {
             // SAFETY: made by `Box::into_raw` in `reg`; the caller gives it up.
             drop(unsafe { Box::from_raw(mr.cast::<SvMr>()) });
@@ -790,12 +957,17 @@ pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
 
 /// `ibv_create_comp_channel`.
 pub(crate) unsafe extern "C" fn create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
         return fail_null(EINVAL);
     };
     match CompChannel::create(&c.core) {
         Ok(core) => {
-            let ch = ibv_comp_channel { context: ctx, fd: core.fd(), refcnt: 0 };
+            let ch = ibv_comp_channel {
+                context: ctx,
+                fd: core.fd(),
+                refcnt: 0,
+            };
             Box::into_raw(Box::new(SvChannel { ch, core })).cast()
         }
         Err(e) => fail_null(errno_of(&e)),
@@ -804,6 +976,7 @@ pub(crate) unsafe extern "C" fn create_comp_channel(ctx: *mut ibv_context) -> *m
 
 /// `ibv_destroy_comp_channel`: EBUSY while a CQ uses it.
 pub(crate) unsafe extern "C" fn destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { outer::<SvChannel, _>(ch) }) else {
         return EINVAL;
     };
@@ -817,6 +990,15 @@ pub(crate) unsafe extern "C" fn destroy_comp_channel(ch: *mut ibv_comp_channel) 
     }
 }
 
+/// The `refcnt` field of a channel, updated atomically.
+///
+/// # Safety
+/// `ch` must be a live channel of this library.
+unsafe fn channel_refcnt<'a>(ch: *mut ibv_comp_channel) -> &'a AtomicI32 {
+    // SAFETY: `refcnt` is an aligned `int` inside the live channel; all updates are atomic.
+    unsafe { AtomicI32::from_ptr(addr_of_mut!((*ch).refcnt)) }
+}
+
 /// Creates a CQ box; shared by `ibv_create_cq` and the `create_cq_ex` op.
 pub(crate) unsafe fn new_cq(
     ctx: *mut ibv_context,
@@ -825,7 +1007,9 @@ pub(crate) unsafe fn new_cq(
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
 ) -> Result<*mut SvCq, c_int> {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let c = unsafe { context(ctx) }.ok_or(EINVAL)?;
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let ch = unsafe { outer::<SvChannel, _>(channel) };
     let core = Cq::create(&c.core, cqe, ch.map(|c| &c.core), comp_vector).map_err(|e| errno_of(&e))?;
     let cq = ibv_cq_ex {
@@ -860,7 +1044,16 @@ pub(crate) unsafe fn new_cq(
         read_tm_info: std::ptr::null(),
         read_completion_wallclock_ns: None,
     };
-    let b = Box::into_raw(Box::new(SvCq { cq, core, cur: Cell::new(WorkCompletion::default()) }));
+    let b = Box::into_raw(Box::new(SvCq {
+        cq,
+        core,
+        cur: Cell::new(WorkCompletion::default()),
+    }));
+    if !channel.is_null() {
+        // SAFETY: `channel` is a live channel (its core object was found above); `refcnt` counts
+        // its CQs, as rdma-core keeps it.
+        unsafe { channel_refcnt(channel).fetch_add(1, Ordering::Relaxed) };
+    }
     // SAFETY: `b` is live; the core CQ remembers its box for `ibv_get_cq_event` and async events.
     unsafe { (*b).core.set_user_data(b as u64) };
     datapath::install_cq_ex_ops(b);
@@ -875,6 +1068,7 @@ pub(crate) unsafe extern "C" fn create_cq(
     channel: *mut ibv_comp_channel,
     comp_vector: c_int,
 ) -> *mut ibv_cq {
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     match unsafe { new_cq(ctx, cqe, cq_context, channel, comp_vector) } {
         Ok(b) => b.cast(),
         Err(e) => fail_null(e),
@@ -883,6 +1077,7 @@ pub(crate) unsafe extern "C" fn create_cq(
 
 /// `ibv_resize_cq`.
 pub(crate) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { outer::<SvCq, _>(cq) }) else {
         return EINVAL;
     };
@@ -898,11 +1093,17 @@ pub(crate) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int 
 
 /// `ibv_destroy_cq`: EBUSY while a QP uses it; waits for its events to be acknowledged.
 pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { outer::<SvCq, _>(cq) }) else {
         return EINVAL;
     };
     match c.core.destroy() {
         Ok(()) => {
+            let channel = c.cq.channel;
+            if !channel.is_null() {
+                // SAFETY: a channel outlives its CQs (destroying it is EBUSY while they exist).
+                unsafe { channel_refcnt(channel).fetch_sub(1, Ordering::Relaxed) };
+            }
             // SAFETY: made by `Box::into_raw` in `new_cq`; the caller gives it up.
             drop(unsafe { Box::from_raw(cq.cast::<SvCq>()) });
             0
@@ -917,6 +1118,7 @@ pub(crate) unsafe extern "C" fn get_cq_event(
     cq: *mut *mut ibv_cq,
     cq_context: *mut *mut c_void,
 ) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { outer::<SvChannel, _>(ch) }) else {
         return fail_minus_one(EINVAL);
     };
@@ -954,6 +1156,7 @@ unsafe fn bump_locked(mutex: *mut pthread_mutex_t, cond: *mut pthread_cond_t, fi
 
 /// `ibv_ack_cq_events`.
 pub(crate) unsafe extern "C" fn ack_cq_events(cq: *mut ibv_cq, n: c_uint) {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { outer::<SvCq, _>(cq) }) else {
         return;
     };
@@ -977,14 +1180,22 @@ pub(crate) unsafe fn new_srq(
     srq_context: *mut c_void,
     attr: *mut ibv_srq_attr,
 ) -> Result<*mut SvSrq, c_int> {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let p = unsafe { outer::<SvPd, _>(pd) }.ok_or(EINVAL)?;
     if attr.is_null() {
         return Err(EINVAL);
     }
     // SAFETY: `attr` is a readable and writable `struct ibv_srq_attr`.
     let a = unsafe { *attr };
-    let core = Srq::create(&p.core, &SrqAttr { max_wr: a.max_wr, max_sge: a.max_sge, srq_limit: a.srq_limit })
-        .map_err(|e| errno_of(&e))?;
+    let core = Srq::create(
+        &p.core,
+        &SrqAttr {
+            max_wr: a.max_wr,
+            max_sge: a.max_sge,
+            srq_limit: a.srq_limit,
+        },
+    )
+    .map_err(|e| errno_of(&e))?;
     let actual = core.query();
     // SAFETY: as above; ibv_create_srq(3) returns the actual sizes in the caller's attributes.
     unsafe {
@@ -1014,6 +1225,7 @@ pub(crate) unsafe extern "C" fn create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_i
     }
     // SAFETY: `init` is a live `struct ibv_srq_init_attr`.
     let (ctx, attr) = unsafe { ((*init).srq_context, addr_of_mut!((*init).attr)) };
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     match unsafe { new_srq(pd, ctx, attr) } {
         Ok(b) => b.cast(),
         Err(e) => fail_null(e),
@@ -1026,8 +1238,15 @@ unsafe extern "C" fn create_srq_ex(_ctx: *mut ibv_context, init: *mut ibv_srq_in
         return fail_null(EINVAL);
     }
     // SAFETY: `init` is a live `struct ibv_srq_init_attr_ex`.
-    let (mask, ty, pd, srq_ctx, attr) =
-        unsafe { ((*init).comp_mask, (*init).srq_type, (*init).pd, (*init).srq_context, addr_of_mut!((*init).attr)) };
+    let (mask, ty, pd, srq_ctx, attr) = unsafe {
+        (
+            (*init).comp_mask,
+            (*init).srq_type,
+            (*init).pd,
+            (*init).srq_context,
+            addr_of_mut!((*init).attr),
+        )
+    };
     if mask & IBV_SRQ_INIT_ATTR_PD == 0 {
         return fail_null(EINVAL);
     }
@@ -1036,6 +1255,7 @@ unsafe extern "C" fn create_srq_ex(_ctx: *mut ibv_context, init: *mut ibv_srq_in
     {
         return fail_null(EOPNOTSUPP);
     }
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     match unsafe { new_srq(pd, srq_ctx, attr) } {
         Ok(b) => b.cast(),
         Err(e) => fail_null(e),
@@ -1044,6 +1264,7 @@ unsafe extern "C" fn create_srq_ex(_ctx: *mut ibv_context, init: *mut ibv_srq_in
 
 /// `ibv_modify_srq`.
 pub(crate) unsafe extern "C" fn modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(s) = (unsafe { outer::<SvSrq, _>(srq) }) else {
         return EINVAL;
     };
@@ -1052,7 +1273,14 @@ pub(crate) unsafe extern "C" fn modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq
     }
     // SAFETY: `attr` is readable.
     let a = unsafe { *attr };
-    match s.core.modify(&SrqAttr { max_wr: a.max_wr, max_sge: a.max_sge, srq_limit: a.srq_limit }, mask as u32) {
+    match s.core.modify(
+        &SrqAttr {
+            max_wr: a.max_wr,
+            max_sge: a.max_sge,
+            srq_limit: a.srq_limit,
+        },
+        mask as u32,
+    ) {
         Ok(()) => 0,
         Err(e) => errno_of(&e),
     }
@@ -1060,6 +1288,7 @@ pub(crate) unsafe extern "C" fn modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq
 
 /// `ibv_query_srq`.
 pub(crate) unsafe extern "C" fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(s) = (unsafe { outer::<SvSrq, _>(srq) }) else {
         return EINVAL;
     };
@@ -1068,12 +1297,19 @@ pub(crate) unsafe extern "C" fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_
     }
     let a = s.core.query();
     // SAFETY: `attr` is writable.
-    unsafe { attr.write(ibv_srq_attr { max_wr: a.max_wr, max_sge: a.max_sge, srq_limit: a.srq_limit }) };
+    unsafe {
+        attr.write(ibv_srq_attr {
+            max_wr: a.max_wr,
+            max_sge: a.max_sge,
+            srq_limit: a.srq_limit,
+        });
+    };
     0
 }
 
 /// `ibv_destroy_srq`.
 pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(s) = (unsafe { outer::<SvSrq, _>(srq) }) else {
         return EINVAL;
     };
@@ -1178,9 +1414,21 @@ fn qp_attr_core(a: &ibv_qp_attr, mask: QpAttrMask) -> Result<QpAttr, c_int> {
     }
     let d = QpAttr::default();
     Ok(QpAttr {
-        qp_state: pick(QpState::from_raw(a.qp_state), mask.contains(QpAttrMask::STATE), d.qp_state)?,
-        cur_qp_state: pick(QpState::from_raw(a.cur_qp_state), mask.contains(QpAttrMask::CUR_STATE), d.cur_qp_state)?,
-        path_mtu: pick(Mtu::from_raw(a.path_mtu), mask.contains(QpAttrMask::PATH_MTU), d.path_mtu)?,
+        qp_state: pick(
+            QpState::from_raw(a.qp_state),
+            mask.contains(QpAttrMask::STATE),
+            d.qp_state,
+        )?,
+        cur_qp_state: pick(
+            QpState::from_raw(a.cur_qp_state),
+            mask.contains(QpAttrMask::CUR_STATE),
+            d.cur_qp_state,
+        )?,
+        path_mtu: pick(
+            Mtu::from_raw(a.path_mtu),
+            mask.contains(QpAttrMask::PATH_MTU),
+            d.path_mtu,
+        )?,
         path_mig_state: pick(
             MigState::from_raw(a.path_mig_state),
             mask.contains(QpAttrMask::PATH_MIG_STATE),
@@ -1256,13 +1504,17 @@ pub(crate) struct NewQp {
 
 /// Creates a QP box and writes the actual capabilities back into `n.cap`.
 pub(crate) unsafe fn new_qp(n: &NewQp) -> Result<*mut SvQp, c_int> {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let pd = unsafe { outer::<SvPd, _>(n.pd) }.ok_or(EINVAL)?;
     let qp_type = match n.qp_type {
         9 | 10 => return Err(EOPNOTSUPP), // IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV
         t => QpType::from_raw(t).ok_or(EOPNOTSUPP)?,
     };
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let send_cq = unsafe { outer::<SvCq, _>(n.send_cq) }.ok_or(EINVAL)?;
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let recv_cq = unsafe { outer::<SvCq, _>(n.recv_cq) }.ok_or(EINVAL)?;
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let srq = unsafe { outer::<SvSrq, _>(n.srq) };
     if n.cap.is_null() {
         return Err(EINVAL);
@@ -1325,6 +1577,7 @@ pub(crate) unsafe extern "C" fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_ini
             sq_sig_all: (*init).sq_sig_all != 0,
         }
     };
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     match unsafe { new_qp(&n) } {
         Ok(b) => b.cast(),
         Err(e) => fail_null(e),
@@ -1333,6 +1586,7 @@ pub(crate) unsafe extern "C" fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_ini
 
 /// `ibv_modify_qp`: 0 or an errno; nothing changes on error.
 pub(crate) unsafe extern "C" fn modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(q) = (unsafe { outer::<SvQp, _>(qp) }) else {
         return EINVAL;
     };
@@ -1362,6 +1616,7 @@ pub(crate) unsafe extern "C" fn query_qp(
     _mask: c_int,
     init: *mut ibv_qp_init_attr,
 ) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(q) = (unsafe { outer::<SvQp, _>(qp) }) else {
         return EINVAL;
     };
@@ -1388,6 +1643,7 @@ pub(crate) unsafe extern "C" fn query_qp(
 
 /// `ibv_destroy_qp`.
 pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(q) = (unsafe { outer::<SvQp, _>(qp) }) else {
         return EINVAL;
     };
@@ -1415,6 +1671,7 @@ pub(crate) extern "C" fn query_qp_data_in_order(_qp: *mut ibv_qp, _op: c_uint, f
 
 /// `ibv_attach_mcast`.
 pub(crate) unsafe extern "C" fn attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(q) = (unsafe { outer::<SvQp, _>(qp) }) else {
         return EINVAL;
     };
@@ -1430,6 +1687,7 @@ pub(crate) unsafe extern "C" fn attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gi
 
 /// `ibv_detach_mcast`.
 pub(crate) unsafe extern "C" fn detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(q) = (unsafe { outer::<SvQp, _>(qp) }) else {
         return EINVAL;
     };
@@ -1448,6 +1706,7 @@ pub(crate) unsafe extern "C" fn detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gi
 
 /// `ibv_create_ah`.
 pub(crate) unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(p) = (unsafe { outer::<SvPd, _>(pd) }) else {
         return fail_null(EINVAL);
     };
@@ -1458,7 +1717,12 @@ pub(crate) unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_att
     match Ah::create(&p.core, &ah_attr_core(unsafe { &*attr })) {
         Ok(core) => {
             // SAFETY: `pd` is live.
-            let ah = ibv_ah { context: unsafe { (*pd).context }, pd, handle: core.handle() };
+            let ah = ibv_ah {
+                // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+                context: unsafe { (*pd).context },
+                pd,
+                handle: core.handle(),
+            };
             Box::into_raw(Box::new(SvAh { ah, core })).cast()
         }
         Err(e) => fail_null(errno_of(&e)),
@@ -1467,6 +1731,7 @@ pub(crate) unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_att
 
 /// `ibv_destroy_ah`.
 pub(crate) unsafe extern "C" fn destroy_ah(ah: *mut ibv_ah) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(a) = (unsafe { outer::<SvAh, _>(ah) }) else {
         return EINVAL;
     };
@@ -1507,6 +1772,7 @@ pub(crate) unsafe extern "C" fn init_ah_from_wc(
     grh: *mut u8,
     attr: *mut ibv_ah_attr,
 ) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
         return fail_minus_one(EINVAL);
     };
@@ -1544,9 +1810,11 @@ pub(crate) unsafe extern "C" fn create_ah_from_wc(
     let mut attr = ibv_ah_attr::default();
     // SAFETY: `pd` is live; its context is the one to resolve against.
     let ctx = unsafe { (*pd).context };
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     if unsafe { init_ah_from_wc(ctx, port, wc, grh, &mut attr) } != 0 {
         return null_mut();
     }
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe { create_ah(pd, &mut attr) }
 }
 
@@ -1555,6 +1823,7 @@ pub(crate) unsafe extern "C" fn create_ah_from_wc(
 
 /// `ibv_get_async_event`: 0, or -1 with errno (EAGAIN if `async_fd` is non-blocking).
 pub(crate) unsafe extern "C" fn get_async_event(ctx: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
         return fail_minus_one(EINVAL);
     };
@@ -1566,14 +1835,27 @@ pub(crate) unsafe extern "C" fn get_async_event(ctx: *mut ibv_context, event: *m
         Err(e) => return fail_minus_one(errno_of(&e)),
     };
     let element = match &ev.element {
-        EventElement::Cq(cq) => ibv_async_event_element { cq: cq.user_data() as *mut ibv_cq },
-        EventElement::Qp(qp) => ibv_async_event_element { qp: qp.user_data() as *mut ibv_qp },
-        EventElement::Srq(srq) => ibv_async_event_element { srq: srq.user_data() as *mut ibv_srq },
-        EventElement::Port(p) => ibv_async_event_element { port_num: c_int::from(*p) },
+        EventElement::Cq(cq) => ibv_async_event_element {
+            cq: cq.user_data() as *mut ibv_cq,
+        },
+        EventElement::Qp(qp) => ibv_async_event_element {
+            qp: qp.user_data() as *mut ibv_qp,
+        },
+        EventElement::Srq(srq) => ibv_async_event_element {
+            srq: srq.user_data() as *mut ibv_srq,
+        },
+        EventElement::Port(p) => ibv_async_event_element {
+            port_num: c_int::from(*p),
+        },
         EventElement::Device => ibv_async_event_element { port_num: 0 },
     };
     // SAFETY: `event` is writable.
-    unsafe { event.write(ibv_async_event { element, event_type: ev.event_type.raw() }) };
+    unsafe {
+        event.write(ibv_async_event {
+            element,
+            event_type: ev.event_type.raw(),
+        });
+    };
     0
 }
 
@@ -1592,8 +1874,12 @@ pub(crate) unsafe extern "C" fn ack_async_event(event: *mut ibv_async_event) {
         E::CqErr => {
             // SAFETY: a CQ event's element is the CQ box, alive until the event is acknowledged.
             let cq = unsafe { element.cq };
+            // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
             if let Some(c) = unsafe { outer::<SvCq, _>(cq) } {
-                c.core.context().ack_async_event(&AsyncEvent { element: EventElement::Cq(c.core.clone()), event_type });
+                c.core.context().ack_async_event(&AsyncEvent {
+                    element: EventElement::Cq(c.core.clone()),
+                    event_type,
+                });
                 // SAFETY: `cq` is live.
                 unsafe {
                     bump_locked(
@@ -1615,8 +1901,12 @@ pub(crate) unsafe extern "C" fn ack_async_event(event: *mut ibv_async_event) {
         | E::QpLastWqeReached => {
             // SAFETY: a QP event's element is the QP box, alive until the event is acknowledged.
             let qp = unsafe { element.qp };
+            // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
             if let Some(q) = unsafe { outer::<SvQp, _>(qp) } {
-                q.core.context().ack_async_event(&AsyncEvent { element: EventElement::Qp(q.core.clone()), event_type });
+                q.core.context().ack_async_event(&AsyncEvent {
+                    element: EventElement::Qp(q.core.clone()),
+                    event_type,
+                });
                 // SAFETY: `qp` is live.
                 unsafe {
                     bump_locked(
@@ -1631,11 +1921,12 @@ pub(crate) unsafe extern "C" fn ack_async_event(event: *mut ibv_async_event) {
         E::SrqErr | E::SrqLimitReached => {
             // SAFETY: an SRQ event's element is the SRQ box, alive until acknowledged.
             let srq = unsafe { element.srq };
+            // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
             if let Some(s) = unsafe { outer::<SvSrq, _>(srq) } {
-                s.core
-                    .pd()
-                    .context()
-                    .ack_async_event(&AsyncEvent { element: EventElement::Srq(s.core.clone()), event_type });
+                s.core.pd().context().ack_async_event(&AsyncEvent {
+                    element: EventElement::Srq(s.core.clone()),
+                    event_type,
+                });
                 // SAFETY: `srq` is live.
                 unsafe {
                     bump_locked(
@@ -1687,4 +1978,49 @@ pub(crate) extern "C" fn compat_null() -> *mut c_void {
 pub(crate) extern "C" fn compat_fail() -> c_int {
     set_errno(ENOSYS);
     -1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each C object is the first field of its box, and a device is followed by the 8-byte
+    /// `verbs_device.ops` slot providers read.
+    #[test]
+    fn boxes_start_with_their_c_object() {
+        assert_eq!(offset_of!(SvDevice, dev), 0);
+        assert_eq!(offset_of!(SvDevice, ops), 664);
+        assert_eq!(offset_of!(SvContext, vctx), 0);
+        assert_eq!(
+            offset_of!(SvContext, vctx) + offset_of!(verbs_context, context),
+            320
+        );
+        assert_eq!(offset_of!(SvPd, pd), 0);
+        assert_eq!(offset_of!(SvMr, mr), 0);
+        assert_eq!(offset_of!(SvChannel, ch), 0);
+        assert_eq!(offset_of!(SvCq, cq), 0);
+        assert_eq!(offset_of!(SvSrq, srq), 0);
+        assert_eq!(offset_of!(SvQp, qp), 0);
+        assert_eq!(offset_of!(SvAh, ah), 0);
+        assert_eq!(VERBS_CONTEXT_SIZE, 648);
+    }
+
+    #[test]
+    fn qp_attr_enums_are_checked_only_when_masked() {
+        let mut a = ibv_qp_attr {
+            qp_state: 99,
+            path_mtu: 42,
+            ..Default::default()
+        };
+        assert_eq!(qp_attr_core(&a, QpAttrMask::STATE).unwrap_err(), EINVAL);
+        assert!(qp_attr_core(&a, QpAttrMask::QKEY).is_ok());
+        a.qp_state = QpState::Init.raw();
+        assert_eq!(
+            qp_attr_core(&a, QpAttrMask::STATE | QpAttrMask::PATH_MTU).unwrap_err(),
+            EINVAL
+        );
+        let core = qp_attr_core(&a, QpAttrMask::STATE).unwrap();
+        assert_eq!(core.qp_state, QpState::Init);
+        assert_eq!(qp_attr_c(&core).qp_state, QpState::Init.raw());
+    }
 }

@@ -12,7 +12,11 @@ use common::*;
 
 /// `(name, version, hidden)` of every defined, versioned dynamic symbol, from `objdump -T`.
 fn versioned_exports(lib: &std::path::Path) -> BTreeSet<(String, String, bool)> {
-    let out = Command::new("objdump").arg("-T").arg(lib).output().expect("objdump runs");
+    let out = Command::new("objdump")
+        .arg("-T")
+        .arg(lib)
+        .output()
+        .expect("objdump runs");
     assert!(out.status.success(), "objdump -T {} failed", lib.display());
     String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -31,7 +35,11 @@ fn versioned_exports(lib: &std::path::Path) -> BTreeSet<(String, String, bool)> 
 }
 
 fn readelf(args: &[&str], lib: &std::path::Path) -> String {
-    let out = Command::new("readelf").args(args).arg(lib).output().expect("readelf runs");
+    let out = Command::new("readelf")
+        .args(args)
+        .arg(lib)
+        .output()
+        .expect("readelf runs");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -40,10 +48,17 @@ fn export_set_equals_rdma_core() {
     require("objdump");
     let ours = versioned_exports(&built_library());
     let theirs = versioned_exports(std::path::Path::new(SYSTEM_LIB));
-    assert_eq!(theirs.len(), 193, "the reference library should define 193 versioned symbols");
+    assert_eq!(
+        theirs.len(),
+        193,
+        "the reference library should define 193 versioned symbols"
+    );
     let missing: Vec<_> = theirs.difference(&ours).collect();
     let extra: Vec<_> = ours.difference(&theirs).collect();
-    assert!(missing.is_empty() && extra.is_empty(), "missing: {missing:#?}\nextra: {extra:#?}");
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "missing: {missing:#?}\nextra: {extra:#?}"
+    );
 }
 
 #[test]
@@ -63,19 +78,30 @@ fn version_definitions_soname_and_bind_now() {
     assert_eq!(ours.len(), 13);
     let dynamic = readelf(&["-d"], &lib);
     assert!(dynamic.contains("Library soname: [libibverbs.so.1]"), "{dynamic}");
-    assert!(dynamic.contains("BIND_NOW") || dynamic.contains("NOW"), "{dynamic}");
+    assert!(
+        dynamic.contains("BIND_NOW") || dynamic.contains("NOW"),
+        "{dynamic}"
+    );
 }
 
 #[test]
 fn rdma_core_tools_load_without_version_warnings() {
-    for tool in ["/usr/bin/ibv_devices", "/usr/bin/ibv_devinfo", "/usr/bin/ibv_rc_pingpong", "/usr/bin/ib_write_bw"] {
+    for tool in [
+        "/usr/bin/ibv_devices",
+        "/usr/bin/ibv_devinfo",
+        "/usr/bin/ibv_rc_pingpong",
+        "/usr/bin/ib_write_bw",
+    ] {
         require(tool);
         let mut c = command(tool);
         c.arg("--help");
         let o = run_bounded(c, Duration::from_secs(20));
         let (out, err) = text(&o);
         assert!(!err.contains("version information"), "{tool}: {err}");
-        assert!(!err.contains("not found") && !err.contains("undefined symbol"), "{tool}: {err}{out}");
+        assert!(
+            !err.contains("not found") && !err.contains("undefined symbol"),
+            "{tool}: {err}{out}"
+        );
     }
 }
 
@@ -101,7 +127,13 @@ int main(void) {
     )
     .unwrap();
     let exe = dir.join("dlopen");
-    let st = Command::new("gcc").arg(&src).arg("-o").arg(&exe).arg("-ldl").status().expect("gcc runs");
+    let st = Command::new("gcc")
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .arg("-ldl")
+        .status()
+        .expect("gcc runs");
     assert!(st.success());
     let o = run_bounded(command(exe.to_str().unwrap()), Duration::from_secs(20));
     let (out, err) = text(&o);

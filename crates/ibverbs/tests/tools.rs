@@ -39,7 +39,11 @@ fn gid_index() -> String {
 
 /// A TCP port nobody listens on now.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Whether something listens on TCP `port` (read from /proc, so the server's one accept is not
@@ -47,17 +51,24 @@ fn free_port() -> u16 {
 fn listening(port: u16) -> bool {
     let needle = format!(":{port:04X} ");
     ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).unwrap_or_default().lines().skip(1).any(|l| {
-            let cols: Vec<&str> = l.split_whitespace().collect();
-            cols.len() > 3 && format!("{} ", cols[1]).ends_with(&needle) && cols[3] == "0A"
-        })
+        std::fs::read_to_string(f)
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .any(|l| {
+                let cols: Vec<&str> = l.split_whitespace().collect();
+                cols.len() > 3 && format!("{} ", cols[1]).ends_with(&needle) && cols[3] == "0A"
+            })
     })
 }
 
 fn spawn(program: &str, args: &[String]) -> Child {
     require(program);
     let mut c = command(program);
-    c.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     c.spawn().unwrap_or_else(|e| panic!("spawn {program}: {e}"))
 }
 
@@ -70,7 +81,10 @@ fn pair(program: &str, args: &[&str]) -> (Output, Output) {
     let server = spawn(program, &args);
     let start = Instant::now();
     while !listening(port.parse().unwrap()) {
-        assert!(start.elapsed() < Duration::from_secs(20), "{program} server never listened on {port}");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{program} server never listened on {port}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let mut cargs = args.clone();
@@ -112,7 +126,11 @@ fn perftest(program: &str, server_prints_table: bool) {
         let (out, _) = text(o);
         let mut lines = out.lines().skip_while(|l| !l.trim_start().starts_with("#bytes"));
         lines.next().is_some()
-            && lines.next().is_some_and(|l| l.split_whitespace().next().is_some_and(|n| n.parse::<u64>().is_ok()))
+            && lines.next().is_some_and(|l| {
+                l.split_whitespace()
+                    .next()
+                    .is_some_and(|n| n.parse::<u64>().is_ok())
+            })
     };
     assert!(has_table(&c), "{program} client: {}", text(&c).0);
     if server_prints_table {
@@ -140,7 +158,13 @@ fn ibv_devinfo_verbose() {
     let o = run_bounded(c, LIMIT);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}{err}");
-    for want in ["hca_id:\tsv_lo", "PORT_ACTIVE", "link_layer:\t\tEthernet", "::ffff:127.0.0.1, RoCE v2", "max_qp:"] {
+    for want in [
+        "hca_id:\tsv_lo",
+        "PORT_ACTIVE",
+        "link_layer:\t\tEthernet",
+        "::ffff:127.0.0.1, RoCE v2",
+        "max_qp:",
+    ] {
         assert!(out.contains(want), "missing {want:?} in:\n{out}");
     }
     assert!(!err.contains("version information"), "{err}");
@@ -152,7 +176,9 @@ fn ibv_asyncwatch_waits_for_events() {
     require("/usr/bin/ibv_asyncwatch");
     require("stdbuf");
     let mut c = command("stdbuf");
-    c.args(["-o0", "/usr/bin/ibv_asyncwatch", "-d", "sv_lo"]).stdout(Stdio::piped()).stderr(Stdio::piped());
+    c.args(["-o0", "/usr/bin/ibv_asyncwatch", "-d", "sv_lo"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = c.spawn().unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     let still_running = child.try_wait().unwrap().is_none();

@@ -16,7 +16,11 @@ pub fn built_library() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let deps = exe.parent().expect("target/<profile>/deps/<test>");
     let lib = deps.join("libibverbs.so");
-    assert!(lib.exists(), "{} not found: cargo builds the cdylib with the tests", lib.display());
+    assert!(
+        lib.exists(),
+        "{} not found: cargo builds the cdylib with the tests",
+        lib.display()
+    );
     lib
 }
 
@@ -59,7 +63,9 @@ fn which(program: &str) -> bool {
 
 /// Runs `cmd` to completion, killing it after `limit`.
 pub fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(Stdio::null());
     let child = cmd.spawn().expect("spawn");
     wait_bounded(child, limit)
 }
@@ -86,5 +92,8 @@ pub fn wait_bounded(mut child: std::process::Child, limit: Duration) -> Output {
 
 /// stdout and stderr as text.
 pub fn text(o: &Output) -> (String, String) {
-    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }

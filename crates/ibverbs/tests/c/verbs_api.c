@@ -1,0 +1,490 @@
+/*
+ * Conformance checks of the drop-in libibverbs.so.1 through the real <infiniband/verbs.h>:
+ * return and errno conventions of the man pages, the inline wrappers (ops table and
+ * verbs_context), completion events, the extended CQ and QP APIs, SRQs, UD address handles and
+ * async events. All traffic is between QPs of this process on device sv_lo.
+ * Prints one "ok"/"not ok" line per check and exits non-zero if any failed.
+ */
+#include <endian.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <infiniband/verbs.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size);
+
+static int failures;
+#define CHECK(cond, ...) check_(!!(cond), __LINE__, __VA_ARGS__)
+#define REQUIRE(cond, ...)                                                      \
+	do {                                                                    \
+		if (!check_(!!(cond), __LINE__, __VA_ARGS__)) {                 \
+			printf("stopping\n");                                   \
+			exit(1);                                                \
+		}                                                               \
+	} while (0)
+#include <stdarg.h>
+static int check_(int ok, int line, const char *fmt, ...)
+{
+	va_list ap;
+	if (ok) {
+		printf("ok - ");
+	} else {
+		printf("not ok (line %d, errno %d) - ", line, errno);
+		failures++;
+	}
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	return ok;
+}
+
+static struct ibv_context *ctx;
+static struct ibv_pd *pd;
+static int gid_index = -1;
+static union ibv_gid gid;
+
+static struct ibv_qp *make_qp(struct ibv_cq *cq, enum ibv_qp_type type, struct ibv_srq *srq)
+{
+	struct ibv_qp_init_attr a = {
+		.send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = type,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 2,
+			 .max_recv_sge = 2, .max_inline_data = 64 },
+	};
+	return ibv_create_qp(pd, &a);
+}
+
+static int connect_qp(struct ibv_qp *qp, uint32_t remote_qpn)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
+				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+						    IBV_ACCESS_REMOTE_ATOMIC, .qkey = 0x11111111 };
+	int ud = qp->qp_type == IBV_QPT_UD;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+			  (ud ? IBV_QP_QKEY : IBV_QP_ACCESS_FLAGS)))
+		return -1;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	int mask = IBV_QP_STATE;
+	if (!ud) {
+		a.path_mtu = IBV_MTU_1024;
+		a.dest_qp_num = remote_qpn;
+		a.rq_psn = 0;
+		a.max_dest_rd_atomic = 4;
+		a.min_rnr_timer = 12;
+		a.ah_attr.is_global = 1;
+		a.ah_attr.grh.dgid = gid;
+		a.ah_attr.grh.sgid_index = gid_index;
+		a.ah_attr.grh.hop_limit = 1;
+		a.ah_attr.port_num = 1;
+		mask |= IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+		if (qp->qp_type == IBV_QPT_RC)
+			mask |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+	}
+	if (ibv_modify_qp(qp, &a, mask))
+		return -1;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	mask = IBV_QP_STATE | IBV_QP_SQ_PSN;
+	if (qp->qp_type == IBV_QPT_RC) {
+		a.timeout = 14;
+		a.retry_cnt = 7;
+		a.rnr_retry = 7;
+		a.max_rd_atomic = 4;
+		mask |= IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+	}
+	return ibv_modify_qp(qp, &a, mask);
+}
+
+static int poll_one(struct ibv_cq *cq, struct ibv_wc *wc)
+{
+	for (int i = 0; i < 2000000; i++) {
+		int n = ibv_poll_cq(cq, 1, wc);
+		if (n)
+			return n;
+	}
+	return 0;
+}
+
+static void test_device_and_queries(void)
+{
+	int num = -1;
+	struct ibv_device **list = ibv_get_device_list(&num);
+	REQUIRE(list && num > 0 && list[num] == NULL, "ibv_get_device_list returns a NULL-terminated list");
+	struct ibv_device *dev = NULL;
+	for (int i = 0; i < num; i++)
+		if (!strcmp(ibv_get_device_name(list[i]), "sv_lo"))
+			dev = list[i];
+	REQUIRE(dev, "sv_lo is listed");
+	CHECK(dev->node_type == IBV_NODE_CA && dev->transport_type == IBV_TRANSPORT_IB, "node and transport type");
+	CHECK(ibv_get_device_guid(dev) != 0, "ibv_get_device_guid");
+	CHECK(ibv_get_device_index(dev) > 0, "ibv_get_device_index");
+	ibv_free_device_list(list);
+	CHECK(!strcmp(ibv_get_device_name(dev), "sv_lo"), "devices outlive the list");
+
+	ctx = ibv_open_device(dev);
+	REQUIRE(ctx, "ibv_open_device");
+	struct verbs_context *vctx = verbs_get_ctx(ctx);
+	CHECK(vctx && vctx->sz == sizeof(struct verbs_context), "verbs_context with sz %zu", vctx ? vctx->sz : 0);
+	CHECK(ctx->async_fd >= 0 && fcntl(ctx->async_fd, F_GETFL) >= 0, "async_fd is a real fd");
+	CHECK(ctx->num_comp_vectors >= 1, "num_comp_vectors");
+
+	struct ibv_port_attr pa;
+	CHECK(ibv_query_port(ctx, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE &&
+		      pa.link_layer == IBV_LINK_LAYER_ETHERNET, "ibv_query_port (inline, verbs_context op)");
+	CHECK(ibv_query_port(ctx, 2, &pa) == EINVAL, "ibv_query_port on port 2 is EINVAL");
+	unsigned char buf[sizeof(struct ibv_port_attr)];
+	memset(buf, 0xAB, sizeof(buf));
+	CHECK((ibv_query_port)(ctx, 1, (struct _compat_ibv_port_attr *)buf) == 0 &&
+		      buf[48] == 0xAB && buf[49] == 0xAB && buf[50] == 0xAB && buf[51] == 0xAB,
+	      "exported ibv_query_port writes at most 48 bytes");
+
+	struct ibv_device_attr_ex dx;
+	CHECK(ibv_query_device_ex(ctx, NULL, &dx) == 0 && dx.orig_attr.phys_port_cnt == 1 &&
+		      dx.orig_attr.max_qp > 0, "ibv_query_device_ex");
+	struct ibv_query_device_ex_input in = { .comp_mask = 1 };
+	CHECK(ibv_query_device_ex(ctx, &in, &dx) == EINVAL, "ibv_query_device_ex with comp_mask is EINVAL");
+	struct ibv_device_attr da;
+	CHECK(ibv_query_device(ctx, &da) == 0 && da.max_cqe > 0, "ibv_query_device");
+
+	for (int i = 0; i < pa.gid_tbl_len; i++) {
+		union ibv_gid g;
+		if (ibv_query_gid(ctx, 1, i, &g) == 0 && g.raw[10] == 0xff && g.raw[11] == 0xff &&
+		    g.raw[12] == 127 && g.raw[15] == 1) {
+			gid_index = i;
+			gid = g;
+			break;
+		}
+	}
+	REQUIRE(gid_index >= 0, "::ffff:127.0.0.1 is in the GID table (index %d)", gid_index);
+	errno = 0;
+	CHECK(ibv_query_gid(ctx, 1, 100000, &gid) == -1 && errno == EINVAL, "ibv_query_gid out of range: -1, EINVAL");
+	struct ibv_gid_entry ge;
+	CHECK(ibv_query_gid_ex(ctx, 1, gid_index, &ge, 0) == 0 && ge.gid_type == IBV_GID_TYPE_ROCE_V2 &&
+		      !memcmp(&ge.gid, &gid, 16), "ibv_query_gid_ex");
+	struct ibv_gid_entry table[64];
+	CHECK(ibv_query_gid_table(ctx, table, 64, 0) >= 1, "ibv_query_gid_table");
+	__be16 pkey = 0;
+	CHECK(ibv_query_pkey(ctx, 1, 0, &pkey) == 0 && pkey == htobe16(0xffff), "ibv_query_pkey");
+	CHECK(ibv_get_pkey_index(ctx, 1, htobe16(0xffff)) == 0, "ibv_get_pkey_index");
+	char sysfs[64];
+	CHECK(ibv_read_sysfs_file(dev->ibdev_path, "board_id", sysfs, sizeof(sysfs)) == -1,
+	      "ibv_read_sysfs_file fails gracefully");
+	CHECK(ibv_fork_init() == 0 && ibv_is_fork_initialized() == IBV_FORK_UNNEEDED, "fork helpers");
+	CHECK(!strcmp(ibv_wc_status_str(IBV_WC_SUCCESS), "success"), "ibv_wc_status_str");
+	CHECK(ibv_rate_to_mbps(IBV_RATE_10_GBPS) == 10000, "ibv_rate_to_mbps");
+}
+
+static void test_rc_and_events(void)
+{
+	pd = ibv_alloc_pd(ctx);
+	REQUIRE(pd && pd->context == ctx, "ibv_alloc_pd");
+	char *mem = calloc(1, 4096);
+	errno = 0;
+	CHECK(!ibv_reg_mr(pd, mem, 4096, IBV_ACCESS_REMOTE_WRITE) && errno == EINVAL,
+	      "remote write without local write: NULL, EINVAL");
+	struct ibv_mr *mr = ibv_reg_mr(pd, mem, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+				      IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+	REQUIRE(mr && mr->addr == mem && mr->length == 4096 && mr->lkey != mr->rkey, "ibv_reg_mr");
+
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	REQUIRE(ch && ch->fd >= 0, "ibv_create_comp_channel has a real fd");
+	errno = 0;
+	CHECK(!ibv_create_cq(ctx, 0, NULL, NULL, 0) && errno == EINVAL, "ibv_create_cq with cqe 0: NULL, EINVAL");
+	struct ibv_cq *cq = ibv_create_cq(ctx, 32, (void *)0x1234, ch, 0);
+	REQUIRE(cq && cq->cqe >= 32 && cq->channel == ch, "ibv_create_cq");
+	CHECK(ch->refcnt == 1, "the channel counts its CQs in refcnt");
+	CHECK(ibv_destroy_comp_channel(ch) == EBUSY, "ibv_destroy_comp_channel while used: EBUSY");
+
+	struct ibv_qp *a = make_qp(cq, IBV_QPT_RC, NULL), *b = make_qp(cq, IBV_QPT_RC, NULL);
+	REQUIRE(a && b && a->qp_num != b->qp_num && a->state == IBV_QPS_RESET, "two RC QPs");
+	errno = 0;
+	CHECK(!make_qp(cq, IBV_QPT_XRC_SEND, NULL) && errno == EOPNOTSUPP, "XRC QP: NULL, EOPNOTSUPP");
+	struct ibv_xrcd_init_attr xa = { .comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS, .fd = -1,
+					 .oflags = O_CREAT };
+	errno = 0;
+	CHECK(!ibv_open_xrcd(ctx, &xa) && errno == EOPNOTSUPP, "ibv_open_xrcd: NULL, EOPNOTSUPP");
+	REQUIRE(connect_qp(a, b->qp_num) == 0 && connect_qp(b, a->qp_num) == 0, "RC QPs to RTS");
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	CHECK(ibv_query_qp(a, &qa, IBV_QP_STATE, &qi) == 0 && qa.qp_state == IBV_QPS_RTS &&
+		      a->state == IBV_QPS_RTS && qi.send_cq == cq, "ibv_query_qp");
+	CHECK(ibv_dealloc_pd(pd) == EBUSY, "ibv_dealloc_pd while used: EBUSY");
+	CHECK(ibv_query_qp_data_in_order(a, IBV_WR_SEND, 0) != 0, "ibv_query_qp_data_in_order");
+
+	/* An inline send: the buffer may change right after posting. */
+	struct ibv_sge rs = { .addr = (uintptr_t)mem + 1024, .length = 64, .lkey = mr->lkey };
+	struct ibv_recv_wr rwr = { .wr_id = 2, .sg_list = &rs, .num_sge = 1 }, *bad_r;
+	REQUIRE(ibv_post_recv(b, &rwr, &bad_r) == 0, "ibv_post_recv");
+	CHECK(ibv_req_notify_cq(cq, 0) == 0, "ibv_req_notify_cq");
+	char msg[16] = "hello, inline";
+	struct ibv_sge ss = { .addr = (uintptr_t)msg, .length = sizeof(msg), .lkey = 0 };
+	struct ibv_send_wr swr = { .wr_id = 1, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
+				   .send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED }, *bad_s;
+	REQUIRE(ibv_post_send(a, &swr, &bad_s) == 0, "ibv_post_send inline");
+	memset(msg, 0, sizeof(msg));
+	struct ibv_cq *ev_cq = NULL;
+	void *ev_ctx = NULL;
+	CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == 0 && ev_cq == cq && ev_ctx == (void *)0x1234,
+	      "ibv_get_cq_event returns the CQ and its context");
+	ibv_ack_cq_events(cq, 1);
+	CHECK(cq->comp_events_completed == 1, "ibv_ack_cq_events counts in cq->comp_events_completed");
+	struct ibv_wc wc[2];
+	int got = 0, recv_ok = 0;
+	for (int i = 0; i < 2 && (got = poll_one(cq, &wc[0])); i++)
+		if (wc[0].opcode == IBV_WC_RECV && wc[0].status == IBV_WC_SUCCESS && wc[0].byte_len == 16 &&
+		    !strcmp(mem + 1024, "hello, inline"))
+			recv_ok = 1;
+	CHECK(recv_ok, "the receive completes with the inline data");
+	fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK);
+	errno = 0;
+	CHECK(ibv_get_cq_event(ch, &ev_cq, &ev_ctx) == -1 && errno == EAGAIN,
+	      "ibv_get_cq_event on a non-blocking channel: -1, EAGAIN");
+
+	swr.opcode = 77;
+	swr.send_flags = IBV_SEND_SIGNALED;
+	bad_s = NULL;
+	CHECK(ibv_post_send(a, &swr, &bad_s) == EINVAL && bad_s == &swr, "a bad opcode: EINVAL and bad_wr");
+
+	/* RDMA write and read through ibv_post_send. */
+	strcpy(mem, "written remotely");
+	struct ibv_sge ws = { .addr = (uintptr_t)mem, .length = 17, .lkey = mr->lkey };
+	struct ibv_send_wr w = { .wr_id = 3, .sg_list = &ws, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+				 .send_flags = IBV_SEND_SIGNALED,
+				 .wr.rdma = { .remote_addr = (uintptr_t)mem + 2048, .rkey = mr->rkey } };
+	CHECK(ibv_post_send(a, &w, &bad_s) == 0 && poll_one(cq, wc) && wc[0].status == IBV_WC_SUCCESS &&
+		      wc[0].opcode == IBV_WC_RDMA_WRITE && !strcmp(mem + 2048, "written remotely"),
+	      "RDMA WRITE");
+
+	uint32_t old_rkey = mr->rkey;
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE) == 0 &&
+		      mr->rkey != old_rkey && mr->addr == mem, "ibv_rereg_mr changes the access and keys");
+	w.wr.rdma.rkey = mr->rkey;
+	ws.lkey = mr->lkey;
+	CHECK(ibv_post_send(a, &w, &bad_s) == 0 && poll_one(cq, wc) && wc[0].status == IBV_WC_REM_ACCESS_ERR,
+	      "a write to the re-registered read-only region fails with a remote access error");
+	errno = 0;
+	CHECK(ibv_rereg_mr(mr, 0, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT && errno == EINVAL,
+	      "ibv_rereg_mr without flags: IBV_REREG_MR_ERR_INPUT, EINVAL");
+	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0, "ibv_destroy_qp");
+	CHECK(ibv_destroy_cq(cq) == 0 && ibv_destroy_comp_channel(ch) == 0, "ibv_destroy_cq, channel");
+	CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
+	free(mem);
+}
+
+static void test_extended_apis(void)
+{
+	uint64_t *mem = aligned_alloc(4096, 4096);
+	memset(mem, 0, 4096);
+	struct ibv_mr *mr = ibv_reg_mr(pd, mem, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+				      IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC);
+	struct ibv_cq_init_attr_ex cqa = { .cqe = 64, .wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM };
+	struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &cqa);
+	REQUIRE(cqx, "ibv_create_cq_ex");
+	struct ibv_cq_init_attr_ex bad_cqa = { .cqe = 4, .wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP };
+	errno = 0;
+	CHECK(!ibv_create_cq_ex(ctx, &bad_cqa) && errno == EOPNOTSUPP, "completion timestamps: EOPNOTSUPP");
+	struct ibv_cq *cq = ibv_cq_ex_to_cq(cqx);
+
+	struct ibv_qp_init_attr_ex qa = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .pd = pd,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1,
+			 .max_inline_data = 32 },
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ |
+				  IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+				  IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM,
+	};
+	struct ibv_qp *a = ibv_create_qp_ex(ctx, &qa);
+	struct ibv_qp *b = ibv_create_qp_ex(ctx, &qa);
+	REQUIRE(a && b, "ibv_create_qp_ex with send_ops_flags");
+	REQUIRE(connect_qp(a, b->qp_num) == 0 && connect_qp(b, a->qp_num) == 0, "extended QPs to RTS");
+	struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(a);
+	REQUIRE(qx, "ibv_qp_to_qp_ex");
+
+	struct ibv_sge rs = { .addr = (uintptr_t)&mem[100], .length = 64, .lkey = mr->lkey };
+	struct ibv_recv_wr rwr = { .wr_id = 50, .sg_list = &rs, .num_sge = 1 }, *bad_r;
+	ibv_post_recv(b, &rwr, &bad_r);
+	rwr.wr_id = 51;
+	ibv_post_recv(b, &rwr, &bad_r);
+
+	mem[0] = 40;
+	mem[1] = 7;
+	mem[2] = 5;
+	ibv_wr_start(qx);
+	qx->wr_id = 10;
+	qx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_atomic_fetch_add(qx, mr->rkey, (uintptr_t)&mem[0], 2);
+	ibv_wr_set_sge(qx, mr->lkey, (uintptr_t)&mem[10], 8);
+	qx->wr_id = 11;
+	ibv_wr_atomic_cmp_swp(qx, mr->rkey, (uintptr_t)&mem[1], 7, 99);
+	ibv_wr_set_sge(qx, mr->lkey, (uintptr_t)&mem[11], 8);
+	qx->wr_id = 12;
+	ibv_wr_rdma_read(qx, mr->rkey, (uintptr_t)&mem[0]);
+	ibv_wr_set_sge(qx, mr->lkey, (uintptr_t)&mem[12], 8);
+	qx->wr_id = 13;
+	qx->wr_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+	ibv_wr_send(qx);
+	ibv_wr_set_inline_data(qx, "inline via wr", 14);
+	qx->wr_id = 14;
+	qx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write_imm(qx, mr->rkey, (uintptr_t)&mem[200], htobe32(0xabcd));
+	ibv_wr_set_sge(qx, mr->lkey, (uintptr_t)&mem[2], 8);
+	CHECK(ibv_wr_complete(qx) == 0, "ibv_wr_complete posts five work requests");
+
+	int seen = 0, ok = 1, polled = 0;
+	struct ibv_poll_cq_attr pa = {};
+	for (int spin = 0; spin < 2000000 && polled < 7; spin++) {
+		if (ibv_start_poll(cqx, &pa))
+			continue;
+		do {
+			polled++;
+			if (cqx->status != IBV_WC_SUCCESS)
+				ok = 0;
+			if (cqx->wr_id >= 10 && cqx->wr_id <= 14)
+				seen |= 1 << (cqx->wr_id - 10);
+			if (cqx->wr_id == 50 && (ibv_wc_read_opcode(cqx) != IBV_WC_RECV ||
+						 ibv_wc_read_byte_len(cqx) != 14 || ibv_wc_read_qp_num(cqx) != b->qp_num))
+				ok = 0;
+			if (cqx->wr_id == 51 && (ibv_wc_read_opcode(cqx) != IBV_WC_RECV_RDMA_WITH_IMM ||
+						 !(ibv_wc_read_wc_flags(cqx) & IBV_WC_WITH_IMM) ||
+						 ibv_wc_read_imm_data(cqx) != htobe32(0xabcd)))
+				ok = 0;
+		} while (ibv_next_poll(cqx) == 0);
+		ibv_end_poll(cqx);
+	}
+	CHECK(ok && seen == 0x1f && polled == 7, "start_poll/next_poll/read_* see all 7 completions");
+	CHECK(mem[10] == 40 && mem[11] == 7 && mem[12] == 42 && mem[1] == 99 && mem[200] == 5,
+	      "fetch_add, cmp_swp, read and write_imm results (%lu %lu %lu %lu %lu)",
+	      (unsigned long)mem[10], (unsigned long)mem[11], (unsigned long)mem[12], (unsigned long)mem[1],
+	      (unsigned long)mem[200]);
+	CHECK(!strcmp((char *)&mem[100], "inline via wr"), "inline data via ibv_wr_set_inline_data");
+
+	/* The same CQ through ibv_poll_cq. */
+	ibv_wr_start(qx);
+	qx->wr_id = 20;
+	qx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write(qx, mr->rkey, (uintptr_t)&mem[300]);
+	ibv_wr_set_sge(qx, mr->lkey, (uintptr_t)&mem[0], 8);
+	ibv_wr_complete(qx);
+	struct ibv_wc wc;
+	CHECK(poll_one(cq, &wc) == 1 && wc.wr_id == 20 && wc.status == IBV_WC_SUCCESS,
+	      "an ibv_cq_ex works with ibv_poll_cq");
+	ibv_wr_start(qx);
+	ibv_wr_send(qx);
+	ibv_wr_set_xrc_srqn(qx, 5);
+	CHECK(ibv_wr_complete(qx) == EOPNOTSUPP, "ibv_wr_set_xrc_srqn: EOPNOTSUPP at wr_complete");
+	ibv_wr_start(qx);
+	ibv_wr_send(qx);
+	ibv_wr_abort(qx);
+
+	/* SRQs: ibv_create_srq_ex, the limit event and non-blocking async events. */
+	struct ibv_srq_init_attr_ex sa = { .attr = { .max_wr = 8, .max_sge = 1 },
+					   .comp_mask = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_TYPE,
+					   .srq_type = IBV_SRQT_BASIC, .pd = pd };
+	struct ibv_srq *srq = ibv_create_srq_ex(ctx, &sa);
+	REQUIRE(srq && sa.attr.max_wr >= 8, "ibv_create_srq_ex");
+	struct ibv_srq_init_attr_ex xsa = sa;
+	xsa.srq_type = IBV_SRQT_XRC;
+	xsa.comp_mask |= IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+	errno = 0;
+	CHECK(!ibv_create_srq_ex(ctx, &xsa) && errno == EOPNOTSUPP, "XRC SRQ: NULL, EOPNOTSUPP");
+	struct ibv_qp_init_attr sqa = { .send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = IBV_QPT_RC,
+					.cap = { .max_send_wr = 4, .max_send_sge = 1 } };
+	struct ibv_qp *c = ibv_create_qp(pd, &sqa), *d = make_qp(cq, IBV_QPT_RC, NULL);
+	REQUIRE(c && d && connect_qp(c, d->qp_num) == 0 && connect_qp(d, c->qp_num) == 0, "QP on an SRQ");
+	for (int i = 0; i < 3; i++) {
+		rwr.wr_id = 60 + i;
+		CHECK(ibv_post_srq_recv(srq, &rwr, &bad_r) == 0, "ibv_post_srq_recv %d", i);
+	}
+	struct ibv_srq_attr lim = { .srq_limit = 3 };
+	CHECK(ibv_modify_srq(srq, &lim, IBV_SRQ_LIMIT) == 0, "ibv_modify_srq arms the limit");
+	struct ibv_srq_attr sq;
+	CHECK(ibv_query_srq(srq, &sq) == 0 && sq.srq_limit == 3, "ibv_query_srq");
+
+	int fl = fcntl(ctx->async_fd, F_GETFL);
+	fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
+	struct ibv_async_event ev;
+	errno = 0;
+	CHECK(ibv_get_async_event(ctx, &ev) == -1 && errno == EAGAIN, "no async event yet: -1, EAGAIN");
+	fcntl(ctx->async_fd, F_SETFL, fl);
+
+	struct ibv_sge ds = { .addr = (uintptr_t)&mem[0], .length = 8, .lkey = mr->lkey };
+	struct ibv_send_wr dw = { .wr_id = 70, .sg_list = &ds, .num_sge = 1, .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_SIGNALED }, *bad_s;
+	CHECK(ibv_post_send(d, &dw, &bad_s) == 0, "send to the SRQ QP");
+	CHECK(poll_one(cq, &wc) && poll_one(cq, &wc), "send and SRQ receive complete");
+	CHECK(ibv_get_async_event(ctx, &ev) == 0 && ev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED &&
+		      ev.element.srq == srq, "IBV_EVENT_SRQ_LIMIT_REACHED names the SRQ");
+	ibv_ack_async_event(&ev);
+	CHECK(srq->events_completed == 1, "ibv_ack_async_event counts in srq->events_completed");
+
+	CHECK(ibv_destroy_qp(c) == 0 && ibv_destroy_qp(d) == 0 && ibv_destroy_srq(srq) == 0, "SRQ teardown");
+	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0 && ibv_destroy_cq(cq) == 0, "extended teardown");
+	ibv_dereg_mr(mr);
+	free(mem);
+}
+
+static void test_ud(void)
+{
+	char *mem = calloc(1, 8192);
+	struct ibv_mr *mr = ibv_reg_mr(pd, mem, 8192, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_qp *a = make_qp(cq, IBV_QPT_UD, NULL), *b = make_qp(cq, IBV_QPT_UD, NULL);
+	REQUIRE(mr && cq && a && b && connect_qp(a, 0) == 0 && connect_qp(b, 0) == 0, "UD QPs to RTS");
+	struct ibv_ah_attr aa = { .is_global = 1, .port_num = 1,
+				  .grh = { .dgid = gid, .sgid_index = gid_index, .hop_limit = 1 } };
+	struct ibv_ah *ah = ibv_create_ah(pd, &aa);
+	REQUIRE(ah && ah->pd == pd, "ibv_create_ah");
+	struct ibv_ah_attr no_grh = { .port_num = 1, .dlid = 1 };
+	errno = 0;
+	CHECK(!ibv_create_ah(pd, &no_grh) && errno == EINVAL, "an AH without GRH on RoCE: NULL, EINVAL");
+	struct ibv_sge rs = { .addr = (uintptr_t)mem, .length = 40 + 64, .lkey = mr->lkey };
+	struct ibv_recv_wr rwr = { .wr_id = 1, .sg_list = &rs, .num_sge = 1 }, *bad_r;
+	ibv_post_recv(b, &rwr, &bad_r);
+	strcpy(mem + 4096, "datagram");
+	struct ibv_sge ss = { .addr = (uintptr_t)mem + 4096, .length = 9, .lkey = mr->lkey };
+	struct ibv_send_wr swr = { .wr_id = 2, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
+				   .send_flags = IBV_SEND_SIGNALED,
+				   .wr.ud = { .ah = ah, .remote_qpn = b->qp_num, .remote_qkey = 0x11111111 } }, *bad_s;
+	CHECK(ibv_post_send(a, &swr, &bad_s) == 0, "UD send");
+	struct ibv_wc wc, rwc = { 0 };
+	for (int i = 0; i < 2 && poll_one(cq, &wc); i++)
+		if (wc.opcode == IBV_WC_RECV)
+			rwc = wc;
+	CHECK(rwc.status == IBV_WC_SUCCESS && rwc.byte_len == 40 + 9 && (rwc.wc_flags & IBV_WC_GRH) &&
+		      rwc.src_qp == a->qp_num && !strcmp(mem + 40, "datagram"), "UD receive with GRH");
+	struct ibv_ah *reply = ibv_create_ah_from_wc(pd, &rwc, (struct ibv_grh *)mem, 1);
+	CHECK(reply != NULL, "ibv_create_ah_from_wc");
+	struct ibv_ah_attr ra;
+	CHECK(ibv_init_ah_from_wc(ctx, 1, &rwc, (struct ibv_grh *)mem, &ra) == 0 && ra.is_global &&
+		      !memcmp(&ra.grh.dgid, &gid, 16), "ibv_init_ah_from_wc answers the sender");
+	union ibv_gid mgid = { .raw = { 0xff, 0x0e, [15] = 1 } };
+	CHECK(ibv_attach_mcast(b, &mgid, 0) == 0, "ibv_attach_mcast");
+	CHECK(ibv_destroy_qp(b) == EBUSY, "destroying an attached QP: EBUSY");
+	CHECK(ibv_detach_mcast(b, &mgid, 0) == 0 && ibv_detach_mcast(b, &mgid, 0) == EINVAL, "ibv_detach_mcast");
+	ibv_destroy_ah(reply);
+	CHECK(ibv_destroy_ah(ah) == 0, "ibv_destroy_ah");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_destroy_cq(cq);
+	ibv_dereg_mr(mr);
+	free(mem);
+}
+
+int main(void)
+{
+	setvbuf(stdout, NULL, _IONBF, 0);
+	test_device_and_queries();
+	test_rc_and_events();
+	test_extended_apis();
+	test_ud();
+	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
+	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
+	printf("%d failed\n", failures);
+	return failures ? 1 : 0;
+}

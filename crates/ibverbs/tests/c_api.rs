@@ -1,0 +1,38 @@
+//! The man-page conventions through the real `<infiniband/verbs.h>`: `tests/c/verbs_api.c` is
+//! compiled with gcc against the system header and linked against our library, then run; it
+//! prints one line per check (see the file for the list) and fails if any check fails.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+
+#[test]
+fn verbs_api_conformance() {
+    require("gcc");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/verbs_api.c");
+    let exe = lib_dir().join("verbs_api");
+    let out = Command::new("gcc")
+        .args(["-Wall", "-Werror", "-O1", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-L")
+        .arg(lib_dir())
+        .arg("-libverbs")
+        .output()
+        .expect("gcc runs");
+    assert!(
+        out.status.success(),
+        "gcc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let o = run_bounded(command(exe.to_str().unwrap()), Duration::from_secs(120));
+    let (stdout, stderr) = text(&o);
+    println!("{stdout}");
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("\n0 failed"), "{stdout}");
+    let checks = stdout.lines().filter(|l| l.starts_with("ok - ")).count();
+    assert!(checks >= 80, "only {checks} checks ran:\n{stdout}");
+}
