@@ -74,6 +74,11 @@ fn spawn(program: &str, args: &[String]) -> Child {
 
 /// Runs `program args` as server and `program args 127.0.0.1` as client; both must exit 0.
 fn pair(program: &str, args: &[&str]) -> (Output, Output) {
+    pair_of(program, program, args)
+}
+
+/// Runs `server args` and `client args 127.0.0.1`; both must exit 0.
+fn pair_of(program: &str, client_program: &str, args: &[&str]) -> (Output, Output) {
     let _serial = serial();
     let port = free_port().to_string();
     let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
@@ -89,7 +94,7 @@ fn pair(program: &str, args: &[&str]) -> (Output, Output) {
     }
     let mut cargs = args.clone();
     cargs.push("127.0.0.1".into());
-    let client = spawn(program, &cargs);
+    let client = spawn(client_program, &cargs);
     let c = wait_bounded(client, LIMIT);
     let s = wait_bounded(server, LIMIT);
     let (cout, cerr) = text(&c);
@@ -257,4 +262,37 @@ fn ib_atomic_bw() {
 #[test]
 fn ib_atomic_lat() {
     perftest("/usr/bin/ib_atomic_lat", false);
+}
+
+/// softverbs' own Rust tool `name`, which `cargo test --workspace` builds beside this test.
+fn rust_tool(name: &str) -> String {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().and_then(|d| d.parent()).unwrap().join(name);
+    assert!(path.exists(), "{} is missing: build the workspace (cargo test --workspace builds it)", path.display());
+    path.to_string_lossy().into_owned()
+}
+
+/// rdma-core's C ibv_rc_pingpong and softverbs' Rust one, in both roles: the same TCP exchange
+/// and the same packets on the wire.
+fn c_and_rust_rc_pingpong(c_is_server: bool) {
+    let gid = gid_index();
+    let rust = rust_tool("ibv_rc_pingpong");
+    let args = ["-d", "sv_lo", "-g", gid.as_str(), "-n", "100", "-s", "8192", "-c"];
+    let (server, client) = if c_is_server { ("/usr/bin/ibv_rc_pingpong", rust.as_str()) } else { (rust.as_str(), "/usr/bin/ibv_rc_pingpong") };
+    let (c, s) = pair_of(server, client, &args);
+    for o in [&c, &s] {
+        let (out, _) = text(o);
+        assert!(out.contains("1638400 bytes in"), "{out}");
+        assert!(out.contains("100 iters in"), "{out}");
+    }
+}
+
+#[test]
+fn c_server_rust_client_rc_pingpong() {
+    c_and_rust_rc_pingpong(true);
+}
+
+#[test]
+fn rust_server_c_client_rc_pingpong() {
+    c_and_rust_rc_pingpong(false);
 }
