@@ -225,7 +225,13 @@ impl Cq {
         // another thread.
         let f = fabric();
         f.progress(f.now());
-        self.take(out)
+        let n = self.take(out);
+        if n == 0 {
+            // Busy pollers often share few cores with the peer they wait for (the other end of
+            // a loopback exchange, or this process's receive thread): give it the CPU.
+            std::thread::yield_now();
+        }
+        n
     }
 
     fn take(&self, out: &mut [WorkCompletion]) -> usize {
