@@ -136,6 +136,27 @@ pub(crate) unsafe fn outer<'a, S, C>(p: *mut C) -> Option<&'a S> {
     (!p.is_null()).then(|| unsafe { &*p.cast::<S>() })
 }
 
+/// Destroys a C object this library boxed: runs `destroy` on the object behind `p` and, if the
+/// core agrees (no EBUSY), frees the box. EINVAL for NULL.
+///
+/// # Safety
+/// `p` must be NULL or point at the start of a live `S` made by `Box::into_raw`, which the
+/// caller gives up on success.
+unsafe fn destroy_boxed<S, C>(p: *mut C, destroy: impl FnOnce(&S) -> softverbs_engine::Result<()>) -> c_int {
+    // SAFETY: the caller's contract.
+    let Some(obj) = (unsafe { outer::<S, _>(p) }) else {
+        return EINVAL;
+    };
+    match destroy(obj) {
+        // SAFETY: made by `Box::into_raw`; the caller gives it up.
+        Ok(()) => {
+            drop(unsafe { Box::from_raw(p.cast::<S>()) });
+            0
+        }
+        Err(e) => errno_of(&e),
+    }
+}
+
 /// The `SvContext` of an `ibv_context`.
 ///
 /// # Safety
@@ -780,17 +801,7 @@ pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
 /// `ibv_dealloc_pd`: EBUSY while anything uses the PD.
 pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
-    let Some(p) = (unsafe { outer::<SvPd, _>(pd) }) else {
-        return EINVAL;
-    };
-    match p.core.dealloc() {
-        Ok(()) => {
-            // SAFETY: made by `Box::into_raw` in `alloc_pd`; the caller gives it up.
-            drop(unsafe { Box::from_raw(pd.cast::<SvPd>()) });
-            0
-        }
-        Err(e) => errno_of(&e),
-    }
+    unsafe { destroy_boxed::<SvPd, _>(pd, |p| p.core.dealloc()) }
 }
 
 unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: c_int) -> *mut ibv_mr {
@@ -938,18 +949,7 @@ pub(crate) unsafe extern "C" fn rereg_mr(
 /// `ibv_dereg_mr`.
 pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
-    let Some(m) = (unsafe { outer::<SvMr, _>(mr) }) else {
-        return EINVAL;
-    };
-    let result = m.core.lock().unwrap_or_else(|p| p.into_inner()).dereg();
-    match result {
-        Ok(()) => {
-            // SAFETY: made by `Box::into_raw` in `reg`; the caller gives it up.
-            drop(unsafe { Box::from_raw(mr.cast::<SvMr>()) });
-            0
-        }
-        Err(e) => errno_of(&e),
-    }
+    unsafe { destroy_boxed::<SvMr, _>(mr, |m| m.core.lock().unwrap_or_else(|p| p.into_inner()).dereg()) }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -977,17 +977,7 @@ pub(crate) unsafe extern "C" fn create_comp_channel(ctx: *mut ibv_context) -> *m
 /// `ibv_destroy_comp_channel`: EBUSY while a CQ uses it.
 pub(crate) unsafe extern "C" fn destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
-    let Some(c) = (unsafe { outer::<SvChannel, _>(ch) }) else {
-        return EINVAL;
-    };
-    match c.core.destroy() {
-        Ok(()) => {
-            // SAFETY: made by `Box::into_raw` in `create_comp_channel`; the caller gives it up.
-            drop(unsafe { Box::from_raw(ch.cast::<SvChannel>()) });
-            0
-        }
-        Err(e) => errno_of(&e),
-    }
+    unsafe { destroy_boxed::<SvChannel, _>(ch, |c| c.core.destroy()) }
 }
 
 /// The `refcnt` field of a channel, updated atomically.
@@ -1310,17 +1300,7 @@ pub(crate) unsafe extern "C" fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_
 /// `ibv_destroy_srq`.
 pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
-    let Some(s) = (unsafe { outer::<SvSrq, _>(srq) }) else {
-        return EINVAL;
-    };
-    match s.core.destroy() {
-        Ok(()) => {
-            // SAFETY: made by `Box::into_raw` in `new_srq`; the caller gives it up.
-            drop(unsafe { Box::from_raw(srq.cast::<SvSrq>()) });
-            0
-        }
-        Err(e) => errno_of(&e),
-    }
+    unsafe { destroy_boxed::<SvSrq, _>(srq, |s| s.core.destroy()) }
 }
 
 /// The `get_srq_num` op: XRC SRQs are not offered.
@@ -1644,17 +1624,7 @@ pub(crate) unsafe extern "C" fn query_qp(
 /// `ibv_destroy_qp`.
 pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
-    let Some(q) = (unsafe { outer::<SvQp, _>(qp) }) else {
-        return EINVAL;
-    };
-    match q.core.destroy() {
-        Ok(()) => {
-            // SAFETY: made by `Box::into_raw` in `new_qp`; the caller gives it up.
-            drop(unsafe { Box::from_raw(qp.cast::<SvQp>()) });
-            0
-        }
-        Err(e) => errno_of(&e),
-    }
+    unsafe { destroy_boxed::<SvQp, _>(qp, |q| q.core.destroy()) }
 }
 
 /// `ibv_query_qp_data_in_order`: the device places data in order, whole messages at a time.
@@ -1732,17 +1702,7 @@ pub(crate) unsafe extern "C" fn create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_att
 /// `ibv_destroy_ah`.
 pub(crate) unsafe extern "C" fn destroy_ah(ah: *mut ibv_ah) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
-    let Some(a) = (unsafe { outer::<SvAh, _>(ah) }) else {
-        return EINVAL;
-    };
-    match a.core.destroy() {
-        Ok(()) => {
-            // SAFETY: made by `Box::into_raw` in `create_ah`; the caller gives it up.
-            drop(unsafe { Box::from_raw(ah.cast::<SvAh>()) });
-            0
-        }
-        Err(e) => errno_of(&e),
-    }
+    unsafe { destroy_boxed::<SvAh, _>(ah, |a| a.core.destroy()) }
 }
 
 fn wc_core(wc: &ibv_wc) -> WorkCompletion {

@@ -268,7 +268,11 @@ fn ib_atomic_lat() {
 fn rust_tool(name: &str) -> String {
     let exe = std::env::current_exe().unwrap();
     let path = exe.parent().and_then(|d| d.parent()).unwrap().join(name);
-    assert!(path.exists(), "{} is missing: build the workspace (cargo test --workspace builds it)", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: build the workspace (cargo test --workspace builds it)",
+        path.display()
+    );
     path.to_string_lossy().into_owned()
 }
 
@@ -278,7 +282,11 @@ fn c_and_rust_rc_pingpong(c_is_server: bool) {
     let gid = gid_index();
     let rust = rust_tool("ibv_rc_pingpong");
     let args = ["-d", "sv_lo", "-g", gid.as_str(), "-n", "100", "-s", "8192", "-c"];
-    let (server, client) = if c_is_server { ("/usr/bin/ibv_rc_pingpong", rust.as_str()) } else { (rust.as_str(), "/usr/bin/ibv_rc_pingpong") };
+    let (server, client) = if c_is_server {
+        ("/usr/bin/ibv_rc_pingpong", rust.as_str())
+    } else {
+        (rust.as_str(), "/usr/bin/ibv_rc_pingpong")
+    };
     let (c, s) = pair_of(server, client, &args);
     for o in [&c, &s] {
         let (out, _) = text(o);
