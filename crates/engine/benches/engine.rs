@@ -17,7 +17,7 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 use sim::{all_access, recv, send, write, Mr, SimMemory};
 use softverbs_engine::time::Instant;
 use softverbs_engine::transport::{QpConfig, QpEngine, RxMeta};
-use softverbs_engine::types::{AccessFlags, AhAttr, GlobalRoute, Gid, Mtu, QpAttr, QpState, QpType};
+use softverbs_engine::types::{AccessFlags, AhAttr, Gid, GlobalRoute, Mtu, QpAttr, QpState, QpType};
 use softverbs_wire::{icrc, BthRepr, Opcode, PacketRepr, Psn, RethRepr, RocePacket};
 
 /// Two connected RC engines, each with its own memory.
@@ -31,7 +31,13 @@ struct Pair {
 }
 
 fn rc_engine(qpn: u32, dest: u32, mtu: Mtu) -> QpEngine {
-    let mut e = QpEngine::new(QpConfig { qp_type: QpType::Rc, qpn, pd: 1, sq_sig_all: false, has_srq: false });
+    let mut e = QpEngine::new(QpConfig {
+        qp_type: QpType::Rc,
+        qpn,
+        pd: 1,
+        sq_sig_all: false,
+        has_srq: false,
+    });
     let mut attr = QpAttr {
         qp_state: QpState::Init,
         qp_access_flags: all_access(),
@@ -46,7 +52,11 @@ fn rc_engine(qpn: u32, dest: u32, mtu: Mtu) -> QpEngine {
     attr.max_dest_rd_atomic = 16;
     attr.min_rnr_timer = 12;
     attr.ah_attr = AhAttr {
-        grh: GlobalRoute { dgid: Gid::from(std::net::Ipv4Addr::new(10, 0, 0, 2)), hop_limit: 64, ..GlobalRoute::default() },
+        grh: GlobalRoute {
+            dgid: Gid::from(std::net::Ipv4Addr::new(10, 0, 0, 2)),
+            hop_limit: 64,
+            ..GlobalRoute::default()
+        },
         is_global: true,
         port_num: 1,
         ..AhAttr::default()
@@ -71,7 +81,12 @@ impl Pair {
             ma: SimMemory::new(0),
             mb: SimMemory::new(1),
             now: Instant(1),
-            meta: RxMeta { sgid: gid, dgid: gid, traffic_class: 0, hop_limit: 64 },
+            meta: RxMeta {
+                sgid: gid,
+                dgid: gid,
+                traffic_class: 0,
+                hop_limit: 64,
+            },
         }
     }
 
@@ -158,7 +173,11 @@ fn rc_send_64b(c: &mut Criterion) {
 fn icrc_4k(c: &mut Criterion) {
     let mut g = c.benchmark_group("icrc_4KiB_packet");
     let mut repr = PacketRepr::new(BthRepr::new(Opcode::RcWriteOnly, 0x11, Psn::new(7)), 4096);
-    repr.reth = Some(RethRepr { va: 0x1000, rkey: 0xabcd, dma_len: 4096 });
+    repr.reth = Some(RethRepr {
+        va: 0x1000,
+        rkey: 0xabcd,
+        dma_len: 4096,
+    });
     let mut buf = vec![0u8; repr.buffer_len()];
     repr.emit_with_payload(&mut buf, &[0xA5; 4096]).unwrap();
     g.throughput(Throughput::Bytes(buf.len() as u64));
@@ -168,10 +187,16 @@ fn icrc_4k(c: &mut Criterion) {
     ] {
         let (src, dst): (SocketAddr, SocketAddr) = (src.parse().unwrap(), dst.parse().unwrap());
         g.bench_function(format!("fill_{name}"), |bench| {
-            bench.iter_batched_ref(|| buf.clone(), |b| icrc::fill(src, dst, black_box(b)).unwrap(), BatchSize::SmallInput);
+            bench.iter_batched_ref(
+                || buf.clone(),
+                |b| icrc::fill(src, dst, black_box(b)).unwrap(),
+                BatchSize::SmallInput,
+            );
         });
         icrc::fill(src, dst, &mut buf).unwrap();
-        g.bench_function(format!("verify_{name}"), |bench| bench.iter(|| assert!(icrc::verify(src, dst, black_box(&buf)))));
+        g.bench_function(format!("verify_{name}"), |bench| {
+            bench.iter(|| assert!(icrc::verify(src, dst, black_box(&buf))));
+        });
     }
     g.finish();
 }

@@ -24,7 +24,10 @@ struct Case {
 }
 
 fn bad_rkey(r: &Mr) -> RemoteAddr {
-    RemoteAddr { addr: r.addr, rkey: r.rkey ^ 0x0F00 }
+    RemoteAddr {
+        addr: r.addr,
+        rkey: r.rkey ^ 0x0F00,
+    }
 }
 
 #[test]
@@ -123,7 +126,10 @@ fn remote_access_violations_fail_the_requester_and_break_the_responder() {
         },
     ];
     for c in &cases {
-        let o = ConnOpts { access: c.qp_access, ..ConnOpts::default() };
+        let o = ConnOpts {
+            access: c.qp_access,
+            ..ConnOpts::default()
+        };
         let (mut sim, a, b) = Sim::pair(1, QpType::Rc, &o);
         sim.record();
         let local = sim.mem(0).alloc_mr(1, 4096, AccessFlags::LOCAL_WRITE);
@@ -143,18 +149,44 @@ fn remote_access_violations_fail_the_requester_and_break_the_responder() {
         let s = sim.take_send_cq(a);
         assert_eq!(
             s.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-            vec![(1, c.requester), (2, WcStatus::WrFlushErr), (3, WcStatus::WrFlushErr)],
+            vec![
+                (1, c.requester),
+                (2, WcStatus::WrFlushErr),
+                (3, WcStatus::WrFlushErr)
+            ],
             "{}",
             c.name
         );
         assert_eq!(sim.state(a), QpState::Err, "{}", c.name);
-        assert_eq!(sim.state(b), QpState::Err, "{}: the responder breaks (class C)", c.name);
+        assert_eq!(
+            sim.state(b),
+            QpState::Err,
+            "{}: the responder breaks (class C)",
+            c.name
+        );
         assert_eq!(sim.take_events(b), vec![c.event], "{}", c.name);
         let r = sim.take_recv_cq(b);
-        assert_eq!(r.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(50, WcStatus::WrFlushErr)], "{}", c.name);
-        let naks: Vec<_> = sim.log.as_ref().unwrap().iter().filter_map(|p| p.syndrome).filter(|s| !s.is_ack()).collect();
+        assert_eq!(
+            r.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+            vec![(50, WcStatus::WrFlushErr)],
+            "{}",
+            c.name
+        );
+        let naks: Vec<_> = sim
+            .log
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p.syndrome)
+            .filter(|s| !s.is_ack())
+            .collect();
         assert_eq!(naks, vec![AethSyndrome::Nak(c.nak)], "{}", c.name);
-        assert_eq!(sim.mem(1).peek(remote.addr, 4096), before, "{}: nothing written", c.name);
+        assert_eq!(
+            sim.mem(1).peek(remote.addr, 4096),
+            before,
+            "{}: nothing written",
+            c.name
+        );
         assert_eq!(sim.mem(1).atomics.get(), 0, "{}", c.name);
     }
 }
@@ -171,10 +203,10 @@ fn a_receive_too_small_for_the_send_is_a_length_error_on_both_sides() {
     let s = sim.take_send_cq(a);
     assert_wc(&s[0], 10, WcStatus::RemInvReqErr);
     let r = sim.take_recv_cq(b);
-    assert_eq!(r.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![
-        (1, WcStatus::LocLenErr),
-        (2, WcStatus::WrFlushErr)
-    ]);
+    assert_eq!(
+        r.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::LocLenErr), (2, WcStatus::WrFlushErr)]
+    );
     assert_eq!(sim.take_events(b), vec![EventType::QpReqErr]);
 }
 
@@ -190,10 +222,10 @@ fn a_bad_local_key_fails_at_the_requester_without_sending() {
     sim.post_send(a, write(2, remote.remote(0), vec![local.sge(0, 64)]));
     sim.run();
     let s = sim.take_send_cq(a);
-    assert_eq!(s.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![
-        (1, WcStatus::LocProtErr),
-        (2, WcStatus::WrFlushErr)
-    ]);
+    assert_eq!(
+        s.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)]
+    );
     assert_eq!(sim.state(a), QpState::Err);
     assert!(sim.log.as_ref().unwrap().is_empty(), "nothing went on the wire");
 }
@@ -213,7 +245,11 @@ fn read_into_a_buffer_without_local_write_is_a_local_error() {
 
 #[test]
 fn retry_exhaustion_when_the_peer_vanishes() {
-    let o = ConnOpts { retry_cnt: 3, timeout: 10, ..ConnOpts::default() };
+    let o = ConnOpts {
+        retry_cnt: 3,
+        timeout: 10,
+        ..ConnOpts::default()
+    };
     let (mut sim, a, _b) = Sim::pair(5, QpType::Rc, &o);
     sim.record();
     let local = sim.mem(0).alloc_mr(1, 8192, AccessFlags::LOCAL_WRITE);
@@ -228,12 +264,15 @@ fn retry_exhaustion_when_the_peer_vanishes() {
     sim.post_send(a, fetch_add(4, remote.remote(0), 1, local.sge(0, 8)));
     sim.run();
     let s = sim.take_send_cq(a);
-    assert_eq!(s.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![
-        (1, WcStatus::RetryExcErr),
-        (2, WcStatus::WrFlushErr),
-        (3, WcStatus::WrFlushErr),
-        (4, WcStatus::WrFlushErr),
-    ]);
+    assert_eq!(
+        s.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        vec![
+            (1, WcStatus::RetryExcErr),
+            (2, WcStatus::WrFlushErr),
+            (3, WcStatus::WrFlushErr),
+            (4, WcStatus::WrFlushErr),
+        ]
+    );
     assert_eq!(s[1].opcode, WcOpcode::RdmaRead);
     assert_eq!(sim.state(a), QpState::Err);
     let c = sim.qp(a).engine.counters();
@@ -243,13 +282,23 @@ fn retry_exhaustion_when_the_peer_vanishes() {
     assert!(elapsed >= Duration::from_nanos((4 * 4096) << 10), "{elapsed:?}");
     assert!(elapsed < Duration::from_nanos((5 * 4096) << 10), "{elapsed:?}");
     // Every pass resent the first packet.
-    let first: Vec<_> = sim.log.as_ref().unwrap().iter().filter(|p| p.psn.value() == o.psn_a).collect();
+    let first: Vec<_> = sim
+        .log
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter(|p| p.psn.value() == o.psn_a)
+        .collect();
     assert_eq!(first.len(), 4);
 }
 
 #[test]
 fn retry_cnt_zero_gives_up_after_one_timeout() {
-    let o = ConnOpts { retry_cnt: 0, timeout: 4, ..ConnOpts::default() };
+    let o = ConnOpts {
+        retry_cnt: 0,
+        timeout: 4,
+        ..ConnOpts::default()
+    };
     let (mut sim, a, _b) = Sim::pair(6, QpType::Rc, &o);
     sim.nodes[1].up = false;
     sim.post_send(a, send(1, vec![]));
@@ -260,7 +309,11 @@ fn retry_cnt_zero_gives_up_after_one_timeout() {
 
 #[test]
 fn timeout_zero_waits_forever() {
-    let o = ConnOpts { retry_cnt: 0, timeout: 0, ..ConnOpts::default() };
+    let o = ConnOpts {
+        retry_cnt: 0,
+        timeout: 0,
+        ..ConnOpts::default()
+    };
     let (mut sim, a, _b) = Sim::pair(7, QpType::Rc, &o);
     sim.nodes[1].up = false;
     sim.post_send(a, send(1, vec![]));
@@ -290,15 +343,35 @@ fn moving_to_err_flushes_every_send_and_receive() {
     assert!(sim.take_send_cq(a).is_empty());
     sim.set_state(a, QpState::Err);
     let s = sim.take_send_cq(a);
-    assert_eq!(s.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), (0..6).map(|i| (i, WcStatus::WrFlushErr)).collect::<Vec<_>>());
-    assert!(s.iter().all(|w| w.opcode == WcOpcode::RdmaWrite && w.qp_num == a.qpn));
+    assert_eq!(
+        s.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        (0..6).map(|i| (i, WcStatus::WrFlushErr)).collect::<Vec<_>>()
+    );
+    assert!(s
+        .iter()
+        .all(|w| w.opcode == WcOpcode::RdmaWrite && w.qp_num == a.qpn));
     let r = sim.take_recv_cq(a);
-    assert_eq!(r.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), (100..104).map(|i| (i, WcStatus::WrFlushErr)).collect::<Vec<_>>());
+    assert_eq!(
+        r.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        (100..104).map(|i| (i, WcStatus::WrFlushErr)).collect::<Vec<_>>()
+    );
     // Posting in ERR completes at once, flushed.
     sim.post_send(a, send(9, vec![]));
     sim.post_recv(a, recv(109, vec![]));
-    assert_eq!(sim.take_send_cq(a).iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(9, WcStatus::WrFlushErr)]);
-    assert_eq!(sim.take_recv_cq(a).iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(109, WcStatus::WrFlushErr)]);
+    assert_eq!(
+        sim.take_send_cq(a)
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        vec![(9, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(
+        sim.take_recv_cq(a)
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        vec![(109, WcStatus::WrFlushErr)]
+    );
     // Nothing is sent any more, and no timer is left.
     sim.nodes[1].up = true;
     sim.record();
@@ -318,7 +391,11 @@ fn err_then_reset_then_reconnect_works_again() {
     sim.set_state(b, QpState::Err);
     sim.set_state(a, QpState::Reset);
     sim.set_state(b, QpState::Reset);
-    let o2 = ConnOpts { psn_a: 0x77, psn_b: 0x99, ..o };
+    let o2 = ConnOpts {
+        psn_a: 0x77,
+        psn_b: 0x99,
+        ..o
+    };
     sim.connect(a, b, &o2);
     sim.mem(0).poke(local.addr, &[3; 64]);
     sim.post_send(a, write(1, remote.remote(0), vec![local.sge(0, 64)]));
@@ -334,12 +411,18 @@ fn sqd_finishes_started_wqes_then_raises_sq_drained() {
     let remote = sim.mem(1).alloc_mr(1, 1 << 20, all_access());
     // 64 KiB = 64 packets at MTU 1024: two WQEs fill the 128-PSN window.
     for i in 0..6 {
-        sim.post_send(a, write(i, remote.remote(i * 65536), vec![local.sge(i * 65536, 65536)]));
+        sim.post_send(
+            a,
+            write(i, remote.remote(i * 65536), vec![local.sge(i * 65536, 65536)]),
+        );
     }
     assert_eq!(sim.qp(a).engine.send_queue_len(), 6);
     sim.drain(a);
     assert!(sim.qp(a).engine.sq_draining());
-    assert!(sim.take_events(a).is_empty(), "not drained while WQEs are in flight");
+    assert!(
+        sim.take_events(a).is_empty(),
+        "not drained while WQEs are in flight"
+    );
     sim.run();
     assert_eq!(sim.take_events(a), vec![EventType::SqDrained]);
     assert!(!sim.qp(a).engine.sq_draining());
@@ -365,8 +448,16 @@ fn sqd_on_an_idle_queue_is_drained_at_once_and_without_notify_raises_nothing() {
     sim.post_recv(b, recv(1, vec![]));
     sim.post_send(a, send(1, vec![]));
     // (apply_modify keeps en_sqd_async_notify from the earlier drain, so clear it explicitly.)
-    let attr = softverbs_engine::types::QpAttr { qp_state: QpState::Sqd, en_sqd_async_notify: false, ..Default::default() };
-    sim.modify(a, &attr, softverbs_engine::types::QpAttrMask::STATE | softverbs_engine::types::QpAttrMask::EN_SQD_ASYNC_NOTIFY);
+    let attr = softverbs_engine::types::QpAttr {
+        qp_state: QpState::Sqd,
+        en_sqd_async_notify: false,
+        ..Default::default()
+    };
+    sim.modify(
+        a,
+        &attr,
+        softverbs_engine::types::QpAttrMask::STATE | softverbs_engine::types::QpAttrMask::EN_SQD_ASYNC_NOTIFY,
+    );
     sim.run();
     assert!(sim.take_events(a).is_empty());
     assert_ok_in_order(&sim.take_send_cq(a), &[1]);
@@ -377,7 +468,14 @@ fn srq_qp_entering_err_raises_last_wqe_reached() {
     let mut sim = Sim::new(12, 2);
     let srq = sim.create_srq(1);
     let a = sim.create_qp(0, QpType::Rc);
-    let b = sim.create_qp_with(1, QpType::Rc, QpOpts { srq: Some(srq), ..QpOpts::default() });
+    let b = sim.create_qp_with(
+        1,
+        QpType::Rc,
+        QpOpts {
+            srq: Some(srq),
+            ..QpOpts::default()
+        },
+    );
     sim.connect(a, b, &ConnOpts::default());
     let dst = sim.mem(1).alloc_mr(1, 4096, AccessFlags::LOCAL_WRITE);
     for i in 0..3 {
@@ -385,13 +483,25 @@ fn srq_qp_entering_err_raises_last_wqe_reached() {
     }
     // A two-packet SEND whose LAST is lost: the receive in progress is flushed, the rest of the
     // SRQ stays for other QPs.
-    sim.set_filter(|p| if p.opcode == softverbs_wire::Opcode::RcSendLast { Verdict::Drop } else { Verdict::Pass });
+    sim.set_filter(|p| {
+        if p.opcode == softverbs_wire::Opcode::RcSendLast {
+            Verdict::Drop
+        } else {
+            Verdict::Pass
+        }
+    });
     let src = sim.mem(0).alloc_mr(1, 4096, AccessFlags::empty());
     sim.post_send(a, send(1, vec![src.sge(0, 2000)]));
     sim.run_for(Duration::from_micros(50));
     sim.set_state(b, QpState::Err);
     assert_eq!(sim.take_events(b), vec![EventType::QpLastWqeReached]);
-    assert_eq!(sim.take_recv_cq(b).iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), vec![(0, WcStatus::WrFlushErr)]);
+    assert_eq!(
+        sim.take_recv_cq(b)
+            .iter()
+            .map(|w| (w.wr_id, w.status))
+            .collect::<Vec<_>>(),
+        vec![(0, WcStatus::WrFlushErr)]
+    );
     assert_eq!(sim.nodes[1].srqs[srq].queue.len(), 2);
 }
 
@@ -403,13 +513,37 @@ fn a_response_that_does_not_fit_is_a_bad_response() {
     let a = sim.create_qp(0, QpType::Rc);
     let b = sim.create_qp(1, QpType::Rc);
     let o = ConnOpts::default();
-    sim.bring_up(a, b, &ConnOpts { mtu: softverbs_engine::types::Mtu::Mtu1024, ..o }, o.psn_a, o.psn_b);
-    sim.bring_up(b, a, &ConnOpts { mtu: softverbs_engine::types::Mtu::Mtu4096, ..o }, o.psn_b, o.psn_a);
+    sim.bring_up(
+        a,
+        b,
+        &ConnOpts {
+            mtu: softverbs_engine::types::Mtu::Mtu1024,
+            ..o
+        },
+        o.psn_a,
+        o.psn_b,
+    );
+    sim.bring_up(
+        b,
+        a,
+        &ConnOpts {
+            mtu: softverbs_engine::types::Mtu::Mtu4096,
+            ..o
+        },
+        o.psn_b,
+        o.psn_a,
+    );
     let local = sim.mem(0).alloc_mr(1, 8192, all_access());
     let remote = sim.mem(1).alloc_mr(1, 8192, all_access());
     sim.post_send(a, read(1, remote.remote(0), vec![local.sge(0, 3000)]));
     sim.run();
     assert_wc(&sim.take_send_cq(a)[0], 1, WcStatus::BadRespErr);
     assert_eq!(sim.state(a), QpState::Err);
-    let _ = (Payload::Inline(vec![]), SendOp::Send { imm: None, invalidate: None });
+    let _ = (
+        Payload::Inline(vec![]),
+        SendOp::Send {
+            imm: None,
+            invalidate: None,
+        },
+    );
 }

@@ -15,27 +15,75 @@ fn memory_checks_keys_pd_rights_bounds_and_alignment() {
     assert_ne!(rw.lkey, rw.rkey);
     let k = |key, pd, access| KeyRef { key, pd, access };
     let mut buf = [0u8; 16];
-    assert_eq!(m.write(k(rw.rkey, 1, Access::RemoteWrite), rw.addr, &[1; 16]), Ok(()));
-    assert_eq!(m.read(k(rw.lkey, 1, Access::LocalRead), rw.addr, &mut buf), Ok(()));
+    assert_eq!(
+        m.write(k(rw.rkey, 1, Access::RemoteWrite), rw.addr, &[1; 16]),
+        Ok(())
+    );
+    assert_eq!(
+        m.read(k(rw.lkey, 1, Access::LocalRead), rw.addr, &mut buf),
+        Ok(())
+    );
     assert_eq!(buf, [1; 16]);
     // An lkey is not an rkey and vice versa.
-    assert_eq!(m.write(k(rw.lkey, 1, Access::RemoteWrite), rw.addr, &[1]), Err(MemError::BadKey));
-    assert_eq!(m.write(k(rw.rkey, 1, Access::LocalWrite), rw.addr, &[1]), Err(MemError::BadKey));
-    assert_eq!(m.write(k(rw.rkey, 2, Access::RemoteWrite), rw.addr, &[1]), Err(MemError::WrongPd));
-    assert_eq!(m.read(k(rw.rkey, 1, Access::RemoteRead), rw.addr, &mut buf), Err(MemError::NoAccess));
-    assert_eq!(m.write(k(ro.lkey, 1, Access::LocalWrite), ro.addr, &[1]), Err(MemError::NoAccess));
-    assert_eq!(m.check(k(rw.rkey, 1, Access::RemoteWrite), rw.addr + 4090, 7), Err(MemError::OutOfRange));
-    assert_eq!(m.check(k(rw.rkey, 1, Access::RemoteWrite), rw.addr - 1, 1), Err(MemError::OutOfRange));
-    assert_eq!(m.check(k(rw.rkey, 1, Access::RemoteWrite), u64::MAX - 2, 8), Err(MemError::OutOfRange));
-    assert_eq!(m.check(k(rw.rkey, 1, Access::RemoteWrite), rw.addr + 4096, 0), Ok(()));
+    assert_eq!(
+        m.write(k(rw.lkey, 1, Access::RemoteWrite), rw.addr, &[1]),
+        Err(MemError::BadKey)
+    );
+    assert_eq!(
+        m.write(k(rw.rkey, 1, Access::LocalWrite), rw.addr, &[1]),
+        Err(MemError::BadKey)
+    );
+    assert_eq!(
+        m.write(k(rw.rkey, 2, Access::RemoteWrite), rw.addr, &[1]),
+        Err(MemError::WrongPd)
+    );
+    assert_eq!(
+        m.read(k(rw.rkey, 1, Access::RemoteRead), rw.addr, &mut buf),
+        Err(MemError::NoAccess)
+    );
+    assert_eq!(
+        m.write(k(ro.lkey, 1, Access::LocalWrite), ro.addr, &[1]),
+        Err(MemError::NoAccess)
+    );
+    assert_eq!(
+        m.check(k(rw.rkey, 1, Access::RemoteWrite), rw.addr + 4090, 7),
+        Err(MemError::OutOfRange)
+    );
+    assert_eq!(
+        m.check(k(rw.rkey, 1, Access::RemoteWrite), rw.addr - 1, 1),
+        Err(MemError::OutOfRange)
+    );
+    assert_eq!(
+        m.check(k(rw.rkey, 1, Access::RemoteWrite), u64::MAX - 2, 8),
+        Err(MemError::OutOfRange)
+    );
+    assert_eq!(
+        m.check(k(rw.rkey, 1, Access::RemoteWrite), rw.addr + 4096, 0),
+        Ok(())
+    );
     let at = m.alloc_mr(1, 64, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_ATOMIC);
     let op = AtomicOp::FetchAdd { add: 1 };
-    assert_eq!(m.atomic(k(at.rkey, 1, Access::RemoteAtomic), at.addr + 4, op), Err(MemError::Misaligned));
-    assert_eq!(m.atomic(k(at.rkey, 1, Access::RemoteAtomic), at.addr + 8, op), Ok(0));
-    assert_eq!(m.atomic(k(at.rkey, 1, Access::RemoteAtomic), at.addr + 8, op), Ok(1));
-    assert_eq!(m.atomic(k(rw.rkey, 1, Access::RemoteAtomic), rw.addr, op), Err(MemError::NoAccess));
+    assert_eq!(
+        m.atomic(k(at.rkey, 1, Access::RemoteAtomic), at.addr + 4, op),
+        Err(MemError::Misaligned)
+    );
+    assert_eq!(
+        m.atomic(k(at.rkey, 1, Access::RemoteAtomic), at.addr + 8, op),
+        Ok(0)
+    );
+    assert_eq!(
+        m.atomic(k(at.rkey, 1, Access::RemoteAtomic), at.addr + 8, op),
+        Ok(1)
+    );
+    assert_eq!(
+        m.atomic(k(rw.rkey, 1, Access::RemoteAtomic), rw.addr, op),
+        Err(MemError::NoAccess)
+    );
     m.dereg(&rw);
-    assert_eq!(m.read(k(rw.lkey, 1, Access::LocalRead), rw.addr, &mut buf), Err(MemError::BadKey));
+    assert_eq!(
+        m.read(k(rw.lkey, 1, Access::LocalRead), rw.addr, &mut buf),
+        Err(MemError::BadKey)
+    );
 }
 
 #[test]
@@ -45,7 +93,14 @@ fn remote_write_without_local_write_cannot_be_registered() {
 }
 
 fn lossy_run(seed: u64) -> (Vec<(u32, u32, u64)>, NetStats, u64) {
-    let (mut sim, a, _b) = Sim::pair(seed, QpType::Rc, &ConnOpts { timeout: 8, ..ConnOpts::default() });
+    let (mut sim, a, _b) = Sim::pair(
+        seed,
+        QpType::Rc,
+        &ConnOpts {
+            timeout: 8,
+            ..ConnOpts::default()
+        },
+    );
     sim.net = NetConfig::lossy(10.0);
     sim.record();
     let l = sim.mem(0).alloc_mr(1, 1 << 18, all_access());
@@ -54,7 +109,13 @@ fn lossy_run(seed: u64) -> (Vec<(u32, u32, u64)>, NetStats, u64) {
     sim.post_send(a, read(2, r.remote(0), vec![l.sge(1 << 17, 1 << 17)]));
     sim.run();
     assert_ok_in_order(&sim.take_send_cq(a), &[1, 2]);
-    let log = sim.log.take().unwrap().iter().map(|p| (p.psn.value(), u32::from(p.opcode.as_u8()), p.time.0)).collect();
+    let log = sim
+        .log
+        .take()
+        .unwrap()
+        .iter()
+        .map(|p| (p.psn.value(), u32::from(p.opcode.as_u8()), p.time.0))
+        .collect();
     (log, sim.stats, sim.now.0)
 }
 
@@ -75,5 +136,8 @@ fn rng_draws_are_uniform_enough() {
     for _ in 0..100_000 {
         buckets[rng.below(10) as usize] += 1;
     }
-    assert!(buckets.iter().all(|&b| (9_500..10_500).contains(&b)), "{buckets:?}");
+    assert!(
+        buckets.iter().all(|&b| (9_500..10_500).contains(&b)),
+        "{buckets:?}"
+    );
 }

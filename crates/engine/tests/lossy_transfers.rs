@@ -13,9 +13,16 @@ const LOSSES: [f64; 3] = [0.0, 1.0, 10.0];
 const SEEDS: [u64; 4] = [1, 0xC0FFEE, 0x5EED_0003, 42];
 
 fn lossy_pair(seed: u64, loss: f64, mtu: Mtu) -> (Sim, QpId, QpId) {
-    let o = ConnOpts { mtu, timeout: 8, ..ConnOpts::default() };
+    let o = ConnOpts {
+        mtu,
+        timeout: 8,
+        ..ConnOpts::default()
+    };
     let (mut sim, a, b) = Sim::pair(seed, QpType::Rc, &o);
-    sim.net = NetConfig { corrupt_pct: loss / 4.0, ..NetConfig::lossy(loss) };
+    sim.net = NetConfig {
+        corrupt_pct: loss / 4.0,
+        ..NetConfig::lossy(loss)
+    };
     (sim, a, b)
 }
 
@@ -56,12 +63,18 @@ fn one_mib(seed: u64, loss: f64, mtu: Mtu, op: &str) {
         assert_ok_in_order(&r, &[9]);
         assert_eq!(r[0].byte_len, MIB as u32);
     }
-    assert!(sim.mem(check_node).peek(check_addr, MIB as usize) == data, "seed {seed} loss {loss} {op}: bytes differ");
+    assert!(
+        sim.mem(check_node).peek(check_addr, MIB as usize) == data,
+        "seed {seed} loss {loss} {op}: bytes differ"
+    );
     if loss == 0.0 {
         assert_eq!(sim.qp(a).engine.counters().retransmits, 0);
         assert_eq!(sim.qp(a).engine.counters().timeouts, 0);
     }
-    assert_eq!(sim.stats.bad_icrc, sim.stats.corrupted, "every corrupted packet is caught by the ICRC");
+    assert_eq!(
+        sim.stats.bad_icrc, sim.stats.corrupted,
+        "every corrupted packet is caught by the ICRC"
+    );
 }
 
 #[test]
@@ -108,9 +121,22 @@ fn mixed_traffic_both_ways_under_ten_percent_loss() {
         for i in 0..16u64 {
             let off = i * chunk;
             // a writes its chunk i into b's second MiB and reads b's chunk i into its second MiB.
-            sim.post_send(a, write(i * 10, bmr.remote(MIB + off), vec![amr.sge(off, chunk as u32)]));
-            sim.post_send(a, read(i * 10 + 1, bmr.remote(off), vec![amr.sge(MIB + off, chunk as u32)]));
-            sim.post_send(a, fetch_add(i * 10 + 2, bmr.remote(3 * MIB), 1, amr.sge(3 * MIB + i * 8, 8)));
+            sim.post_send(
+                a,
+                write(i * 10, bmr.remote(MIB + off), vec![amr.sge(off, chunk as u32)]),
+            );
+            sim.post_send(
+                a,
+                read(
+                    i * 10 + 1,
+                    bmr.remote(off),
+                    vec![amr.sge(MIB + off, chunk as u32)],
+                ),
+            );
+            sim.post_send(
+                a,
+                fetch_add(i * 10 + 2, bmr.remote(3 * MIB), 1, amr.sge(3 * MIB + i * 8, 8)),
+            );
             // b sends its chunk i to a.
             sim.post_recv(a, recv(i, vec![amr.sge(2 * MIB + off, chunk as u32)]));
             sim.post_send(b, send(100 + i, vec![bmr.sge(off, chunk as u32)]));
@@ -132,8 +158,51 @@ fn mixed_traffic_both_ways_under_ten_percent_loss() {
 }
 
 #[test]
+fn transfers_across_the_psn_wrap_under_loss() {
+    for seed in seeds(&[21, 22, 23]) {
+        let o = ConnOpts {
+            mtu: Mtu::Mtu1024,
+            timeout: 8,
+            psn_a: 0xFF_FF80,
+            psn_b: 0xFF_FFF0,
+            ..ConnOpts::default()
+        };
+        let (mut sim, a, b) = Sim::pair(seed, QpType::Rc, &o);
+        sim.net = NetConfig::lossy(10.0);
+        let len = 256 * 1024u64;
+        let amr = sim.mem(0).alloc_mr(1, 4 * len, all_access());
+        let bmr = sim.mem(1).alloc_mr(1, 4 * len, all_access());
+        let da = sim.rng.bytes(len as usize);
+        let db = sim.rng.bytes(len as usize);
+        sim.mem(0).poke(amr.addr, &da);
+        sim.mem(1).poke(bmr.addr, &db);
+        sim.post_send(a, write(1, bmr.remote(len), vec![amr.sge(0, len as u32)]));
+        sim.post_send(a, read(2, bmr.remote(0), vec![amr.sge(len, len as u32)]));
+        sim.post_recv(b, recv(3, vec![bmr.sge(2 * len, len as u32)]));
+        sim.post_send(a, send(3, vec![amr.sge(0, len as u32)]));
+        sim.post_recv(a, recv(4, vec![amr.sge(2 * len, len as u32)]));
+        sim.post_send(b, send(4, vec![bmr.sge(0, len as u32)]));
+        sim.run();
+        assert_ok_in_order(&sim.take_send_cq(a), &[1, 2, 3]);
+        assert_ok_in_order(&sim.take_send_cq(b), &[4]);
+        assert!(sim.mem(1).peek(bmr.addr + len, len as usize) == da);
+        assert!(sim.mem(0).peek(amr.addr + len, len as usize) == db);
+        assert!(sim.mem(1).peek(bmr.addr + 2 * len, len as usize) == da);
+        assert!(sim.mem(0).peek(amr.addr + 2 * len, len as usize) == db);
+        assert!(sim.qp(a).engine.counters().retransmits > 0);
+    }
+}
+
+#[test]
 fn bad_icrc_packets_are_dropped_and_counted() {
-    let (mut sim, a, b) = Sim::pair(11, QpType::Rc, &ConnOpts { timeout: 8, ..ConnOpts::default() });
+    let (mut sim, a, b) = Sim::pair(
+        11,
+        QpType::Rc,
+        &ConnOpts {
+            timeout: 8,
+            ..ConnOpts::default()
+        },
+    );
     sim.net.corrupt_pct = 20.0;
     let amr = sim.mem(0).alloc_mr(1, MIB, all_access());
     let bmr = sim.mem(1).alloc_mr(1, MIB, all_access());
@@ -146,6 +215,31 @@ fn bad_icrc_packets_are_dropped_and_counted() {
     assert!(sim.stats.corrupted > 50);
     assert_eq!(sim.stats.bad_icrc, sim.stats.corrupted);
     let _ = b;
+}
+
+#[test]
+fn regression_zero_length_write_behind_reads_under_loss() {
+    // Found by the property test below: the last WQE never completed.
+    let ops = [
+        Op::Write {
+            src: 0,
+            dst: 0,
+            len: 1281,
+        },
+        Op::Read { src: 0, len: 18177 },
+        Op::Write {
+            src: 0,
+            dst: 0,
+            len: 4609,
+        },
+        Op::Read { src: 0, len: 32513 },
+        Op::Write {
+            src: 0,
+            dst: 0,
+            len: 0,
+        },
+    ];
+    check_workload(5253672705217672669, 0.5600925605285829, Mtu::Mtu256, &ops);
 }
 
 /// One operation of the random workload.
@@ -182,13 +276,21 @@ fn check_workload(seed: u64, loss: f64, mtu: Mtu, ops: &[Op]) {
     // a: source pattern | read results (one slot per op) | atomic results
     // b: write area | read area (constant) | receive slots | atomic words
     let n = ops.len() as u64;
-    let amr = sim.mem(0).alloc_mr(1, u64::from(AREA) + n * 40_000 + n * 8, all_access());
-    let bmr = sim.mem(1).alloc_mr(1, 2 * u64::from(AREA) + n * 40_000 + 32, all_access());
+    let amr = sim
+        .mem(0)
+        .alloc_mr(1, u64::from(AREA) + n * 40_000 + n * 8, all_access());
+    let bmr = sim
+        .mem(1)
+        .alloc_mr(1, 2 * u64::from(AREA) + n * 40_000 + 32, all_access());
     let pattern = sim.rng.bytes(AREA as usize);
     let read_area = sim.rng.bytes(AREA as usize);
     sim.mem(0).poke(amr.addr, &pattern);
     sim.mem(1).poke(bmr.addr + u64::from(AREA), &read_area);
-    let (res, recvs, words) = (u64::from(AREA), 2 * u64::from(AREA), 2 * u64::from(AREA) + n * 40_000);
+    let (res, recvs, words) = (
+        u64::from(AREA),
+        2 * u64::from(AREA),
+        2 * u64::from(AREA) + n * 40_000,
+    );
     let mut write_area = vec![0u8; AREA as usize];
     let mut atomic = [0u64; 4];
     let mut expect_recv = Vec::new();
@@ -197,17 +299,31 @@ fn check_workload(seed: u64, loss: f64, mtu: Mtu, ops: &[Op]) {
         let i = i as u64;
         match *op {
             Op::Write { src, dst, len } => {
-                write_area[dst as usize..(dst + len) as usize].copy_from_slice(&pattern[src as usize..(src + len) as usize]);
-                sim.post_send(a, write(i, bmr.remote(u64::from(dst)), vec![amr.sge(u64::from(src), len)]));
+                write_area[dst as usize..(dst + len) as usize]
+                    .copy_from_slice(&pattern[src as usize..(src + len) as usize]);
+                sim.post_send(
+                    a,
+                    write(i, bmr.remote(u64::from(dst)), vec![amr.sge(u64::from(src), len)]),
+                );
             }
             Op::Read { src, len } => {
-                sim.post_send(a, read(i, bmr.remote(u64::from(AREA + src)), vec![amr.sge(res + i * 40_000, len)]));
+                sim.post_send(
+                    a,
+                    read(
+                        i,
+                        bmr.remote(u64::from(AREA + src)),
+                        vec![amr.sge(res + i * 40_000, len)],
+                    ),
+                );
             }
             Op::Send { src, len, imm } => {
                 sim.post_recv(b, recv(i, vec![bmr.sge(recvs + i * 40_000, 40_000)]));
                 expect_recv.push((i, len, imm));
                 let mut w = send(i, vec![amr.sge(u64::from(src), len)]);
-                w.op = softverbs_engine::wr::SendOp::Send { imm, invalidate: None };
+                w.op = softverbs_engine::wr::SendOp::Send {
+                    imm,
+                    invalidate: None,
+                };
                 sim.post_send(a, w);
             }
             Op::FetchAdd { word, add } => {
@@ -215,7 +331,10 @@ fn check_workload(seed: u64, loss: f64, mtu: Mtu, ops: &[Op]) {
                 expect_atomic.push((i, *w));
                 *w = w.wrapping_add(add);
                 let result = amr.sge(u64::from(AREA) + n * 40_000 + i * 8, 8);
-                sim.post_send(a, fetch_add(i, bmr.remote(words + u64::from(word) * 8), add, result));
+                sim.post_send(
+                    a,
+                    fetch_add(i, bmr.remote(words + u64::from(word) * 8), add, result),
+                );
             }
             Op::CmpSwp { word, compare, swap } => {
                 let w = &mut atomic[word as usize];
@@ -224,7 +343,10 @@ fn check_workload(seed: u64, loss: f64, mtu: Mtu, ops: &[Op]) {
                     *w = swap;
                 }
                 let result = amr.sge(u64::from(AREA) + n * 40_000 + i * 8, 8);
-                sim.post_send(a, cmp_swp(i, bmr.remote(words + u64::from(word) * 8), compare, swap, result));
+                sim.post_send(
+                    a,
+                    cmp_swp(i, bmr.remote(words + u64::from(word) * 8), compare, swap, result),
+                );
             }
         }
     }
@@ -233,10 +355,18 @@ fn check_workload(seed: u64, loss: f64, mtu: Mtu, ops: &[Op]) {
     assert_ok_in_order(&sim.take_send_cq(a), &ids);
     let r = sim.take_recv_cq(b);
     assert_eq!(
-        r.iter().map(|w| (w.wr_id, w.status, w.byte_len, w.imm_data)).collect::<Vec<_>>(),
-        expect_recv.iter().map(|&(i, len, imm)| (i, WcStatus::Success, len, imm.unwrap_or(0))).collect::<Vec<_>>()
+        r.iter()
+            .map(|w| (w.wr_id, w.status, w.byte_len, w.imm_data))
+            .collect::<Vec<_>>(),
+        expect_recv
+            .iter()
+            .map(|&(i, len, imm)| (i, WcStatus::Success, len, imm.unwrap_or(0)))
+            .collect::<Vec<_>>()
     );
-    assert!(sim.mem(1).peek(bmr.addr, AREA as usize) == write_area, "write area");
+    assert!(
+        sim.mem(1).peek(bmr.addr, AREA as usize) == write_area,
+        "write area"
+    );
     for (i, op) in ops.iter().enumerate() {
         let i = i as u64;
         match *op {
@@ -252,7 +382,12 @@ fn check_workload(seed: u64, loss: f64, mtu: Mtu, ops: &[Op]) {
         }
     }
     for (i, before) in expect_atomic {
-        assert_eq!(sim.mem(0).peek_u64(amr.addr + u64::from(AREA) + n * 40_000 + i * 8), before, "atomic {i}");
+        assert_eq!(
+            sim.mem(0)
+                .peek_u64(amr.addr + u64::from(AREA) + n * 40_000 + i * 8),
+            before,
+            "atomic {i}"
+        );
     }
     for (w, v) in atomic.iter().enumerate() {
         assert_eq!(sim.mem(1).peek_u64(bmr.addr + words + w as u64 * 8), *v);
@@ -280,36 +415,76 @@ proptest! {
 
 /// Many seeds of everything above; `SOFTVERBS_SIM_STRESS=<n>` sets how many (default 50).
 /// Run with `cargo test --release -p softverbs-engine --test lossy_transfers -- --ignored`.
+/// Failures are collected and listed with their seeds at the end.
 #[test]
 #[ignore = "slow: a stress run over many seeds"]
 fn stress_many_seeds() {
-    let n: u64 = std::env::var("SOFTVERBS_SIM_STRESS").ok().and_then(|s| s.parse().ok()).unwrap_or(50);
+    let n: u64 = std::env::var("SOFTVERBS_SIM_STRESS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(50);
     // SOFTVERBS_SIM_STRESS_FROM=<i> skips to iteration i (to replay a failure quickly).
-    let from: u64 = std::env::var("SOFTVERBS_SIM_STRESS_FROM").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let from: u64 = std::env::var("SOFTVERBS_SIM_STRESS_FROM")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     let mut rng = sim::Rng::new(0xDEAD_BEEF);
+    let mut failures = Vec::new();
     for i in 0..n {
         let seed = rng.next_u64();
-        let loss = [1.0, 5.0, 10.0, 15.0][i as usize % 4];
-        let mtu = [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096][i as usize % 3];
-        for op in ["write", "read", "send"] {
-            if (mtu == Mtu::Mtu256 && loss > 10.0) || i < from {
-                continue;
-            }
-            eprintln!("stress {i}: seed {seed} loss {loss} {mtu:?} {op}");
-            one_mib(seed, loss, mtu, op);
-        }
+        let loss = [1.0, 5.0, 10.0][i as usize % 3];
+        let mtu = [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096][i as usize % 4 % 3];
         let ops: Vec<Op> = (0..30)
             .map(|_| match rng.below(5) {
-                0 => Op::Write { src: rng.below(1000) as u32, dst: rng.below(100_000) as u32, len: rng.below(30_000) as u32 },
-                1 => Op::Read { src: rng.below(100_000) as u32, len: rng.below(30_000) as u32 },
-                2 => Op::Send { src: rng.below(1000) as u32, len: rng.below(30_000) as u32, imm: Some(rng.next_u64() as u32) },
-                3 => Op::FetchAdd { word: rng.below(4) as u8, add: rng.below(100) },
-                _ => Op::CmpSwp { word: rng.below(4) as u8, compare: rng.below(3), swap: rng.below(3) },
+                0 => Op::Write {
+                    src: rng.below(1000) as u32,
+                    dst: rng.below(100_000) as u32,
+                    len: rng.below(30_000) as u32,
+                },
+                1 => Op::Read {
+                    src: rng.below(100_000) as u32,
+                    len: rng.below(30_000) as u32,
+                },
+                2 => Op::Send {
+                    src: rng.below(1000) as u32,
+                    len: rng.below(30_000) as u32,
+                    imm: Some(rng.next_u64() as u32),
+                },
+                3 => Op::FetchAdd {
+                    word: rng.below(4) as u8,
+                    add: rng.below(100),
+                },
+                _ => Op::CmpSwp {
+                    word: rng.below(4) as u8,
+                    compare: rng.below(3),
+                    swap: rng.below(3),
+                },
             })
             .collect();
-        if i >= from {
-            eprintln!("stress {i}: seed {seed} loss {loss} {mtu:?} workload");
-            check_workload(seed, loss, mtu, &ops);
+        if i < from {
+            continue;
+        }
+        for op in ["write", "read", "send", "workload"] {
+            let what = format!("stress {i}: seed {seed} loss {loss} {mtu:?} {op}");
+            eprintln!("{what}");
+            let ops = ops.clone();
+            let result = std::panic::catch_unwind(move || {
+                if op == "workload" {
+                    check_workload(seed, loss, mtu, &ops);
+                } else {
+                    one_mib(seed, loss, mtu, op);
+                }
+            });
+            if result.is_err() {
+                eprintln!("FAILED {what}");
+                failures.push(what);
+            }
         }
     }
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

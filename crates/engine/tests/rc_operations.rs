@@ -44,7 +44,14 @@ fn send_with_immediate_carries_it_in_network_order() {
     sim.post_recv(b, recv(5, vec![dst.sge(0, 100)]));
     // imm_data is opaque: whatever bytes the sender has in memory arrive unchanged.
     let imm = u32::from_ne_bytes([0xDE, 0xAD, 0xBE, 0xEF]);
-    let wr = wr(1, SendOp::Send { imm: Some(imm), invalidate: None }, Payload::Sges(vec![src.sge(0, 100)]));
+    let wr = wr(
+        1,
+        SendOp::Send {
+            imm: Some(imm),
+            invalidate: None,
+        },
+        Payload::Sges(vec![src.sge(0, 100)]),
+    );
     sim.post_send(a, wr);
     sim.run();
     assert_ok_in_order(&sim.take_send_cq(a), &[1]);
@@ -62,7 +69,14 @@ fn send_with_invalidate_reports_the_rkey() {
     let src = sim.mem(0).alloc_mr(1, 64, AccessFlags::empty());
     let dst = sim.mem(1).alloc_mr(1, 64, AccessFlags::LOCAL_WRITE);
     sim.post_recv(b, recv(5, vec![dst.sge(0, 64)]));
-    let wr = wr(1, SendOp::Send { imm: None, invalidate: Some(0x1234_5678) }, Payload::Sges(vec![src.sge(0, 64)]));
+    let wr = wr(
+        1,
+        SendOp::Send {
+            imm: None,
+            invalidate: Some(0x1234_5678),
+        },
+        Payload::Sges(vec![src.sge(0, 64)]),
+    );
     sim.post_send(a, wr);
     sim.run();
     let s = sim.take_send_cq(a);
@@ -90,7 +104,11 @@ fn write_places_bytes_without_consuming_a_receive() {
     assert!(sim.take_recv_cq(b).is_empty());
     assert_eq!(sim.qp(b).engine.recv_queue_len(), 1);
     assert_eq!(sim.mem(1).peek(dst.addr + 5000, 10_000), data);
-    assert_eq!(sim.mem(1).peek(dst.addr, 5000), vec![0; 5000], "nothing written before the target");
+    assert_eq!(
+        sim.mem(1).peek(dst.addr, 5000),
+        vec![0; 5000],
+        "nothing written before the target"
+    );
 }
 
 #[test]
@@ -104,7 +122,14 @@ fn write_with_immediate_completes_a_receive_with_the_total_length() {
     let imm = 0xA1B2_C3D4u32.to_be();
     sim.post_send(
         a,
-        wr(1, SendOp::Write { remote: dst.remote(0), imm: Some(imm) }, Payload::Sges(vec![src.sge(0, 5000)])),
+        wr(
+            1,
+            SendOp::Write {
+                remote: dst.remote(0),
+                imm: Some(imm),
+            },
+            Payload::Sges(vec![src.sge(0, 5000)]),
+        ),
     );
     sim.run();
     let s = sim.take_send_cq(a);
@@ -153,7 +178,12 @@ fn compare_swap_and_fetch_add_return_the_original_value() {
     assert_ok_in_order(&s, &[1, 2, 3, 4]);
     assert_eq!(
         s.iter().map(|w| (w.opcode, w.byte_len)).collect::<Vec<_>>(),
-        vec![(WcOpcode::CompSwap, 8), (WcOpcode::CompSwap, 8), (WcOpcode::FetchAdd, 8), (WcOpcode::FetchAdd, 8)]
+        vec![
+            (WcOpcode::CompSwap, 8),
+            (WcOpcode::CompSwap, 8),
+            (WcOpcode::FetchAdd, 8),
+            (WcOpcode::FetchAdd, 8)
+        ]
     );
     assert_eq!(sim.mem(0).peek_u64(local.addr), 100);
     assert_eq!(sim.mem(0).peek_u64(local.addr + 8), 200);
@@ -169,10 +199,24 @@ fn inline_send_and_write_need_no_key() {
     let (mut sim, a, b) = rc(8);
     let dst = sim.mem(1).alloc_mr(1, 512, all_access());
     sim.post_recv(b, recv(1, vec![dst.sge(0, 256)]));
-    let mut s = wr(10, SendOp::Send { imm: None, invalidate: None }, Payload::Inline(b"inline send".to_vec()));
+    let mut s = wr(
+        10,
+        SendOp::Send {
+            imm: None,
+            invalidate: None,
+        },
+        Payload::Inline(b"inline send".to_vec()),
+    );
     s.flags |= SendFlags::INLINE;
     sim.post_send(a, s);
-    let mut w = wr(11, SendOp::Write { remote: dst.remote(300), imm: None }, Payload::Inline(vec![0x5A; 200]));
+    let mut w = wr(
+        11,
+        SendOp::Write {
+            remote: dst.remote(300),
+            imm: None,
+        },
+        Payload::Inline(vec![0x5A; 200]),
+    );
     w.flags |= SendFlags::INLINE;
     sim.post_send(a, w);
     sim.run();
@@ -193,22 +237,39 @@ fn multi_sge_gather_and_scatter_cross_packet_boundaries() {
     // Gather 3000 bytes from three pieces out of order; scatter into four uneven pieces.
     let gather = vec![src.sge(5000, 1000), src.sge(0, 1500), src.sge(7000, 500)];
     let expect: Vec<u8> = [&data[5000..6000], &data[0..1500], &data[7000..7500]].concat();
-    let scatter = vec![dst.sge(100, 700), dst.sge(4000, 1), dst.sge(2000, 1299), dst.sge(6000, 2000)];
+    let scatter = vec![
+        dst.sge(100, 700),
+        dst.sge(4000, 1),
+        dst.sge(2000, 1299),
+        dst.sge(6000, 2000),
+    ];
     sim.post_recv(b, recv(1, scatter));
     sim.post_send(a, send(2, gather.clone()));
     // And the same gather list as an RDMA WRITE, plus a READ scattered into several pieces.
     sim.post_send(a, write(3, dst.remote(9000), gather));
-    sim.post_send(a, read(4, dst.remote(9000), vec![src.sge(100, 1000), src.sge(3000, 2000)]));
+    sim.post_send(
+        a,
+        read(4, dst.remote(9000), vec![src.sge(100, 1000), src.sge(3000, 2000)]),
+    );
     sim.run();
     assert_ok_in_order(&sim.take_send_cq(a), &[2, 3, 4]);
     assert_eq!(sim.take_recv_cq(b)[0].byte_len, 3000);
     let m = sim.mem(1);
-    let got = [m.peek(dst.addr + 100, 700), m.peek(dst.addr + 4000, 1), m.peek(dst.addr + 2000, 1299), m.peek(dst.addr + 6000, 1000)]
-        .concat();
+    let got = [
+        m.peek(dst.addr + 100, 700),
+        m.peek(dst.addr + 4000, 1),
+        m.peek(dst.addr + 2000, 1299),
+        m.peek(dst.addr + 6000, 1000),
+    ]
+    .concat();
     assert_eq!(got, expect);
     let _ = m;
     assert_eq!(sim.mem(1).peek(dst.addr + 9000, 3000), expect);
-    let read_back = [sim.mem(0).peek(src.addr + 100, 1000), sim.mem(0).peek(src.addr + 3000, 2000)].concat();
+    let read_back = [
+        sim.mem(0).peek(src.addr + 100, 1000),
+        sim.mem(0).peek(src.addr + 3000, 2000),
+    ]
+    .concat();
     assert_eq!(read_back, expect);
 }
 
@@ -216,7 +277,14 @@ fn multi_sge_gather_and_scatter_cross_packet_boundaries() {
 fn unsignaled_wrs_complete_silently_unless_sq_sig_all() {
     for sig_all in [false, true] {
         let mut sim = Sim::new(10, 2);
-        let a = sim.create_qp_with(0, QpType::Rc, QpOpts { sq_sig_all: sig_all, ..QpOpts::default() });
+        let a = sim.create_qp_with(
+            0,
+            QpType::Rc,
+            QpOpts {
+                sq_sig_all: sig_all,
+                ..QpOpts::default()
+            },
+        );
         let b = sim.create_qp(1, QpType::Rc);
         sim.connect(a, b, &ConnOpts::default());
         let src = sim.mem(0).alloc_mr(1, 64, AccessFlags::LOCAL_WRITE);
@@ -235,7 +303,11 @@ fn unsignaled_wrs_complete_silently_unless_sq_sig_all() {
         } else {
             assert_eq!(ids, vec![2, 5]);
         }
-        assert_eq!(sim.qp(a).engine.send_queue_len(), 0, "unsignaled WQEs are retired too");
+        assert_eq!(
+            sim.qp(a).engine.send_queue_len(),
+            0,
+            "unsignaled WQEs are retired too"
+        );
     }
 }
 
@@ -253,9 +325,15 @@ fn fence_waits_for_earlier_reads() {
     assert_ok_in_order(&sim.take_send_cq(a), &[1, 2]);
     let log = sim.log.take().unwrap();
     let pos = |pred: &dyn Fn(&PacketInfo) -> bool| log.iter().position(pred).unwrap();
-    let last_read_resp = log.iter().rposition(|p| p.opcode == Opcode::RcReadResponseLast).unwrap();
+    let last_read_resp = log
+        .iter()
+        .rposition(|p| p.opcode == Opcode::RcReadResponseLast)
+        .unwrap();
     let write_req = pos(&|p| p.opcode == Opcode::RcWriteOnly);
-    assert!(write_req > last_read_resp, "a fenced WRITE leaves only after the READ completed");
+    assert!(
+        write_req > last_read_resp,
+        "a fenced WRITE leaves only after the READ completed"
+    );
 
     // Without the fence it goes out right behind the READ request.
     let (mut sim, a, _b) = rc(11);
@@ -267,7 +345,10 @@ fn fence_waits_for_earlier_reads() {
     sim.run();
     let log = sim.log.take().unwrap();
     let write_req = log.iter().position(|p| p.opcode == Opcode::RcWriteOnly).unwrap();
-    let first_resp = log.iter().position(|p| p.opcode.is_read() && p.opcode.is_response()).unwrap();
+    let first_resp = log
+        .iter()
+        .position(|p| p.opcode.is_read() && p.opcode.is_response())
+        .unwrap();
     assert!(write_req < first_resp);
 }
 
@@ -284,12 +365,22 @@ fn solicited_bit_reaches_the_receive_completion() {
     s.flags |= SendFlags::SOLICITED;
     sim.post_send(a, s);
     sim.post_send(a, send(2, vec![src.sge(0, 10)]));
-    let mut w = wr(3, SendOp::Write { remote: dst.remote(6144), imm: Some(1) }, Payload::Sges(vec![src.sge(0, 10)]));
+    let mut w = wr(
+        3,
+        SendOp::Write {
+            remote: dst.remote(6144),
+            imm: Some(1),
+        },
+        Payload::Sges(vec![src.sge(0, 10)]),
+    );
     w.flags |= SendFlags::SOLICITED;
     sim.post_send(a, w);
     sim.run();
     let r = sim.take_recv_cq(b);
-    assert_eq!(r.iter().map(|w| (w.wr_id, w.solicited)).collect::<Vec<_>>(), vec![(0, true), (1, false), (2, true)]);
+    assert_eq!(
+        r.iter().map(|w| (w.wr_id, w.solicited)).collect::<Vec<_>>(),
+        vec![(0, true), (1, false), (2, true)]
+    );
     assert!(r[0].is_solicited() && !r[1].is_solicited());
     // SE only on the last packet of a message.
     let log = sim.log.take().unwrap();
@@ -301,7 +392,10 @@ fn solicited_bit_reaches_the_receive_completion() {
 #[test]
 fn messages_are_segmented_at_the_path_mtu_with_ackreq_on_the_last_and_every_64th() {
     for mtu in [Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096] {
-        let o = ConnOpts { mtu, ..ConnOpts::default() };
+        let o = ConnOpts {
+            mtu,
+            ..ConnOpts::default()
+        };
         let (mut sim, a, b) = Sim::pair(13, QpType::Rc, &o);
         sim.record();
         let m = mtu.bytes() as usize;
@@ -314,11 +408,22 @@ fn messages_are_segmented_at_the_path_mtu_with_ackreq_on_the_last_and_every_64th
         sim.run();
         assert_ok_in_order(&sim.take_send_cq(a), &[1]);
         assert_eq!(sim.mem(1).peek(dst.addr, len), data);
-        let reqs: Vec<PacketInfo> = sim.log.take().unwrap().into_iter().filter(|p| p.from == a).collect();
+        let reqs: Vec<PacketInfo> = sim
+            .log
+            .take()
+            .unwrap()
+            .into_iter()
+            .filter(|p| p.from == a)
+            .collect();
         assert_eq!(reqs.len(), 101);
         assert_eq!(reqs[0].opcode, Opcode::RcWriteFirst);
-        assert!(reqs[1..100].iter().all(|p| p.opcode == Opcode::RcWriteMiddle && p.payload_len == m));
-        assert_eq!((reqs[100].opcode, reqs[100].payload_len), (Opcode::RcWriteLast, 17));
+        assert!(reqs[1..100]
+            .iter()
+            .all(|p| p.opcode == Opcode::RcWriteMiddle && p.payload_len == m));
+        assert_eq!(
+            (reqs[100].opcode, reqs[100].payload_len),
+            (Opcode::RcWriteLast, 17)
+        );
         assert_eq!(reqs[0].payload_len, m);
         for (i, p) in reqs.iter().enumerate() {
             assert_eq!(p.psn.value(), 0x1000 + i as u32);
@@ -338,27 +443,50 @@ fn zero_length_send_write_and_read_complete() {
     sim.post_recv(b, recv(3, vec![remote.sge(0, 0)]));
     sim.post_send(a, send(10, vec![]));
     // Zero-length WRITE and READ check neither the R_Key nor the address (IBTA C9-88).
-    let bogus = softverbs_engine::wr::RemoteAddr { addr: 0xdead_0000, rkey: 0xbad };
+    let bogus = softverbs_engine::wr::RemoteAddr {
+        addr: 0xdead_0000,
+        rkey: 0xbad,
+    };
     sim.post_send(a, write(11, bogus, vec![]));
     sim.post_send(a, read(12, bogus, vec![]));
-    sim.post_send(a, wr(13, SendOp::Write { remote: bogus, imm: Some(9) }, Payload::Sges(vec![local.sge(0, 0)])));
+    sim.post_send(
+        a,
+        wr(
+            13,
+            SendOp::Write {
+                remote: bogus,
+                imm: Some(9),
+            },
+            Payload::Sges(vec![local.sge(0, 0)]),
+        ),
+    );
     sim.post_send(a, send(14, vec![local.sge(0, 0)]));
     sim.run();
     let s = sim.take_send_cq(a);
     assert_ok_in_order(&s, &[10, 11, 12, 13, 14]);
     assert!(s.iter().all(|w| w.byte_len == 0));
     let r = sim.take_recv_cq(b);
-    assert_eq!(r.iter().map(|w| (w.wr_id, w.status, w.byte_len, w.opcode)).collect::<Vec<_>>(), vec![
-        (1, WcStatus::Success, 0, WcOpcode::Recv),
-        (2, WcStatus::Success, 0, WcOpcode::RecvRdmaWithImm),
-        (3, WcStatus::Success, 0, WcOpcode::Recv),
-    ]);
+    assert_eq!(
+        r.iter()
+            .map(|w| (w.wr_id, w.status, w.byte_len, w.opcode))
+            .collect::<Vec<_>>(),
+        vec![
+            (1, WcStatus::Success, 0, WcOpcode::Recv),
+            (2, WcStatus::Success, 0, WcOpcode::RecvRdmaWithImm),
+            (3, WcStatus::Success, 0, WcOpcode::Recv),
+        ]
+    );
     assert!(sim.mem(1).refused.borrow().is_empty(), "no key was checked");
 }
 
 #[test]
 fn psn_wraps_around_24_bits() {
-    let o = ConnOpts { psn_a: 0xFF_FFF0, psn_b: 0xFF_FFFE, mtu: Mtu::Mtu256, ..ConnOpts::default() };
+    let o = ConnOpts {
+        psn_a: 0xFF_FFF0,
+        psn_b: 0xFF_FFFE,
+        mtu: Mtu::Mtu256,
+        ..ConnOpts::default()
+    };
     let (mut sim, a, b) = Sim::pair(15, QpType::Rc, &o);
     sim.record();
     let amr = sim.mem(0).alloc_mr(1, 65536, all_access());
@@ -445,7 +573,12 @@ fn first_packet_in_rtr_raises_communication_established() {
     sim.bring_up(a, b, &o, o.psn_a, o.psn_b);
     // b only reaches RTR.
     use softverbs_engine::types::{QpAttr, QpAttrMask as M, QpState};
-    let init = QpAttr { qp_state: QpState::Init, port_num: 1, qp_access_flags: o.access, ..QpAttr::default() };
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: o.access,
+        ..QpAttr::default()
+    };
     sim.modify(b, &init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS);
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
@@ -457,7 +590,11 @@ fn first_packet_in_rtr_raises_communication_established() {
         ah_attr: sim.ah_to(0),
         ..QpAttr::default()
     };
-    sim.modify(b, &rtr, M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER);
+    sim.modify(
+        b,
+        &rtr,
+        M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
+    );
     let dst = sim.mem(1).alloc_mr(1, 64, all_access());
     sim.post_recv(b, recv(1, vec![dst.sge(0, 64)]));
     sim.post_send(a, send(1, vec![]));
@@ -465,5 +602,8 @@ fn first_packet_in_rtr_raises_communication_established() {
     sim.post_recv(b, recv(2, vec![dst.sge(0, 64)]));
     sim.run();
     assert_ok_in_order(&sim.take_send_cq(a), &[1, 2]);
-    assert_eq!(sim.take_events(b), vec![softverbs_engine::types::EventType::CommEst]);
+    assert_eq!(
+        sim.take_events(b),
+        vec![softverbs_engine::types::EventType::CommEst]
+    );
 }

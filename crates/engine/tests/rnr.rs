@@ -11,14 +11,24 @@ use softverbs_engine::types::{AccessFlags, QpState, QpType, WcStatus};
 use softverbs_wire::{AethSyndrome, Opcode};
 
 fn rnr_naks(sim: &Sim) -> usize {
-    sim.log.as_ref().unwrap().iter().filter(|p| matches!(p.syndrome, Some(AethSyndrome::RnrNak { .. }))).count()
+    sim.log
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter(|p| matches!(p.syndrome, Some(AethSyndrome::RnrNak { .. })))
+        .count()
 }
 
 #[test]
 fn rnr_nak_then_success_after_a_late_receive() {
     // retry_cnt 0: the sequence-error NAK that follows an RNR NAK for pipelined packets must not
     // cost a retry, or this would fail with IBV_WC_RETRY_EXC_ERR.
-    let o = ConnOpts { rnr_retry: 7, retry_cnt: 0, min_rnr_timer: 12, ..ConnOpts::default() };
+    let o = ConnOpts {
+        rnr_retry: 7,
+        retry_cnt: 0,
+        min_rnr_timer: 12,
+        ..ConnOpts::default()
+    };
     let (mut sim, a, b) = Sim::pair(1, QpType::Rc, &o);
     sim.record();
     let src = sim.mem(0).alloc_mr(1, 8192, AccessFlags::empty());
@@ -54,7 +64,11 @@ fn rnr_nak_then_success_after_a_late_receive() {
 
 #[test]
 fn rnr_retry_exhausted_fails_the_wqe_and_flushes_the_rest() {
-    let o = ConnOpts { rnr_retry: 2, min_rnr_timer: 1, ..ConnOpts::default() };
+    let o = ConnOpts {
+        rnr_retry: 2,
+        min_rnr_timer: 1,
+        ..ConnOpts::default()
+    };
     let (mut sim, a, b) = Sim::pair(2, QpType::Rc, &o);
     sim.record();
     let src = sim.mem(0).alloc_mr(1, 64, AccessFlags::LOCAL_WRITE);
@@ -68,7 +82,11 @@ fn rnr_retry_exhausted_fails_the_wqe_and_flushes_the_rest() {
     let s = sim.take_send_cq(a);
     assert_eq!(
         s.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
-        vec![(1, WcStatus::Success), (2, WcStatus::RnrRetryExcErr), (3, WcStatus::WrFlushErr)]
+        vec![
+            (1, WcStatus::Success),
+            (2, WcStatus::RnrRetryExcErr),
+            (3, WcStatus::WrFlushErr)
+        ]
     );
     // One first try plus rnr_retry (2) retries, each NAKed.
     assert_eq!(rnr_naks(&sim), 3);
@@ -80,7 +98,10 @@ fn rnr_retry_exhausted_fails_the_wqe_and_flushes_the_rest() {
 
 #[test]
 fn rnr_retry_zero_fails_on_the_first_nak() {
-    let o = ConnOpts { rnr_retry: 0, ..ConnOpts::default() };
+    let o = ConnOpts {
+        rnr_retry: 0,
+        ..ConnOpts::default()
+    };
     let (mut sim, a, _b) = Sim::pair(3, QpType::Rc, &o);
     sim.record();
     sim.post_send(a, send(1, vec![]));
@@ -93,7 +114,11 @@ fn rnr_retry_zero_fails_on_the_first_nak() {
 #[test]
 fn infinite_rnr_retry_waits_out_each_timer_without_spinning() {
     // Timer code 0 is the longest: 655.36 ms.
-    let o = ConnOpts { rnr_retry: 7, min_rnr_timer: 0, ..ConnOpts::default() };
+    let o = ConnOpts {
+        rnr_retry: 7,
+        min_rnr_timer: 0,
+        ..ConnOpts::default()
+    };
     let (mut sim, a, b) = Sim::pair(4, QpType::Rc, &o);
     sim.record();
     let dst = sim.mem(1).alloc_mr(1, 64, AccessFlags::LOCAL_WRITE);
@@ -104,7 +129,10 @@ fn infinite_rnr_retry_waits_out_each_timer_without_spinning() {
     sim.advance(Duration::from_secs(10));
     let sent_by_a = sim.log.as_ref().unwrap().iter().filter(|p| p.from == a).count();
     // 10 s / 655 ms = 15 rounds, each resending the NAKed SEND and the one behind it.
-    assert!((14..=34).contains(&sent_by_a), "{sent_by_a} packets in 10 virtual seconds");
+    assert!(
+        (14..=34).contains(&sent_by_a),
+        "{sent_by_a} packets in 10 virtual seconds"
+    );
     assert!(sim.steps - steps < 200, "{} simulation steps", sim.steps - steps);
     assert!(sim.take_send_cq(a).is_empty());
     assert_eq!(sim.state(a), QpState::Rts);
@@ -119,26 +147,51 @@ fn infinite_rnr_retry_waits_out_each_timer_without_spinning() {
 #[test]
 fn a_short_rnr_timer_still_paces_the_retries() {
     // Code 1 = 10 us: the requester must wait at least that long between rounds.
-    let o = ConnOpts { rnr_retry: 7, min_rnr_timer: 1, ..ConnOpts::default() };
+    let o = ConnOpts {
+        rnr_retry: 7,
+        min_rnr_timer: 1,
+        ..ConnOpts::default()
+    };
     let (mut sim, a, _b) = Sim::pair(5, QpType::Rc, &o);
     sim.record();
     sim.post_send(a, send(1, vec![]));
     sim.advance(Duration::from_millis(10));
-    let sends: Vec<_> = sim.log.as_ref().unwrap().iter().filter(|p| p.from == a).map(|p| p.time).collect();
-    assert!(sends.len() > 100 && sends.len() <= 1000, "{} tries in 10 ms", sends.len());
+    let sends: Vec<_> = sim
+        .log
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter(|p| p.from == a)
+        .map(|p| p.time)
+        .collect();
+    assert!(
+        sends.len() > 100 && sends.len() <= 1000,
+        "{} tries in 10 ms",
+        sends.len()
+    );
     for w in sends.windows(2) {
-        assert!(w[1] - w[0] >= Duration::from_micros(10), "retried after {:?}", w[1] - w[0]);
+        assert!(
+            w[1] - w[0] >= Duration::from_micros(10),
+            "retried after {:?}",
+            w[1] - w[0]
+        );
     }
 }
 
 #[test]
 fn sqd_and_back_during_an_rnr_wait_does_not_lose_the_retry() {
-    let o = ConnOpts { rnr_retry: 7, min_rnr_timer: 14, ..ConnOpts::default() };
+    let o = ConnOpts {
+        rnr_retry: 7,
+        min_rnr_timer: 14,
+        ..ConnOpts::default()
+    };
     let (mut sim, a, b) = Sim::pair(6, QpType::Rc, &o);
     let dst = sim.mem(1).alloc_mr(1, 64, AccessFlags::LOCAL_WRITE);
     sim.post_send(a, send(1, vec![]));
     // Run until the RNR NAK arrived and the requester is waiting.
-    sim.run_until(Duration::from_millis(1), |s| s.qp(a).engine.counters().rnr_naks_received > 0);
+    sim.run_until(Duration::from_millis(1), |s| {
+        s.qp(a).engine.counters().rnr_naks_received > 0
+    });
     sim.drain(a);
     sim.set_state(a, QpState::Rts);
     sim.post_recv(b, recv(7, vec![dst.sge(0, 64)]));
@@ -149,7 +202,11 @@ fn sqd_and_back_during_an_rnr_wait_does_not_lose_the_retry() {
 
 #[test]
 fn write_with_immediate_waits_for_a_receive_too() {
-    let o = ConnOpts { rnr_retry: 7, min_rnr_timer: 8, ..ConnOpts::default() };
+    let o = ConnOpts {
+        rnr_retry: 7,
+        min_rnr_timer: 8,
+        ..ConnOpts::default()
+    };
     let (mut sim, a, b) = Sim::pair(7, QpType::Rc, &o);
     sim.record();
     let src = sim.mem(0).alloc_mr(1, 4096, AccessFlags::empty());
@@ -158,15 +215,30 @@ fn write_with_immediate_waits_for_a_receive_too() {
     sim.mem(0).poke(src.addr, &data);
     let w = wr(
         1,
-        softverbs_engine::wr::SendOp::Write { remote: dst.remote(0), imm: Some(5) },
+        softverbs_engine::wr::SendOp::Write {
+            remote: dst.remote(0),
+            imm: Some(5),
+        },
         softverbs_engine::wr::Payload::Sges(vec![src.sge(0, 4096)]),
     );
     sim.post_send(a, w);
     sim.run_for(Duration::from_millis(2));
     assert!(rnr_naks(&sim) > 0);
     // The NAK names the LAST packet (the one carrying the immediate); earlier ones were placed.
-    let nak = sim.log.as_ref().unwrap().iter().find(|p| matches!(p.syndrome, Some(AethSyndrome::RnrNak { .. }))).unwrap();
-    let last = sim.log.as_ref().unwrap().iter().find(|p| p.opcode == Opcode::RcWriteLastWithImm).unwrap();
+    let nak = sim
+        .log
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|p| matches!(p.syndrome, Some(AethSyndrome::RnrNak { .. })))
+        .unwrap();
+    let last = sim
+        .log
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|p| p.opcode == Opcode::RcWriteLastWithImm)
+        .unwrap();
     assert_eq!(nak.psn, last.psn);
     sim.post_recv(b, recv(9, vec![]));
     sim.run();

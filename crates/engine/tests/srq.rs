@@ -13,15 +13,31 @@ use softverbs_wire::Opcode;
 
 /// `senders` nodes each connected (`qp_type`) to one of `senders` QPs on node 0 sharing an SRQ
 /// and a receive CQ.
-fn star(seed: u64, senders: usize, qp_type: QpType, net: NetConfig) -> (Sim, usize, usize, Vec<(QpId, QpId)>) {
+fn star(
+    seed: u64,
+    senders: usize,
+    qp_type: QpType,
+    net: NetConfig,
+) -> (Sim, usize, usize, Vec<(QpId, QpId)>) {
     let mut sim = Sim::new(seed, senders + 1).with_net(net);
     let srq = sim.create_srq(0);
     let cq = sim.create_cq(0);
-    let o = ConnOpts { timeout: 8, ..ConnOpts::default() };
+    let o = ConnOpts {
+        timeout: 8,
+        ..ConnOpts::default()
+    };
     let pairs = (1..=senders)
         .map(|n| {
             let s = sim.create_qp(n, qp_type);
-            let r = sim.create_qp_with(0, qp_type, QpOpts { srq: Some(srq), recv_cq: Some(cq), ..QpOpts::default() });
+            let r = sim.create_qp_with(
+                0,
+                qp_type,
+                QpOpts {
+                    srq: Some(srq),
+                    recv_cq: Some(cq),
+                    ..QpOpts::default()
+                },
+            );
             sim.connect(s, r, &o);
             (s, r)
         })
@@ -45,24 +61,37 @@ fn several_rc_qps_share_one_srq() {
         for m in 0..8u64 {
             let len = 1000 + 700 * m + n as u64;
             sim.post_send(*s, send(m, vec![src.sge(m * slot, len as u32)]));
-            sent.push((pairs[n].1.qpn, data[(m * slot) as usize..(m * slot + len) as usize].to_vec()));
+            sent.push((
+                pairs[n].1.qpn,
+                data[(m * slot) as usize..(m * slot + len) as usize].to_vec(),
+            ));
         }
     }
     sim.run();
     let wcs = sim.take_cq(0, cq);
     assert_eq!(wcs.len(), 24);
     // Every WQE used once, in SRQ order; each message found whole in the buffer it landed in.
-    assert_eq!(wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), (0..24).collect::<Vec<_>>());
+    assert_eq!(
+        wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(),
+        (0..24).collect::<Vec<_>>()
+    );
     let mut remaining = sent.clone();
     for wc in &wcs {
         let got = sim.mem(0).peek(buf.addr + wc.wr_id * slot, wc.byte_len as usize);
-        let i = remaining.iter().position(|(qpn, d)| *qpn == wc.qp_num && *d == got).expect("a message sent to that QP");
+        let i = remaining
+            .iter()
+            .position(|(qpn, d)| *qpn == wc.qp_num && *d == got)
+            .expect("a message sent to that QP");
         remaining.remove(i);
     }
     assert_eq!(sim.nodes[0].srqs[srq].queue.len(), 6);
     // Per QP, messages arrive in order.
     for (_, r) in &pairs {
-        let order: Vec<u32> = wcs.iter().filter(|w| w.qp_num == r.qpn).map(|w| w.byte_len).collect();
+        let order: Vec<u32> = wcs
+            .iter()
+            .filter(|w| w.qp_num == r.qpn)
+            .map(|w| w.byte_len)
+            .collect();
         assert!(order.windows(2).all(|w| w[0] < w[1]));
     }
 }
@@ -88,7 +117,11 @@ fn every_message_consumes_exactly_one_srq_wqe_under_loss() {
         let wcs = sim.take_cq(0, cq);
         assert_eq!(wcs.len(), 160);
         let ids: BTreeSet<u64> = wcs.iter().map(|w| w.wr_id).collect();
-        assert_eq!(ids, (0..160).collect::<BTreeSet<_>>(), "the first 160 WQEs, each once");
+        assert_eq!(
+            ids,
+            (0..160).collect::<BTreeSet<_>>(),
+            "the first 160 WQEs, each once"
+        );
         assert_eq!(sim.nodes[0].srqs[srq].taken, 160);
         assert_eq!(sim.nodes[0].srqs[srq].queue.len(), 40);
     }

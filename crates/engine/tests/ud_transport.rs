@@ -14,7 +14,14 @@ use softverbs_wire::Opcode;
 const QKEY: u32 = 0x1111_2222;
 
 fn ud_send(wr_id: u64, sim: &Sim, to: QpId, qkey: u32, payload: Payload, imm: Option<u32>) -> SendWr {
-    let mut w = wr(wr_id, SendOp::Send { imm, invalidate: None }, payload);
+    let mut w = wr(
+        wr_id,
+        SendOp::Send {
+            imm,
+            invalidate: None,
+        },
+        payload,
+    );
     w.ud = Some(sim.ud_dest(to, qkey));
     w
 }
@@ -38,8 +45,21 @@ fn send_lands_after_a_40_byte_ipv4_header_area() {
     sim.mem(0).poke(src.addr, &data);
     sim.post_recv(b, recv(1, vec![dst.sge(0, 40), dst.sge(1000, 3000)]));
     sim.post_recv(b, recv(2, vec![dst.sge(0, 2000)]));
-    sim.post_send(a, ud_send(10, &sim, b, QKEY, Payload::Sges(vec![src.sge(0, 2048)]), None));
-    sim.post_send(a, ud_send(11, &sim, b, QKEY, Payload::Inline(b"hello".to_vec()), Some(0xAABB_CCDD)));
+    sim.post_send(
+        a,
+        ud_send(10, &sim, b, QKEY, Payload::Sges(vec![src.sge(0, 2048)]), None),
+    );
+    sim.post_send(
+        a,
+        ud_send(
+            11,
+            &sim,
+            b,
+            QKEY,
+            Payload::Inline(b"hello".to_vec()),
+            Some(0xAABB_CCDD),
+        ),
+    );
     sim.run();
     let s = sim.take_send_cq(a);
     assert_ok_in_order(&s, &[10, 11]);
@@ -59,11 +79,15 @@ fn send_lands_after_a_40_byte_ipv4_header_area() {
     assert_eq!(&grh[..20], &[0; 20]);
     assert_eq!(grh[20], 0x45);
     assert_eq!(grh[29], 17, "protocol UDP");
-    let (IpAddr::V4(sa), IpAddr::V4(da)) = (sim.nodes[0].gid.to_ip(), sim.nodes[1].gid.to_ip()) else { panic!() };
+    let (IpAddr::V4(sa), IpAddr::V4(da)) = (sim.nodes[0].gid.to_ip(), sim.nodes[1].gid.to_ip()) else {
+        panic!()
+    };
     assert_eq!(&grh[32..36], &sa.octets());
     assert_eq!(&grh[36..40], &da.octets());
     let log = sim.log.take().unwrap();
-    assert!(log.iter().all(|p| matches!(p.opcode, Opcode::UdSendOnly | Opcode::UdSendOnlyWithImm) && !p.ack_req));
+    assert!(log
+        .iter()
+        .all(|p| matches!(p.opcode, Opcode::UdSendOnly | Opcode::UdSendOnlyWithImm) && !p.ack_req));
 }
 
 #[test]
@@ -90,9 +114,15 @@ fn qkey_mismatch_is_dropped_and_counted() {
     let (a, b) = ud_pair(&mut sim);
     let dst = sim.mem(1).alloc_mr(1, 256, AccessFlags::LOCAL_WRITE);
     sim.post_recv(b, recv(1, vec![dst.sge(0, 256)]));
-    sim.post_send(a, ud_send(1, &sim, b, QKEY + 1, Payload::Inline(vec![1; 8]), None));
+    sim.post_send(
+        a,
+        ud_send(1, &sim, b, QKEY + 1, Payload::Inline(vec![1; 8]), None),
+    );
     // A WR Q_Key with the high bit set means "the QP's own Q_Key", which matches.
-    sim.post_send(a, ud_send(2, &sim, b, 0x8000_0000, Payload::Inline(vec![2; 8]), None));
+    sim.post_send(
+        a,
+        ud_send(2, &sim, b, 0x8000_0000, Payload::Inline(vec![2; 8]), None),
+    );
     sim.run();
     assert_ok_in_order(&sim.take_send_cq(a), &[1, 2]);
     let r = sim.take_recv_cq(b);
@@ -110,7 +140,13 @@ fn multicast_reaches_every_attached_qp_with_a_matching_qkey() {
     sim.ud_up(sender, QKEY);
     let mut members = Vec::new();
     // Two members on node 1, one each on nodes 2 and 3, one with another Q_Key, one not attached.
-    for (node, qkey, attach) in [(1, QKEY, true), (1, QKEY, true), (2, QKEY, true), (3, QKEY + 5, true), (3, QKEY, false)] {
+    for (node, qkey, attach) in [
+        (1, QKEY, true),
+        (1, QKEY, true),
+        (2, QKEY, true),
+        (3, QKEY + 5, true),
+        (3, QKEY, false),
+    ] {
         let q = sim.create_qp(node, QpType::Ud);
         sim.ud_up(q, qkey);
         if attach {
@@ -120,7 +156,14 @@ fn multicast_reaches_every_attached_qp_with_a_matching_qkey() {
         sim.post_recv(q, recv(q.qpn.into(), vec![buf.sge(0, 256)]));
         members.push((q, buf));
     }
-    let mut w = wr(1, SendOp::Send { imm: Some(5), invalidate: None }, Payload::Inline(b"to the group".to_vec()));
+    let mut w = wr(
+        1,
+        SendOp::Send {
+            imm: Some(5),
+            invalidate: None,
+        },
+        Payload::Inline(b"to the group".to_vec()),
+    );
     let mut dest = sim.ud_dest(members[0].0, QKEY);
     dest.dgid = mgid;
     dest.qpn = softverbs_wire::MULTICAST_QPN;
@@ -157,7 +200,11 @@ fn no_receive_drops_and_a_short_buffer_is_a_length_error() {
     let r = sim.take_recv_cq(b);
     assert_eq!(r.len(), 1);
     assert_wc(&r[0], 7, WcStatus::LocLenErr);
-    assert_eq!(sim.state(b), QpState::Rts, "a UD receive error does not break the QP");
+    assert_eq!(
+        sim.state(b),
+        QpState::Rts,
+        "a UD receive error does not break the QP"
+    );
 }
 
 #[test]
@@ -168,8 +215,14 @@ fn an_oversized_datagram_is_lost_but_completes() {
     let src = sim.mem(0).alloc_mr(1, 4096, AccessFlags::empty());
     let dst = sim.mem(1).alloc_mr(1, 8192, AccessFlags::LOCAL_WRITE);
     sim.post_recv(b, recv(1, vec![dst.sge(0, 8192)]));
-    sim.post_send(a, ud_send(1, &sim, b, QKEY, Payload::Sges(vec![src.sge(0, 4096)]), None));
-    sim.post_send(a, ud_send(2, &sim, b, QKEY, Payload::Sges(vec![src.sge(0, 1000)]), None));
+    sim.post_send(
+        a,
+        ud_send(1, &sim, b, QKEY, Payload::Sges(vec![src.sge(0, 4096)]), None),
+    );
+    sim.post_send(
+        a,
+        ud_send(2, &sim, b, QKEY, Payload::Sges(vec![src.sge(0, 1000)]), None),
+    );
     sim.run();
     assert_ok_in_order(&sim.take_send_cq(a), &[1, 2]);
     assert_eq!(sim.stats.mtu_dropped, 1);
@@ -183,8 +236,22 @@ fn ud_with_a_shared_receive_queue() {
     let mut sim = Sim::new(7, 2);
     let srq = sim.create_srq(1);
     let a = sim.create_qp(0, QpType::Ud);
-    let b1 = sim.create_qp_with(1, QpType::Ud, QpOpts { srq: Some(srq), ..QpOpts::default() });
-    let b2 = sim.create_qp_with(1, QpType::Ud, QpOpts { srq: Some(srq), ..QpOpts::default() });
+    let b1 = sim.create_qp_with(
+        1,
+        QpType::Ud,
+        QpOpts {
+            srq: Some(srq),
+            ..QpOpts::default()
+        },
+    );
+    let b2 = sim.create_qp_with(
+        1,
+        QpType::Ud,
+        QpOpts {
+            srq: Some(srq),
+            ..QpOpts::default()
+        },
+    );
     for q in [a, b1, b2] {
         sim.ud_up(q, QKEY);
     }

@@ -4,6 +4,7 @@ use std::time::{Duration, Instant};
 
 use softverbs::{SendRequest, WcOpcode, WcStatus, WorkCompletion};
 
+use crate::cli::Connection;
 use crate::endpoint::{split_wr_id, Endpoint, Info};
 use crate::error::{bail, Result};
 use crate::oob::Oob;
@@ -24,11 +25,56 @@ impl SqTrack {
     }
 }
 
+/// How long a run may go without any progress before it is declared stuck.
+pub(crate) const STALL: Duration = Duration::from_secs(10);
+
+/// Notices a run that stopped making progress (a lost UC message, a dead peer).
+pub(crate) struct Watchdog {
+    last: Instant,
+    limit: Duration,
+    /// Spins since the clock was last read.
+    spins: u32,
+}
+
+impl Watchdog {
+    pub(crate) fn new(limit: Duration) -> Self {
+        Self {
+            last: Instant::now(),
+            limit,
+            spins: 0,
+        }
+    }
+
+    /// Something happened.
+    pub(crate) fn progress(&mut self) {
+        self.last = Instant::now();
+        self.spins = 0;
+    }
+
+    /// Whether nothing happened for `d`.
+    pub(crate) fn idle_for(&self, d: Duration) -> bool {
+        self.last.elapsed() >= d
+    }
+
+    /// Fails if nothing happened for the limit (the clock is read every 64 calls).
+    pub(crate) fn check(&mut self, what: &str) -> Result<()> {
+        self.spins = self.spins.wrapping_add(1);
+        if self.spins % 64 == 0 && self.idle_for(self.limit) {
+            bail!("no progress for {:?} while {what}", self.limit);
+        }
+        Ok(())
+    }
+}
+
 /// Fails on an unsuccessful completion.
 pub(crate) fn check_wc(wc: &WorkCompletion) -> Result<()> {
     if wc.status != WcStatus::Success {
         let (q, k) = split_wr_id(wc.wr_id);
-        bail!("work request {k} on QP index {q} failed: {} ({:?})", wc.status.as_str(), wc.opcode);
+        bail!(
+            "work request {k} on QP index {q} failed: {} ({:?})",
+            wc.status.as_str(),
+            wc.opcode
+        );
     }
     Ok(())
 }
@@ -51,7 +97,13 @@ impl BwRun {
 
 /// The client side: posts `iters` messages per QP (or as many as fit in `duration`),
 /// round-robin over the QPs, keeping up to `tx_depth` in flight on each.
-pub(crate) fn client(ep: &Endpoint, remote: &Info, size: usize, iters: Option<u64>, duration: Option<Duration>) -> Result<BwRun> {
+pub(crate) fn client(
+    ep: &Endpoint,
+    remote: &Info,
+    size: usize,
+    iters: Option<u64>,
+    duration: Option<Duration>,
+) -> Result<BwRun> {
     let p = &ep.params;
     let nq = ep.qps.len();
     let total = iters.unwrap_or(u64::MAX);
@@ -65,6 +117,7 @@ pub(crate) fn client(ep: &Endpoint, remote: &Info, size: usize, iters: Option<u6
     let mut completed = 0u64;
     let mut last_completion = 0.0;
     let mut stopping = false;
+    let mut dog = Watchdog::new(STALL);
     let start = Instant::now();
     loop {
         if !stopping {
@@ -102,6 +155,9 @@ pub(crate) fn client(ep: &Endpoint, remote: &Info, size: usize, iters: Option<u6
         if k > 0 {
             last_completion = start.elapsed().as_secs_f64();
             points.push((last_completion, completed));
+            dog.progress();
+        } else {
+            dog.check("waiting for send completions")?;
         }
         if let Some(d) = duration {
             if !stopping && start.elapsed() >= d {
@@ -118,25 +174,70 @@ pub(crate) fn client(ep: &Endpoint, remote: &Info, size: usize, iters: Option<u6
                 }
             }
         }
-        let finished = if stopping { sq.iter().all(|s| s.done == s.posted) } else { sq.iter().all(|s| s.done == total) };
+        let finished = if stopping {
+            sq.iter().all(|s| s.done == s.posted)
+        } else {
+            sq.iter().all(|s| s.done == total)
+        };
         if finished {
             break;
         }
     }
-    Ok(BwRun { secs: last_completion, points, per_qp: sq.iter().map(|s| s.done).collect() })
+    Ok(BwRun {
+        secs: last_completion,
+        points,
+        per_qp: sq.iter().map(|s| s.done).collect(),
+    })
 }
 
 /// Parses `END c0,c1,...` (messages per QP).
 pub(crate) fn parse_end(rest: &str) -> Result<Vec<u64>> {
-    rest.split(',').map(|c| c.trim().parse::<u64>().map_err(|_| crate::error::Error::msg(format!("bad END {rest:?}")))).collect()
+    rest.split(',')
+        .map(|c| {
+            c.trim()
+                .parse::<u64>()
+                .map_err(|_| crate::error::Error::msg(format!("bad END {rest:?}")))
+        })
+        .collect()
+}
+
+/// Waits until no packet has arrived for a while (at most a few seconds): over UC the sender
+/// completes its work requests before the data lands, so the receiver settles before checking.
+pub(crate) fn settle(ep: &Endpoint) {
+    let mut last = ep.ctx.counters().rx_packets;
+    let mut quiet = 0;
+    let start = Instant::now();
+    while quiet < 5 && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = ep.ctx.counters().rx_packets;
+        quiet = if now == last { quiet + 1 } else { 0 };
+        last = now;
+    }
+}
+
+/// What the server saw of a SEND bandwidth run.
+pub(crate) struct Received {
+    /// Messages per QP, as the client's `END` reports them.
+    pub(crate) counts: Vec<u64>,
+    /// Messages that never arrived (UC only: RC retransmits).
+    pub(crate) lost: u64,
+    /// A message whose length was not the size.
+    pub(crate) bad_len: Option<String>,
 }
 
 /// The server side of a SEND bandwidth run: keeps receive WRs posted until the client's `END`
-/// says how many messages came and all of them are in. Returns the per-QP counts from `END`,
-/// or an error describing a wrong message length.
-pub(crate) fn server_send(ep: &mut Endpoint, oob: &mut Oob, size: usize, iters: Option<u64>) -> Result<(Vec<u64>, Option<String>)> {
+/// says how many messages came and all of them are in. Over UC, messages lost on the way are
+/// counted once nothing more arrives for a while.
+pub(crate) fn server_send(
+    ep: &mut Endpoint,
+    oob: &mut Oob,
+    size: usize,
+    iters: Option<u64>,
+) -> Result<Received> {
+    const UC_GRACE: Duration = Duration::from_millis(300);
     let nq = ep.qps.len();
     let depth = ep.params.rx_depth;
+    let uc = ep.params.connection == Connection::Uc;
     let mut wcs = vec![WorkCompletion::default(); 64];
     let mut repost = vec![0u32; nq];
     let mut received = 0u64;
@@ -144,6 +245,7 @@ pub(crate) fn server_send(ep: &mut Endpoint, oob: &mut Oob, size: usize, iters: 
     let mut end: Option<Vec<u64>> = None;
     let mut expected = iters.map(|n| n * nq as u64);
     let mut last_check = Instant::now();
+    let mut dog = Watchdog::new(STALL);
     loop {
         let k = ep.poll(&mut wcs)?;
         for wc in &wcs[..k] {
@@ -154,9 +256,15 @@ pub(crate) fn server_send(ep: &mut Endpoint, oob: &mut Oob, size: usize, iters: 
                 ep.recvs_posted[q] -= 1;
                 received += 1;
                 if wc.byte_len as usize != size && bad_len.is_none() {
-                    bad_len = Some(format!("a message of {} bytes arrived, expected {size}", wc.byte_len));
+                    bad_len = Some(format!(
+                        "a message of {} bytes arrived, expected {size}",
+                        wc.byte_len
+                    ));
                 }
             }
+        }
+        if k > 0 {
+            dog.progress();
         }
         for (q, r) in repost.iter_mut().enumerate() {
             if *r > 0 {
@@ -167,19 +275,31 @@ pub(crate) fn server_send(ep: &mut Endpoint, oob: &mut Oob, size: usize, iters: 
         if end.is_none() && (k == 0 || last_check.elapsed() > Duration::from_millis(1)) {
             last_check = Instant::now();
             if let Some(line) = oob.try_recv()? {
-                let Some(rest) = line.strip_prefix("END ") else { bail!("protocol error: expected END, got {line:?}") };
+                let Some(rest) = line.strip_prefix("END ") else {
+                    bail!("protocol error: expected END, got {line:?}")
+                };
                 let counts = parse_end(rest)?;
                 expected = Some(counts.iter().sum());
                 end = Some(counts);
             }
         }
-        if expected.is_some_and(|e| received >= e) {
-            if let Some(counts) = end {
-                return Ok((counts, bad_len));
+        if let Some(e) = expected {
+            let lost_for_good = uc && end.is_some() && k == 0 && dog.idle_for(UC_GRACE);
+            if received >= e || lost_for_good {
+                let counts = match end {
+                    Some(c) => c,
+                    // Everything is in; the END message is on its way.
+                    None => parse_end(&oob.expect("END")?)?,
+                };
+                return Ok(Received {
+                    counts,
+                    lost: e.saturating_sub(received),
+                    bad_len,
+                });
             }
-            // Everything is in; the END message is on its way.
-            let rest = oob.expect("END")?;
-            return Ok((parse_end(&rest)?, bad_len));
+        }
+        if k == 0 && end.is_some() && !uc {
+            dog.check("waiting for the last messages")?;
         }
     }
 }

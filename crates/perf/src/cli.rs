@@ -61,6 +61,25 @@ impl AtomicKind {
     }
 }
 
+/// The transport service of the QPs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Connection {
+    /// Reliable connected: acknowledged, retransmitted.
+    Rc,
+    /// Unreliable connected: no acknowledgements (SEND and WRITE only).
+    Uc,
+}
+
+impl Connection {
+    /// The name used on the command line and in machine-readable output.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Rc => "RC",
+            Self::Uc => "UC",
+        }
+    }
+}
+
 /// What is measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Metric {
@@ -176,6 +195,10 @@ pub struct Args {
     #[arg(short = 'A', long, value_enum, default_value_t = AtomicKind::FetchAdd)]
     pub atomic_type: AtomicKind,
 
+    /// Transport service: RC, or UC (no acknowledgements; send and write only).
+    #[arg(short = 'c', long, value_enum, default_value_t = Connection::Rc)]
+    pub connection: Connection,
+
     /// Run server and client in one command: the server is a child process (RoCEv2 over UDP
     /// between the two), or a thread with --threads.
     #[arg(long, conflicts_with = "host")]
@@ -269,6 +292,8 @@ pub struct Params {
     pub mtu: u32,
     /// The atomic operation.
     pub atomic: AtomicKind,
+    /// Transport service.
+    pub connection: Connection,
     /// Verify data.
     pub check: bool,
     /// Idle seconds (`Metric::Idle`).
@@ -290,7 +315,8 @@ fn parse_size(s: &str) -> Result<usize> {
         _ => (s, 1),
     };
     let n: usize = num.parse().map_err(|_| Error::msg(format!("bad size {s:?}")))?;
-    n.checked_mul(mult).ok_or_else(|| Error::msg(format!("size {s:?} is too large")))
+    n.checked_mul(mult)
+        .ok_or_else(|| Error::msg(format!("size {s:?} is too large")))
 }
 
 impl Params {
@@ -325,6 +351,9 @@ impl Params {
                 bail!("--duration must be positive");
             }
         }
+        if a.connection == Connection::Uc && matches!(a.test, TestKind::Read | TestKind::Atomic) {
+            bail!("UC QPs carry only SEND and RDMA WRITE");
+        }
         if a.iters == Some(0) {
             bail!("--iters must be at least 1");
         }
@@ -341,7 +370,11 @@ impl Params {
             Some(_) => None,
             None => Some(a.iters.unwrap_or(if metric == Metric::Lat { 1000 } else { 5000 })),
         };
-        let warmup = a.warmup.unwrap_or(if metric == Metric::Lat { 100 } else { u64::from(a.tx_depth) });
+        let warmup = a.warmup.unwrap_or(if metric == Metric::Lat {
+            100
+        } else {
+            u64::from(a.tx_depth)
+        });
         Ok(Self {
             test: a.test,
             metric,
@@ -358,6 +391,7 @@ impl Params {
             use_event: a.use_event,
             mtu: a.mtu.unwrap_or(0),
             atomic: a.atomic_type,
+            connection: a.connection,
             check: a.check,
             idle_secs,
         })
@@ -378,7 +412,7 @@ impl Params {
         let sizes: Vec<String> = self.sizes.iter().map(ToString::to_string).collect();
         format!(
             "test={} metric={} sizes={} iters={} duration={} warmup={} tx_depth={} rx_depth={} qps={} cq_mod={} \
-             post_list={} inline={} event={} mtu={} atomic={} check={} idle={}",
+             post_list={} inline={} event={} mtu={} atomic={} conn={} check={} idle={}",
             self.test.name(),
             self.metric.name(),
             sizes.join(","),
@@ -394,6 +428,7 @@ impl Params {
             u8::from(self.use_event),
             self.mtu,
             self.atomic.name(),
+            self.connection.name(),
             u8::from(self.check),
             self.idle_secs,
         )
@@ -417,14 +452,18 @@ impl Params {
             use_event: false,
             mtu: 0,
             atomic: AtomicKind::FetchAdd,
+            connection: Connection::Rc,
             check: false,
             idle_secs: 0.0,
         };
         fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T> {
-            v.parse().map_err(|_| Error::msg(format!("bad value {v:?} for {k}")))
+            v.parse()
+                .map_err(|_| Error::msg(format!("bad value {v:?} for {k}")))
         }
         for kv in s.split_whitespace() {
-            let Some((k, v)) = kv.split_once('=') else { bail!("bad parameter {kv:?}") };
+            let Some((k, v)) = kv.split_once('=') else {
+                bail!("bad parameter {kv:?}")
+            };
             match k {
                 "test" => p.test = TestKind::parse(v)?,
                 "metric" => {
@@ -454,13 +493,26 @@ impl Params {
                         _ => bail!("unknown atomic {v:?}"),
                     }
                 }
+                "conn" => {
+                    p.connection = match v {
+                        "RC" => Connection::Rc,
+                        "UC" => Connection::Uc,
+                        _ => bail!("unknown connection {v:?}"),
+                    }
+                }
                 "check" => p.check = v == "1",
                 "idle" => p.idle_secs = num(k, v)?,
                 // Unknown keys come from a newer client; ignore them.
                 _ => {}
             }
         }
-        if p.qps == 0 || p.tx_depth == 0 || p.rx_depth == 0 || p.cq_mod == 0 || p.post_list == 0 || p.sizes.is_empty() {
+        if p.qps == 0
+            || p.tx_depth == 0
+            || p.rx_depth == 0
+            || p.cq_mod == 0
+            || p.post_list == 0
+            || p.sizes.is_empty()
+        {
             bail!("inconsistent parameters: {s}");
         }
         Ok(p)
@@ -497,11 +549,30 @@ mod tests {
 
     #[test]
     fn params_round_trip() {
-        let a = Args::parse_from(["softverbs-perf", "--test", "read", "--sweep", "2,4k,1m", "-q", "3", "--check"]);
+        let a = Args::parse_from([
+            "softverbs-perf",
+            "--test",
+            "read",
+            "--sweep",
+            "2,4k,1m",
+            "-q",
+            "3",
+            "--check",
+        ]);
         let p = Params::from_args(&a).unwrap();
         assert_eq!(p.sizes, vec![2, 4096, 1 << 20]);
         assert_eq!(Params::decode(&p.encode()).unwrap(), p);
-        let a = Args::parse_from(["softverbs-perf", "--lat", "--test", "send", "-D", "1.5", "-I"]);
+        let a = Args::parse_from([
+            "softverbs-perf",
+            "--lat",
+            "--test",
+            "send",
+            "-D",
+            "1.5",
+            "-I",
+            "-c",
+            "uc",
+        ]);
         let p = Params::from_args(&a).unwrap();
         assert_eq!((p.sizes.clone(), p.iters, p.inline), (vec![2], None, 512));
         assert_eq!(Params::decode(&p.encode()).unwrap(), p);

@@ -5,12 +5,12 @@ use std::hash::{BuildHasher, Hasher};
 use std::net::IpAddr;
 
 use softverbs::{
-    devices, AccessFlags, AhAttr, CompletionChannel, CompletionQueue, Context, Gid, GlobalRoute, MemoryRegion, Mtu, Payload,
-    ProtectionDomain, QpAttr, QpAttrMask, QpInit, QpState, QpType, QueuePair, RecvWr, RemoteAddr, SendFlags, SendOp,
-    SendRequest, WorkCompletion,
+    devices, AccessFlags, AhAttr, CompletionChannel, CompletionQueue, Context, Gid, GlobalRoute,
+    MemoryRegion, Mtu, Payload, ProtectionDomain, QpAttr, QpAttrMask, QpInit, QpState, QpType, QueuePair,
+    RecvWr, RemoteAddr, SendFlags, SendOp, SendRequest, WorkCompletion,
 };
 
-use crate::cli::{AtomicKind, Params, TestKind};
+use crate::cli::{AtomicKind, Connection, Params, TestKind};
 use crate::error::{bail, Error, Result};
 
 /// Where things live in each side's one memory region (the same on both sides).
@@ -35,7 +35,14 @@ impl Layout {
         let slot = max.div_ceil(64) * 64;
         let atomic = 2 * slot;
         let result = atomic + 8 * qps;
-        Self { src: 0, dst: slot, atomic, result, len: result + 8 * qps, max }
+        Self {
+            src: 0,
+            dst: slot,
+            atomic,
+            result,
+            len: result + 8 * qps,
+            max,
+        }
     }
 }
 
@@ -96,7 +103,8 @@ fn unhex16(s: &str) -> Result<[u8; 16]> {
     }
     let mut out = [0u8; 16];
     for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| Error::msg(format!("bad GID {s:?}")))?;
+        *o =
+            u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| Error::msg(format!("bad GID {s:?}")))?;
     }
     Ok(out)
 }
@@ -116,10 +124,19 @@ impl Info {
     }
 
     pub(crate) fn decode(s: &str) -> Result<Self> {
-        let mut info = Self { gid: Gid::ZERO, addr: 0, rkey: 0, len: 0, mtu: 0, qps: Vec::new() };
+        let mut info = Self {
+            gid: Gid::ZERO,
+            addr: 0,
+            rkey: 0,
+            len: 0,
+            mtu: 0,
+            qps: Vec::new(),
+        };
         let bad = |what: &str| Error::msg(format!("bad {what} in the peer's endpoint: {s:?}"));
         for kv in s.split_whitespace() {
-            let Some((k, v)) = kv.split_once('=') else { return Err(bad("field")) };
+            let Some((k, v)) = kv.split_once('=') else {
+                return Err(bad("field"));
+            };
             match k {
                 "gid" => info.gid = Gid(unhex16(v)?),
                 "addr" => info.addr = u64::from_str_radix(v, 16).map_err(|_| bad("addr"))?,
@@ -157,11 +174,17 @@ struct Chosen {
 fn choose(device: Option<&str>, gid_index: Option<u32>, local_ip: IpAddr) -> Result<Chosen> {
     let all = devices()?;
     let candidates: Vec<_> = match device {
-        Some(d) => all.into_iter().filter(|x| x.name() == d || x.netdev() == d).collect(),
+        Some(d) => all
+            .into_iter()
+            .filter(|x| x.name() == d || x.netdev() == d)
+            .collect(),
         None => all,
     };
     if candidates.is_empty() {
-        bail!("no device {:?} (see SOFTVERBS_INTERFACES)", device.unwrap_or("at all"));
+        bail!(
+            "no device {:?} (see SOFTVERBS_INTERFACES)",
+            device.unwrap_or("at all")
+        );
     }
     let want = Gid::from_ip(local_ip);
     let mut fallback = None;
@@ -177,14 +200,28 @@ fn choose(device: Option<&str>, gid_index: Option<u32>, local_ip: IpAddr) -> Res
             None => gids.iter().find(|(_, g)| *g == want).copied(),
         };
         if let Some((gid_index, gid)) = pick {
-            return Ok(Chosen { name: dev.name().to_string(), ctx, gid, gid_index });
+            return Ok(Chosen {
+                name: dev.name().to_string(),
+                ctx,
+                gid,
+                gid_index,
+            });
         }
         if device.is_some() && gid_index.is_none() && fallback.is_none() {
             // An explicit device without the connection's address: its first IPv4 GID, or
             // its first GID.
-            let g = gids.iter().find(|(_, g)| matches!(g.to_ip(), IpAddr::V4(_))).or(gids.first()).copied();
+            let g = gids
+                .iter()
+                .find(|(_, g)| matches!(g.to_ip(), IpAddr::V4(_)))
+                .or(gids.first())
+                .copied();
             if let Some((gid_index, gid)) = g {
-                fallback = Some(Chosen { name: dev.name().to_string(), ctx, gid, gid_index });
+                fallback = Some(Chosen {
+                    name: dev.name().to_string(),
+                    ctx,
+                    gid,
+                    gid_index,
+                });
             }
         }
     }
@@ -205,8 +242,9 @@ fn random_psn(salt: u64) -> u32 {
     (h.finish() & 0xFF_FFFF) as u32
 }
 
-const REMOTE_ACCESS: AccessFlags =
-    AccessFlags::REMOTE_WRITE.union(AccessFlags::REMOTE_READ).union(AccessFlags::REMOTE_ATOMIC);
+const REMOTE_ACCESS: AccessFlags = AccessFlags::REMOTE_WRITE
+    .union(AccessFlags::REMOTE_READ)
+    .union(AccessFlags::REMOTE_ATOMIC);
 
 /// The resources of one side.
 pub(crate) struct Endpoint {
@@ -241,7 +279,12 @@ impl Endpoint {
         gid_index: Option<u32>,
         local_ip: IpAddr,
     ) -> Result<Self> {
-        let Chosen { ctx, name, gid, gid_index } = choose(device, gid_index, local_ip)?;
+        let Chosen {
+            ctx,
+            name,
+            gid,
+            gid_index,
+        } = choose(device, gid_index, local_ip)?;
         let attr = ctx.query_device();
         let port = ctx.query_port(1)?;
         let mtu = match params.mtu {
@@ -249,16 +292,28 @@ impl Endpoint {
             m => Mtu::largest_within(m).ok_or_else(|| Error::msg(format!("bad MTU {m}")))?,
         };
         if mtu.bytes() > port.max_mtu.bytes() {
-            bail!("MTU {} exceeds the port maximum {}", mtu.bytes(), port.max_mtu.bytes());
+            bail!(
+                "MTU {} exceeds the port maximum {}",
+                mtu.bytes(),
+                port.max_mtu.bytes()
+            );
         }
         let nq = params.qps as usize;
         let layout = Layout::new(params.max_size(), nq);
         let pd = ctx.alloc_pd()?;
         let cqe = u64::from(params.qps) * (u64::from(params.tx_depth) + 1 + u64::from(params.rx_depth)) + 16;
         let cqe = i32::try_from(cqe.min(u64::from(attr.max_cqe))).unwrap_or(i32::MAX);
-        let channel = if params.use_event { Some(ctx.create_comp_channel()?) } else { None };
+        let channel = if params.use_event {
+            Some(ctx.create_comp_channel()?)
+        } else {
+            None
+        };
         let cq = ctx.create_cq(cqe, channel.as_ref(), 0)?;
-        let mut init = QpInit::new(QpType::Rc, &cq);
+        let qp_type = match params.connection {
+            Connection::Rc => QpType::Rc,
+            Connection::Uc => QpType::Uc,
+        };
+        let mut init = QpInit::new(qp_type, &cq);
         init.cap.max_send_wr = params.tx_depth + 1;
         init.cap.max_recv_wr = params.rx_depth;
         init.cap.max_inline_data = params.inline;
@@ -271,7 +326,11 @@ impl Endpoint {
         let mr = pd.register(layout.len, AccessFlags::LOCAL_WRITE | REMOTE_ACCESS)?;
         let src_pattern = pattern(side.seed(), layout.max);
         mr.write(layout.src, &src_pattern)?;
-        let max_rd_atomic = params.tx_depth.min(attr.max_qp_init_rd_atom).min(attr.max_qp_rd_atom).clamp(1, 255) as u8;
+        let max_rd_atomic = params
+            .tx_depth
+            .min(attr.max_qp_init_rd_atom)
+            .min(attr.max_qp_rd_atom)
+            .clamp(1, 255) as u8;
         Ok(Self {
             side,
             device: name,
@@ -300,14 +359,23 @@ impl Endpoint {
             rkey: self.mr.rkey(),
             len: self.mr.len() as u64,
             mtu: self.mtu.bytes(),
-            qps: self.qps.iter().zip(&self.psns).map(|(q, &p)| (q.qp_num(), p)).collect(),
+            qps: self
+                .qps
+                .iter()
+                .zip(&self.psns)
+                .map(|(q, &p)| (q.qp_num(), p))
+                .collect(),
         }
     }
 
     /// Brings every QP to RTS, connected to the peer's QP of the same index.
     pub(crate) fn connect(&mut self, remote: &Info) -> Result<()> {
         if remote.qps.len() != self.qps.len() {
-            bail!("the peer has {} QPs, this side {}", remote.qps.len(), self.qps.len());
+            bail!(
+                "the peer has {} QPs, this side {}",
+                remote.qps.len(),
+                self.qps.len()
+            );
         }
         if remote.len < self.layout.len as u64 {
             bail!("the peer's memory region is too small ({} bytes)", remote.len);
@@ -315,9 +383,35 @@ impl Endpoint {
         // Both sides use the smaller MTU.
         self.mtu = Mtu::largest_within(self.mtu.bytes().min(remote.mtu)).unwrap_or(Mtu::Mtu256);
         let max_dest_rd_atomic = self.ctx.query_device().max_qp_rd_atom.clamp(1, 255) as u8;
+        let rc = self.params.connection == Connection::Rc;
+        let access = if rc {
+            REMOTE_ACCESS
+        } else {
+            AccessFlags::REMOTE_WRITE
+        };
+        // UC has no responder resources, RNR or retransmission attributes.
+        let (rtr_extra, rts_extra) = if rc {
+            (
+                QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER,
+                QpAttrMask::TIMEOUT
+                    | QpAttrMask::RETRY_CNT
+                    | QpAttrMask::RNR_RETRY
+                    | QpAttrMask::MAX_QP_RD_ATOMIC,
+            )
+        } else {
+            (QpAttrMask::empty(), QpAttrMask::empty())
+        };
         for ((qp, &psn), &(dest, rpsn)) in self.qps.iter().zip(&self.psns).zip(&remote.qps) {
-            let init = QpAttr { qp_state: QpState::Init, port_num: 1, qp_access_flags: REMOTE_ACCESS, ..Default::default() };
-            qp.modify(&init, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)?;
+            let init = QpAttr {
+                qp_state: QpState::Init,
+                port_num: 1,
+                qp_access_flags: access,
+                ..Default::default()
+            };
+            qp.modify(
+                &init,
+                QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+            )?;
             let rtr = QpAttr {
                 qp_state: QpState::Rtr,
                 path_mtu: self.mtu,
@@ -327,7 +421,12 @@ impl Endpoint {
                 // 0.01 ms: a receiver that runs out of receive WRs is back quickly.
                 min_rnr_timer: 1,
                 ah_attr: AhAttr {
-                    grh: GlobalRoute { dgid: remote.gid, sgid_index: self.gid_index, hop_limit: 64, ..Default::default() },
+                    grh: GlobalRoute {
+                        dgid: remote.gid,
+                        sgid_index: self.gid_index,
+                        hop_limit: 64,
+                        ..Default::default()
+                    },
                     is_global: true,
                     port_num: 1,
                     ..Default::default()
@@ -341,8 +440,7 @@ impl Endpoint {
                     | QpAttrMask::PATH_MTU
                     | QpAttrMask::DEST_QPN
                     | QpAttrMask::RQ_PSN
-                    | QpAttrMask::MAX_DEST_RD_ATOMIC
-                    | QpAttrMask::MIN_RNR_TIMER,
+                    | rtr_extra,
             )?;
             let rts = QpAttr {
                 qp_state: QpState::Rts,
@@ -353,15 +451,7 @@ impl Endpoint {
                 max_rd_atomic: self.max_rd_atomic,
                 ..Default::default()
             };
-            qp.modify(
-                &rts,
-                QpAttrMask::STATE
-                    | QpAttrMask::SQ_PSN
-                    | QpAttrMask::TIMEOUT
-                    | QpAttrMask::RETRY_CNT
-                    | QpAttrMask::RNR_RETRY
-                    | QpAttrMask::MAX_QP_RD_ATOMIC,
-            )?;
+            qp.modify(&rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN | rts_extra)?;
         }
         Ok(())
     }
@@ -398,7 +488,12 @@ impl Endpoint {
             return Ok(());
         }
         let sge = self.mr.sge(self.layout.dst..self.layout.dst + self.layout.max)?;
-        let wrs: Vec<RecvWr> = (0..missing).map(|_| RecvWr { wr_id: q as u64, sg_list: vec![sge] }).collect();
+        let wrs: Vec<RecvWr> = (0..missing)
+            .map(|_| RecvWr {
+                wr_id: q as u64,
+                sg_list: vec![sge],
+            })
+            .collect();
         self.qps[q].post_recv(&wrs)?;
         self.recvs_posted[q] += missing;
         Ok(())
@@ -407,13 +502,15 @@ impl Endpoint {
     /// Zeroes the area the peer writes to (data and atomic words).
     pub(crate) fn clear_targets(&self, size: usize) -> Result<()> {
         self.mr.write(self.layout.dst, &vec![0u8; size])?;
-        self.mr.write(self.layout.atomic, &vec![0u8; 8 * self.qps.len()])?;
+        self.mr
+            .write(self.layout.atomic, &vec![0u8; 8 * self.qps.len()])?;
         Ok(())
     }
 
     /// Puts the pattern back into byte `size - 1` of `src` (write latency's counter).
     pub(crate) fn restore_src(&self, size: usize) -> Result<()> {
-        self.mr.write(self.layout.src + size - 1, &self.src_pattern[size - 1..size])?;
+        self.mr
+            .write(self.layout.src + size - 1, &self.src_pattern[size - 1..size])?;
         Ok(())
     }
 
@@ -463,7 +560,11 @@ impl Endpoint {
     ) -> Result<SendRequest> {
         let l = &self.layout;
         let p = &self.params;
-        let mut flags = if signaled { SendFlags::SIGNALED } else { SendFlags::empty() };
+        let mut flags = if signaled {
+            SendFlags::SIGNALED
+        } else {
+            SendFlags::empty()
+        };
         let rkey = remote.rkey;
         let data_payload = |flags: &mut SendFlags| -> Result<Payload> {
             if size <= p.inline as usize {
@@ -481,25 +582,56 @@ impl Endpoint {
             }
         };
         let (op, payload) = match p.test {
-            TestKind::Send => (SendOp::Send { imm: None, invalidate: None }, data_payload(&mut flags)?),
+            TestKind::Send => (
+                SendOp::Send {
+                    imm: None,
+                    invalidate: None,
+                },
+                data_payload(&mut flags)?,
+            ),
             TestKind::Write => {
-                let remote = RemoteAddr { addr: remote.addr + l.dst as u64, rkey };
+                let remote = RemoteAddr {
+                    addr: remote.addr + l.dst as u64,
+                    rkey,
+                };
                 (SendOp::Write { remote, imm: None }, data_payload(&mut flags)?)
             }
             TestKind::Read => {
-                let remote = RemoteAddr { addr: remote.addr + l.src as u64, rkey };
-                (SendOp::Read { remote }, Payload::Sges(vec![self.mr.sge(l.dst..l.dst + size)?]))
+                let remote = RemoteAddr {
+                    addr: remote.addr + l.src as u64,
+                    rkey,
+                };
+                (
+                    SendOp::Read { remote },
+                    Payload::Sges(vec![self.mr.sge(l.dst..l.dst + size)?]),
+                )
             }
             TestKind::Atomic => {
-                let remote = RemoteAddr { addr: remote.addr + (l.atomic + 8 * q) as u64, rkey };
+                let remote = RemoteAddr {
+                    addr: remote.addr + (l.atomic + 8 * q) as u64,
+                    rkey,
+                };
                 let op = match p.atomic {
                     AtomicKind::FetchAdd => SendOp::FetchAdd { remote, add: 1 },
-                    AtomicKind::CmpSwap => SendOp::CompareSwap { remote, compare: k, swap: k + 1 },
+                    AtomicKind::CmpSwap => SendOp::CompareSwap {
+                        remote,
+                        compare: k,
+                        swap: k + 1,
+                    },
                 };
-                (op, Payload::Sges(vec![self.mr.sge(l.result + 8 * q..l.result + 8 * q + 8)?]))
+                (
+                    op,
+                    Payload::Sges(vec![self.mr.sge(l.result + 8 * q..l.result + 8 * q + 8)?]),
+                )
             }
         };
-        Ok(SendRequest { wr_id: wr_id(q, k), op, flags, payload, ud: None })
+        Ok(SendRequest {
+            wr_id: wr_id(q, k),
+            op,
+            flags,
+            payload,
+            ud: None,
+        })
     }
 }
 
@@ -528,7 +660,10 @@ mod tests {
             qps: vec![(0x10011, 0xabcdef), (0x10012, 1)],
         };
         let d = Info::decode(&i.encode()).unwrap();
-        assert_eq!((d.gid, d.addr, d.rkey, d.len, d.mtu, d.qps.clone()), (i.gid, i.addr, i.rkey, i.len, i.mtu, i.qps));
+        assert_eq!(
+            (d.gid, d.addr, d.rkey, d.len, d.mtu, d.qps.clone()),
+            (i.gid, i.addr, i.rkey, i.len, i.mtu, i.qps)
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use softverbs::{WcOpcode, WorkCompletion};
 
-use crate::bw::{check_wc, SqTrack};
+use crate::bw::{check_wc, SqTrack, Watchdog, STALL};
 use crate::cli::TestKind;
 use crate::endpoint::{split_wr_id, Endpoint, Info};
 use crate::error::{bail, Result};
@@ -30,16 +30,30 @@ pub(crate) struct Pinger<'a> {
     op_done: bool,
     /// Length of a received message that was not `size`.
     pub(crate) bad_len: Option<u32>,
+    dog: Watchdog,
 }
 
 impl<'a> Pinger<'a> {
     pub(crate) fn new(ep: &'a mut Endpoint, remote: &'a Info, size: usize) -> Self {
-        Self { ep, remote, size, sq: SqTrack::default(), wcs: vec![WorkCompletion::default(); 16], recvs: 0, op_done: false, bad_len: None }
+        Self {
+            ep,
+            remote,
+            size,
+            sq: SqTrack::default(),
+            wcs: vec![WorkCompletion::default(); 16],
+            recvs: 0,
+            op_done: false,
+            bad_len: None,
+            dog: Watchdog::new(STALL),
+        }
     }
 
     /// Polls the CQ once (which also drives the device), recording what completed.
     fn poll(&mut self) -> Result<()> {
         let k = self.ep.poll(&mut self.wcs)?;
+        if k == 0 {
+            return self.dog.check("waiting for the peer (a lost UC message?)");
+        }
         for wc in &self.wcs[..k] {
             check_wc(wc)?;
             if wc.opcode == WcOpcode::Recv {
@@ -80,6 +94,7 @@ impl<'a> Pinger<'a> {
             self.poll()?;
         }
         self.recvs -= 1;
+        self.dog.progress();
         Ok(())
     }
 
@@ -87,6 +102,7 @@ impl<'a> Pinger<'a> {
         while self.ep.dst_last_byte(self.size) != v {
             self.poll()?;
         }
+        self.dog.progress();
         Ok(())
     }
 
@@ -94,6 +110,7 @@ impl<'a> Pinger<'a> {
         while !self.op_done {
             self.poll()?;
         }
+        self.dog.progress();
         Ok(())
     }
 
@@ -154,7 +171,11 @@ impl<'a> Pinger<'a> {
         // Unsignaled WRs at the tail complete without notice; the last signaled one is enough.
         let cq_mod = u64::from(self.ep.params.cq_mod.max(1));
         let always = matches!(self.ep.params.test, TestKind::Read | TestKind::Atomic);
-        let last_signaled = if always { self.sq.posted } else { self.sq.posted / cq_mod * cq_mod };
+        let last_signaled = if always {
+            self.sq.posted
+        } else {
+            self.sq.posted / cq_mod * cq_mod
+        };
         while self.sq.done < last_signaled {
             self.poll()?;
         }

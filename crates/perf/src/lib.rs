@@ -26,7 +26,7 @@ mod lat;
 mod oob;
 mod session;
 
-pub use cli::{Args, AtomicKind, Format, Metric, Params, TestKind};
+pub use cli::{Args, AtomicKind, Connection, Format, Metric, Params, TestKind};
 pub use error::{Error, Result};
 pub use stats::{BwRow, IdleRow, LatRow, Row};
 

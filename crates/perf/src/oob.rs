@@ -17,7 +17,11 @@ pub(crate) struct Oob {
 impl Oob {
     pub(crate) fn new(stream: TcpStream) -> Result<Self> {
         stream.set_nodelay(true)?;
-        Ok(Self { stream, buf: Vec::new(), nonblocking: false })
+        Ok(Self {
+            stream,
+            buf: Vec::new(),
+            nonblocking: false,
+        })
     }
 
     /// Connects to `host:port`, retrying for up to `patience` while nobody listens yet.
@@ -64,9 +68,12 @@ impl Oob {
     }
 
     fn take_line(&mut self) -> Result<Option<String>> {
-        let Some(pos) = self.buf.iter().position(|&b| b == b'\n') else { return Ok(None) };
+        let Some(pos) = self.buf.iter().position(|&b| b == b'\n') else {
+            return Ok(None);
+        };
         let line: Vec<u8> = self.buf.drain(..=pos).collect();
-        let s = String::from_utf8(line[..pos].to_vec()).map_err(|_| Error::msg("peer sent non-UTF-8 text"))?;
+        let s =
+            String::from_utf8(line[..pos].to_vec()).map_err(|_| Error::msg("peer sent non-UTF-8 text"))?;
         if let Some(err) = s.strip_prefix("ERR ") {
             bail!("peer: {err}");
         }

@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::bw;
-use crate::cli::{Args, Format, Metric, Params, TestKind};
+use crate::cli::{Args, Connection, Format, Metric, Params, TestKind};
 use crate::endpoint::{Endpoint, Info, Side};
 use crate::error::{bail, Error, Result};
 use crate::lat::{counter, Pinger};
@@ -65,7 +65,13 @@ fn idle(secs: f64) -> Result<(f64, f64)> {
 
 /// The connection setup both roles share: resources, endpoint exchange, QPs to RTS.
 fn handshake(oob: &mut Oob, side: Side, params: &Params, args: &Args) -> Result<(Endpoint, Info)> {
-    let mut ep = Endpoint::create(side, params, args.device.as_deref(), args.gid_index, oob.local_ip()?)?;
+    let mut ep = Endpoint::create(
+        side,
+        params,
+        args.device.as_deref(),
+        args.gid_index,
+        oob.local_ip()?,
+    )?;
     let remote = match side {
         Side::Client => {
             oob.send(&format!("EP {}", ep.info().encode()))?;
@@ -121,7 +127,14 @@ fn client_phase(
         Metric::Bw => {
             let run = bw::client(ep, remote, size, iters, duration)?;
             let counts = run.per_qp.clone();
-            (PhaseOut { bw: Some(run), samples: Vec::new() }, counts, None)
+            (
+                PhaseOut {
+                    bw: Some(run),
+                    samples: Vec::new(),
+                },
+                counts,
+                None,
+            )
         }
         Metric::Lat => {
             let n = iters.unwrap_or(1);
@@ -135,10 +148,23 @@ fn client_phase(
     let c: Vec<String> = counts.iter().map(ToString::to_string).collect();
     oob.send(&format!("END {}", c.join(",")))?;
     let done = oob.expect("DONE")?;
-    let mut parts = done.splitn(3, ' ');
-    let words = parts.next().unwrap_or("-");
-    let check = parts.next().unwrap_or("skip");
+    let mut parts = done.splitn(4, ' ');
+    let mut field = |key: &str| {
+        parts
+            .next()
+            .and_then(|t| t.strip_prefix(key))
+            .unwrap_or("")
+            .to_string()
+    };
+    let (words, lost, check) = (field("words="), field("lost="), field("check="));
     let why = parts.next().unwrap_or("");
+    let lost: u64 = lost.parse().unwrap_or(0);
+    if lost > 0 {
+        eprintln!(
+            "softverbs-perf: {lost} of {} messages of {size} bytes were lost (UC)",
+            counts.iter().sum::<u64>()
+        );
+    }
     if check == "bad" {
         bail!("data check failed on the server at {size} bytes: {why}");
     }
@@ -151,7 +177,9 @@ fn client_phase(
             _ => None,
         };
         let mine = match (p.metric, p.test) {
-            (_, TestKind::Read) | (Metric::Lat, TestKind::Send | TestKind::Write) => ep.verify_dst(size, last),
+            (_, TestKind::Read) | (Metric::Lat, TestKind::Send | TestKind::Write) => {
+                ep.verify_dst(size, last)
+            }
             (_, TestKind::Atomic) => {
                 let words: Vec<u64> = words.split(',').map(|w| w.parse().unwrap_or(u64::MAX)).collect();
                 (words != counts).then(|| format!("the atomic words are {words:?}, expected {counts:?}"))
@@ -170,15 +198,23 @@ fn cap_warmup(warmup: u64, size: usize) -> u64 {
 }
 
 fn print_header(ep: &Endpoint, remote: &Info, p: &Params, peer: PeerKind) {
-    const RULE: &str = "---------------------------------------------------------------------------------------";
+    const RULE: &str =
+        "---------------------------------------------------------------------------------------";
     println!("{RULE}");
     println!("                    {}", p.title());
     let pairs = [
         ("Device", ep.device.clone()),
         ("Peer", peer.describe().to_string()),
         ("Number of qps", p.qps.to_string()),
-        ("Transport type", "RC (RoCEv2)".to_string()),
-        ("TX depth", if p.metric == Metric::Lat { "1".to_string() } else { p.tx_depth.to_string() }),
+        ("Transport type", format!("{} (RoCEv2)", p.connection.name())),
+        (
+            "TX depth",
+            if p.metric == Metric::Lat {
+                "1".to_string()
+            } else {
+                p.tx_depth.to_string()
+            },
+        ),
         ("CQ Moderation", p.cq_mod.to_string()),
         ("Post list", p.post_list.to_string()),
         ("Mtu", format!("{}[B]", ep.mtu.bytes())),
@@ -215,7 +251,10 @@ fn print_header(ep: &Endpoint, remote: &Info, p: &Params, peer: PeerKind) {
         }
     }
     for (i, (qpn, psn)) in remote.qps.iter().enumerate().take(8) {
-        println!(" remote address: QPN {qpn:#08x} PSN {psn:#08x} RKey {:#010x} VAddr {:#018x}", remote.rkey, remote.addr);
+        println!(
+            " remote address: QPN {qpn:#08x} PSN {psn:#08x} RKey {:#010x} VAddr {:#018x}",
+            remote.rkey, remote.addr
+        );
         if i == 0 {
             println!(" GID: {} ({})", remote.gid, remote.gid.to_ip());
         }
@@ -229,6 +268,7 @@ fn meta(ep: &Endpoint, p: &Params, peer: PeerKind) -> Vec<(String, String)> {
     let mut m = vec![
         ("title", p.title()),
         ("test", p.test.name().to_string()),
+        ("connection", p.connection.name().to_string()),
         ("metric", p.metric.name().to_string()),
         ("device", ep.device.clone()),
         ("peer", peer.describe().to_string()),
@@ -248,7 +288,10 @@ fn meta(ep: &Endpoint, p: &Params, peer: PeerKind) -> Vec<(String, String)> {
     }
     if p.metric == Metric::Lat {
         let one_way = matches!(p.test, TestKind::Send | TestKind::Write);
-        m.push(("latency", if one_way { "one-way (RTT/2)" } else { "round trip" }.to_string()));
+        m.push((
+            "latency",
+            if one_way { "one-way (RTT/2)" } else { "round trip" }.to_string(),
+        ));
     }
     m.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
 }
@@ -280,7 +323,9 @@ fn client_session(args: &Args, params: &Params, oob: &mut Oob, peer: PeerKind) -
             let (cpu, wall) = idle(p.idle_secs)?;
             let theirs = oob.expect("IDLE")?;
             let v: Vec<f64> = theirs.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-            let [scpu, swall] = v[..] else { bail!("bad IDLE reply {theirs:?}") };
+            let [scpu, swall] = v[..] else {
+                bail!("bad IDLE reply {theirs:?}")
+            };
             rep.add(Row::Idle(IdleRow {
                 seconds: wall,
                 client_cpu_pct: 100.0 * cpu / wall,
@@ -301,10 +346,18 @@ fn client_session(args: &Args, params: &Params, oob: &mut Oob, peer: PeerKind) -
             }
         }
         Metric::Lat => {
-            let divisor = if matches!(p.test, TestKind::Send | TestKind::Write) { 2.0 } else { 1.0 };
+            let divisor = if matches!(p.test, TestKind::Send | TestKind::Write) {
+                2.0
+            } else {
+                1.0
+            };
             for &size in &p.sizes {
                 // A timed run needs a calibration: the warm-up's mean round trip.
-                let warm = if p.duration.is_some() { cap_warmup(p.warmup.max(100), size) } else { cap_warmup(p.warmup, size) };
+                let warm = if p.duration.is_some() {
+                    cap_warmup(p.warmup.max(100), size)
+                } else {
+                    cap_warmup(p.warmup, size)
+                };
                 let mut mean_ns = 0.0;
                 if warm > 0 {
                     let out = client_phase(&mut ep, &remote, oob, size, Some(warm), None)?;
@@ -344,7 +397,10 @@ pub(crate) fn listen(port: u16) -> Result<TcpListener> {
 /// The server: serves one client on `listener`. `quiet` prints nothing.
 pub(crate) fn server(args: &Args, listener: &TcpListener, quiet: bool) -> Result<()> {
     if !quiet {
-        println!(" Waiting for a client on TCP port {} ...", listener.local_addr()?.port());
+        println!(
+            " Waiting for a client on TCP port {} ...",
+            listener.local_addr()?.port()
+        );
     }
     let (stream, _) = listener.accept()?;
     let mut oob = Oob::new(stream)?;
@@ -357,7 +413,9 @@ pub(crate) fn server(args: &Args, listener: &TcpListener, quiet: bool) -> Result
 
 fn server_session(args: &Args, oob: &mut Oob, quiet: bool) -> Result<()> {
     let hello = oob.expect("HELLO")?;
-    let Some((proto, rest)) = hello.split_once(' ') else { bail!("bad HELLO {hello:?}") };
+    let Some((proto, rest)) = hello.split_once(' ') else {
+        bail!("bad HELLO {hello:?}")
+    };
     if proto != PROTOCOL {
         bail!("the client speaks {proto}, this server {PROTOCOL}");
     }
@@ -373,8 +431,16 @@ fn server_session(args: &Args, oob: &mut Oob, quiet: bool) -> Result<()> {
         match words.next() {
             Some("PHASE") => {
                 let mut num = || words.next().and_then(|w| w.parse::<u64>().ok());
-                let (Some(size), Some(iters)) = (num(), num()) else { bail!("bad PHASE {line:?}") };
-                server_phase(&mut ep, &remote, oob, size as usize, Some(iters).filter(|&n| n > 0))?;
+                let (Some(size), Some(iters)) = (num(), num()) else {
+                    bail!("bad PHASE {line:?}")
+                };
+                server_phase(
+                    &mut ep,
+                    &remote,
+                    oob,
+                    size as usize,
+                    Some(iters).filter(|&n| n > 0),
+                )?;
             }
             Some("IDLE") => {
                 let secs: f64 = words.next().and_then(|w| w.parse().ok()).unwrap_or(1.0);
@@ -392,7 +458,13 @@ fn server_session(args: &Args, oob: &mut Oob, quiet: bool) -> Result<()> {
     Ok(())
 }
 
-fn server_phase(ep: &mut Endpoint, remote: &Info, oob: &mut Oob, size: usize, iters: Option<u64>) -> Result<()> {
+fn server_phase(
+    ep: &mut Endpoint,
+    remote: &Info,
+    oob: &mut Oob,
+    size: usize,
+    iters: Option<u64>,
+) -> Result<()> {
     let p = ep.params.clone();
     if size == 0 || size > ep.layout.max {
         bail!("size {size} is outside 1..={}", ep.layout.max);
@@ -408,20 +480,35 @@ fn server_phase(ep: &mut Endpoint, remote: &Info, oob: &mut Oob, size: usize, it
         _ => {}
     }
     oob.send("GO")?;
+    let mut lost = 0;
     let (counts, bad_len) = match (p.metric, p.test) {
-        (Metric::Bw, TestKind::Send) => bw::server_send(ep, oob, size, iters)?,
+        (Metric::Bw, TestKind::Send) => {
+            let r = bw::server_send(ep, oob, size, iters)?;
+            lost = r.lost;
+            (r.counts, r.bad_len)
+        }
         (Metric::Lat, TestKind::Send | TestKind::Write) => {
             let n = iters.unwrap_or(0);
             let mut pinger = Pinger::new(ep, remote, size);
             pinger.server(n)?;
-            let bad = pinger.bad_len.map(|l| format!("a message of {l} bytes arrived, expected {size}"));
+            let bad = pinger
+                .bad_len
+                .map(|l| format!("a message of {l} bytes arrived, expected {size}"));
             (bw::parse_end(&oob.expect("END")?)?, bad)
         }
         // READ, atomics and WRITE bandwidth: the device answers without this thread.
-        _ => (bw::parse_end(&oob.expect("END")?)?, None),
+        _ => {
+            let counts = bw::parse_end(&oob.expect("END")?)?;
+            if p.connection == Connection::Uc {
+                bw::settle(ep);
+            }
+            (counts, None)
+        }
     };
     let words = if p.test == TestKind::Atomic {
-        let w: Vec<String> = (0..ep.qps.len()).map(|q| ep.atomic_word(q).map(|v| v.to_string())).collect::<Result<_>>()?;
+        let w: Vec<String> = (0..ep.qps.len())
+            .map(|q| ep.atomic_word(q).map(|v| v.to_string()))
+            .collect::<Result<_>>()?;
         w.join(",")
     } else {
         "-".to_string()
@@ -433,7 +520,10 @@ fn server_phase(ep: &mut Endpoint, remote: &Info, oob: &mut Oob, size: usize, it
     } else {
         match (p.metric, p.test) {
             (_, TestKind::Send) | (Metric::Bw, TestKind::Write) => ep.verify_dst(size, None),
-            (Metric::Lat, TestKind::Write) => ep.verify_dst(size, Some(counter(counts.first().copied().unwrap_or(1).max(1) - 1))),
+            (Metric::Lat, TestKind::Write) => ep.verify_dst(
+                size,
+                Some(counter(counts.first().copied().unwrap_or(1).max(1) - 1)),
+            ),
             _ => None,
         }
     };
@@ -442,7 +532,10 @@ fn server_phase(ep: &mut Endpoint, remote: &Info, oob: &mut Oob, size: usize, it
         (None, true) => "ok",
         (None, false) => "skip",
     };
-    oob.send(&format!("DONE {words} {check} {}", problem.unwrap_or_default()))?;
+    oob.send(&format!(
+        "DONE words={words} lost={lost} check={check} {}",
+        problem.unwrap_or_default()
+    ))?;
     Ok(())
 }
 
@@ -471,7 +564,9 @@ pub(crate) fn loopback(args: &Args) -> Result<Vec<Row>> {
             .name("perf-server".into())
             .spawn(move || server(&server_args, &listener, true).map_err(|e| e.to_string()))?;
         let rows = client(args, "127.0.0.1", port, PeerKind::Thread);
-        let served = handle.join().map_err(|_| Error::msg("the server thread panicked"))?;
+        let served = handle
+            .join()
+            .map_err(|_| Error::msg("the server thread panicked"))?;
         let rows = rows?;
         served.map_err(|e| Error::msg(format!("server: {e}")))?;
         return Ok(rows);
@@ -485,13 +580,19 @@ pub(crate) fn loopback(args: &Args) -> Result<Vec<Row>> {
     if let Some(g) = args.gid_index {
         cmd.args(["--gid-index", &g.to_string()]);
     }
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
     let mut guard = ChildGuard(Some(cmd.spawn()?));
     let child = guard.0.as_mut().expect("spawned");
     let mut out = BufReader::new(child.stdout.take().expect("piped stdout"));
     let mut line = String::new();
     out.read_line(&mut line)?;
-    let Some(port) = line.trim().strip_prefix("PORT ").and_then(|p| p.parse::<u16>().ok()) else {
+    let Some(port) = line
+        .trim()
+        .strip_prefix("PORT ")
+        .and_then(|p| p.parse::<u16>().ok())
+    else {
         bail!("the server child did not start (it said {:?})", line.trim());
     };
     let rows = client(args, "127.0.0.1", port, PeerKind::Process)?;

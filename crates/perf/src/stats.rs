@@ -119,7 +119,17 @@ pub fn lat_row(bytes: usize, samples_ns: &[f64], divisor: f64) -> LatRow {
     v.sort_by(f64::total_cmp);
     let n = v.len();
     if n == 0 {
-        return LatRow { bytes, iterations: 0, t_min: 0.0, t_max: 0.0, t_typical: 0.0, t_avg: 0.0, t_stdev: 0.0, p99: 0.0, p999: 0.0 };
+        return LatRow {
+            bytes,
+            iterations: 0,
+            t_min: 0.0,
+            t_max: 0.0,
+            t_typical: 0.0,
+            t_avg: 0.0,
+            t_stdev: 0.0,
+            p99: 0.0,
+            p999: 0.0,
+        };
     }
     let mean = v.iter().sum::<f64>() / n as f64;
     let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n as f64;
@@ -129,7 +139,11 @@ pub fn lat_row(bytes: usize, samples_ns: &[f64], divisor: f64) -> LatRow {
         iterations: n as u64,
         t_min: v[0],
         t_max: v[n - 1],
-        t_typical: if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 },
+        t_typical: if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        },
         t_avg: mean,
         t_stdev: var.sqrt(),
         p99: pct(0.99),
@@ -198,7 +212,12 @@ fn json_num(x: f64) -> String {
 impl Reporter {
     /// A reporter printing in `format`; `meta` describes the run (test, device, ...).
     pub fn new(format: Format, meta: Vec<(String, String)>) -> Self {
-        Self { format, meta, rows: Vec::new(), header_printed: false }
+        Self {
+            format,
+            meta,
+            rows: Vec::new(),
+            header_printed: false,
+        }
     }
 
     /// The rows reported so far.
@@ -248,7 +267,10 @@ impl Reporter {
                 r.bytes, r.iterations, r.t_min, r.t_max, r.t_typical, r.t_avg, r.t_stdev, r.p99, r.p999
             ),
             (Format::Table, Row::Idle(r)) => {
-                println!(" {:<10.2} {:<25.3} {:.3}", r.seconds, r.client_cpu_pct, r.server_cpu_pct);
+                println!(
+                    " {:<10.2} {:<25.3} {:.3}",
+                    r.seconds, r.client_cpu_pct, r.server_cpu_pct
+                );
             }
             (Format::Csv, Row::Bw(r)) => println!(
                 "{},{},{:.6},{:.6},{:.6}",
@@ -283,7 +305,11 @@ impl Reporter {
     pub fn json(&self) -> String {
         let mut s = String::from("{");
         for (k, v) in &self.meta {
-            let val = if is_json_number(v) || v == "true" || v == "false" { v.clone() } else { json_str(v) };
+            let val = if is_json_number(v) || v == "true" || v == "false" {
+                v.clone()
+            } else {
+                json_str(v)
+            };
             let _ = write!(s, "{}:{},", json_str(k), val);
         }
         s.push_str("\"results\":[");
@@ -317,7 +343,10 @@ impl Reporter {
                 ],
             };
             s.push('{');
-            let body: Vec<String> = fields.iter().map(|(k, v)| format!("{}:{v}", json_str(k))).collect();
+            let body: Vec<String> = fields
+                .iter()
+                .map(|(k, v)| format!("{}:{v}", json_str(k)))
+                .collect();
             s.push_str(&body.join(","));
             s.push('}');
         }
@@ -363,10 +392,20 @@ mod tests {
 
     #[test]
     fn json_document() {
-        let mut rep = Reporter::new(Format::Json, vec![("test".into(), "write".into()), ("qps".into(), "2".into())]);
-        rep.add(Row::Idle(IdleRow { seconds: 1.0, client_cpu_pct: 0.5, server_cpu_pct: 0.25 }));
+        let mut rep = Reporter::new(
+            Format::Json,
+            vec![("test".into(), "write".into()), ("qps".into(), "2".into())],
+        );
+        rep.add(Row::Idle(IdleRow {
+            seconds: 1.0,
+            client_cpu_pct: 0.5,
+            server_cpu_pct: 0.25,
+        }));
         let j = rep.json();
-        assert!(j.starts_with("{\"test\":\"write\",\"qps\":2,\"results\":[{\"seconds\":1.000000"), "{j}");
+        assert!(
+            j.starts_with("{\"test\":\"write\",\"qps\":2,\"results\":[{\"seconds\":1.000000"),
+            "{j}"
+        );
         assert!(j.ends_with("}]}"));
     }
 }

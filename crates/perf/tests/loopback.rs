@@ -44,8 +44,14 @@ fn perf(args: &[&str]) -> String {
         }
         std::thread::sleep(Duration::from_millis(10));
     };
-    let (out, err) = (out.join().expect("stdout thread"), err.join().expect("stderr thread"));
-    assert!(status.success(), "softverbs-perf {args:?} failed ({status}):\n{out}\n{err}");
+    let (out, err) = (
+        out.join().expect("stdout thread"),
+        err.join().expect("stderr thread"),
+    );
+    assert!(
+        status.success(),
+        "softverbs-perf {args:?} failed ({status}):\n{out}\n{err}"
+    );
     out
 }
 
@@ -55,7 +61,14 @@ fn table(out: &str, header: &str) -> Vec<Vec<f64>> {
     assert!(lines.next().is_some(), "no table with {header:?} in:\n{out}");
     let rows: Vec<Vec<f64>> = lines
         .take_while(|l| !l.starts_with("---"))
-        .map(|l| l.split_whitespace().map(|w| w.parse::<f64>().unwrap_or_else(|_| panic!("bad number {w:?} in {l:?}"))).collect())
+        .map(|l| {
+            l.split_whitespace()
+                .map(|w| {
+                    w.parse::<f64>()
+                        .unwrap_or_else(|_| panic!("bad number {w:?} in {l:?}"))
+                })
+                .collect()
+        })
         .collect();
     assert!(!rows.is_empty(), "empty table in:\n{out}");
     rows
@@ -63,14 +76,25 @@ fn table(out: &str, header: &str) -> Vec<Vec<f64>> {
 
 /// Checks a bandwidth table: one row per size, every figure positive.
 fn check_bw(out: &str, sizes: &[f64]) {
-    assert!(out.contains("#bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]"), "{out}");
+    assert!(
+        out.contains("#bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]"),
+        "{out}"
+    );
     let rows = table(out, "#bytes");
     assert_eq!(rows.len(), sizes.len(), "{out}");
     for (row, &size) in rows.iter().zip(sizes) {
         assert_eq!(row.len(), 5, "{row:?}");
         assert_eq!(row[0], size);
-        assert!(row[1..].iter().all(|&x| x > 0.0), "non-positive figure in {row:?}\n{out}");
-        assert!(row[2] >= 0.999 * row[3], "peak {} below average {}", row[2], row[3]);
+        assert!(
+            row[1..].iter().all(|&x| x > 0.0),
+            "non-positive figure in {row:?}\n{out}"
+        );
+        assert!(
+            row[2] >= 0.999 * row[3],
+            "peak {} below average {}",
+            row[2],
+            row[3]
+        );
     }
 }
 
@@ -82,27 +106,66 @@ fn check_lat(out: &str, size: f64) {
     let r = &rows[0];
     assert_eq!(r.len(), 9, "{r:?}");
     assert_eq!(r[0], size);
-    assert!(r[1] > 0.0 && r[2] > 0.0 && r[3] > 0.0 && r[4] > 0.0 && r[5] > 0.0 && r[7] > 0.0 && r[8] > 0.0, "{r:?}");
-    assert!(r[2] <= r[4] && r[4] <= r[3] && r[2] <= r[7] && r[7] <= r[3], "min <= typical <= max, p99 within: {r:?}");
+    assert!(
+        r[1] > 0.0 && r[2] > 0.0 && r[3] > 0.0 && r[4] > 0.0 && r[5] > 0.0 && r[7] > 0.0 && r[8] > 0.0,
+        "{r:?}"
+    );
+    assert!(
+        r[2] <= r[4] && r[4] <= r[3] && r[2] <= r[7] && r[7] <= r[3],
+        "min <= typical <= max, p99 within: {r:?}"
+    );
 }
 
 #[test]
 fn write_bandwidth() {
-    let out = perf(&["--loopback", "--test", "write", "--bw", "-s", "4096", "-n", "300", "--check"]);
+    let out = perf(&[
+        "--loopback",
+        "--test",
+        "write",
+        "--bw",
+        "-s",
+        "4096",
+        "-n",
+        "300",
+        "--check",
+    ]);
     check_bw(&out, &[4096.0]);
-    assert!(out.contains("RDMA_Write BW Test") && out.contains("RoCEv2 over UDP"), "{out}");
+    assert!(
+        out.contains("RDMA_Write BW Test") && out.contains("RoCEv2 over UDP"),
+        "{out}"
+    );
     assert!(out.contains("Data check: passed"), "{out}");
 }
 
 #[test]
 fn send_bandwidth() {
-    let out = perf(&["--loopback", "--test", "send", "--bw", "-s", "5000", "-n", "300", "--check"]);
+    let out = perf(&[
+        "--loopback",
+        "--test",
+        "send",
+        "--bw",
+        "-s",
+        "5000",
+        "-n",
+        "300",
+        "--check",
+    ]);
     check_bw(&out, &[5000.0]);
 }
 
 #[test]
 fn read_bandwidth() {
-    let out = perf(&["--loopback", "--test", "read", "--bw", "-s", "10000", "-n", "200", "--check"]);
+    let out = perf(&[
+        "--loopback",
+        "--test",
+        "read",
+        "--bw",
+        "-s",
+        "10000",
+        "-n",
+        "200",
+        "--check",
+    ]);
     check_bw(&out, &[10000.0]);
 }
 
@@ -110,43 +173,169 @@ fn read_bandwidth() {
 fn atomic_bandwidth_both_kinds() {
     let out = perf(&["--loopback", "--test", "atomic", "--bw", "-n", "300", "--check"]);
     check_bw(&out, &[8.0]);
-    let out = perf(&["--loopback", "--test", "atomic", "-A", "cmp-swap", "--bw", "-n", "300", "-q", "2", "--check"]);
+    let out = perf(&[
+        "--loopback",
+        "--test",
+        "atomic",
+        "-A",
+        "cmp-swap",
+        "--bw",
+        "-n",
+        "300",
+        "-q",
+        "2",
+        "--check",
+    ]);
     check_bw(&out, &[8.0]);
     assert!(out.contains("CMP_AND_SWAP"), "{out}");
 }
 
 #[test]
 fn message_rate_over_several_qps() {
-    let out = perf(&["--loopback", "--test", "write", "--bw", "-s", "64", "-q", "4", "-n", "500", "-l", "8", "--check"]);
+    let out = perf(&[
+        "--loopback",
+        "--test",
+        "write",
+        "--bw",
+        "-s",
+        "64",
+        "-q",
+        "4",
+        "-n",
+        "500",
+        "-l",
+        "8",
+        "--check",
+    ]);
     check_bw(&out, &[64.0]);
     assert!(out.contains("Number of qps  : 4"), "{out}");
 }
 
 #[test]
 fn sweep_of_sizes() {
-    let out = perf(&["--loopback", "--test", "write", "--bw", "--sweep", "2,1k,64k", "-n", "40", "--check"]);
+    let out = perf(&[
+        "--loopback",
+        "--test",
+        "write",
+        "--bw",
+        "--sweep",
+        "2,1k,64k",
+        "-n",
+        "40",
+        "--check",
+    ]);
     check_bw(&out, &[2.0, 1024.0, 65536.0]);
 }
 
 #[test]
 fn send_latency() {
-    let out = perf(&["--loopback", "--test", "send", "--lat", "-s", "8", "-n", "200", "--check"]);
+    let out = perf(&[
+        "--loopback",
+        "--test",
+        "send",
+        "--lat",
+        "-s",
+        "8",
+        "-n",
+        "200",
+        "--check",
+    ]);
     check_lat(&out, 8.0);
     assert!(out.contains("Send Latency Test"), "{out}");
 }
 
 #[test]
 fn write_latency_polls_the_last_byte() {
-    let out = perf(&["--loopback", "--test", "write", "--lat", "-s", "3000", "-n", "200", "--check"]);
+    let out = perf(&[
+        "--loopback",
+        "--test",
+        "write",
+        "--lat",
+        "-s",
+        "3000",
+        "-n",
+        "200",
+        "--check",
+    ]);
     check_lat(&out, 3000.0);
     // Inline, and a sweep: the counter byte of one size must not spoil the next size's data.
-    let out = perf(&["--loopback", "--test", "write", "--lat", "--sweep", "16,100", "-I", "64", "-n", "50", "--check"]);
+    let out = perf(&[
+        "--loopback",
+        "--test",
+        "write",
+        "--lat",
+        "--sweep",
+        "16,100",
+        "-I",
+        "64",
+        "-n",
+        "50",
+        "--check",
+    ]);
     assert_eq!(table(&out, "#bytes").len(), 2, "{out}");
 }
 
 #[test]
+fn unreliable_connection() {
+    let out = perf(&[
+        "--loopback",
+        "-c",
+        "uc",
+        "--test",
+        "send",
+        "--lat",
+        "-s",
+        "32",
+        "-n",
+        "100",
+        "--check",
+    ]);
+    check_lat(&out, 32.0);
+    assert!(out.contains("UC (RoCEv2)"), "{out}");
+    let out = perf(&[
+        "--loopback",
+        "-c",
+        "uc",
+        "--test",
+        "write",
+        "--lat",
+        "-s",
+        "32",
+        "-n",
+        "100",
+        "--check",
+    ]);
+    check_lat(&out, 32.0);
+    let out = perf(&[
+        "--loopback",
+        "-c",
+        "uc",
+        "--test",
+        "write",
+        "--bw",
+        "-s",
+        "4096",
+        "-n",
+        "100",
+        "-t",
+        "16",
+    ]);
+    check_bw(&out, &[4096.0]);
+}
+
+#[test]
 fn read_latency() {
-    let out = perf(&["--loopback", "--test", "read", "--lat", "-s", "100", "-n", "200", "--check"]);
+    let out = perf(&[
+        "--loopback",
+        "--test",
+        "read",
+        "--lat",
+        "-s",
+        "100",
+        "-n",
+        "200",
+        "--check",
+    ]);
     check_lat(&out, 100.0);
 }
 
@@ -154,33 +343,111 @@ fn read_latency() {
 fn atomic_latency() {
     let out = perf(&["--loopback", "--test", "atomic", "--lat", "-n", "200", "--check"]);
     check_lat(&out, 8.0);
-    let out = perf(&["--loopback", "--test", "atomic", "-A", "cmp-swap", "--lat", "-n", "100", "--check"]);
+    let out = perf(&[
+        "--loopback",
+        "--test",
+        "atomic",
+        "-A",
+        "cmp-swap",
+        "--lat",
+        "-n",
+        "100",
+        "--check",
+    ]);
     check_lat(&out, 8.0);
 }
 
 #[test]
 fn timed_runs_and_completion_events() {
-    let out = perf(&["--loopback", "--test", "write", "--bw", "-s", "1024", "-D", "0.3", "-e", "--check"]);
+    let out = perf(&[
+        "--loopback",
+        "--test",
+        "write",
+        "--bw",
+        "-s",
+        "1024",
+        "-D",
+        "0.3",
+        "-e",
+        "--check",
+    ]);
     check_bw(&out, &[1024.0]);
-    let out = perf(&["--loopback", "--test", "send", "--bw", "-s", "512", "-D", "0.3", "--check"]);
+    let out = perf(&[
+        "--loopback",
+        "--test",
+        "send",
+        "--bw",
+        "-s",
+        "512",
+        "-D",
+        "0.3",
+        "--check",
+    ]);
     check_bw(&out, &[512.0]);
-    let out = perf(&["--loopback", "--test", "send", "--lat", "-s", "8", "-D", "0.2", "-e"]);
+    let out = perf(&[
+        "--loopback",
+        "--test",
+        "send",
+        "--lat",
+        "-s",
+        "8",
+        "-D",
+        "0.2",
+        "-e",
+    ]);
     check_lat(&out, 8.0);
 }
 
 #[test]
 fn threads_json_and_csv() {
-    let out = perf(&["--loopback", "--threads", "--test", "write", "--bw", "-s", "4096", "-n", "200", "--json", "--check"]);
+    let out = perf(&[
+        "--loopback",
+        "--threads",
+        "--test",
+        "write",
+        "--bw",
+        "-s",
+        "4096",
+        "-n",
+        "200",
+        "--json",
+        "--check",
+    ]);
     let line = out.trim();
     assert!(line.starts_with('{') && line.ends_with("]}"), "{out}");
-    assert!(line.contains("\"peer\":\"thread of this process (in-memory path)\""), "{out}");
-    let avg = line.split("\"bw_avg_gbps\":").nth(1).and_then(|s| s.split(',').next()).expect("bw_avg_gbps");
+    assert!(
+        line.contains("\"peer\":\"thread of this process (in-memory path)\""),
+        "{out}"
+    );
+    let avg = line
+        .split("\"bw_avg_gbps\":")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .expect("bw_avg_gbps");
     assert!(avg.parse::<f64>().unwrap() > 0.0, "{out}");
 
-    let out = perf(&["--loopback", "--test", "read", "--lat", "-s", "64", "-n", "100", "--csv"]);
+    let out = perf(&[
+        "--loopback",
+        "--test",
+        "read",
+        "--lat",
+        "-s",
+        "64",
+        "-n",
+        "100",
+        "--csv",
+    ]);
     let mut lines = out.lines();
-    assert_eq!(lines.next(), Some("bytes,iterations,t_min_us,t_max_us,t_typical_us,t_avg_us,t_stdev_us,p99_us,p999_us"));
-    let row: Vec<f64> = lines.next().expect("a row").split(',').map(|x| x.parse().unwrap()).collect();
+    assert_eq!(
+        lines.next(),
+        Some("bytes,iterations,t_min_us,t_max_us,t_typical_us,t_avg_us,t_stdev_us,p99_us,p999_us")
+    );
+    let row: Vec<f64> = lines
+        .next()
+        .expect("a row")
+        .split(',')
+        .map(|x| x.parse().unwrap())
+        .collect();
     assert_eq!(row[0], 64.0);
     assert!(row[2..].iter().all(|&x| x > 0.0), "{row:?}");
 }
@@ -199,10 +466,26 @@ fn idle_cpu() {
 
 #[test]
 fn bad_options_fail_cleanly() {
-    let out = Command::new(env!("CARGO_BIN_EXE_softverbs-perf"))
-        .args(["--loopback", "--lat", "-q", "2"])
-        .output()
-        .expect("run");
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("latency tests use one QP"));
+    for (args, msg) in [
+        (
+            &["--loopback", "--lat", "-q", "2"][..],
+            "latency tests use one QP",
+        ),
+        (
+            &["--loopback", "-c", "uc", "--test", "read"][..],
+            "UC QPs carry only SEND and RDMA WRITE",
+        ),
+        (&["--loopback", "-s", "0"][..], "at least 1 byte"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_softverbs-perf"))
+            .args(args)
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(msg),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

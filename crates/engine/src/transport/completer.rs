@@ -10,8 +10,16 @@ use crate::types::{QpState, QpType, WcStatus};
 use crate::wr::{Payload, SendOp};
 
 /// Copies `src` into the scatter list starting `offset` bytes in; fails if it does not fit.
-pub(crate) fn scatter(mem: &dyn Memory, pd: u32, payload: &Payload, offset: u64, src: &[u8]) -> Result<(), ScatterError> {
-    let Payload::Sges(sges) = payload else { return Err(ScatterError::Length) };
+pub(crate) fn scatter(
+    mem: &dyn Memory,
+    pd: u32,
+    payload: &Payload,
+    offset: u64,
+    src: &[u8],
+) -> Result<(), ScatterError> {
+    let Payload::Sges(sges) = payload else {
+        return Err(ScatterError::Length);
+    };
     scatter_sges(mem, pd, sges, offset, src)
 }
 
@@ -43,8 +51,13 @@ pub(crate) fn scatter_sges(
             continue;
         }
         let take = ((len - skip) as usize).min(src.len() - done);
-        let key = KeyRef { key: sge.lkey, pd, access: Access::LocalWrite };
-        mem.write(key, sge.addr + skip, &src[done..done + take]).map_err(ScatterError::Mem)?;
+        let key = KeyRef {
+            key: sge.lkey,
+            pd,
+            access: Access::LocalWrite,
+        };
+        mem.write(key, sge.addr + skip, &src[done..done + take])
+            .map_err(ScatterError::Mem)?;
         done += take;
         skip = 0;
     }
@@ -57,7 +70,12 @@ pub(crate) fn scatter_sges(
 
 impl QpEngine {
     /// Handles an ACK, NAK, READ response or ATOMIC ACK.
-    pub(crate) fn handle_response(&mut self, now: Instant, pkt: &ParsedPacket<'_>, mem: &dyn Memory) -> Result<(), DropReason> {
+    pub(crate) fn handle_response(
+        &mut self,
+        now: Instant,
+        pkt: &ParsedPacket<'_>,
+        mem: &dyn Memory,
+    ) -> Result<(), DropReason> {
         if self.cfg.qp_type != QpType::Rc {
             return Err(DropReason::WrongTransport);
         }
@@ -101,7 +119,9 @@ impl QpEngine {
         if !self.sending() {
             return Ok(());
         }
-        let Some(idx) = self.wqe_index_of(psn) else { return Err(DropReason::UnexpectedResponse) };
+        let Some(idx) = self.wqe_index_of(psn) else {
+            return Err(DropReason::UnexpectedResponse);
+        };
         if self.req.rnr_retry != 7 {
             if self.req.rnr_left == 0 {
                 self.fail_wqe(idx, WcStatus::RnrRetryExcErr);
@@ -137,7 +157,10 @@ impl QpEngine {
                     NakCode::RemoteAccessError => WcStatus::RemAccessErr,
                     _ => WcStatus::RemOpErr,
                 };
-                let idx = self.wqe_index_of(psn).or_else(|| self.first_outstanding()).unwrap_or(0);
+                let idx = self
+                    .wqe_index_of(psn)
+                    .or_else(|| self.first_outstanding())
+                    .unwrap_or(0);
                 self.fail_wqe(idx, status);
             }
         }
@@ -146,7 +169,9 @@ impl QpEngine {
 
     /// Index of the started, unfinished WQE whose PSN range holds `psn`.
     fn wqe_index_of(&self, psn: Psn) -> Option<usize> {
-        self.sq.iter().position(|w| w.outstanding() && psn.in_range(w.first_psn, w.last_psn()))
+        self.sq
+            .iter()
+            .position(|w| w.outstanding() && psn.in_range(w.first_psn, w.last_psn()))
     }
 
     /// Index of the oldest WQE still waiting for an acknowledgement or response.
@@ -195,8 +220,13 @@ impl QpEngine {
             self.fail_wqe(idx, WcStatus::RetryExcErr);
             return;
         }
+        self.request_responses_now(idx);
+    }
+
+    /// Marks the READ or atomic at `idx` to be asked for again (its first hole, for a READ).
+    fn request_responses_now(&mut self, idx: usize) {
         let w = &mut self.sq[idx];
-        w.rereq_psn = Some(resume);
+        w.rereq_psn = Some(w.resume_psn());
         if !w.rereq {
             w.rereq = true;
             self.req.rereq_pending += 1;
@@ -213,10 +243,14 @@ impl QpEngine {
     pub(crate) fn ack_through(&mut self, now: Instant, psn: Psn) {
         // Remembered for WQEs stuck behind an unanswered READ/atomic: once its response arrives
         // they complete without being sent again.
+        // A PSN acknowledged for the first time is progress even when the window cannot move
+        // (a READ in front still waits for its response): it resets the retry budget and ends
+        // the go-back-N under way, so a new sequence NAK after it is acted upon.
+        let mut progressed = false;
         if self.req.acked_psn.is_none_or(|a| psn.is_after(a)) {
+            progressed = self.req.acked_psn.is_some();
             self.req.acked_psn = Some(psn);
         }
-        let mut progressed = false;
         let mut lost = false;
         while let Some(w) = self.sq.front() {
             if !w.started {
@@ -236,12 +270,21 @@ impl QpEngine {
             progressed |= self.pop_completed();
         }
         // The window base moves to psn + 1, but never past a READ or atomic whose response is
-        // still missing: its (retried) responses must still be accepted.
+        // still missing: its (retried) responses must still be accepted. It moves at least to
+        // the first unfinished WQE: a finished READ popped above may reach past psn.
         let mut next = psn + 1;
-        if let Some(w) = self.sq.front().filter(|w| w.outstanding() && w.wr.op.is_read_or_atomic()) {
+        if let Some(w) = self
+            .sq
+            .front()
+            .filter(|w| w.outstanding() && w.wr.op.is_read_or_atomic())
+        {
             if w.resume_psn().is_before(next) {
                 next = w.resume_psn();
             }
+        }
+        let base = self.window_base();
+        if base.is_after(next) {
+            next = base;
         }
         if next.is_after(self.req.unacked) {
             self.req.unacked = next;
@@ -257,9 +300,17 @@ impl QpEngine {
 
     /// Pops the front WQE, which is finished, and completes it successfully.
     fn pop_completed(&mut self) -> bool {
-        let Some(w) = self.sq.pop_front() else { return false };
+        let Some(w) = self.sq.pop_front() else {
+            return false;
+        };
         if w.rereq {
             self.req.rereq_pending -= 1;
+        }
+        if w.wr.op.is_read_or_atomic() {
+            // Released at completion, not when the response arrived: the responder keeps the
+            // resources of the last max_dest_rd_atomic requests, and this one could still need
+            // them as long as an earlier WQE may make us retry.
+            self.req.outstanding_rd -= 1;
         }
         self.req.send_idx = self.req.send_idx.saturating_sub(1);
         self.complete_send(&w, WcStatus::Success);
@@ -281,14 +332,21 @@ impl QpEngine {
         self.check_drained();
     }
 
-    fn on_read_response(&mut self, now: Instant, pkt: &ParsedPacket<'_>, mem: &dyn Memory) -> Result<(), DropReason> {
+    fn on_read_response(
+        &mut self,
+        now: Instant,
+        pkt: &ParsedPacket<'_>,
+        mem: &dyn Memory,
+    ) -> Result<(), DropReason> {
         let psn = pkt.repr.bth.psn;
         let find = |sq: &std::collections::VecDeque<SendWqe>| {
             sq.iter().position(|w| {
                 w.started && matches!(w.wr.op, SendOp::Read { .. }) && psn.in_range(w.first_psn, w.last_psn())
             })
         };
-        let Some(idx) = find(&self.sq) else { return Err(DropReason::UnexpectedResponse) };
+        let Some(idx) = find(&self.sq) else {
+            return Err(DropReason::UnexpectedResponse);
+        };
         if self.sq[idx].done {
             self.counters.duplicates += 1;
             return Err(DropReason::BadPsn);
@@ -320,7 +378,11 @@ impl QpEngine {
         // the rest. Checked by position rather than opcode, because a retried READ may resume
         // with either FIRST or MIDDLE, and a hole may be asked for on its own.
         let offset = u64::from(k) * mtu;
-        let want = if ends_stream { w.len.saturating_sub(offset) } else { mtu };
+        let want = if ends_stream {
+            w.len.saturating_sub(offset)
+        } else {
+            mtu
+        };
         if pkt.payload.len() as u64 != want {
             self.fail_wqe(idx, WcStatus::BadRespErr);
             return Ok(());
@@ -340,7 +402,6 @@ impl QpEngine {
         }
         if complete {
             w.done = true;
-            self.req.outstanding_rd -= 1;
             self.complete_finished(now);
         } else {
             self.on_progress(now);
@@ -351,13 +412,23 @@ impl QpEngine {
         Ok(())
     }
 
-    fn on_atomic_ack(&mut self, now: Instant, pkt: &ParsedPacket<'_>, mem: &dyn Memory) -> Result<(), DropReason> {
+    fn on_atomic_ack(
+        &mut self,
+        now: Instant,
+        pkt: &ParsedPacket<'_>,
+        mem: &dyn Memory,
+    ) -> Result<(), DropReason> {
         let psn = pkt.repr.bth.psn;
-        let Some(orig) = pkt.repr.atomic_ack_eth.map(|a| a.orig) else { return Err(DropReason::UnexpectedResponse) };
-        let find = |sq: &std::collections::VecDeque<SendWqe>| {
-            sq.iter().position(|w| w.started && w.wr.op.is_atomic() && w.first_psn == psn)
+        let Some(orig) = pkt.repr.atomic_ack_eth.map(|a| a.orig) else {
+            return Err(DropReason::UnexpectedResponse);
         };
-        let Some(idx) = find(&self.sq) else { return Err(DropReason::UnexpectedResponse) };
+        let find = |sq: &std::collections::VecDeque<SendWqe>| {
+            sq.iter()
+                .position(|w| w.started && w.wr.op.is_atomic() && w.first_psn == psn)
+        };
+        let Some(idx) = find(&self.sq) else {
+            return Err(DropReason::UnexpectedResponse);
+        };
         if self.sq[idx].done {
             self.counters.duplicates += 1;
             return Err(DropReason::BadPsn);
@@ -376,7 +447,6 @@ impl QpEngine {
             return Ok(());
         }
         self.sq[idx].done = true;
-        self.req.outstanding_rd -= 1;
         if idx == 0 && (psn + 1).is_after(self.req.unacked) {
             self.req.unacked = psn + 1;
         }
@@ -392,21 +462,30 @@ impl QpEngine {
         }
         if let Some(acked) = self.req.acked_psn {
             let next = self.req.next_psn;
-            if self.sq.front().is_some_and(|w| w.started && acked.in_range(w.first_psn, next - 1)) {
+            if self
+                .sq
+                .front()
+                .is_some_and(|w| w.started && acked.in_range(w.first_psn, next - 1))
+            {
                 self.ack_through(now, acked);
                 return;
             }
         }
-        // The window base is now the first unfinished WQE.
-        let base = match self.sq.front() {
-            Some(w) if w.started && w.wr.op.is_read_or_atomic() => w.resume_psn(),
-            Some(w) if w.started => w.first_psn,
-            _ => self.req.next_psn,
-        };
+        let base = self.window_base();
         if base.is_after(self.req.unacked) {
             self.req.unacked = base;
         }
         self.on_progress(now);
+    }
+
+    /// The first PSN not known to be finished, judging by the front WQE alone: everything
+    /// before the front WQE is complete.
+    fn window_base(&self) -> Psn {
+        match self.sq.front() {
+            Some(w) if w.started && w.wr.op.is_read_or_atomic() => w.resume_psn(),
+            Some(w) if w.started => w.first_psn,
+            _ => self.req.next_psn,
+        }
     }
 
     /// Go-back-N: resend from `psn`, which lies in a started, unfinished WQE. Later started WQEs
@@ -419,7 +498,11 @@ impl QpEngine {
             if !w.outstanding() {
                 continue;
             }
-            w.next_pkt = if i == idx && !w.wr.op.is_read_or_atomic() { w.first_psn.distance(psn) } else { 0 };
+            w.next_pkt = if i == idx && !w.wr.op.is_read_or_atomic() {
+                w.first_psn.distance(psn)
+            } else {
+                0
+            };
             // The pass sends the READ/atomic request itself.
             if std::mem::take(&mut w.rereq) {
                 self.req.rereq_pending -= 1;
@@ -445,9 +528,26 @@ impl QpEngine {
         if !self.sending() || self.req.rnr_until.is_some() {
             return;
         }
-        let Some(idx) = self.first_outstanding() else { return };
+        let Some(idx) = self.first_outstanding() else {
+            return;
+        };
         self.counters.timeouts += 1;
         let w = &self.sq[idx];
+        let executed = self
+            .req
+            .acked_psn
+            .is_some_and(|a| a.in_range(w.first_psn, self.req.next_psn - 1));
+        if w.wr.op.is_read_or_atomic() && executed && w.fully_sent() {
+            // The responder acknowledged a later PSN, so it executed this request: only the
+            // responses are missing. Ask for them alone rather than resending everything after.
+            if !self.spend_retry() {
+                self.fail_wqe(idx, WcStatus::RetryExcErr);
+                return;
+            }
+            self.sq[idx].rereq_psn = None;
+            self.request_responses_now(idx);
+            return;
+        }
         let resume = if w.wr.op.is_read_or_atomic() {
             w.resume_psn()
         } else if self.req.unacked.is_after(w.first_psn) {

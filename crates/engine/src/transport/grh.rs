@@ -23,7 +23,10 @@ pub fn write_grh(sgid: Gid, dgid: Gid, traffic_class: u8, hop_limit: u8, roce_le
             h[9] = 17; // UDP
             h[12..16].copy_from_slice(&src.octets());
             h[16..20].copy_from_slice(&dst.octets());
-            let mut sum: u32 = h.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+            let mut sum: u32 = h
+                .chunks(2)
+                .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+                .sum();
             while sum > 0xFFFF {
                 sum = (sum & 0xFFFF) + (sum >> 16);
             }
@@ -50,11 +53,20 @@ mod tests {
 
     #[test]
     fn ipv4_header_sits_in_the_last_20_bytes_with_a_valid_checksum() {
-        let g = write_grh(Gid::from(Ipv4Addr::new(10, 0, 0, 1)), Gid::from(Ipv4Addr::new(10, 0, 0, 2)), 0, 64, 100);
+        let g = write_grh(
+            Gid::from(Ipv4Addr::new(10, 0, 0, 1)),
+            Gid::from(Ipv4Addr::new(10, 0, 0, 2)),
+            0,
+            64,
+            100,
+        );
         assert_eq!(&g[..20], &[0u8; 20]);
         assert_eq!(g[20], 0x45);
         assert_eq!(u16::from_be_bytes([g[22], g[23]]), 128);
-        let mut sum: u32 = g[20..].chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
+        let mut sum: u32 = g[20..]
+            .chunks(2)
+            .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+            .sum();
         while sum > 0xFFFF {
             sum = (sum & 0xFFFF) + (sum >> 16);
         }
@@ -64,7 +76,13 @@ mod tests {
 
     #[test]
     fn ipv6_header_fills_the_area() {
-        let g = write_grh(Gid::from(Ipv6Addr::LOCALHOST), Gid::from(Ipv6Addr::LOCALHOST), 3, 9, 10);
+        let g = write_grh(
+            Gid::from(Ipv6Addr::LOCALHOST),
+            Gid::from(Ipv6Addr::LOCALHOST),
+            3,
+            9,
+            10,
+        );
         assert_eq!(g[0] >> 4, 6);
         assert_eq!(u16::from_be_bytes([g[4], g[5]]), 18);
         assert_eq!((g[6], g[7]), (17, 9));

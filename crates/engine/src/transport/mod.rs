@@ -12,8 +12,25 @@
 //! 3. [`QpEngine::poll_event`]: affiliated async events;
 //! 4. [`QpEngine::poll_timeout`]: when to call [`QpEngine::handle_timeout`] next.
 //!
-//! Memory is reached only through the [`Memory`](crate::memory::Memory) trait, and shared
+//! Memory is reached only through the [`Memory`] trait, and shared
 //! receive queues through [`RecvSource`], both supplied by the caller for the duration of a call.
+//!
+//! # Loss recovery (RC)
+//!
+//! * A sequence-error NAK, or the local ACK timeout, makes the requester go back N: it resends
+//!   from the missing PSN. One retry is spent per go-back; a further trigger at or after the
+//!   same PSN before any progress is covered by the resend and costs nothing, so a duplicated
+//!   NAK or a burst of ACKs cannot exhaust `retry_cnt` on its own.
+//! * A READ or atomic whose response is missing while the responder has evidently executed it
+//!   (it acknowledged a later PSN, or the end of the response stream arrived) is asked for
+//!   again on its own, as a duplicate request the responder answers from its resources; the
+//!   requests after it are not resent. READ responses are placed out of order, and only the
+//!   first hole is asked for each time.
+//! * SEND/WRITE WQEs acknowledged while an earlier READ or atomic waits for its response
+//!   complete as soon as that response arrives, without being resent.
+//! * An RNR NAK rewinds the requester to the NAKed packet and holds it for the NAK's timer;
+//!   `rnr_retry = 7` retries forever, at that pace.
+//! * `retry_cnt` follows the IBTA: 7 means seven retries (rxe treats it as infinite).
 
 mod completer;
 mod grh;
@@ -267,7 +284,9 @@ impl SendWqe {
     /// The first READ response packet at or after the first missing one that has been received
     /// (the end of the first hole), or `npsn`.
     pub(crate) fn hole_end(&self) -> u32 {
-        (self.resp_pkts..self.npsn).find(|&k| self.resp_has(k)).unwrap_or(self.npsn)
+        (self.resp_pkts..self.npsn)
+            .find(|&k| self.resp_has(k))
+            .unwrap_or(self.npsn)
     }
 
     /// Records READ response packet `k`; advances `resp_pkts` over the received prefix.
@@ -384,7 +403,8 @@ impl QpEngine {
             self.resp.reset(Psn::new(attr.rq_psn), attr.max_dest_rd_atomic);
         }
         if next == QpState::Rts && prev == QpState::Rtr {
-            self.req.reset(Psn::new(attr.sq_psn), attr.retry_cnt, attr.rnr_retry);
+            self.req
+                .reset(Psn::new(attr.sq_psn), attr.retry_cnt, attr.rnr_retry);
         }
         if matches!(prev, QpState::Rts | QpState::Sqd) && matches!(next, QpState::Rts | QpState::Sqd) {
             // SQD->RTS and SQD->SQD may change the retry budgets and responder resources; the
@@ -402,7 +422,10 @@ impl QpEngine {
     /// Queues a receive WQE (own receive queue). In ERR it completes at once as flushed.
     pub fn post_recv(&mut self, wr: RecvWr) {
         if self.state == QpState::Err {
-            self.push_cqe(WorkQueue::Recv, WorkCompletion::error(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.cfg.qpn));
+            self.push_cqe(
+                WorkQueue::Recv,
+                WorkCompletion::error(wr.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, self.cfg.qpn),
+            );
         } else {
             self.rq.push_back(wr);
         }
@@ -503,10 +526,16 @@ impl QpEngine {
         self.req.outstanding_rd = 0;
         self.req.rereq_pending = 0;
         if let Some(wqe) = self.resp.take_in_progress_wqe() {
-            self.push_cqe(WorkQueue::Recv, WorkCompletion::error(wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn));
+            self.push_cqe(
+                WorkQueue::Recv,
+                WorkCompletion::error(wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn),
+            );
         }
         for r in std::mem::take(&mut self.rq) {
-            self.push_cqe(WorkQueue::Recv, WorkCompletion::error(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn));
+            self.push_cqe(
+                WorkQueue::Recv,
+                WorkCompletion::error(r.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn),
+            );
         }
         if self.cfg.has_srq {
             // No receive of this QP will consume SRQ WQEs any more.

@@ -75,7 +75,13 @@ pub(crate) fn packets(len: u64, mtu: u32) -> u32 {
 }
 
 /// Copies `dst.len()` bytes starting `offset` bytes into the gather list.
-pub(crate) fn gather(mem: &dyn Memory, pd: u32, payload: &Payload, offset: u64, dst: &mut [u8]) -> Result<(), MemError> {
+pub(crate) fn gather(
+    mem: &dyn Memory,
+    pd: u32,
+    payload: &Payload,
+    offset: u64,
+    dst: &mut [u8],
+) -> Result<(), MemError> {
     if dst.is_empty() {
         // Nothing to copy (a zero-length message, or a READ/atomic request): touch no key.
         return Ok(());
@@ -96,7 +102,11 @@ pub(crate) fn gather(mem: &dyn Memory, pd: u32, payload: &Payload, offset: u64, 
                     continue;
                 }
                 let take = ((len - skip) as usize).min(dst.len() - done);
-                let key = KeyRef { key: sge.lkey, pd, access: Access::LocalRead };
+                let key = KeyRef {
+                    key: sge.lkey,
+                    pd,
+                    access: Access::LocalRead,
+                };
                 mem.read(key, sge.addr + skip, &mut dst[done..done + take])?;
                 done += take;
                 skip = 0;
@@ -180,7 +190,8 @@ impl QpEngine {
         if w.wr.flags.contains(SendFlags::FENCE) && self.req.outstanding_rd > 0 {
             return false;
         }
-        if w.wr.op.is_read_or_atomic() && self.req.outstanding_rd >= u32::from(self.attr.max_rd_atomic.max(1)) {
+        if w.wr.op.is_read_or_atomic() && self.req.outstanding_rd >= u32::from(self.attr.max_rd_atomic.max(1))
+        {
             return false;
         }
         self.req.unacked.distance(self.req.next_psn) < WINDOW
@@ -216,7 +227,11 @@ impl QpEngine {
             None if self.can_start_or_continue() => (self.next_send_index(), false),
             None => return,
         };
-        let mtu = if self.cfg.qp_type == QpType::Ud { u32::MAX } else { self.mtu() };
+        let mtu = if self.cfg.qp_type == QpType::Ud {
+            u32::MAX
+        } else {
+            self.mtu()
+        };
         if rerequest {
             self.sq[idx].rereq = false;
             self.req.rereq_pending -= 1;
@@ -225,7 +240,11 @@ impl QpEngine {
             let w = &mut self.sq[idx];
             if !w.started {
                 w.started = true;
-                w.npsn = if self.cfg.qp_type == QpType::Ud || w.wr.op.is_atomic() { 1 } else { packets(w.len, mtu) };
+                w.npsn = if self.cfg.qp_type == QpType::Ud || w.wr.op.is_atomic() {
+                    1
+                } else {
+                    packets(w.len, mtu)
+                };
                 w.first_psn = self.req.next_psn;
                 self.req.next_psn += w.npsn;
                 if w.wr.op.is_read_or_atomic() {
@@ -244,7 +263,10 @@ impl QpEngine {
         let w = &self.sq[idx];
         let pkt_index = w.next_pkt;
         let total = w.request_packets();
-        let position = match (pkt_index == 0 || w.wr.op.is_read_or_atomic(), pkt_index + 1 >= total) {
+        let position = match (
+            pkt_index == 0 || w.wr.op.is_read_or_atomic(),
+            pkt_index + 1 >= total,
+        ) {
             (true, true) => Position::Only,
             (true, false) => Position::First,
             (false, true) => Position::Last,
@@ -262,9 +284,10 @@ impl QpEngine {
                 let op = Opcode::send(transport, position, imm.is_some(), invalidate.is_some());
                 (op, (w.len - offset.min(w.len)).min(u64::from(mtu)))
             }
-            SendOp::Write { imm, .. } => {
-                (Opcode::write(transport, position, imm.is_some()), (w.len - offset.min(w.len)).min(u64::from(mtu)))
-            }
+            SendOp::Write { imm, .. } => (
+                Opcode::write(transport, position, imm.is_some()),
+                (w.len - offset.min(w.len)).min(u64::from(mtu)),
+            ),
             SendOp::Read { .. } => (Some(Opcode::RcReadRequest), 0),
             SendOp::CompareSwap { .. } => (Some(Opcode::RcCompareSwap), 0),
             SendOp::FetchAdd { .. } => (Some(Opcode::RcFetchAdd), 0),
@@ -280,16 +303,24 @@ impl QpEngine {
         match w.wr.op {
             SendOp::Send { imm, invalidate } => {
                 if is_last {
-                    repr.imm_dt = imm.map(|v| ImmDtRepr { imm_data: u32::from_be(v) });
+                    repr.imm_dt = imm.map(|v| ImmDtRepr {
+                        imm_data: u32::from_be(v),
+                    });
                     repr.ieth = invalidate.map(|rkey| IethRepr { rkey });
                 }
             }
             SendOp::Write { remote, imm } => {
                 if matches!(position, Position::First | Position::Only) {
-                    repr.reth = Some(RethRepr { va: remote.addr, rkey: remote.rkey, dma_len: w.len as u32 });
+                    repr.reth = Some(RethRepr {
+                        va: remote.addr,
+                        rkey: remote.rkey,
+                        dma_len: w.len as u32,
+                    });
                 }
                 if is_last {
-                    repr.imm_dt = imm.map(|v| ImmDtRepr { imm_data: u32::from_be(v) });
+                    repr.imm_dt = imm.map(|v| ImmDtRepr {
+                        imm_data: u32::from_be(v),
+                    });
                 }
             }
             SendOp::Read { remote } => {
@@ -302,17 +333,38 @@ impl QpEngine {
                     dma_len: end.saturating_sub(start) as u32,
                 });
             }
-            SendOp::CompareSwap { remote, compare, swap } => {
-                repr.atomic_eth = Some(AtomicEthRepr { va: remote.addr, rkey: remote.rkey, swap_add: swap, compare });
+            SendOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            } => {
+                repr.atomic_eth = Some(AtomicEthRepr {
+                    va: remote.addr,
+                    rkey: remote.rkey,
+                    swap_add: swap,
+                    compare,
+                });
             }
             SendOp::FetchAdd { remote, add } => {
-                repr.atomic_eth = Some(AtomicEthRepr { va: remote.addr, rkey: remote.rkey, swap_add: add, compare: 0 });
+                repr.atomic_eth = Some(AtomicEthRepr {
+                    va: remote.addr,
+                    rkey: remote.rkey,
+                    swap_add: add,
+                    compare: 0,
+                });
             }
         }
         let dest = match (self.cfg.qp_type, &w.wr.ud) {
             (QpType::Ud, Some(ud)) => {
-                let qkey = if ud.qkey & 0x8000_0000 != 0 { self.attr.qkey } else { ud.qkey };
-                repr.deth = Some(DethRepr { qkey, src_qpn: self.cfg.qpn });
+                let qkey = if ud.qkey & 0x8000_0000 != 0 {
+                    self.attr.qkey
+                } else {
+                    ud.qkey
+                };
+                repr.deth = Some(DethRepr {
+                    qkey,
+                    src_qpn: self.cfg.qpn,
+                });
                 Dest {
                     dgid: ud.dgid,
                     sgid_index: ud.sgid_index,
@@ -330,7 +382,9 @@ impl QpEngine {
                 self.req.since_ackreq = 0;
             }
         }
-        let built = build(&repr, dest, |buf| gather(mem, self.cfg.pd, &w.wr.payload, offset, buf));
+        let built = build(&repr, dest, |buf| {
+            gather(mem, self.cfg.pd, &w.wr.payload, offset, buf)
+        });
         let tx = match built {
             Ok(tx) => tx,
             Err(e) => {

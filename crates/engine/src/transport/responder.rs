@@ -4,7 +4,8 @@
 use std::collections::VecDeque;
 
 use softverbs_wire::{
-    AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, NakCode, Opcode, PacketRepr, ParsedPacket, Position, Psn,
+    AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, NakCode, Opcode, PacketRepr, ParsedPacket, Position,
+    Psn,
 };
 
 use super::completer::{scatter_sges, ScatterError};
@@ -13,7 +14,9 @@ use super::requester::{build, packets};
 use super::{DropReason, QpEngine, RecvSource, RxMeta, WorkQueue};
 use crate::memory::{Access, AtomicOp, KeyRef, MemError, Memory};
 use crate::time::Instant;
-use crate::types::{AccessFlags, EventType, QpState, QpType, RecvWr, WcFlags, WcOpcode, WcStatus, WorkCompletion};
+use crate::types::{
+    AccessFlags, EventType, QpState, QpType, RecvWr, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+};
 
 /// A message being received.
 #[derive(Debug, Default)]
@@ -35,8 +38,17 @@ pub(crate) enum Progress {
 /// A responder resource: what is needed to answer a duplicate READ or atomic.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum RdResource {
-    Read { first: Psn, last: Psn, va: u64, rkey: u32, len: u64 },
-    Atomic { psn: Psn, orig: u64 },
+    Read {
+        first: Psn,
+        last: Psn,
+        va: u64,
+        rkey: u32,
+        len: u64,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+    },
 }
 
 #[derive(Debug, Default)]
@@ -50,11 +62,17 @@ pub(crate) struct Responder {
     pub(crate) comm_est_sent: bool,
     /// UC: discarding the rest of a broken message.
     pub(crate) uc_dropping: bool,
+    /// Duplicate SEND/WRITE packets received since the last new one.
+    pub(crate) dup_run: u32,
 }
 
 impl Responder {
     pub(crate) fn reset(&mut self, rq_psn: Psn, max_dest_rd_atomic: u8) {
-        *self = Self { epsn: rq_psn, max_resources: usize::from(max_dest_rd_atomic), ..Self::default() };
+        *self = Self {
+            epsn: rq_psn,
+            max_resources: usize::from(max_dest_rd_atomic),
+            ..Self::default()
+        };
     }
 
     pub(crate) fn take_in_progress_wqe(&mut self) -> Option<RecvWr> {
@@ -65,6 +83,9 @@ impl Responder {
     }
 }
 
+/// A run of duplicate SEND/WRITE packets draws an ACK on its first packet and every this many.
+const DUP_ACK_EVERY: u32 = 16;
+
 /// How a class C (fatal) responder error is reported.
 struct Fatal {
     nak: NakCode,
@@ -72,10 +93,16 @@ struct Fatal {
     event: EventType,
 }
 
-const INVALID_REQUEST: Fatal =
-    Fatal { nak: NakCode::InvalidRequest, recv_status: WcStatus::RemInvReqErr, event: EventType::QpReqErr };
-const ACCESS_ERROR: Fatal =
-    Fatal { nak: NakCode::RemoteAccessError, recv_status: WcStatus::RemAccessErr, event: EventType::QpAccessErr };
+const INVALID_REQUEST: Fatal = Fatal {
+    nak: NakCode::InvalidRequest,
+    recv_status: WcStatus::RemInvReqErr,
+    event: EventType::QpReqErr,
+};
+const ACCESS_ERROR: Fatal = Fatal {
+    nak: NakCode::RemoteAccessError,
+    recv_status: WcStatus::RemAccessErr,
+    event: EventType::QpAccessErr,
+};
 
 impl QpEngine {
     fn take_recv(&mut self, srq: &mut Option<&mut dyn RecvSource>) -> Option<RecvWr> {
@@ -115,7 +142,10 @@ impl QpEngine {
         if !transport_ok {
             return Err(DropReason::WrongTransport);
         }
-        if !matches!(self.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
+        if !matches!(
+            self.state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        ) {
             return Err(DropReason::NotReceiving);
         }
         // Either key may be the full member; the partition bits must match the default key.
@@ -142,16 +172,26 @@ impl QpEngine {
         mem: &dyn Memory,
         srq: &mut Option<&mut dyn RecvSource>,
     ) -> Result<(), DropReason> {
-        let Some(deth) = pkt.repr.deth else { return Err(DropReason::Malformed) };
+        let Some(deth) = pkt.repr.deth else {
+            return Err(DropReason::Malformed);
+        };
         if deth.qkey != self.attr.qkey {
             self.counters.qkey_violations += 1;
             return Err(DropReason::BadQkey);
         }
-        let Some(wqe) = self.take_recv(srq) else { return Err(DropReason::NoReceiveWqe) };
-        let grh = write_grh(meta.sgid, meta.dgid, meta.traffic_class, meta.hop_limit, pkt.repr.buffer_len());
+        let Some(wqe) = self.take_recv(srq) else {
+            return Err(DropReason::NoReceiveWqe);
+        };
+        let grh = write_grh(
+            meta.sgid,
+            meta.dgid,
+            meta.traffic_class,
+            meta.hop_limit,
+            pkt.repr.buffer_len(),
+        );
         let pd = self.cfg.pd;
-        let result =
-            scatter_sges(mem, pd, &wqe.sg_list, 0, &grh).and_then(|()| scatter_sges(mem, pd, &wqe.sg_list, 40, pkt.payload));
+        let result = scatter_sges(mem, pd, &wqe.sg_list, 0, &grh)
+            .and_then(|()| scatter_sges(mem, pd, &wqe.sg_list, 40, pkt.payload));
         let mut wc = WorkCompletion::error(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.cfg.qpn);
         match result {
             Ok(()) => {
@@ -213,7 +253,12 @@ impl QpEngine {
                 // UC drops a bad message silently; a receive it consumed is reused.
                 if let Some(wqe) = self.resp.take_in_progress_wqe() {
                     if f.recv_status == WcStatus::LocLenErr {
-                        let wc = WorkCompletion::error(wqe.wr_id, WcStatus::LocLenErr, WcOpcode::Recv, self.cfg.qpn);
+                        let wc = WorkCompletion::error(
+                            wqe.wr_id,
+                            WcStatus::LocLenErr,
+                            WcOpcode::Recv,
+                            self.cfg.qpn,
+                        );
                         self.push_cqe(WorkQueue::Recv, wc);
                     } else {
                         self.put_back_recv(wqe, srq);
@@ -246,6 +291,7 @@ impl QpEngine {
         let psn = pkt.repr.bth.psn;
         let epsn = self.resp.epsn;
         if psn.is_after(epsn) {
+            self.resp.dup_run = 0;
             // Something was lost: NAK once until the expected PSN arrives.
             if !self.resp.nak_sent {
                 self.resp.nak_sent = true;
@@ -258,6 +304,7 @@ impl QpEngine {
             return self.rc_duplicate(pkt, mem);
         }
         self.resp.nak_sent = false;
+        self.resp.dup_run = 0;
         let opcode = pkt.opcode();
         let outcome = if opcode.is_read() {
             self.execute_read(pkt, mem)
@@ -277,7 +324,12 @@ impl QpEngine {
                 Ok(())
             }
             Err(Outcome::Rnr) => {
-                self.send_ack(AethSyndrome::RnrNak { timer: self.attr.min_rnr_timer }, psn);
+                self.send_ack(
+                    AethSyndrome::RnrNak {
+                        timer: self.attr.min_rnr_timer,
+                    },
+                    psn,
+                );
                 Ok(())
             }
             Err(Outcome::Sequence) => {
@@ -326,7 +378,11 @@ impl QpEngine {
             return Err(Outcome::Sequence);
         }
         // Lengths: FIRST and MIDDLE carry exactly one MTU, LAST and ONLY at most one.
-        let len_ok = if opcode.ends_message() { len <= mtu } else { len == mtu };
+        let len_ok = if opcode.ends_message() {
+            len <= mtu
+        } else {
+            len == mtu
+        };
         if !len_ok {
             return Err(Outcome::Fatal(INVALID_REQUEST));
         }
@@ -341,12 +397,30 @@ impl QpEngine {
                     return Err(Outcome::Fatal(INVALID_REQUEST));
                 }
                 if total > 0 {
-                    let key = KeyRef { key: reth.rkey, pd: self.cfg.pd, access: Access::RemoteWrite };
-                    mem.check(key, reth.va, total).map_err(|_| Outcome::Fatal(ACCESS_ERROR))?;
+                    let key = KeyRef {
+                        key: reth.rkey,
+                        pd: self.cfg.pd,
+                        access: Access::RemoteWrite,
+                    };
+                    mem.check(key, reth.va, total)
+                        .map_err(|_| Outcome::Fatal(ACCESS_ERROR))?;
                 }
-                self.resp.progress = Progress::Write { va: reth.va, rkey: reth.rkey, total, offset: 0 };
+                self.resp.progress = Progress::Write {
+                    va: reth.va,
+                    rkey: reth.rkey,
+                    total,
+                    offset: 0,
+                };
             }
-            let Progress::Write { va, rkey, total, offset } = self.resp.progress else { unreachable!() };
+            let Progress::Write {
+                va,
+                rkey,
+                total,
+                offset,
+            } = self.resp.progress
+            else {
+                unreachable!()
+            };
             if offset + len > total || (opcode.ends_message() && offset + len != total) {
                 return Err(Outcome::Fatal(INVALID_REQUEST));
             }
@@ -361,7 +435,11 @@ impl QpEngine {
                 None
             };
             if len > 0 {
-                let key = KeyRef { key: rkey, pd: self.cfg.pd, access: Access::RemoteWrite };
+                let key = KeyRef {
+                    key: rkey,
+                    pd: self.cfg.pd,
+                    access: Access::RemoteWrite,
+                };
                 if mem.write(key, va + offset, pkt.payload).is_err() {
                     if let Some(w) = wqe {
                         self.put_back_recv(w, srq);
@@ -374,7 +452,12 @@ impl QpEngine {
                 self.resp.progress = Progress::Idle;
                 self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
                 if let Some(w) = wqe {
-                    let mut wc = WorkCompletion::error(w.wr_id, WcStatus::Success, WcOpcode::RecvRdmaWithImm, self.cfg.qpn);
+                    let mut wc = WorkCompletion::error(
+                        w.wr_id,
+                        WcStatus::Success,
+                        WcOpcode::RecvRdmaWithImm,
+                        self.cfg.qpn,
+                    );
                     wc.byte_len = total as u32;
                     wc.src_qp = self.attr.dest_qp_num;
                     wc.wc_flags = WcFlags::WITH_IMM;
@@ -383,7 +466,12 @@ impl QpEngine {
                     self.push_cqe(WorkQueue::Recv, wc);
                 }
             } else {
-                self.resp.progress = Progress::Write { va, rkey, total, offset };
+                self.resp.progress = Progress::Write {
+                    va,
+                    rkey,
+                    total,
+                    offset,
+                };
             }
             return Ok(());
         }
@@ -394,7 +482,9 @@ impl QpEngine {
                 None => return Err(Outcome::Rnr),
             }
         }
-        let Progress::Send { wqe, offset } = &mut self.resp.progress else { unreachable!() };
+        let Progress::Send { wqe, offset } = &mut self.resp.progress else {
+            unreachable!()
+        };
         match scatter_sges(mem, self.cfg.pd, &wqe.sg_list, *offset, pkt.payload) {
             Ok(()) => {}
             Err(ScatterError::Length) => {
@@ -414,7 +504,9 @@ impl QpEngine {
         }
         *offset += len;
         if opcode.ends_message() {
-            let Progress::Send { wqe, offset } = std::mem::take(&mut self.resp.progress) else { unreachable!() };
+            let Progress::Send { wqe, offset } = std::mem::take(&mut self.resp.progress) else {
+                unreachable!()
+            };
             self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
             let mut wc = WorkCompletion::error(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.cfg.qpn);
             wc.byte_len = offset as u32;
@@ -447,12 +539,23 @@ impl QpEngine {
         }
         // IBTA C9-88: a zero-length READ checks neither the R_Key nor the address.
         if len > 0 {
-            let key = KeyRef { key: reth.rkey, pd: self.cfg.pd, access: Access::RemoteRead };
-            mem.check(key, reth.va, len).map_err(|_| Outcome::Fatal(ACCESS_ERROR))?;
+            let key = KeyRef {
+                key: reth.rkey,
+                pd: self.cfg.pd,
+                access: Access::RemoteRead,
+            };
+            mem.check(key, reth.va, len)
+                .map_err(|_| Outcome::Fatal(ACCESS_ERROR))?;
         }
         let psn = pkt.repr.bth.psn;
         let n = packets(len, self.mtu());
-        self.push_resource(RdResource::Read { first: psn, last: psn + (n - 1), va: reth.va, rkey: reth.rkey, len });
+        self.push_resource(RdResource::Read {
+            first: psn,
+            last: psn + (n - 1),
+            va: reth.va,
+            rkey: reth.rkey,
+            len,
+        });
         self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
         self.resp.epsn = psn + n;
         self.send_read_responses(psn, reth.va, reth.rkey, len, mem);
@@ -471,11 +574,18 @@ impl QpEngine {
             return Err(Outcome::Fatal(INVALID_REQUEST));
         }
         let op = if pkt.opcode() == Opcode::RcCompareSwap {
-            AtomicOp::CompareSwap { compare: a.compare, swap: a.swap_add }
+            AtomicOp::CompareSwap {
+                compare: a.compare,
+                swap: a.swap_add,
+            }
         } else {
             AtomicOp::FetchAdd { add: a.swap_add }
         };
-        let key = KeyRef { key: a.rkey, pd: self.cfg.pd, access: Access::RemoteAtomic };
+        let key = KeyRef {
+            key: a.rkey,
+            pd: self.cfg.pd,
+            access: Access::RemoteAtomic,
+        };
         let orig = match mem.atomic(key, a.va, op) {
             Ok(v) => v,
             Err(MemError::Misaligned) => return Err(Outcome::Fatal(INVALID_REQUEST)),
@@ -501,12 +611,22 @@ impl QpEngine {
         let psn = pkt.repr.bth.psn;
         let opcode = pkt.opcode();
         if opcode.is_read() {
-            let Some(reth) = pkt.repr.reth else { return Err(DropReason::Malformed) };
+            let Some(reth) = pkt.repr.reth else {
+                return Err(DropReason::Malformed);
+            };
             let found = self.resp.resources.iter().rev().find_map(|r| match *r {
-                RdResource::Read { first, last, va, rkey, len } if psn.in_range(first, last) => Some((va, rkey, len)),
+                RdResource::Read {
+                    first,
+                    last,
+                    va,
+                    rkey,
+                    len,
+                } if psn.in_range(first, last) => Some((va, rkey, len)),
                 _ => None,
             });
-            let Some((va, rkey, len)) = found else { return Err(DropReason::BadPsn) };
+            let Some((va, rkey, len)) = found else {
+                return Err(DropReason::BadPsn);
+            };
             // The retried request must ask for part of the original.
             let (rva, rlen) = (reth.va, u64::from(reth.dma_len));
             if reth.rkey != rkey || rva < va || rva + rlen > va + len {
@@ -520,24 +640,33 @@ impl QpEngine {
                 RdResource::Atomic { psn: p, orig } if p == psn => Some(orig),
                 _ => None,
             });
-            let Some(orig) = found else { return Err(DropReason::BadPsn) };
+            let Some(orig) = found else {
+                return Err(DropReason::BadPsn);
+            };
             // Replayed from the cache, never executed twice.
             self.send_atomic_ack(psn, orig);
             return Ok(());
         }
-        // SEND or WRITE: acknowledge again what was already received, if asked to. (rxe answers
-        // every duplicate; a go-back-N resend of a whole window then draws one ACK per packet.
-        // Every resend pass carries AckReq at least every 64 packets and on each message's
-        // last, so answering only those is enough.)
-        if pkt.repr.bth.ack_req {
+        // SEND or WRITE: acknowledge again what was already received. rxe answers every
+        // duplicate, so a go-back-N resend of a whole window draws one ACK per packet; answer
+        // the first duplicate of a run, every 16th, and those asking for it. That is still
+        // enough feedback for a requester whose earlier ACKs or NAKs were lost.
+        if pkt.repr.bth.ack_req || self.resp.dup_run % DUP_ACK_EVERY == 0 {
             self.send_ack(AethSyndrome::ACK_UNLIMITED, self.resp.epsn - 1);
         }
+        self.resp.dup_run += 1;
         Ok(())
     }
 
     fn send_ack(&mut self, syndrome: AethSyndrome, psn: Psn) {
         let bth = BthRepr::new(Opcode::RcAcknowledge, self.attr.dest_qp_num, psn);
-        let repr = PacketRepr { aeth: Some(AethRepr { syndrome, msn: self.resp.msn }), ..PacketRepr::new(bth, 0) };
+        let repr = PacketRepr {
+            aeth: Some(AethRepr {
+                syndrome,
+                msn: self.resp.msn,
+            }),
+            ..PacketRepr::new(bth, 0)
+        };
         if let Ok(tx) = build(&repr, self.path_dest(), |_| Ok(())) {
             self.out.push_back(tx);
         }
@@ -546,7 +675,10 @@ impl QpEngine {
     fn send_atomic_ack(&mut self, psn: Psn, orig: u64) {
         let bth = BthRepr::new(Opcode::RcAtomicAcknowledge, self.attr.dest_qp_num, psn);
         let repr = PacketRepr {
-            aeth: Some(AethRepr { syndrome: AethSyndrome::ACK_UNLIMITED, msn: self.resp.msn }),
+            aeth: Some(AethRepr {
+                syndrome: AethSyndrome::ACK_UNLIMITED,
+                msn: self.resp.msn,
+            }),
             atomic_ack_eth: Some(AtomicAckEthRepr { orig }),
             ..PacketRepr::new(bth, 0)
         };
@@ -572,10 +704,23 @@ impl QpEngine {
             let bth = BthRepr::new(Opcode::read_response(position), self.attr.dest_qp_num, first + i);
             let mut repr = PacketRepr::new(bth, chunk);
             if position != Position::Middle {
-                repr.aeth = Some(AethRepr { syndrome: AethSyndrome::ACK_UNLIMITED, msn: self.resp.msn });
+                repr.aeth = Some(AethRepr {
+                    syndrome: AethSyndrome::ACK_UNLIMITED,
+                    msn: self.resp.msn,
+                });
             }
-            let key = KeyRef { key: rkey, pd: self.cfg.pd, access: Access::RemoteRead };
-            let built = build(&repr, dest, |buf| if buf.is_empty() { Ok(()) } else { mem.read(key, va + offset, buf) });
+            let key = KeyRef {
+                key: rkey,
+                pd: self.cfg.pd,
+                access: Access::RemoteRead,
+            };
+            let built = build(&repr, dest, |buf| {
+                if buf.is_empty() {
+                    Ok(())
+                } else {
+                    mem.read(key, va + offset, buf)
+                }
+            });
             match built {
                 Ok(tx) => self.out.push_back(tx),
                 // The region went away mid-read: stop; the requester's timeout recovers.

@@ -34,8 +34,8 @@ use softverbs_engine::transport::{
     Completion, DropReason, QpConfig, QpEngine, RecvSource, RxMeta, Transmit, WorkQueue,
 };
 use softverbs_engine::types::{
-    AccessFlags, AhAttr, EventType, Gid, GlobalRoute, Mtu, QpAttr, QpAttrMask, QpState, QpType, RecvWr, SendFlags,
-    Sge, WcStatus, WorkCompletion,
+    AccessFlags, AhAttr, EventType, Gid, GlobalRoute, Mtu, QpAttr, QpAttrMask, QpState, QpType, RecvWr,
+    SendFlags, Sge, WcStatus, WorkCompletion,
 };
 use softverbs_engine::wr::{Payload, RemoteAddr, SendLimits, SendOp, SendWr, UdDest};
 use softverbs_wire::{icrc, AethSyndrome, Opcode, Psn, RocePacket, MULTICAST_QPN, ROCE_UDP_PORT};
@@ -136,12 +136,19 @@ pub struct Mr {
 impl Mr {
     /// An SGE over `len` bytes at `offset` into the region.
     pub fn sge(&self, offset: u64, len: u32) -> Sge {
-        Sge { addr: self.addr + offset, length: len, lkey: self.lkey }
+        Sge {
+            addr: self.addr + offset,
+            length: len,
+            lkey: self.lkey,
+        }
     }
 
     /// The remote address of `offset` into the region.
     pub fn remote(&self, offset: u64) -> RemoteAddr {
-        RemoteAddr { addr: self.addr + offset, rkey: self.rkey }
+        RemoteAddr {
+            addr: self.addr + offset,
+            rkey: self.rkey,
+        }
     }
 }
 
@@ -199,7 +206,14 @@ impl SimMemory {
         let n = regions.len() as u32 + 1;
         let lkey = self.key_salt | (n << 4) | 0x1;
         let rkey = self.key_salt | (n << 4) | 0x2;
-        let mr = Mr { lkey, rkey, pd, access, addr, len };
+        let mr = Mr {
+            lkey,
+            rkey,
+            pd,
+            access,
+            addr,
+            len,
+        };
         regions.push(Region { mr, valid: true });
         mr
     }
@@ -245,7 +259,14 @@ impl SimMemory {
             let regions = self.regions.borrow();
             let r = regions
                 .iter()
-                .find(|r| r.valid && if key.access.is_remote() { r.mr.rkey == key.key } else { r.mr.lkey == key.key })
+                .find(|r| {
+                    r.valid
+                        && if key.access.is_remote() {
+                            r.mr.rkey == key.key
+                        } else {
+                            r.mr.lkey == key.key
+                        }
+                })
                 .ok_or(MemError::BadKey)?;
             if r.mr.pd != key.pd {
                 return Err(MemError::WrongPd);
@@ -385,6 +406,12 @@ pub struct NetConfig {
     pub corrupt_pct: f64,
     /// Largest UDP payload (BTH..ICRC) the network carries; bigger ones are dropped.
     pub link_mtu: usize,
+    /// The same packet (sending QP, destination node, opcode and PSN) is lost, corrupted or
+    /// delayed at most this many times in a row; its next transmission gets through intact and
+    /// on time. 0 = unbounded. This keeps pure chance from exhausting a reliable QP's retry
+    /// budget (with 3, a stalled request/response pair fails at most 6 rounds in a row, below
+    /// retry_cnt 7) while leaving loss and reordering rates essentially unchanged.
+    pub max_burst: u32,
 }
 
 impl Default for NetConfig {
@@ -398,6 +425,7 @@ impl Default for NetConfig {
             reorder_max_ns: 0,
             corrupt_pct: 0.0,
             link_mtu: 4096 + 128,
+            max_burst: 0,
         }
     }
 }
@@ -410,6 +438,7 @@ impl NetConfig {
             dup_pct: loss_pct / 2.0,
             reorder_pct: loss_pct,
             reorder_max_ns: 20_000,
+            max_burst: 3,
             ..Self::default()
         }
     }
@@ -493,6 +522,8 @@ pub struct Sim {
     pub max_steps: u64,
     queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
+    /// Consecutive mishaps per packet, for `NetConfig::max_burst`.
+    bursts: BTreeMap<(QpId, usize, u8, u32), u32>,
 }
 
 impl Drop for Sim {
@@ -514,14 +545,21 @@ fn sport(qpn: u32) -> u16 {
 impl Sim {
     /// A fabric with `n` nodes on IPv4 10.0.0.1, 10.0.0.2, ... (or the seed override).
     pub fn new(seed: u64, n: usize) -> Self {
-        Self::with_gids(seed, (0..n).map(|i| Gid::from(Ipv4Addr::new(10, 0, 0, i as u8 + 1))).collect())
+        Self::with_gids(
+            seed,
+            (0..n)
+                .map(|i| Gid::from(Ipv4Addr::new(10, 0, 0, i as u8 + 1)))
+                .collect(),
+        )
     }
 
     /// A fabric with `n` nodes on IPv6 fd00::1, fd00::2, ...
     pub fn new_ipv6(seed: u64, n: usize) -> Self {
         Self::with_gids(
             seed,
-            (0..n).map(|i| Gid::from(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, i as u16 + 1))).collect(),
+            (0..n)
+                .map(|i| Gid::from(Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, i as u16 + 1)))
+                .collect(),
         )
     }
 
@@ -555,6 +593,7 @@ impl Sim {
             max_steps: DEFAULT_MAX_STEPS,
             queue: BinaryHeap::new(),
             seq: 0,
+            bursts: BTreeMap::new(),
         }
     }
 
@@ -616,7 +655,13 @@ impl Sim {
         let n = &mut self.nodes[node];
         let qpn = n.next_qpn;
         n.next_qpn += 1;
-        let cfg = QpConfig { qp_type, qpn, pd: o.pd, sq_sig_all: o.sq_sig_all, has_srq: o.srq.is_some() };
+        let cfg = QpConfig {
+            qp_type,
+            qpn,
+            pd: o.pd,
+            sq_sig_all: o.sq_sig_all,
+            has_srq: o.srq.is_some(),
+        };
         n.qps.insert(
             qpn,
             SimQp {
@@ -636,7 +681,8 @@ impl Sim {
     /// `ibv_modify_qp`: validated with the engine's state table against this node's port,
     /// applied, then handed to the engine. Panics if the modify is invalid.
     pub fn modify(&mut self, id: QpId, attr: &QpAttr, mask: QpAttrMask) {
-        self.try_modify(id, attr, mask).unwrap_or_else(|e| panic!("modify_qp {id:?}: {e}"));
+        self.try_modify(id, attr, mask)
+            .unwrap_or_else(|e| panic!("modify_qp {id:?}: {e}"));
     }
 
     pub fn try_modify(&mut self, id: QpId, attr: &QpAttr, mask: QpAttrMask) -> Result<(), String> {
@@ -663,13 +709,20 @@ impl Sim {
 
     /// Moves a QP to `state` with nothing else (ERR, RESET, SQD without notify, ...).
     pub fn set_state(&mut self, id: QpId, state: QpState) {
-        let attr = QpAttr { qp_state: state, ..QpAttr::default() };
+        let attr = QpAttr {
+            qp_state: state,
+            ..QpAttr::default()
+        };
         self.modify(id, &attr, QpAttrMask::STATE);
     }
 
     /// RTS -> SQD, asking for `IBV_EVENT_SQ_DRAINED`.
     pub fn drain(&mut self, id: QpId) {
-        let attr = QpAttr { qp_state: QpState::Sqd, en_sqd_async_notify: true, ..QpAttr::default() };
+        let attr = QpAttr {
+            qp_state: QpState::Sqd,
+            en_sqd_async_notify: true,
+            ..QpAttr::default()
+        };
         self.modify(id, &attr, QpAttrMask::STATE | QpAttrMask::EN_SQD_ASYNC_NOTIFY);
     }
 
@@ -735,16 +788,43 @@ impl Sim {
     /// A UD QP brought to RTS with Q_Key `qkey`.
     pub fn ud_up(&mut self, id: QpId, qkey: u32) {
         use QpAttrMask as M;
-        let init = QpAttr { qp_state: QpState::Init, pkey_index: 0, port_num: 1, qkey, ..QpAttr::default() };
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            pkey_index: 0,
+            port_num: 1,
+            qkey,
+            ..QpAttr::default()
+        };
         self.modify(id, &init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY);
-        self.modify(id, &QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() }, M::STATE);
-        self.modify(id, &QpAttr { qp_state: QpState::Rts, sq_psn: 0, ..QpAttr::default() }, M::STATE | M::SQ_PSN);
+        self.modify(
+            id,
+            &QpAttr {
+                qp_state: QpState::Rtr,
+                ..QpAttr::default()
+            },
+            M::STATE,
+        );
+        self.modify(
+            id,
+            &QpAttr {
+                qp_state: QpState::Rts,
+                sq_psn: 0,
+                ..QpAttr::default()
+            },
+            M::STATE | M::SQ_PSN,
+        );
     }
 
     /// An address vector from this fabric's node `node`'s GID (RoCE: a GRH with the GID).
     pub fn ah_to(&self, node: usize) -> AhAttr {
         AhAttr {
-            grh: GlobalRoute { dgid: self.nodes[node].gid, flow_label: 0, sgid_index: 0, hop_limit: 64, traffic_class: 0 },
+            grh: GlobalRoute {
+                dgid: self.nodes[node].gid,
+                flow_label: 0,
+                sgid_index: 0,
+                hop_limit: 64,
+                traffic_class: 0,
+            },
             is_global: true,
             port_num: 1,
             ..AhAttr::default()
@@ -753,7 +833,15 @@ impl Sim {
 
     /// A UD destination for QP `to`.
     pub fn ud_dest(&self, to: QpId, qkey: u32) -> UdDest {
-        UdDest { dgid: self.nodes[to.node].gid, sgid_index: 0, traffic_class: 0, hop_limit: 64, flow_label: 0, qpn: to.qpn, qkey }
+        UdDest {
+            dgid: self.nodes[to.node].gid,
+            sgid_index: 0,
+            traffic_class: 0,
+            hop_limit: 64,
+            flow_label: 0,
+            qpn: to.qpn,
+            qkey,
+        }
     }
 
     /// Attaches a UD QP to a multicast group (`ibv_attach_mcast`).
@@ -772,9 +860,13 @@ impl Sim {
             max_inline_data: 4096,
             max_msg_sz: 1 << 31,
             ud_mtu: qp.attr.path_mtu.bytes().max(Mtu::Mtu4096.bytes()),
-            max_rd_atomic: qp.attr.max_rd_atomic.max(u8::from(qp.engine.config().qp_type != QpType::Rc)),
+            max_rd_atomic: qp
+                .attr
+                .max_rd_atomic
+                .max(u8::from(qp.engine.config().qp_type != QpType::Rc)),
         };
-        wr.check(&limits).unwrap_or_else(|e| panic!("post_send {id:?}: {e}"));
+        wr.check(&limits)
+            .unwrap_or_else(|e| panic!("post_send {id:?}: {e}"));
         self.post_send_unchecked(id, wr);
     }
 
@@ -835,11 +927,18 @@ impl Sim {
         let mut txs = Vec::new();
         {
             let node = &mut self.nodes[id.node];
-            let Some(qp) = node.qps.get_mut(&id.qpn) else { return };
+            let Some(qp) = node.qps.get_mut(&id.qpn) else {
+                return;
+            };
             // A spinning engine would never stop producing packets at one instant.
             for n in 0.. {
-                let Some(tx) = qp.engine.poll_transmit(now, &node.mem) else { break };
-                assert!(n < 1_000_000, "QP {id:?} produced a million packets without time passing");
+                let Some(tx) = qp.engine.poll_transmit(now, &node.mem) else {
+                    break;
+                };
+                assert!(
+                    n < 1_000_000,
+                    "QP {id:?} produced a million packets without time passing"
+                );
                 txs.push(tx);
             }
             while let Some(Completion { queue, wc }) = qp.engine.poll_completion() {
@@ -887,10 +986,19 @@ impl Sim {
         *link = depart;
         let targets: Vec<usize> = if tx.dest.dgid.is_multicast() {
             (0..self.nodes.len())
-                .filter(|&n| self.nodes[n].qps.values().any(|q| q.mcast.contains(&tx.dest.dgid)))
+                .filter(|&n| {
+                    self.nodes[n]
+                        .qps
+                        .values()
+                        .any(|q| q.mcast.contains(&tx.dest.dgid))
+                })
                 .collect()
         } else {
-            self.nodes.iter().position(|n| n.gid == tx.dest.dgid).into_iter().collect()
+            self.nodes
+                .iter()
+                .position(|n| n.gid == tx.dest.dgid)
+                .into_iter()
+                .collect()
         };
         if targets.is_empty() {
             self.stats.no_route += 1;
@@ -925,7 +1033,11 @@ impl Sim {
                 self.trace_pkt("mtu-drop", &info);
                 continue;
             }
-            if self.rng.chance(self.net.loss_pct) {
+            let key = (from, to_node, info.opcode.as_u8(), info.psn.value());
+            let spare =
+                self.net.max_burst != 0 && self.bursts.get(&key).is_some_and(|&n| n >= self.net.max_burst);
+            if !spare && self.rng.chance(self.net.loss_pct) {
+                *self.bursts.entry(key).or_default() += 1;
                 self.stats.lost += 1;
                 self.trace_pkt("lost", &info);
                 continue;
@@ -936,9 +1048,13 @@ impl Sim {
             } else {
                 1
             };
+            // Copies that arrive intact and on time.
+            let mut good = 0;
             for _ in 0..copies {
                 let mut bytes = data.clone();
-                if self.rng.chance(self.net.corrupt_pct) {
+                let mut bad = false;
+                if !spare && self.rng.chance(self.net.corrupt_pct) {
+                    bad = true;
                     self.stats.corrupted += 1;
                     // Any byte but BTH byte 4 (FECN, BECN, reserved): switches may change that
                     // one, so the ICRC deliberately does not cover it.
@@ -949,10 +1065,12 @@ impl Sim {
                     bytes[i] ^= 1 << self.rng.below(8);
                 }
                 let mut at = depart + self.net.latency_ns + extra;
-                if self.rng.chance(self.net.reorder_pct) {
+                if !spare && self.rng.chance(self.net.reorder_pct) {
+                    bad = true;
                     self.stats.reordered += 1;
                     at += self.rng.below(self.net.reorder_max_ns + 1);
                 }
+                good += u32::from(!bad);
                 self.trace_pkt("send", &info);
                 self.seq += 1;
                 self.queue.push(Reverse(InFlight {
@@ -967,6 +1085,12 @@ impl Sim {
                     dgid: tx.dest.dgid,
                     data: bytes,
                 }));
+            }
+            // Corrupted or late counts as a mishap unless an intact, timely copy went too.
+            if good == 0 {
+                *self.bursts.entry(key).or_default() += 1;
+            } else {
+                self.bursts.remove(&key);
             }
         }
     }
@@ -997,7 +1121,12 @@ impl Sim {
         if !icrc::verify(f.src, f.dst, &f.data) {
             self.stats.bad_icrc += 1;
             if self.trace {
-                eprintln!("{:>12} bad-icrc    node {} {:02x?}", self.now.0, f.to_node, &f.data[..12.min(f.data.len())]);
+                eprintln!(
+                    "{:>12} bad-icrc    node {} {:02x?}",
+                    self.now.0,
+                    f.to_node,
+                    &f.data[..12.min(f.data.len())]
+                );
             }
             return;
         }
@@ -1008,7 +1137,11 @@ impl Sim {
         let dest_qpn = pkt.repr.bth.dest_qpn;
         let node = &self.nodes[f.to_node];
         let qpns: Vec<u32> = if dest_qpn == MULTICAST_QPN {
-            node.qps.iter().filter(|(_, q)| q.mcast.contains(&f.dgid)).map(|(&n, _)| n).collect()
+            node.qps
+                .iter()
+                .filter(|(_, q)| q.mcast.contains(&f.dgid))
+                .map(|(&n, _)| n)
+                .collect()
         } else if node.qps.contains_key(&dest_qpn) {
             vec![dest_qpn]
         } else {
@@ -1019,7 +1152,12 @@ impl Sim {
             return;
         }
         self.stats.delivered += 1;
-        let meta = RxMeta { sgid: f.sgid, dgid: f.dgid, traffic_class: f.meta_tc, hop_limit: f.meta_hop };
+        let meta = RxMeta {
+            sgid: f.sgid,
+            dgid: f.dgid,
+            traffic_class: f.meta_tc,
+            hop_limit: f.meta_hop,
+        };
         let now = self.now;
         for qpn in qpns {
             let node = &mut self.nodes[f.to_node];
@@ -1074,9 +1212,15 @@ impl Sim {
     /// One step: jump to the next event, deliver what is due, fire due timers. False when
     /// nothing is left to happen.
     pub fn step(&mut self) -> bool {
-        let Some(next) = self.next_event() else { return false };
+        let Some(next) = self.next_event() else {
+            return false;
+        };
         self.steps += 1;
-        assert!(self.steps <= self.max_steps, "simulation exceeded {} steps (livelock?)", self.max_steps);
+        assert!(
+            self.steps <= self.max_steps,
+            "simulation exceeded {} steps (livelock?)",
+            self.max_steps
+        );
         self.now = self.now.max(next);
         while self.queue.peek().is_some_and(|Reverse(f)| f.at <= self.now.0) {
             let Reverse(f) = self.queue.pop().expect("peeked");
@@ -1121,7 +1265,10 @@ impl Sim {
                     self.step();
                 }
                 Some(_) => panic!("condition not reached within {limit:?} of virtual time"),
-                None => panic!("fabric went idle before the condition held (virtual time {} ns)", self.now.0),
+                None => panic!(
+                    "fabric went idle before the condition held (virtual time {} ns)",
+                    self.now.0
+                ),
             }
         }
     }
@@ -1150,7 +1297,13 @@ pub struct QpOpts {
 
 impl Default for QpOpts {
     fn default() -> Self {
-        Self { pd: 1, sq_sig_all: false, srq: None, send_cq: None, recv_cq: None }
+        Self {
+            pd: 1,
+            sq_sig_all: false,
+            srq: None,
+            send_cq: None,
+            recv_cq: None,
+        }
     }
 }
 
@@ -1192,7 +1345,10 @@ impl Default for ConnOpts {
 
 /// Every right a region can have.
 pub fn all_access() -> AccessFlags {
-    AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC
+    AccessFlags::LOCAL_WRITE
+        | AccessFlags::REMOTE_WRITE
+        | AccessFlags::REMOTE_READ
+        | AccessFlags::REMOTE_ATOMIC
 }
 
 pub fn recv(wr_id: u64, sges: Vec<Sge>) -> RecvWr {
@@ -1200,11 +1356,24 @@ pub fn recv(wr_id: u64, sges: Vec<Sge>) -> RecvWr {
 }
 
 pub fn wr(wr_id: u64, op: SendOp, payload: Payload) -> SendWr {
-    SendWr { wr_id, op, flags: SendFlags::SIGNALED, payload, ud: None }
+    SendWr {
+        wr_id,
+        op,
+        flags: SendFlags::SIGNALED,
+        payload,
+        ud: None,
+    }
 }
 
 pub fn send(wr_id: u64, sges: Vec<Sge>) -> SendWr {
-    wr(wr_id, SendOp::Send { imm: None, invalidate: None }, Payload::Sges(sges))
+    wr(
+        wr_id,
+        SendOp::Send {
+            imm: None,
+            invalidate: None,
+        },
+        Payload::Sges(sges),
+    )
 }
 
 pub fn write(wr_id: u64, remote: RemoteAddr, sges: Vec<Sge>) -> SendWr {
@@ -1216,11 +1385,23 @@ pub fn read(wr_id: u64, remote: RemoteAddr, sges: Vec<Sge>) -> SendWr {
 }
 
 pub fn cmp_swp(wr_id: u64, remote: RemoteAddr, compare: u64, swap: u64, result: Sge) -> SendWr {
-    wr(wr_id, SendOp::CompareSwap { remote, compare, swap }, Payload::Sges(vec![result]))
+    wr(
+        wr_id,
+        SendOp::CompareSwap {
+            remote,
+            compare,
+            swap,
+        },
+        Payload::Sges(vec![result]),
+    )
 }
 
 pub fn fetch_add(wr_id: u64, remote: RemoteAddr, add: u64, result: Sge) -> SendWr {
-    wr(wr_id, SendOp::FetchAdd { remote, add }, Payload::Sges(vec![result]))
+    wr(
+        wr_id,
+        SendOp::FetchAdd { remote, add },
+        Payload::Sges(vec![result]),
+    )
 }
 
 /// Asserts a completion's identity and status, with a readable message.
