@@ -290,12 +290,9 @@ const APP_POLLING: Duration = Duration::from_micros(200);
 fn receive_thread(udp: &Udp) {
     let f = fabric();
     loop {
-        // An application thread busy polling a CQ reads the socket itself, with no thread
-        // hand-off; competing with it for the two ends of a datagram only adds latency.
-        // Wakes at least once a second to take over the standard port if it was freed.
-        if !udp.wait_readable(Duration::from_secs(1)) {
-            continue;
-        }
+        // While an application thread polls a CQ, it reads the socket itself with no thread
+        // hand-off: do not even wait on the socket, since every wake-up would take a core from a
+        // spinning thread.
         let since = f
             .now()
             .as_nanos()
@@ -304,7 +301,10 @@ fn receive_thread(udp: &Udp) {
             std::thread::sleep(APP_POLLING);
             continue;
         }
-        f.ingest(udp.receive());
+        // Wakes at least once a second to take over the standard port if it was freed.
+        if udp.wait_readable(Duration::from_secs(1)) {
+            f.ingest(udp.receive());
+        }
     }
 }
 

@@ -75,6 +75,24 @@ impl AtomicBuffer {
     /// Copies `dst.len()` bytes at `offset` into `dst`. Panics if out of bounds.
     pub fn read_bytes(&self, offset: usize, dst: &mut [u8]) {
         assert!(offset + dst.len() <= self.len, "read past the end of the buffer");
+        // Whole words move as fixed-size 8-byte copies (a plain load and store each); only the
+        // unaligned edges go word by word below.
+        let head = ((8 - offset % 8) % 8).min(dst.len());
+        if dst.len() - head >= 8 {
+            let (h, rest) = dst.split_at_mut(head);
+            let whole = rest.len() / 8 * 8;
+            let (mid, tail) = rest.split_at_mut(whole);
+            self.read_edge(offset, h);
+            for (chunk, w) in mid.chunks_exact_mut(8).zip(&self.words[(offset + head) / 8..]) {
+                chunk.copy_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
+            }
+            self.read_edge(offset + head + whole, tail);
+            return;
+        }
+        self.read_edge(offset, dst);
+    }
+
+    fn read_edge(&self, offset: usize, dst: &mut [u8]) {
         let mut pos = offset;
         let mut out = 0;
         while out < dst.len() {
@@ -90,6 +108,25 @@ impl AtomicBuffer {
     /// Copies `src` to `offset`. Panics if out of bounds.
     pub fn write_bytes(&self, offset: usize, src: &[u8]) {
         assert!(offset + src.len() <= self.len, "write past the end of the buffer");
+        let head = ((8 - offset % 8) % 8).min(src.len());
+        if src.len() - head >= 8 {
+            let (h, rest) = src.split_at(head);
+            let whole = rest.len() / 8 * 8;
+            let (mid, tail) = rest.split_at(whole);
+            self.write_edge(offset, h);
+            for (chunk, w) in mid.chunks_exact(8).zip(&self.words[(offset + head) / 8..]) {
+                w.store(
+                    u64::from_ne_bytes(chunk.try_into().expect("8 bytes")),
+                    Ordering::Relaxed,
+                );
+            }
+            self.write_edge(offset + head + whole, tail);
+            return;
+        }
+        self.write_edge(offset, src);
+    }
+
+    fn write_edge(&self, offset: usize, src: &[u8]) {
         let mut pos = offset;
         let mut done = 0;
         while done < src.len() {
@@ -270,6 +307,26 @@ mod tests {
         let mut out = [0u8; 5];
         b.read_bytes(30, &mut out);
         assert_eq!(out, [30, 31, 32, 33, 34]);
+    }
+
+    proptest::proptest! {
+        /// Reads and writes at any offset and length behave like a plain byte array.
+        #[test]
+        fn behaves_like_a_byte_array(len in 1usize..200, ops in proptest::collection::vec((0usize..200, 0usize..100, proptest::prelude::any::<u8>()), 1..20)) {
+            let b = AtomicBuffer::new(len);
+            let mut model = vec![0u8; len];
+            for (off, n, v) in ops {
+                let off = off % len;
+                let n = n.min(len - off);
+                let data: Vec<u8> = (0..n).map(|i| v.wrapping_add(i as u8)).collect();
+                b.write_bytes(off, &data);
+                model[off..off + n].copy_from_slice(&data);
+                let mut got = vec![0u8; n];
+                b.read_bytes(off, &mut got);
+                proptest::prop_assert_eq!(&got[..], &model[off..off + n]);
+            }
+            proptest::prop_assert_eq!(b.to_vec(), model);
+        }
     }
 
     #[test]

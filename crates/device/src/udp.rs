@@ -351,8 +351,24 @@ impl Udp {
             fds.extend(f.fds().map(|f| (f, true)));
         }
         let mut out = Vec::new();
+        // One readiness check over every socket costs less than a failing recvmsg on each.
+        let mut pfds: Vec<PollFd<'_>> = fds
+            .iter()
+            .map(|(f, _)| PollFd::new(f.as_fd(), PollFlags::POLLIN))
+            .collect();
+        if !matches!(poll(&mut pfds, PollTimeout::ZERO), Ok(n) if n > 0) {
+            return out;
+        }
+        let ready: Vec<bool> = pfds
+            .iter()
+            .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
+            .collect();
+        drop(pfds);
         let mut rx = self.rx.lock();
-        for (fd, is_forwarder) in fds {
+        for ((fd, is_forwarder), ready) in fds.into_iter().zip(ready) {
+            if !ready {
+                continue;
+            }
             // Bounded, so one busy socket does not starve the others.
             for _ in 0..256 {
                 if !self.recv_one(fd, is_forwarder, &mut rx, &mut out) {

@@ -57,7 +57,9 @@ impl SendOp {
     pub fn wr_opcode(&self) -> WrOpcode {
         match self {
             Self::Send { imm: Some(_), .. } => WrOpcode::SendWithImm,
-            Self::Send { invalidate: Some(_), .. } => WrOpcode::SendWithInv,
+            Self::Send {
+                invalidate: Some(_), ..
+            } => WrOpcode::SendWithInv,
             Self::Send { .. } => WrOpcode::Send,
             Self::Write { imm: Some(_), .. } => WrOpcode::RdmaWriteWithImm,
             Self::Write { .. } => WrOpcode::RdmaWrite,
@@ -80,7 +82,10 @@ impl SendOp {
 
     /// READ or atomic: needs a responder resource and a response.
     pub fn is_read_or_atomic(&self) -> bool {
-        matches!(self, Self::Read { .. } | Self::CompareSwap { .. } | Self::FetchAdd { .. })
+        matches!(
+            self,
+            Self::Read { .. } | Self::CompareSwap { .. } | Self::FetchAdd { .. }
+        )
     }
 
     /// Atomic.
@@ -179,11 +184,18 @@ impl SendWr {
             QpType::Rc => true,
         };
         if !legal {
-            return Err(Error::invalid(format!("opcode {opcode:?} is not supported on a {} QP", l.qp_type)));
+            return Err(Error::invalid(format!(
+                "opcode {opcode:?} is not supported on a {} QP",
+                l.qp_type
+            )));
         }
         match &self.payload {
             Payload::Sges(s) if s.len() > l.max_send_sge as usize => {
-                return Err(Error::invalid(format!("num_sge {} exceeds max_send_sge {}", s.len(), l.max_send_sge)))
+                return Err(Error::invalid(format!(
+                    "num_sge {} exceeds max_send_sge {}",
+                    s.len(),
+                    l.max_send_sge
+                )))
             }
             Payload::Inline(b) => {
                 if b.len() > l.max_inline_data as usize {
@@ -194,24 +206,36 @@ impl SendWr {
                     )));
                 }
                 if self.op.is_read_or_atomic() {
-                    return Err(Error::invalid("IBV_SEND_INLINE is only valid for SEND and RDMA WRITE"));
+                    return Err(Error::invalid(
+                        "IBV_SEND_INLINE is only valid for SEND and RDMA WRITE",
+                    ));
                 }
             }
             Payload::Sges(_) => {}
         }
         let len = self.payload.len();
         if len > l.max_msg_sz {
-            return Err(Error::invalid(format!("message of {len} bytes exceeds max_msg_sz {}", l.max_msg_sz)));
+            return Err(Error::invalid(format!(
+                "message of {len} bytes exceeds max_msg_sz {}",
+                l.max_msg_sz
+            )));
         }
         if self.op.is_read_or_atomic() && l.max_rd_atomic == 0 {
-            return Err(Error::invalid("max_rd_atomic is 0: the QP cannot issue RDMA READ or atomics"));
+            return Err(Error::invalid(
+                "max_rd_atomic is 0: the QP cannot issue RDMA READ or atomics",
+            ));
         }
         if let SendOp::CompareSwap { remote, .. } | SendOp::FetchAdd { remote, .. } = self.op {
             if remote.addr % 8 != 0 {
-                return Err(Error::invalid(format!("atomic remote_addr {:#x} is not 8-byte aligned", remote.addr)));
+                return Err(Error::invalid(format!(
+                    "atomic remote_addr {:#x} is not 8-byte aligned",
+                    remote.addr
+                )));
             }
             if len != 8 {
-                return Err(Error::invalid(format!("an atomic needs an 8-byte local buffer, not {len} bytes")));
+                return Err(Error::invalid(format!(
+                    "an atomic needs an 8-byte local buffer, not {len} bytes"
+                )));
             }
         }
         if l.qp_type == QpType::Ud {
@@ -219,7 +243,10 @@ impl SendWr {
                 return Err(Error::invalid("a UD send needs an address handle"));
             }
             if len > u64::from(l.ud_mtu) {
-                return Err(Error::invalid(format!("UD message of {len} bytes exceeds the path MTU {}", l.ud_mtu)));
+                return Err(Error::invalid(format!(
+                    "UD message of {len} bytes exceeds the path MTU {}",
+                    l.ud_mtu
+                )));
             }
         }
         Ok(())

@@ -263,7 +263,6 @@ fn multi_sge_gather_and_scatter_cross_packet_boundaries() {
     ]
     .concat();
     assert_eq!(got, expect);
-    let _ = m;
     assert_eq!(sim.mem(1).peek(dst.addr + 9000, 3000), expect);
     let read_back = [
         sim.mem(0).peek(src.addr + 100, 1000),
@@ -384,8 +383,20 @@ fn solicited_bit_reaches_the_receive_completion() {
     assert!(r[0].is_solicited() && !r[1].is_solicited());
     // SE only on the last packet of a message.
     let log = sim.log.take().unwrap();
-    let first = log.iter().find(|p| p.opcode == Opcode::RcSendFirst).unwrap();
-    let _ = first;
+    let se: Vec<(Opcode, bool)> = log
+        .iter()
+        .filter(|p| p.from == a)
+        .map(|p| (p.opcode, p.solicited))
+        .collect();
+    assert_eq!(
+        se,
+        vec![
+            (Opcode::RcSendFirst, false),
+            (Opcode::RcSendLast, true),
+            (Opcode::RcSendOnly, false),
+            (Opcode::RcWriteOnlyWithImm, true)
+        ]
+    );
     assert!(sim.take_send_cq(a).iter().all(|w| !w.solicited));
 }
 

@@ -368,3 +368,40 @@ fn a_sequence_nak_behind_a_stuck_read_is_acted_upon() {
     );
     assert_eq!(sim.qp(a).engine.counters().seq_naks_received, 2);
 }
+
+#[test]
+fn completing_a_read_resets_the_retry_budget_for_the_atomic_behind_it() {
+    // retry_cnt 3. The READ spends two retries on a twice-lost response; once it completes the
+    // budget must be full again for the atomic behind it, whose ACK is also lost twice.
+    let o = ConnOpts {
+        mtu: Mtu::Mtu1024,
+        retry_cnt: 3,
+        timeout: 8,
+        ..ConnOpts::default()
+    };
+    let (mut sim, a, _b) = Sim::pair(10, QpType::Rc, &o);
+    let local = sim.mem(0).alloc_mr(1, 8192, all_access());
+    let remote = sim.mem(1).alloc_mr(1, 8192, all_access());
+    let data = sim.rng.bytes(4096);
+    sim.mem(1).poke(remote.addr, &data);
+    let hole = o.psn_a + 1;
+    let (mut hole_drops, mut ack_drops) = (2, 2);
+    sim.set_filter(move |p| {
+        if p.opcode.is_read() && p.opcode.is_response() && p.psn.value() == hole && hole_drops > 0 {
+            hole_drops -= 1;
+            return Verdict::Drop;
+        }
+        if p.opcode == Opcode::RcAtomicAcknowledge && ack_drops > 0 {
+            ack_drops -= 1;
+            return Verdict::Drop;
+        }
+        Verdict::Pass
+    });
+    sim.post_send(a, read(1, remote.remote(0), vec![local.sge(0, 4096)]));
+    sim.post_send(a, fetch_add(2, remote.remote(4096), 3, local.sge(4096, 8)));
+    sim.post_send(a, write(3, remote.remote(5000), vec![local.sge(5000, 8)]));
+    sim.run();
+    assert_ok_in_order(&sim.take_send_cq(a), &[1, 2, 3]);
+    assert_eq!(sim.mem(0).peek(local.addr, 4096), data);
+    assert_eq!(sim.mem(1).peek_u64(remote.addr + 4096), 3);
+}

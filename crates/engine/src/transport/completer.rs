@@ -239,13 +239,13 @@ impl QpEngine {
     /// Everything up to and including `psn` is acknowledged: completes, in order, SEND/WRITE
     /// WQEs that end there and READ/atomic WQEs whose response already arrived. A READ or atomic
     /// still waiting for its response when a PSN at or past it is acknowledged lost its
-    /// response (the responder executes in order): that triggers a retry from it.
+    /// response (the responder executes in order): its responses are asked for again.
     pub(crate) fn ack_through(&mut self, now: Instant, psn: Psn) {
-        // Remembered for WQEs stuck behind an unanswered READ/atomic: once its response arrives
-        // they complete without being sent again.
-        // A PSN acknowledged for the first time is progress even when the window cannot move
-        // (a READ in front still waits for its response): it resets the retry budget and ends
-        // the go-back-N under way, so a new sequence NAK after it is acted upon.
+        // `acked_psn` is remembered for WQEs stuck behind an unanswered READ/atomic: once its
+        // response arrives they complete without being sent again. A PSN acknowledged for the
+        // first time is progress even when the window cannot move (a READ in front still waits
+        // for its response): it resets the retry budget and ends the go-back-N under way, so a
+        // new sequence NAK after it is acted upon.
         let mut progressed = false;
         if self.req.acked_psn.is_none_or(|a| psn.is_after(a)) {
             progressed = self.req.acked_psn.is_some();
@@ -460,6 +460,13 @@ impl QpEngine {
         while self.sq.front().is_some_and(|w| w.done) {
             self.pop_completed();
         }
+        let base = self.window_base();
+        if base.is_after(self.req.unacked) {
+            self.req.unacked = base;
+        }
+        // A WQE completed: that is progress, whatever happens next (it must not be skipped
+        // when the acknowledgements below find the next WQE's response missing).
+        self.on_progress(now);
         if let Some(acked) = self.req.acked_psn {
             let next = self.req.next_psn;
             if self
@@ -468,14 +475,8 @@ impl QpEngine {
                 .is_some_and(|w| w.started && acked.in_range(w.first_psn, next - 1))
             {
                 self.ack_through(now, acked);
-                return;
             }
         }
-        let base = self.window_base();
-        if base.is_after(self.req.unacked) {
-            self.req.unacked = base;
-        }
-        self.on_progress(now);
     }
 
     /// The first PSN not known to be finished, judging by the front WQE alone: everything
