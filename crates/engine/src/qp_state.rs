@@ -432,9 +432,8 @@ pub fn apply_modify(qp_attr: &mut QpAttr, attr: &QpAttr, mask: QpAttrMask, next:
         return;
     }
     let set = |m: M| mask.contains(m);
-    if set(M::EN_SQD_ASYNC_NOTIFY) {
-        qp_attr.en_sqd_async_notify = attr.en_sqd_async_notify;
-    }
+    // The drain notification belongs to the one RTS->SQD request that asks for it.
+    qp_attr.en_sqd_async_notify = set(M::EN_SQD_ASYNC_NOTIFY) && attr.en_sqd_async_notify;
     if set(M::ACCESS_FLAGS) {
         qp_attr.qp_access_flags = attr.qp_access_flags;
     }
