@@ -5,7 +5,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -417,11 +417,28 @@ fn peer_killed_gives_retry_exceeded() {
 }
 
 fn ud_between_processes() {
+    ud_to_peer(IpAddr::V4(Ipv4Addr::LOCALHOST));
+}
+
+/// The same over IPv6 (`::1`), whose ICRC a receiver can always verify.
+fn ud_between_processes_over_ipv6() {
+    ud_to_peer(IpAddr::V6(std::net::Ipv6Addr::LOCALHOST));
+}
+
+fn ud_to_peer(ip: IpAddr) {
     let s = side(QpType::Ud);
     let (mut p, peer) = Peer::spawn("ud", s.info());
     s.connect(0, 0);
     assert_eq!(p.line(), "ready");
-    let ah = s.pd.create_ah(&common::ah_attr(&s.ctx)).unwrap();
+    let mut attr = common::ah_attr(&s.ctx);
+    let gid = Gid::from_ip(ip);
+    let Some(index) = (0..16).find(|&i| s.ctx.query_gid(1, i).unwrap() == gid) else {
+        panic!("the loopback device has no GID for {ip}");
+    };
+    attr.grh.dgid = gid;
+    attr.grh.sgid_index = index as u8;
+    let before = s.ctx.counters();
+    let ah = s.pd.create_ah(&attr).unwrap();
     s.mr.write(0, b"hello").unwrap();
     let r = SendRequest {
         ud: Some(ah.ud_address(peer.qpn, 0x11)),
@@ -436,6 +453,11 @@ fn ud_between_processes() {
     };
     s.qp.post_send(&[r]).unwrap();
     assert_eq!(p.line(), format!("ud 1 {} hello", s.qp.qp_num()));
+    assert_eq!(
+        s.ctx.counters().tx_unroutable,
+        before.tx_unroutable,
+        "sent over UDP"
+    );
 }
 
 /// A standard peer (one that knows nothing of slots) sends to port 4791; the process holding
@@ -478,7 +500,7 @@ fn main() {
         peer();
         return;
     }
-    let tests: [(&str, fn()); 4] = [
+    let tests: [(&str, fn()); 5] = [
         ("standard_port_forwarding", standard_port_forwarding),
         ("rc_between_processes", rc_between_processes),
         (
@@ -486,6 +508,7 @@ fn main() {
             peer_killed_gives_retry_exceeded,
         ),
         ("ud_between_processes", ud_between_processes),
+        ("ud_between_processes_over_ipv6", ud_between_processes_over_ipv6),
     ];
     let mut failed = 0;
     for (name, t) in tests {
