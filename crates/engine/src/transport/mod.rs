@@ -34,6 +34,7 @@
 
 mod completer;
 mod grh;
+mod placement;
 mod requester;
 mod responder;
 
@@ -44,10 +45,13 @@ use softverbs_wire::{ParsedPacket, Psn};
 
 use crate::memory::Memory;
 use crate::time::Instant;
-use crate::types::{EventType, Gid, QpAttr, QpState, QpType, RecvWr, WcOpcode, WcStatus, WorkCompletion};
+use crate::types::{
+    EventType, Gid, QpAttr, QpState, QpType, RecvWr, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+};
 use crate::wr::SendWr;
 
 pub use grh::write_grh;
+pub use placement::RecvPlacement;
 
 /// Unacknowledged PSNs a requester may have in flight (as rxe).
 pub const WINDOW: u32 = 128;
@@ -98,6 +102,9 @@ pub enum WorkQueue {
     Send,
     /// The receive CQ.
     Recv,
+    /// Back to the driver: the end of a work request the driver posted for itself
+    /// ([`QpEngine::post_internal`]), or of a message it asked to see ([`RecvPlacement::queue`]).
+    Internal,
 }
 
 /// A completion to push onto a CQ.
@@ -138,6 +145,13 @@ pub trait RecvSource {
     fn take(&mut self) -> Option<RecvWr>;
     /// Returns a WQE taken for a message that was then abandoned (UC), to be used next.
     fn put_back(&mut self, wr: RecvWr);
+    /// Chooses the receive of a SEND from its first packet's payload (`only`: the message is
+    /// that one packet). `None` means no receive is available (RNR), and must change nothing,
+    /// since the message will be sent again. By default the next WQE takes the whole message.
+    fn take_send(&mut self, first: &[u8], only: bool) -> Option<RecvPlacement> {
+        let _ = (first, only);
+        self.take().map(RecvPlacement::plain)
+    }
 }
 
 /// The attributes the transport runs with, captured from the QP's attributes.
@@ -225,6 +239,8 @@ pub(crate) struct SendWqe {
     pub(crate) done: bool,
     /// The WQE failed with this status; it completes with it when the QP is flushed, in order.
     pub(crate) failed: Option<WcStatus>,
+    /// Posted by the driver for itself: it always completes, to [`WorkQueue::Internal`].
+    pub(crate) internal: bool,
 }
 
 impl SendWqe {
@@ -245,6 +261,7 @@ impl SendWqe {
             rereq_psn: None,
             done: false,
             failed: None,
+            internal: false,
         }
     }
 
@@ -318,6 +335,8 @@ pub struct QpEngine {
     pub(crate) events: VecDeque<EventType>,
     pub(crate) counters: QpCounters,
     pub(crate) went_to_error: bool,
+    /// The driver has posted WQEs for itself: counting the application's WQEs must skip them.
+    pub(crate) internal_used: bool,
 }
 
 impl QpEngine {
@@ -336,6 +355,7 @@ impl QpEngine {
             events: VecDeque::new(),
             counters: QpCounters::default(),
             went_to_error: false,
+            internal_used: false,
         }
     }
 
@@ -365,9 +385,13 @@ impl QpEngine {
         self.sq.iter().take_while(|w| w.started).any(SendWqe::outstanding)
     }
 
-    /// Posted send WQEs not yet completed.
+    /// Posted send WQEs of the application not yet completed.
     pub fn send_queue_len(&self) -> usize {
-        self.sq.len()
+        if self.internal_used {
+            self.sq.len() - self.internal_queue_len()
+        } else {
+            self.sq.len()
+        }
     }
 
     /// Posted receive WQEs not yet consumed (own receive queue only).
@@ -440,6 +464,26 @@ impl QpEngine {
             return;
         }
         self.sq.push_back(SendWqe::new(wr));
+    }
+
+    /// Queues a send WQE the driver posts for itself (an RDMA READ or SEND of an offload such
+    /// as tag matching): it takes no slot of the application's send queue and completes, signaled
+    /// or not, to [`WorkQueue::Internal`]. In ERR it completes at once as flushed.
+    pub fn post_internal(&mut self, wr: SendWr) {
+        if self.state == QpState::Err {
+            let wc = WorkCompletion::error(wr.wr_id, WcStatus::WrFlushErr, wr.op.wc_opcode(), self.cfg.qpn);
+            self.push_cqe(WorkQueue::Internal, wc);
+            return;
+        }
+        let mut w = SendWqe::new(wr);
+        w.internal = true;
+        self.internal_used = true;
+        self.sq.push_back(w);
+    }
+
+    /// Send WQEs the driver posted for itself and that have not completed.
+    pub fn internal_queue_len(&self) -> usize {
+        self.sq.iter().filter(|w| w.internal).count()
     }
 
     /// Processes one received packet addressed to this QP. Returns why it was dropped, if it
@@ -520,16 +564,19 @@ impl QpEngine {
         for w in std::mem::take(&mut self.sq) {
             let status = w.failed.unwrap_or(WcStatus::WrFlushErr);
             let wc = WorkCompletion::error(w.wr.wr_id, status, w.wr.op.wc_opcode(), qpn);
-            self.push_cqe(WorkQueue::Send, wc);
+            let queue = if w.internal {
+                WorkQueue::Internal
+            } else {
+                WorkQueue::Send
+            };
+            self.push_cqe(queue, wc);
         }
         self.req.send_idx = 0;
         self.req.outstanding_rd = 0;
         self.req.rereq_pending = 0;
-        if let Some(wqe) = self.resp.take_in_progress_wqe() {
-            self.push_cqe(
-                WorkQueue::Recv,
-                WorkCompletion::error(wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn),
-            );
+        if let Some(p) = self.resp.take_in_progress_wqe() {
+            let wc = p.completion(WcStatus::WrFlushErr, WcFlags::empty(), qpn, 0);
+            self.push_cqe(p.queue, wc);
         }
         for r in std::mem::take(&mut self.rq) {
             self.push_cqe(

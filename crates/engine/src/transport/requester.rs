@@ -426,13 +426,18 @@ impl QpEngine {
 
     /// Completes a send WQE, with a completion if signaled or unsuccessful.
     pub(crate) fn complete_send(&mut self, w: &super::SendWqe, status: WcStatus) {
-        let signaled = self.cfg.sq_sig_all || w.wr.flags.contains(SendFlags::SIGNALED);
+        let signaled = self.cfg.sq_sig_all || w.wr.flags.contains(SendFlags::SIGNALED) || w.internal;
         if signaled || status != WcStatus::Success {
             let mut wc = WorkCompletion::error(w.wr.wr_id, status, w.wr.op.wc_opcode(), self.cfg.qpn);
             if status == WcStatus::Success {
                 wc.byte_len = w.len as u32;
             }
-            self.push_cqe(WorkQueue::Send, wc);
+            let queue = if w.internal {
+                WorkQueue::Internal
+            } else {
+                WorkQueue::Send
+            };
+            self.push_cqe(queue, wc);
         }
     }
 

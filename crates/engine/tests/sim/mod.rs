@@ -944,7 +944,8 @@ impl Sim {
             }
             while let Some(Completion { queue, wc }) = qp.engine.poll_completion() {
                 let cq = match queue {
-                    WorkQueue::Send => qp.send_cq,
+                    // Internal work (a driver's own READs and SENDs) shows on the send CQ here.
+                    WorkQueue::Send | WorkQueue::Internal => qp.send_cq,
                     WorkQueue::Recv => qp.recv_cq,
                 };
                 node.cqs[cq].push(wc);
