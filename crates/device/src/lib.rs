@@ -19,6 +19,7 @@ pub mod netif;
 pub mod pd;
 pub mod qp;
 mod sync;
+pub mod tm;
 mod udp;
 
 pub use config::{Config, Limits};

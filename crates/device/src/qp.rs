@@ -23,6 +23,7 @@ use crate::device::{cap_flags, Resource};
 use crate::fabric::{fabric, Node};
 use crate::pd::{Ah, Pd};
 use crate::sync::{AckCounter, UseCount};
+use crate::tm::{QpRendezvous, TmRecv, TmShared, TmState};
 
 /// Rounds a queue depth up to a power of two, as ring-based hardware does; 0 stays 0.
 fn round_depth(n: u32) -> u32 {
@@ -98,6 +99,8 @@ struct QpInner {
     attr: QpAttr,
     engine: QpEngine,
     mcast: HashSet<Gid>,
+    /// Rendezvous transfers for a tag-matching SRQ.
+    tm: QpRendezvous,
 }
 
 /// A queue pair (`ibv_create_qp`).
@@ -146,6 +149,11 @@ impl Qp {
             }
             if !Arc::ptr_eq(srq.pd().context(), ctx) {
                 return Err(Error::invalid("srq belongs to another context"));
+            }
+            if srq.is_tm() && init.qp_type != QpType::Rc {
+                return Err(Error::invalid(
+                    "only RC QPs can be associated with a tag-matching SRQ",
+                ));
             }
         }
         let c = init.cap;
@@ -234,6 +242,7 @@ impl Qp {
                 attr,
                 engine,
                 mcast: HashSet::new(),
+                tm: QpRendezvous::default(),
             }),
             deadline: AtomicU64::new(u64::MAX),
             uses: UseCount::default(),
@@ -329,10 +338,20 @@ impl Qp {
                 txs.push(tx);
             }
             let mut overrun = false;
+            let mut posted = false;
+            // A tag-matching SRQ receives the completions of its QPs on its own CQ.
+            let tm_cq = self.init.srq.as_ref().and_then(|s| s.tm_cq());
             while let Some(c) = inner.engine.poll_completion() {
                 let cq = match c.queue {
                     WorkQueue::Send => &self.init.send_cq,
-                    WorkQueue::Recv => &self.init.recv_cq,
+                    WorkQueue::Recv => tm_cq.unwrap_or(&self.init.recv_cq),
+                    WorkQueue::Internal => {
+                        if let Some(cq) = tm_cq {
+                            let src = inner.attr.dest_qp_num;
+                            posted |= inner.tm.on_internal(&mut inner.engine, &c.wc, cq, self.qpn, src);
+                        }
+                        continue;
+                    }
                 };
                 overrun |= cq.push(c.wc).is_err();
             }
@@ -350,6 +369,9 @@ impl Qp {
                 let attr = inner.attr;
                 inner.engine.set_attr(now, &attr);
                 self.raise(EventType::QpFatal);
+                continue;
+            }
+            if posted {
                 continue;
             }
             break;
@@ -381,6 +403,17 @@ impl Qp {
         let mut inner = self.inner.lock();
         let node = self.node();
         let dropped = match &self.init.srq {
+            Some(srq) if srq.is_tm() => {
+                let QpInner { attr, engine, tm, .. } = &mut *inner;
+                let mut src = TmRecv {
+                    srq,
+                    rndv: tm,
+                    can_read: crate::tm::can_read(attr),
+                };
+                engine
+                    .handle_packet(now, pkt, meta, &node.keys, Some(&mut src))
+                    .err()
+            }
             Some(srq) => {
                 let mut src = SrqRecv(srq);
                 inner
@@ -422,6 +455,11 @@ impl Qp {
             apply_modify(&mut inner.attr, attr, mask, next);
             let new = inner.attr;
             inner.engine.set_attr(now, &new);
+            if new.qp_state == QpState::Reset {
+                if let Some(cq) = self.init.srq.as_ref().and_then(|s| s.tm_cq()) {
+                    inner.tm.flush(cq, self.qpn);
+                }
+            }
             self.drain(&mut inner, now)
         };
         self.send_and_drive(txs);
@@ -679,6 +717,7 @@ impl Drop for Qp {
 struct SrqInner {
     attr: SrqAttr,
     queue: VecDeque<RecvWr>,
+    tm: Option<TmState>,
 }
 
 /// A shared receive queue (`ibv_create_srq`).
@@ -688,6 +727,8 @@ pub struct Srq {
     pd: Arc<Pd>,
     handle: u32,
     inner: Mutex<SrqInner>,
+    /// Tag-matching SRQs (`IBV_SRQT_TM`): their CQ and sizes.
+    tm: Option<TmShared>,
     uses: UseCount,
     async_acks: AckCounter,
     user_data: AtomicU64,
@@ -697,6 +738,14 @@ impl Srq {
     /// `ibv_create_srq`: [`Srq::query`] gives the actual `max_wr` and `max_sge`, each at least
     /// what was asked; `srq_limit` is ignored at creation.
     pub fn create(pd: &Arc<Pd>, attr: &SrqAttr) -> Result<Arc<Self>> {
+        Self::create_with(pd, attr, None)
+    }
+
+    pub(crate) fn create_with(
+        pd: &Arc<Pd>,
+        attr: &SrqAttr,
+        tm: Option<(TmShared, TmState)>,
+    ) -> Result<Arc<Self>> {
         let ctx = pd.context();
         let limits = *ctx.device().limits();
         if attr.max_wr == 0 || attr.max_wr > limits.max_srq_wr {
@@ -721,6 +770,7 @@ impl Srq {
             max_sge: attr.max_sge.max(1),
             srq_limit: 0,
         };
+        let (tm, tm_state) = tm.unzip();
         Ok(Arc::new_cyclic(|me| Self {
             me: me.clone(),
             pd: pd.clone(),
@@ -728,7 +778,9 @@ impl Srq {
             inner: Mutex::new(SrqInner {
                 attr: actual,
                 queue: VecDeque::new(),
+                tm: tm_state,
             }),
+            tm,
             uses: UseCount::default(),
             async_acks: AckCounter::default(),
             user_data: AtomicU64::new(0),
@@ -843,10 +895,23 @@ impl Srq {
     /// Takes the oldest posted WR for an incoming message. When that leaves fewer WRs than an
     /// armed limit, raises `IBV_EVENT_SRQ_LIMIT_REACHED` once and disarms the limit.
     pub fn take(&self) -> Option<RecvWr> {
+        self.with_tm(|queue, _| queue.pop_front())
+    }
+
+    pub(crate) fn tm_shared(&self) -> Option<&TmShared> {
+        self.tm.as_ref()
+    }
+
+    /// Runs `f` on the posted WRs and the tag-matching state under the SRQ's lock. When `f`
+    /// takes WRs and leaves fewer than an armed limit, raises `IBV_EVENT_SRQ_LIMIT_REACHED`
+    /// once and disarms the limit.
+    pub(crate) fn with_tm<R>(&self, f: impl FnOnce(&mut VecDeque<RecvWr>, Option<&mut TmState>) -> R) -> R {
         let mut inner = self.inner.lock();
-        let wr = inner.queue.pop_front()?;
+        let before = inner.queue.len();
+        let SrqInner { queue, tm, .. } = &mut *inner;
+        let r = f(queue, tm.as_mut());
         let limit = inner.attr.srq_limit;
-        if limit > 0 && (inner.queue.len() as u32) < limit {
+        if inner.queue.len() < before && limit > 0 && (inner.queue.len() as u32) < limit {
             inner.attr.srq_limit = 0;
             drop(inner);
             if let Some(me) = self.me.upgrade() {
@@ -855,7 +920,7 @@ impl Srq {
                     .raise(EventElement::Srq(me), EventType::SrqLimitReached);
             }
         }
-        Some(wr)
+        r
     }
 
     /// Returns a WQE taken for a message that was abandoned; it is the next one used.
@@ -866,6 +931,9 @@ impl Srq {
     fn teardown(&self) {
         self.pd.context().device().release(Resource::Srq);
         self.pd.uses().release();
+        if let Some(cq) = self.tm_cq() {
+            cq.uses().release();
+        }
     }
 
     /// `ibv_destroy_srq`: EBUSY while a QP uses the SRQ.

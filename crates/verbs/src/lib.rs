@@ -37,6 +37,7 @@ pub use softverbs_device::device::{DeviceAttr, PortAttr};
 pub use softverbs_device::qp::{PostError, SendRequest, UdAddress};
 pub use softverbs_device::CounterSnapshot;
 pub use softverbs_engine::rate::{mbps_to_rate, mult_to_rate, rate_to_mbps, rate_to_mult};
+pub use softverbs_engine::tm::{OpsFlags, SrqOp, SrqOpKind, TmCap, TmCapFlags, TmCaps, TmInfo};
 pub use softverbs_engine::transport::QpCounters;
 pub use softverbs_engine::types::{
     AccessFlags, AhAttr, AtomicCap, EventType, Gid, GlobalRoute, MigState, Mtu, PortState, QpAttr,

@@ -6,11 +6,13 @@ use std::sync::Arc;
 use softverbs_device as core;
 use softverbs_device::mem::AtomicBuffer;
 use softverbs_device::qp::UdAddress;
+use softverbs_engine::tm::TmCap;
 use softverbs_engine::types::{AccessFlags, AhAttr, Sge, SrqAttr, WorkCompletion};
 use softverbs_engine::wr::RemoteAddr;
 use softverbs_engine::{Error, Result};
 
 use crate::context::Context;
+use crate::cq::CompletionQueue;
 use crate::qp::{QpInit, QueuePair, SharedReceiveQueue};
 
 #[derive(Debug)]
@@ -76,7 +78,21 @@ impl ProtectionDomain {
 
     /// `ibv_create_srq`: see [`SharedReceiveQueue::query`] for the actual sizes.
     pub fn create_srq(&self, attr: &SrqAttr) -> Result<SharedReceiveQueue> {
-        SharedReceiveQueue::create(self, attr)
+        SharedReceiveQueue::create(self, attr, None)
+    }
+
+    /// `ibv_create_srq_ex` with `IBV_SRQT_TM`: a tag-matching SRQ whose completions, and those
+    /// of the RC QPs attached to it, go to `cq`. Tags are managed with
+    /// [`SharedReceiveQueue::post_ops`]; unexpected-message buffers are posted with
+    /// [`SharedReceiveQueue::post_recv`]. EINVAL when `tm` is 0 or beyond
+    /// [`Context::tm_caps`](crate::Context::tm_caps).
+    pub fn create_tm_srq(
+        &self,
+        attr: &SrqAttr,
+        cq: &CompletionQueue,
+        tm: TmCap,
+    ) -> Result<SharedReceiveQueue> {
+        SharedReceiveQueue::create(self, attr, Some((cq, tm)))
     }
 
     /// `ibv_create_ah`.

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use softverbs_device as core;
 use softverbs_device::qp::{PostError, SendRequest};
+use softverbs_engine::tm::{SrqOp, TmCap};
 use softverbs_engine::transport::QpCounters;
 use softverbs_engine::types::{Gid, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SrqAttr};
 use softverbs_engine::Result;
@@ -175,6 +176,7 @@ impl QueuePair {
 pub(crate) struct SrqInner {
     pub(crate) core: Arc<core::Srq>,
     pd: ProtectionDomain,
+    _cq: Option<CompletionQueue>,
 }
 
 impl Drop for SrqInner {
@@ -192,10 +194,19 @@ impl Drop for SrqInner {
 pub struct SharedReceiveQueue(pub(crate) Arc<SrqInner>);
 
 impl SharedReceiveQueue {
-    pub(crate) fn create(pd: &ProtectionDomain, attr: &SrqAttr) -> Result<Self> {
+    pub(crate) fn create(
+        pd: &ProtectionDomain,
+        attr: &SrqAttr,
+        tm: Option<(&CompletionQueue, TmCap)>,
+    ) -> Result<Self> {
+        let core = match tm {
+            Some((cq, cap)) => core::Srq::create_tm(pd.core(), attr, cq.core(), cap)?,
+            None => core::Srq::create(pd.core(), attr)?,
+        };
         let inner = Arc::new(SrqInner {
-            core: core::Srq::create(pd.core(), attr)?,
+            core,
             pd: pd.clone(),
+            _cq: tm.map(|(cq, _)| cq.clone()),
         });
         pd.context().register_target(
             Arc::as_ptr(&inner.core) as usize,
@@ -227,5 +238,25 @@ impl SharedReceiveQueue {
     /// Whether no WR is posted.
     pub fn is_empty(&self) -> bool {
         self.0.core.is_empty()
+    }
+
+    /// Whether this is a tag-matching SRQ.
+    pub fn is_tm(&self) -> bool {
+        self.0.core.is_tm()
+    }
+
+    /// `ibv_post_srq_ops` on a tag-matching SRQ: performs the operations in order, stopping at
+    /// the first that cannot be posted. Returns the handle of each `IBV_WR_TAG_ADD` performed
+    /// (0 for other operations) and the first refusal: EINVAL (not a tag-matching SRQ, too many
+    /// SGEs, handle outside the list) or ENOMEM (`max_ops` operations outstanding, or the tag
+    /// list full). An operation stays outstanding until its completion, or that of a later
+    /// operation, is polled, so unsignaled operations need a signaled one now and then.
+    pub fn post_ops(&self, ops: &[SrqOp]) -> (Vec<u32>, Result<(), PostError>) {
+        self.0.core.post_ops(ops)
+    }
+
+    /// Entries in the tag list.
+    pub fn tm_tags(&self) -> usize {
+        self.0.core.tm_tags()
     }
 }
