@@ -343,7 +343,8 @@ fn receive_thread(udp: &Udp) {
         }
         // Wakes at least once a second to take over the standard port if it was freed.
         if udp.wait_readable(Duration::from_secs(1)) {
-            f.ingest(udp.receive());
+            udp.receive(|d| f.deliver_datagrams(d));
+            f.drive(f.now());
         }
     }
 }
@@ -417,8 +418,8 @@ impl Fabric {
     /// progress thread to be scheduled).
     pub(crate) fn progress(&self, now: Instant) {
         self.app_poll_at.store(now.as_nanos(), Ordering::Relaxed);
-        if let Some(batch) = self.udp().and_then(|u| u.try_receive()) {
-            self.ingest(batch);
+        if let Some(u) = self.udp() {
+            u.try_receive(|d| self.deliver_datagrams(d));
         }
         self.drive(now);
         if self.wake_at.load(Ordering::Acquire) <= now.as_nanos() {
@@ -549,8 +550,8 @@ impl Fabric {
         }
     }
 
-    /// Hands received datagrams to their nodes and processes them.
-    fn ingest(&self, dgrams: Vec<Datagram>) {
+    /// Hands received datagrams to their nodes' inbound queues, in order.
+    fn deliver_datagrams(&self, dgrams: Vec<Datagram>) {
         if dgrams.is_empty() {
             return;
         }
@@ -582,7 +583,6 @@ impl Fabric {
                 });
             }
         }
-        self.drive(self.now());
     }
 
     /// Releases a QP number.

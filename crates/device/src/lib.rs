@@ -17,6 +17,7 @@ pub mod fabric;
 mod held;
 pub mod mem;
 pub mod netif;
+mod pace;
 pub mod pd;
 pub mod qp;
 mod sync;
