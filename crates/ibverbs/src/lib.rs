@@ -10,7 +10,8 @@
 //!   gives it a versioned name (`ibv_alloc_pd@@IBVERBS_1.1`) with `.symver`, and `build.rs`
 //!   passes a version script that declares the nodes, the soname and `-z now`.
 //! - `verbs`: devices, contexts and the control verbs, a module per subject, with the pure
-//!   struct conversions in `verbs::convert`; `datapath`: posting, polling, the extended CQ (`ibv_cq_ex`) and the extended QP work-request API (`ibv_wr_*`).
+//!   struct conversions in `verbs::convert`; `datapath`: posting, polling, the extended CQ
+//!   (`ibv_cq_ex`) and the extended QP work-request API (`ibv_wr_*`).
 //!
 //! Each C object is the first field of a Rust-owned `repr(C)` box that also holds the `Arc` of
 //! its core object, so a C pointer converts back to its box by a cast. The `ibv_context` is the

@@ -16,6 +16,7 @@ use crate::abi::*;
 /// `IBV_GID_TYPE_ROCE_V2` of `enum ibv_gid_type` (the `ibv_gid_entry` enum).
 pub(crate) const GID_ENTRY_TYPE_ROCE_V2: u32 = 2;
 
+/// Copies `s` into a NUL-padded C char array, truncated to leave the final NUL.
 pub(crate) fn copy_str(dst: &mut [c_char], s: &str) {
     let max = dst.len() - 1;
     for (d, b) in dst.iter_mut().zip(s.bytes().take(max)) {
@@ -23,6 +24,7 @@ pub(crate) fn copy_str(dst: &mut [c_char], s: &str) {
     }
 }
 
+/// The core device attributes as `struct ibv_device_attr` (GUIDs in network byte order).
 pub(crate) fn device_attr_c(a: &DeviceAttr) -> ibv_device_attr {
     let mut fw_ver = [0 as c_char; 64];
     copy_str(&mut fw_ver, &a.fw_ver);
@@ -71,6 +73,7 @@ pub(crate) fn device_attr_c(a: &DeviceAttr) -> ibv_device_attr {
     }
 }
 
+/// The core port attributes as `struct ibv_port_attr`.
 pub(crate) fn port_attr_c(p: &PortAttr) -> ibv_port_attr {
     ibv_port_attr {
         state: p.state.raw(),
@@ -109,6 +112,7 @@ pub(crate) fn gid_entry(ifindex: u32, port: u8, index: u32, gid: Gid) -> ibv_gid
     }
 }
 
+/// The core address vector as `struct ibv_ah_attr`.
 pub(crate) fn ah_attr_c(a: &AhAttr) -> ibv_ah_attr {
     ibv_ah_attr {
         grh: ibv_global_route {
@@ -127,6 +131,7 @@ pub(crate) fn ah_attr_c(a: &AhAttr) -> ibv_ah_attr {
     }
 }
 
+/// `struct ibv_ah_attr` to the core address vector.
 pub(crate) fn ah_attr_core(a: &ibv_ah_attr) -> AhAttr {
     AhAttr {
         grh: GlobalRoute {
@@ -145,6 +150,7 @@ pub(crate) fn ah_attr_core(a: &ibv_ah_attr) -> AhAttr {
     }
 }
 
+/// The core QP capabilities as `struct ibv_qp_cap`.
 pub(crate) fn cap_c(c: &QpCap) -> ibv_qp_cap {
     ibv_qp_cap {
         max_send_wr: c.max_send_wr,
@@ -155,6 +161,7 @@ pub(crate) fn cap_c(c: &QpCap) -> ibv_qp_cap {
     }
 }
 
+/// `struct ibv_qp_cap` to the core capabilities.
 pub(crate) fn cap_core(c: &ibv_qp_cap) -> QpCap {
     QpCap {
         max_send_wr: c.max_send_wr,
@@ -222,6 +229,7 @@ pub(crate) fn qp_attr_core(a: &ibv_qp_attr, mask: QpAttrMask) -> Result<QpAttr, 
     })
 }
 
+/// The core QP attributes as `struct ibv_qp_attr`.
 pub(crate) fn qp_attr_c(a: &QpAttr) -> ibv_qp_attr {
     ibv_qp_attr {
         qp_state: a.qp_state.raw(),
@@ -253,6 +261,7 @@ pub(crate) fn qp_attr_c(a: &QpAttr) -> ibv_qp_attr {
     }
 }
 
+/// `struct ibv_wc` to a core completion; unknown enum values become a general error / receive.
 pub(crate) fn wc_core(wc: &ibv_wc) -> WorkCompletion {
     WorkCompletion {
         wr_id: wc.wr_id,

@@ -23,6 +23,7 @@ pub(crate) fn device_registry() -> &'static Mutex<HashMap<String, usize>> {
     REGISTRY.get_or_init(Default::default)
 }
 
+/// The process-wide `SvDevice` of a core device, made on first sight.
 pub(crate) fn sv_device(core: &Device) -> *mut SvDevice {
     let mut reg = device_registry().lock().unwrap_or_else(|p| p.into_inner());
     if let Some(&p) = reg.get(core.name()) {

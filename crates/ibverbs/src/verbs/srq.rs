@@ -9,6 +9,8 @@ use super::{destroy_boxed, errno_of, outer, srq_attr_c, srq_attr_core, SvPd, SvS
 use crate::abi::*;
 use crate::fail_null;
 
+/// Creates an SRQ box and writes the actual sizes back into `attr`; shared by
+/// `ibv_create_srq` and the `create_srq_ex` op.
 pub(crate) unsafe fn new_srq(
     pd: *mut ibv_pd,
     srq_context: *mut c_void,
