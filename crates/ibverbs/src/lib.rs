@@ -45,6 +45,14 @@ pub(crate) fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e };
 }
 
+/// Sets `errno` to `e` and returns it: the failure convention of the verbs that return an
+/// errno value. rdma-core leaves the same value in `errno` on every failing verb and programs
+/// print `strerror(errno)`, so every such failure return goes through here.
+pub(crate) fn fail(e: c_int) -> c_int {
+    set_errno(e);
+    e
+}
+
 /// Sets `errno` and returns NULL: the failure convention of the verbs that return objects.
 pub(crate) fn fail_null<T>(e: c_int) -> *mut T {
     set_errno(e);

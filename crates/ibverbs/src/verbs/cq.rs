@@ -10,7 +10,7 @@ use softverbs_engine::types::WorkCompletion;
 
 use super::{bump_locked, context, destroy_boxed, errno_of, outer, SvChannel, SvCq, EINVAL};
 use crate::abi::*;
-use crate::{datapath, fail_minus_one, fail_null};
+use crate::{datapath, fail, fail_minus_one, fail_null};
 
 /// `ibv_create_comp_channel`.
 pub(crate) unsafe extern "C" fn create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
@@ -126,7 +126,7 @@ pub(crate) unsafe extern "C" fn create_cq(
 pub(crate) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { outer::<SvCq, _>(cq) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     match c.core.resize(cqe) {
         Ok(n) => {
@@ -134,7 +134,7 @@ pub(crate) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int 
             unsafe { (*cq).cqe = n as c_int };
             0
         }
-        Err(e) => errno_of(&e),
+        Err(e) => fail(errno_of(&e)),
     }
 }
 
@@ -142,7 +142,7 @@ pub(crate) unsafe extern "C" fn resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int 
 pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { outer::<SvCq, _>(cq) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     match c.core.destroy() {
         Ok(()) => {
@@ -155,7 +155,7 @@ pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut ibv_cq) -> c_int {
             drop(unsafe { Box::from_raw(cq.cast::<SvCq>()) });
             0
         }
-        Err(e) => errno_of(&e),
+        Err(e) => fail(errno_of(&e)),
     }
 }
 

@@ -14,7 +14,7 @@ use super::{
     EINVAL, VERBS_CONTEXT_SIZE,
 };
 use crate::abi::*;
-use crate::{datapath, fail_null};
+use crate::{datapath, fail, fail_minus_one, fail_null, set_errno};
 
 /// Every device ever listed, by name. Devices live for the whole process, so a device pointer
 /// stays valid after `ibv_free_device_list`, as with rdma-core.
@@ -102,7 +102,10 @@ pub(crate) unsafe extern "C" fn get_device_guid(dev: *mut ibv_device) -> u64 {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     match unsafe { outer::<SvDevice, _>(dev) } {
         Some(d) => d.core.guid().to_be(),
-        None => 0,
+        None => {
+            set_errno(EINVAL);
+            0
+        }
     }
 }
 
@@ -111,7 +114,7 @@ pub(crate) unsafe extern "C" fn get_device_index(dev: *mut ibv_device) -> c_int 
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     match unsafe { outer::<SvDevice, _>(dev) } {
         Some(d) => d.core.ifindex() as c_int,
-        None => -1,
+        None => fail_minus_one(EINVAL),
     }
 }
 
@@ -220,7 +223,7 @@ pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_co
 pub(crate) unsafe extern "C" fn close_device(ctx: *mut ibv_context) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     c.core.close();
     // SAFETY: the SvContext was made by `Box::into_raw` in `open_device`; the caller gives it up.

@@ -8,7 +8,8 @@
 //!
 //! Return conventions follow the man pages: object constructors return NULL and set `errno`;
 //! `ibv_query_gid`, `ibv_get_cq_event`, `ibv_get_async_event` and `ibv_init_ah_from_wc`
-//! return -1 and set `errno`; the others return the errno value.
+//! return -1 and set `errno`; the others return the errno value and, as rdma-core does, leave it
+//! in `errno` too (every such failure returns through `crate::fail`).
 
 use std::ffi::c_int;
 

@@ -12,6 +12,7 @@ use softverbs_engine::types::WorkCompletion;
 
 use super::{errno_of, EINVAL};
 use crate::abi::*;
+use crate::fail;
 
 /// `sizeof(struct verbs_context)`, what rdma-core stores in `sz`.
 pub(crate) const VERBS_CONTEXT_SIZE: usize = size_of::<verbs_context>();
@@ -115,7 +116,7 @@ pub(crate) unsafe fn destroy_boxed<S, C>(
 ) -> c_int {
     // SAFETY: the caller's contract.
     let Some(obj) = (unsafe { outer::<S, _>(p) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     match destroy(obj) {
         // SAFETY: made by `Box::into_raw`; the caller gives it up.
@@ -123,7 +124,7 @@ pub(crate) unsafe fn destroy_boxed<S, C>(
             drop(unsafe { Box::from_raw(p.cast::<S>()) });
             0
         }
-        Err(e) => errno_of(&e),
+        Err(e) => fail(errno_of(&e)),
     }
 }
 

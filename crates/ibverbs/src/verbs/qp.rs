@@ -13,7 +13,7 @@ use super::{
     WrBatch, EINVAL, EOPNOTSUPP,
 };
 use crate::abi::*;
-use crate::{datapath, fail_null};
+use crate::{datapath, fail, fail_null};
 
 /// What `ibv_create_qp` and the `create_qp_ex` op share.
 pub(crate) struct NewQp {
@@ -113,16 +113,16 @@ pub(crate) unsafe extern "C" fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_ini
 pub(crate) unsafe extern "C" fn modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(q) = (unsafe { outer::<SvQp, _>(qp) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     if attr.is_null() {
-        return EINVAL;
+        return fail(EINVAL);
     }
     let mask = QpAttrMask::from_bits_retain(mask as u32);
     // SAFETY: `attr` is a readable `struct ibv_qp_attr`.
     let a = match qp_attr_core(unsafe { &*attr }, mask) {
         Ok(a) => a,
-        Err(e) => return e,
+        Err(e) => return fail(e),
     };
     match q.core.modify(&a, mask) {
         Ok(()) => {
@@ -130,7 +130,7 @@ pub(crate) unsafe extern "C" fn modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_att
             unsafe { (*qp).state = q.core.state().raw() };
             0
         }
-        Err(e) => errno_of(&e),
+        Err(e) => fail(errno_of(&e)),
     }
 }
 
@@ -143,10 +143,10 @@ pub(crate) unsafe extern "C" fn query_qp(
 ) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(q) = (unsafe { outer::<SvQp, _>(qp) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     if attr.is_null() || init.is_null() {
-        return EINVAL;
+        return fail(EINVAL);
     }
     let a = q.core.query();
     // SAFETY: `qp` is live and the out-pointers are writable.
@@ -188,15 +188,15 @@ pub(crate) extern "C" fn query_qp_data_in_order(_qp: *mut ibv_qp, _op: c_uint, f
 pub(crate) unsafe extern "C" fn attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(q) = (unsafe { outer::<SvQp, _>(qp) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     if gid.is_null() {
-        return EINVAL;
+        return fail(EINVAL);
     }
     // SAFETY: `gid` is a readable `union ibv_gid`.
     match q.core.attach_mcast(&Gid(unsafe { (*gid).raw }), lid) {
         Ok(()) => 0,
-        Err(e) => errno_of(&e),
+        Err(e) => fail(errno_of(&e)),
     }
 }
 
@@ -204,14 +204,14 @@ pub(crate) unsafe extern "C" fn attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gi
 pub(crate) unsafe extern "C" fn detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, lid: u16) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(q) = (unsafe { outer::<SvQp, _>(qp) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     if gid.is_null() {
-        return EINVAL;
+        return fail(EINVAL);
     }
     // SAFETY: `gid` is a readable `union ibv_gid`.
     match q.core.detach_mcast(&Gid(unsafe { (*gid).raw }), lid) {
         Ok(()) => 0,
-        Err(e) => errno_of(&e),
+        Err(e) => fail(errno_of(&e)),
     }
 }

@@ -7,7 +7,7 @@ use softverbs_engine::types::Gid;
 
 use super::{context, device_attr_c, errno_of, gid_entry, port_attr_c, EINVAL};
 use crate::abi::*;
-use crate::fail_minus_one;
+use crate::{fail, fail_minus_one};
 
 pub(crate) const ENODATA: c_int = libc::ENODATA;
 
@@ -18,10 +18,10 @@ pub(crate) const GID_SYSFS_TYPE_ROCE_V2: c_uint = 1;
 pub(crate) unsafe extern "C" fn query_device(ctx: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     if attr.is_null() {
-        return EINVAL;
+        return fail(EINVAL);
     }
     // SAFETY: the caller passes a writable `struct ibv_device_attr`.
     unsafe { attr.write(device_attr_c(&c.core.query_device())) };
@@ -37,14 +37,14 @@ pub(crate) unsafe extern "C" fn query_device_ex(
 ) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     // SAFETY: `input` is NULL or a readable input struct.
     if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
-        return EINVAL;
+        return fail(EINVAL);
     }
     if attr.is_null() || attr_size < size_of::<ibv_device_attr>() {
-        return EINVAL;
+        return fail(EINVAL);
     }
     let orig = device_attr_c(&c.core.query_device());
     // SAFETY: all-zero is a valid `ibv_device_attr_ex` (integers and plain structs only).
@@ -73,10 +73,10 @@ pub(crate) unsafe fn query_port_into(
 ) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     if attr.is_null() {
-        return EINVAL;
+        return fail(EINVAL);
     }
     match c.core.query_port(port) {
         Ok(p) => {
@@ -92,7 +92,7 @@ pub(crate) unsafe fn query_port_into(
             };
             0
         }
-        Err(e) => errno_of(&e),
+        Err(e) => fail(errno_of(&e)),
     }
 }
 
@@ -174,22 +174,22 @@ pub(crate) unsafe extern "C" fn query_gid_ex(
 ) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     if flags != 0 || entry.is_null() || entry_size < size_of::<ibv_gid_entry>() {
-        return EINVAL;
+        return fail(EINVAL);
     }
     let Ok(port) = u8::try_from(port) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     match c.core.query_gid(port, index.min(i32::MAX as u32) as i32) {
-        Ok(g) if g.is_zero() => ENODATA,
+        Ok(g) if g.is_zero() => fail(ENODATA),
         Ok(g) => {
             // SAFETY: the caller's entry holds at least `sizeof(struct ibv_gid_entry)` bytes.
             unsafe { entry.write(gid_entry(c.core.device().ifindex(), port, index, g)) };
             0
         }
-        Err(e) => errno_of(&e),
+        Err(e) => fail(errno_of(&e)),
     }
 }
 
@@ -203,10 +203,10 @@ pub(crate) unsafe extern "C" fn query_gid_table(
 ) -> isize {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
-        return -(EINVAL as isize);
+        return -(fail(EINVAL) as isize);
     };
     if flags != 0 || entries.is_null() || entry_size < size_of::<ibv_gid_entry>() {
-        return -(EINVAL as isize);
+        return -(fail(EINVAL) as isize);
     }
     let table = c.core.device().gid_table();
     let valid: Vec<(usize, Gid)> = table
@@ -216,7 +216,7 @@ pub(crate) unsafe extern "C" fn query_gid_table(
         .filter(|(_, g)| !g.is_zero())
         .collect();
     if valid.len() > max_entries {
-        return -(EINVAL as isize);
+        return -(fail(EINVAL) as isize);
     }
     for (n, (i, g)) in valid.iter().enumerate() {
         // SAFETY: the caller's array has `max_entries` entries of `entry_size` bytes each.

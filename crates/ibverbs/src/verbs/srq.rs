@@ -7,7 +7,7 @@ use softverbs_device::Srq;
 
 use super::{destroy_boxed, errno_of, outer, srq_attr_c, srq_attr_core, SvPd, SvSrq, EINVAL, EOPNOTSUPP};
 use crate::abi::*;
-use crate::fail_null;
+use crate::{fail, fail_null};
 
 /// Creates an SRQ box and writes the actual sizes back into `attr`; shared by
 /// `ibv_create_srq` and the `create_srq_ex` op.
@@ -97,16 +97,16 @@ pub(crate) unsafe extern "C" fn create_srq_ex(
 pub(crate) unsafe extern "C" fn modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(s) = (unsafe { outer::<SvSrq, _>(srq) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     if attr.is_null() {
-        return EINVAL;
+        return fail(EINVAL);
     }
     // SAFETY: `attr` is readable.
     let a = unsafe { *attr };
     match s.core.modify(&srq_attr_core(&a), mask as u32) {
         Ok(()) => 0,
-        Err(e) => errno_of(&e),
+        Err(e) => fail(errno_of(&e)),
     }
 }
 
@@ -114,10 +114,10 @@ pub(crate) unsafe extern "C" fn modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq
 pub(crate) unsafe extern "C" fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(s) = (unsafe { outer::<SvSrq, _>(srq) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     if attr.is_null() {
-        return EINVAL;
+        return fail(EINVAL);
     }
     let a = s.core.query();
     // SAFETY: `attr` is writable.
@@ -135,5 +135,5 @@ pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
 
 /// The `get_srq_num` op: XRC SRQs are not offered.
 pub(crate) unsafe extern "C" fn get_srq_num(_srq: *mut ibv_srq, _num: *mut u32) -> c_int {
-    EOPNOTSUPP
+    fail(EOPNOTSUPP)
 }

@@ -5,7 +5,7 @@ use std::ffi::{c_int, c_void};
 
 use super::{ENOSYS, EOPNOTSUPP};
 use crate::abi::*;
-use crate::{fail_null, set_errno};
+use crate::{fail, fail_null, set_errno};
 
 /// The `open_xrcd` op: XRC is not offered.
 pub(crate) unsafe extern "C" fn open_xrcd(_ctx: *mut ibv_context, _attr: *mut c_void) -> *mut ibv_xrcd {
@@ -14,7 +14,7 @@ pub(crate) unsafe extern "C" fn open_xrcd(_ctx: *mut ibv_context, _attr: *mut c_
 
 /// The `close_xrcd` op (called without a NULL check by `ibv_close_xrcd`).
 pub(crate) unsafe extern "C" fn close_xrcd(_xrcd: *mut ibv_xrcd) -> c_int {
-    EOPNOTSUPP
+    fail(EOPNOTSUPP)
 }
 
 /// The `open_qp` op: shareable XRC QPs are not offered.
@@ -29,7 +29,7 @@ pub(crate) extern "C" fn resolve_eth_l2_from_gid(
     _mac: *mut u8,
     _vid: *mut u16,
 ) -> c_int {
-    EOPNOTSUPP
+    fail(EOPNOTSUPP)
 }
 
 /// Pointer-returning verbs that are not offered: NULL with EOPNOTSUPP.
@@ -39,7 +39,7 @@ pub(crate) extern "C" fn null_eopnotsupp() -> *mut c_void {
 
 /// Errno-returning verbs that are not offered.
 pub(crate) extern "C" fn eopnotsupp() -> c_int {
-    EOPNOTSUPP
+    fail(EOPNOTSUPP)
 }
 
 /// Calls with nothing to do.
