@@ -604,6 +604,45 @@ static void test_errno(void)
 	free(mem);
 }
 
+/* A flow label wider than 20 bits is kept as its low 20 bits (UCX passes ~0 on RoCE). */
+static void test_flow_label(void)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_qp *qp = make_qp(cq, IBV_QPT_RC, NULL);
+	REQUIRE(cq && qp, "flow label checks: CQ and QP");
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
+	REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
+		"flow label checks: QP to INIT");
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = qp->qp_num;
+	a.max_dest_rd_atomic = 1;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = gid;
+	a.ah_attr.grh.sgid_index = gid_index;
+	a.ah_attr.grh.hop_limit = 1;
+	a.ah_attr.grh.flow_label = 0xFFFFFFFF;
+	a.ah_attr.port_num = 1;
+	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+					    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0,
+	      "ibv_modify_qp accepts flow_label 0xFFFFFFFF");
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	memset(&qa, 0, sizeof(qa));
+	int qr = ibv_query_qp(qp, &qa, IBV_QP_AV, &qi);
+	CHECK(qr == 0 && qa.ah_attr.grh.flow_label == 0xFFFFF, "ibv_query_qp gives it back as 0xFFFFF (got %#x)",
+	      qa.ah_attr.grh.flow_label);
+	struct ibv_ah_attr aa = { .is_global = 1, .port_num = 1,
+				  .grh = { .dgid = gid, .sgid_index = gid_index, .hop_limit = 1,
+					   .flow_label = 0xFFFFFFFF } };
+	struct ibv_ah *ah = ibv_create_ah(pd, &aa);
+	CHECK(ah != NULL, "ibv_create_ah accepts flow_label 0xFFFFFFFF");
+	CHECK((!ah || ibv_destroy_ah(ah) == 0) && ibv_destroy_qp(qp) == 0 && ibv_destroy_cq(cq) == 0,
+	      "flow label checks: teardown");
+}
+
 int main(void)
 {
 	setvbuf(stdout, NULL, _IONBF, 0);
@@ -612,6 +651,7 @@ int main(void)
 	test_extended_apis();
 	test_ud();
 	test_errno();
+	test_flow_label();
 	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
 	printf("%d failed\n", failures);
