@@ -14,6 +14,7 @@ pub mod context;
 pub mod cq;
 pub mod device;
 pub mod fabric;
+mod held;
 pub mod mem;
 pub mod netif;
 pub mod pd;
