@@ -386,15 +386,27 @@ impl QpRendezvous {
     }
 
     /// Handles a completion the engine handed back ([`WorkQueue::Internal`]): posts the READ
-    /// when a request has arrived, the FIN when the READ is done, and reports the tag's
-    /// completions on `cq`. Returns whether it posted work.
+    /// when a request has arrived, the FIN when the READ is done. Returns the tag's receive
+    /// completions, and whether it posted work.
     pub(crate) fn on_internal(
         &mut self,
         engine: &mut QpEngine,
         wc: &WorkCompletion,
-        cq: &Cq,
         qpn: u32,
         src_qp: u32,
+    ) -> (Vec<WorkCompletion>, bool) {
+        let mut out = Vec::new();
+        let posted = self.step(engine, wc, qpn, src_qp, &mut out);
+        (out, posted)
+    }
+
+    fn step(
+        &mut self,
+        engine: &mut QpEngine,
+        wc: &WorkCompletion,
+        qpn: u32,
+        src_qp: u32,
+        out: &mut Vec<WorkCompletion>,
     ) -> bool {
         let key = wc.wr_id >> 2;
         let stage = match wc.wr_id & 3 {
@@ -410,7 +422,6 @@ impl QpRendezvous {
             c.tm_info = r.info;
             c
         };
-        // A full CQ moves the QP to ERR through the engine's own completions; these are lost.
         match stage {
             Stage::Fin => false,
             Stage::Request => {
@@ -419,15 +430,15 @@ impl QpRendezvous {
                 };
                 if wc.status != WcStatus::Success {
                     let r = self.pending.remove(&key).expect("present");
-                    let _ = cq.push(tag_wc(&r, wc.status, WcFlags::empty(), 0));
+                    out.push(tag_wc(&r, wc.status, WcFlags::empty(), 0));
                     return false;
                 }
-                let _ = cq.push(tag_wc(r, WcStatus::Success, WcFlags::TM_MATCH, 0));
+                out.push(tag_wc(r, WcStatus::Success, WcFlags::TM_MATCH, 0));
                 let rvh = r.headers.rvh.expect("a rendezvous request has an RVH");
                 if rvh.len == 0 {
                     let r = self.pending.remove(&key).expect("present");
                     post_fin(engine, key, &r.headers);
-                    let _ = cq.push(tag_wc(&r, WcStatus::Success, WcFlags::TM_DATA_VALID, 0));
+                    out.push(tag_wc(&r, WcStatus::Success, WcFlags::TM_DATA_VALID, 0));
                     return true;
                 }
                 engine.post_internal(SendWr {
@@ -449,12 +460,12 @@ impl QpRendezvous {
                     return false;
                 };
                 if wc.status != WcStatus::Success {
-                    let _ = cq.push(tag_wc(&r, wc.status, WcFlags::empty(), 0));
+                    out.push(tag_wc(&r, wc.status, WcFlags::empty(), 0));
                     return false;
                 }
                 post_fin(engine, key, &r.headers);
                 let len = r.headers.rvh.map_or(0, |v| v.len);
-                let _ = cq.push(tag_wc(&r, WcStatus::Success, WcFlags::TM_DATA_VALID, len));
+                out.push(tag_wc(&r, WcStatus::Success, WcFlags::TM_DATA_VALID, len));
                 true
             }
         }
