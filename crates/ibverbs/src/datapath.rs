@@ -376,6 +376,15 @@ unsafe fn cur(cq: *mut ibv_cq_ex) -> WorkCompletion {
     unsafe { cq_ex(cq) }.cur.get()
 }
 
+/// The completion `start_poll`/`next_poll` fetched, for readers defined elsewhere.
+///
+/// # Safety
+/// `cq` must be a live extended CQ of this library.
+pub(crate) unsafe fn current_wc(cq: *mut ibv_cq_ex) -> WorkCompletion {
+    // SAFETY: as the caller guarantees.
+    unsafe { cur(cq) }
+}
+
 unsafe extern "C" fn read_opcode(cq: *mut ibv_cq_ex) -> c_uint {
     // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { cur(cq) }.opcode.raw()
@@ -447,7 +456,9 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     }
     // SAFETY: `attr` is a readable `struct ibv_cq_init_attr_ex`.
     let a = unsafe { &*attr };
-    if a.comp_mask & !CQ_INIT_ATTR_MASK_FLAGS != 0 || a.wc_flags & !WC_STANDARD_FLAGS != 0 {
+    if a.comp_mask & !CQ_INIT_ATTR_MASK_FLAGS != 0
+        || a.wc_flags & !(WC_STANDARD_FLAGS | IBV_WC_EX_WITH_TM_INFO) != 0
+    {
         return fail_null(EOPNOTSUPP);
     }
     let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
@@ -457,6 +468,10 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         Ok(b) => {
             // SAFETY: `b` is live; record which fields the caller asked for.
             unsafe { (*b).cq.comp_mask = a.comp_mask };
+            if a.wc_flags & IBV_WC_EX_WITH_TM_INFO != 0 {
+                // SAFETY: as above, and not yet shared.
+                unsafe { (*b).cq.read_tm_info = Some(crate::tm::read_tm_info) };
+            }
             b.cast()
         }
         Err(e) => fail_null(e),

@@ -29,6 +29,7 @@ pub mod abi;
 mod datapath;
 mod memory;
 mod symbols;
+mod tm;
 mod verbs;
 
 #[cfg(test)]

@@ -278,6 +278,7 @@ pub(crate) fn wc_core(wc: &ibv_wc) -> WorkCompletion {
         sl: wc.sl,
         dlid_path_bits: wc.dlid_path_bits,
         solicited: false,
+        tm_info: Default::default(),
     }
 }
 

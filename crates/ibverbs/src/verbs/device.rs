@@ -182,7 +182,7 @@ pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_co
         dealloc_td: null,
         alloc_td: null,
         modify_cq: null,
-        post_srq_ops: null,
+        post_srq_ops: Some(crate::tm::post_srq_ops),
         destroy_rwq_ind_table: null,
         create_rwq_ind_table: null,
         destroy_wq: null,

@@ -52,6 +52,7 @@ pub(crate) unsafe extern "C" fn query_device_ex(
     ex.orig_attr = orig;
     ex.device_cap_flags_ex = u64::from(orig.device_cap_flags);
     ex.phys_port_cnt_ex = u32::from(orig.phys_port_cnt);
+    ex.tm_caps = crate::tm::tm_caps_c(&c.core.device().tm_caps());
     let n = attr_size.min(size_of::<ibv_device_attr_ex>());
     // SAFETY: the caller's buffer holds `attr_size` bytes; we copy at most that many.
     unsafe {

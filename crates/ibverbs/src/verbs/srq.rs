@@ -60,7 +60,7 @@ pub(crate) unsafe extern "C" fn create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_i
     }
 }
 
-/// The `create_srq_ex` op: basic SRQs only (XRC and tag-matching SRQs are EOPNOTSUPP).
+/// The `create_srq_ex` op: basic and tag-matching SRQs (XRC SRQs are EOPNOTSUPP).
 pub(crate) unsafe extern "C" fn create_srq_ex(
     _ctx: *mut ibv_context,
     init: *mut ibv_srq_init_attr_ex,
@@ -78,6 +78,10 @@ pub(crate) unsafe extern "C" fn create_srq_ex(
             addr_of_mut!((*init).attr),
         )
     };
+    if mask & IBV_SRQ_INIT_ATTR_TYPE != 0 && ty == IBV_SRQT_TM {
+        // SAFETY: `init` is live and follows the verbs API contract.
+        return unsafe { crate::tm::create_tm_srq(init) };
+    }
     if mask & IBV_SRQ_INIT_ATTR_PD == 0 {
         return fail_null(EINVAL);
     }

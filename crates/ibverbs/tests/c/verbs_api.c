@@ -2,12 +2,13 @@
  * Conformance checks of the drop-in libibverbs.so.1 through the real <infiniband/verbs.h>:
  * return and errno conventions of the man pages, the inline wrappers (ops table and
  * verbs_context), completion events, the extended CQ and QP APIs, SRQs, UD address handles and
- * async events. All traffic is between QPs of this process on device sv_lo.
+ * async events, tag-matching SRQs. All traffic is between QPs of this process on device sv_lo.
  * Prints one "ok"/"not ok" line per check and exits non-zero if any failed.
  */
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <infiniband/tm_types.h>
 #include <infiniband/verbs.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -643,6 +644,125 @@ static void test_flow_label(void)
 	      "flow label checks: teardown");
 }
 
+static int start_poll_wait(struct ibv_cq_ex *cq)
+{
+	struct ibv_poll_cq_attr pa = { 0 };
+	for (int i = 0; i < 2000000; i++)
+		if (ibv_start_poll(cq, &pa) == 0)
+			return 1;
+	return 0;
+}
+
+/* Tag-matching SRQs: IBV_SRQT_TM, ibv_post_srq_ops, ibv_wc_read_tm_info, tm_caps. */
+static void test_tag_matching(void)
+{
+	struct ibv_device_attr_ex dx;
+	REQUIRE(ibv_query_device_ex(ctx, NULL, &dx) == 0, "tm: ibv_query_device_ex");
+	CHECK((dx.tm_caps.flags & IBV_TM_CAP_RC) && dx.tm_caps.max_num_tags > 0 && dx.tm_caps.max_ops > 0 &&
+		      dx.tm_caps.max_sge > 0 &&
+		      dx.tm_caps.max_rndv_hdr_size >= sizeof(struct ibv_tmh) + sizeof(struct ibv_rvh),
+	      "tm_caps: RC, %u tags, %u ops, %u SGEs, rendezvous headers of %u bytes", dx.tm_caps.max_num_tags,
+	      dx.tm_caps.max_ops, dx.tm_caps.max_sge, dx.tm_caps.max_rndv_hdr_size);
+	struct ibv_cq_init_attr_ex ca = { .cqe = 64, .wc_flags = IBV_WC_STANDARD_FLAGS | IBV_WC_EX_WITH_TM_INFO };
+	struct ibv_cq_ex *tcq = ibv_create_cq_ex(ctx, &ca);
+	struct ibv_cq *ccq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	REQUIRE(tcq && ccq, "tm: CQs (IBV_WC_EX_WITH_TM_INFO)");
+	struct ibv_srq_init_attr_ex sa = {
+		.attr = { .max_wr = 8, .max_sge = 1 },
+		.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ | IBV_SRQ_INIT_ATTR_TM,
+		.srq_type = IBV_SRQT_TM,
+		.pd = pd,
+		.cq = ibv_cq_ex_to_cq(tcq),
+		.tm_cap = { .max_num_tags = 8, .max_ops = 2 },
+	};
+	struct ibv_srq_init_attr_ex bad = sa;
+	bad.comp_mask &= ~IBV_SRQ_INIT_ATTR_CQ;
+	CHECK_NULL_ERR(ibv_create_srq_ex(ctx, &bad), EINVAL, "TM SRQ without IBV_SRQ_INIT_ATTR_CQ");
+	bad = sa;
+	bad.tm_cap.max_num_tags = dx.tm_caps.max_num_tags + 1;
+	CHECK_NULL_ERR(ibv_create_srq_ex(ctx, &bad), EINVAL, "TM SRQ beyond tm_caps.max_num_tags");
+	struct ibv_srq *srq = ibv_create_srq_ex(ctx, &sa);
+	REQUIRE(srq && sa.attr.max_wr >= 8, "ibv_create_srq_ex(IBV_SRQT_TM)");
+	struct ibv_qp *client = make_qp(ccq, IBV_QPT_RC, NULL);
+	struct ibv_qp_init_attr qa = { .send_cq = ccq, .recv_cq = ccq, .srq = srq, .qp_type = IBV_QPT_RC };
+	struct ibv_qp *server = ibv_create_qp(pd, &qa);
+	REQUIRE(client && server && connect_qp(client, server->qp_num) == 0 &&
+			connect_qp(server, client->qp_num) == 0,
+		"tm: QPs connected (the server's has no send queue of its own)");
+	char *mem = calloc(1, 8192);
+	struct ibv_mr *mr = ibv_reg_mr(pd, mem, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+	REQUIRE(mem && mr, "tm: MR");
+
+	struct ibv_sge tsge = { (uintptr_t)mem, 1024, mr->lkey };
+	struct ibv_ops_wr add = { .wr_id = 11, .opcode = IBV_WR_TAG_ADD, .flags = IBV_OPS_SIGNALED,
+				  .tm = { .handle = 0xdead,
+					  .add = { .recv_wr_id = 21, .sg_list = &tsge, .num_sge = 1,
+						   .tag = 0x1234, .mask = ~0ull } } };
+	struct ibv_ops_wr *bad_op = NULL;
+	int added = ibv_post_srq_ops(srq, &add, &bad_op);
+	CHECK(added == 0 && add.tm.handle != 0xdead && add.tm.handle < 8, "IBV_WR_TAG_ADD returns a handle (%u)",
+	      add.tm.handle);
+	uint32_t handle = add.tm.handle;
+	REQUIRE(start_poll_wait(tcq), "the TM SRQ's CQ reports the addition");
+	CHECK(tcq->wr_id == 11 && tcq->status == IBV_WC_SUCCESS && ibv_wc_read_opcode(tcq) == IBV_WC_TM_ADD &&
+		      !(ibv_wc_read_wc_flags(tcq) & IBV_WC_TM_SYNC_REQ),
+	      "IBV_WC_TM_ADD");
+	ibv_end_poll(tcq);
+
+	/* An eager message: the TMH from <infiniband/tm_types.h>, then the data. */
+	struct ibv_tmh *tmh = (void *)(mem + 4096);
+	tmh->opcode = IBV_TMH_EAGER;
+	tmh->app_ctx = htobe32(0xabc);
+	tmh->tag = htobe64(0x1234);
+	memcpy(mem + 4096 + sizeof(*tmh), "payload", 7);
+	struct ibv_sge ssge = { (uintptr_t)(mem + 4096), sizeof(*tmh) + 7, mr->lkey };
+	struct ibv_send_wr swr = { .wr_id = 1, .sg_list = &ssge, .num_sge = 1, .opcode = IBV_WR_SEND,
+				   .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_send_wr *bad_s;
+	struct ibv_wc wc;
+	CHECK(ibv_post_send(client, &swr, &bad_s) == 0 && poll_one(ccq, &wc) && wc.status == IBV_WC_SUCCESS,
+	      "tm: the eager SEND completes");
+	REQUIRE(start_poll_wait(tcq), "the tagged receive completes");
+	struct ibv_wc_tm_info ti = { 0 };
+	ibv_wc_read_tm_info(tcq, &ti);
+	CHECK(tcq->wr_id == 21 && tcq->status == IBV_WC_SUCCESS && ibv_wc_read_opcode(tcq) == IBV_WC_TM_RECV &&
+		      ibv_wc_read_wc_flags(tcq) == (IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID) &&
+		      ibv_wc_read_byte_len(tcq) == 7 && ibv_wc_read_qp_num(tcq) == server->qp_num &&
+		      !memcmp(mem, "payload", 7),
+	      "eager match: IBV_WC_TM_RECV with MATCH|DATA_VALID, the data without its TMH");
+	CHECK(ti.tag == 0x1234 && ti.priv == 0xabc, "ibv_wc_read_tm_info: tag %#llx priv %#x",
+	      (unsigned long long)ti.tag, ti.priv);
+	ibv_end_poll(tcq);
+
+	struct ibv_ops_wr del = { .wr_id = 12, .opcode = IBV_WR_TAG_DEL, .flags = IBV_OPS_SIGNALED,
+				  .tm = { .handle = handle } };
+	CHECK(ibv_post_srq_ops(srq, &del, &bad_op) == 0 && start_poll_wait(tcq) && tcq->wr_id == 12 &&
+		      tcq->status == IBV_WC_TM_ERR && ibv_wc_read_opcode(tcq) == IBV_WC_TM_DEL,
+	      "IBV_WR_TAG_DEL of a consumed tag: IBV_WC_TM_ERR");
+	ibv_end_poll(tcq);
+
+	/* max_ops is 2: two unsignaled operations stay outstanding, the third is refused. */
+	struct ibv_ops_wr s3 = { .wr_id = 3, .opcode = IBV_WR_TAG_SYNC };
+	struct ibv_ops_wr s2 = { .wr_id = 2, .opcode = IBV_WR_TAG_SYNC, .next = &s3 };
+	struct ibv_ops_wr s1 = { .wr_id = 1, .opcode = IBV_WR_TAG_SYNC, .next = &s2 };
+	bad_op = NULL;
+	CHECK_ERR(ibv_post_srq_ops(srq, &s1, &bad_op), ENOMEM, "ibv_post_srq_ops beyond max_ops");
+	CHECK(bad_op == &s3, "bad_op names the first operation refused");
+	struct ibv_ops_wr bogus = { .wr_id = 4, .opcode = 77 };
+	CHECK_ERR(ibv_post_srq_ops(srq, &bogus, &bad_op), EINVAL, "ibv_post_srq_ops with an unknown opcode");
+	CHECK(bad_op == &bogus, "bad_op names the unknown opcode");
+	struct ibv_srq_init_attr bsa = { .attr = { .max_wr = 2, .max_sge = 1 } };
+	struct ibv_srq *basic = ibv_create_srq(pd, &bsa);
+	REQUIRE(basic, "tm: a basic SRQ");
+	CHECK_ERR(ibv_post_srq_ops(basic, &s3, &bad_op), EINVAL, "ibv_post_srq_ops on a basic SRQ");
+
+	CHECK(ibv_destroy_qp(server) == 0 && ibv_destroy_qp(client) == 0 && ibv_destroy_srq(srq) == 0 &&
+		      ibv_destroy_srq(basic) == 0 && ibv_dereg_mr(mr) == 0 &&
+		      ibv_destroy_cq(ibv_cq_ex_to_cq(tcq)) == 0 && ibv_destroy_cq(ccq) == 0,
+	      "tm: teardown");
+	free(mem);
+}
+
 int main(void)
 {
 	setvbuf(stdout, NULL, _IONBF, 0);
@@ -652,6 +772,7 @@ int main(void)
 	test_ud();
 	test_errno();
 	test_flow_label();
+	test_tag_matching();
 	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
 	printf("%d failed\n", failures);
