@@ -169,6 +169,9 @@ fn ibv_devinfo_verbose() {
         "link_layer:\t\tEthernet",
         "::ffff:127.0.0.1, RoCE v2",
         "max_qp:",
+        // tm_caps of ibv_query_device_ex.
+        "\tmax_num_tags:\t\t\t4096\n",
+        "\t\t\t\t\tIBV_TM_CAP_RC\n",
     ] {
         assert!(out.contains(want), "missing {want:?} in:\n{out}");
     }

@@ -174,6 +174,11 @@ mod ibv_devinfo {
             "\t\t\tphys_state:\t\tLINK_UP (5)\n".into(),
             "\t\t\tGID[  0]:\t\t::ffff:127.0.0.1, RoCE v2\n".into(),
             "\tsoftverbs counters:\n".into(),
+            format!(
+                "\tmax_num_tags:\t\t\t{}\n",
+                lo().open().unwrap().tm_caps().max_num_tags
+            ),
+            "\t\t\t\t\tIBV_TM_CAP_RC\n".into(),
         ] {
             assert!(
                 r.stdout.contains(&expected),
