@@ -31,7 +31,7 @@ use softverbs_engine::memory::{Access, AtomicOp, KeyRef, MemError, Memory};
 use softverbs_engine::qp_state::{self, PortLimits};
 use softverbs_engine::time::Instant;
 use softverbs_engine::transport::{
-    Completion, DropReason, QpConfig, QpEngine, RecvSource, RxMeta, Transmit, WorkQueue,
+    Completion, DropReason, QpConfig, QpEngine, RecvPlacement, RecvSource, RxMeta, Transmit, WorkQueue,
 };
 use softverbs_engine::types::{
     AccessFlags, AhAttr, EventType, Gid, GlobalRoute, Mtu, QpAttr, QpAttrMask, QpState, QpType, RecvWr,
@@ -333,7 +333,13 @@ impl Memory for SimMemory {
 pub struct Srq {
     pub queue: VecDeque<RecvWr>,
     pub taken: u64,
+    /// Chooses how a SEND is received from its first packet (as a tag-matching SRQ does);
+    /// `None`: the next WQE takes the whole message.
+    pub placer: Option<Placer>,
 }
+
+/// A [`RecvSource::take_send`] policy: first packet, whether it is the only one, the queue.
+pub type Placer = fn(&[u8], bool, &mut VecDeque<RecvWr>) -> Option<RecvPlacement>;
 
 impl RecvSource for Srq {
     fn take(&mut self) -> Option<RecvWr> {
@@ -345,6 +351,16 @@ impl RecvSource for Srq {
     fn put_back(&mut self, wr: RecvWr) {
         self.taken -= 1;
         self.queue.push_front(wr);
+    }
+
+    fn take_send(&mut self, first: &[u8], only: bool) -> Option<RecvPlacement> {
+        let Some(placer) = self.placer else {
+            return self.take().map(RecvPlacement::plain);
+        };
+        let before = self.queue.len();
+        let p = placer(first, only, &mut self.queue);
+        self.taken += (before - self.queue.len()) as u64;
+        p
     }
 }
 
@@ -368,6 +384,8 @@ pub struct SimQp {
     pub drops: Vec<DropReason>,
     /// Multicast groups attached.
     pub mcast: Vec<Gid>,
+    /// Completions handed back to the driver ([`WorkQueue::Internal`]).
+    pub internal: Vec<WorkCompletion>,
 }
 
 /// One host with one GID.
@@ -673,6 +691,7 @@ impl Sim {
                 recv_cq,
                 events: Vec::new(),
                 drops: Vec::new(),
+                internal: Vec::new(),
                 mcast: Vec::new(),
             },
         );
@@ -876,6 +895,12 @@ impl Sim {
         self.pump(id);
     }
 
+    /// Work the driver posts for itself ([`QpEngine::post_internal`]).
+    pub fn post_internal(&mut self, id: QpId, wr: SendWr) {
+        self.qp_mut(id).engine.post_internal(wr);
+        self.pump(id);
+    }
+
     /// `ibv_post_recv` on the QP's own receive queue.
     pub fn post_recv(&mut self, id: QpId, wr: RecvWr) {
         self.qp_mut(id).engine.post_recv(wr);
@@ -944,9 +969,12 @@ impl Sim {
             }
             while let Some(Completion { queue, wc }) = qp.engine.poll_completion() {
                 let cq = match queue {
-                    // Internal work (a driver's own READs and SENDs) shows on the send CQ here.
-                    WorkQueue::Send | WorkQueue::Internal => qp.send_cq,
+                    WorkQueue::Send => qp.send_cq,
                     WorkQueue::Recv => qp.recv_cq,
+                    WorkQueue::Internal => {
+                        qp.internal.push(wc);
+                        continue;
+                    }
                 };
                 node.cqs[cq].push(wc);
             }
