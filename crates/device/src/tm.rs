@@ -6,8 +6,10 @@
 //! * An incoming RC SEND is classified by its TMH ([`Srq`]'s `take_send`): an eager message that
 //!   matches a tag ([`TagMatcher`]) lands in the tag's buffer without its header; a tagged
 //!   message that matches none is *unexpected* and goes whole to an ordinary SRQ buffer as
-//!   `IBV_WC_RECV`, and counts towards the phase; `NO_TAG` messages go whole to an ordinary
-//!   buffer as `IBV_WC_TM_NO_TAG`.
+//!   `IBV_WC_RECV` (as `tag_matching.md` says; mlx5 reports `IBV_WC_TM_RECV` without flags),
+//!   with the TMH's tag in its `tm_info` and `IBV_WC_TM_SYNC_REQ`, and counts towards the
+//!   phase; `NO_TAG` messages go whole to an ordinary buffer as `IBV_WC_TM_NO_TAG`; FIN
+//!   messages and messages without a valid TMH are plain receives.
 //! * A matched rendezvous request makes the device READ the sender's buffer (the RVH's va,
 //!   rkey, len) into the tag's buffer, on the send queue of the QP the request arrived on, then
 //!   send the FIN message back; the tag completes `IBV_WC_TM_MATCH` when the request has
