@@ -249,8 +249,10 @@ impl SharedReceiveQueue {
     /// the first that cannot be posted. Returns the handle of each `IBV_WR_TAG_ADD` performed
     /// (0 for other operations) and the first refusal: EINVAL (not a tag-matching SRQ, too many
     /// SGEs, handle outside the list) or ENOMEM (`max_ops` operations outstanding, or the tag
-    /// list full). An operation stays outstanding until its completion, or that of a later
-    /// operation, is polled, so unsignaled operations need a signaled one now and then.
+    /// list full). Only operations with [`OpsFlags::SIGNALED`](crate::OpsFlags) complete (a
+    /// failed `IBV_WR_TAG_DEL` too, with `IBV_WC_TM_ERR`), on the SRQ's CQ. An operation stays
+    /// outstanding until its completion, or that of a later operation, is polled, so unsignaled
+    /// operations need a signaled one now and then.
     pub fn post_ops(&self, ops: &[SrqOp]) -> (Vec<u32>, Result<(), PostError>) {
         self.0.core.post_ops(ops)
     }
