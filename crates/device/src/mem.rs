@@ -11,8 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::RwLock;
-use softverbs_engine::memory::{Access, AtomicOp, KeyRef, MemError, Memory};
-use softverbs_engine::types::AccessFlags;
+use softverbs_engine::memory::{AtomicOp, KeyRef, MemError, Memory};
 
 use crate::pd::Mr;
 
@@ -193,6 +192,7 @@ impl MemoryBacking for AtomicBuffer {
         let w = &self.words[offset as usize / 8];
         match op {
             AtomicOp::FetchAdd { add } => w.fetch_add(add, Ordering::SeqCst),
+            AtomicOp::Store { value } => w.swap(value, Ordering::SeqCst),
             AtomicOp::CompareSwap { compare, swap } => {
                 match w.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
                     Ok(v) | Err(v) => v,
@@ -239,14 +239,7 @@ impl KeyTable {
         if mr.pd().handle() != key.pd {
             return Err(MemError::WrongPd);
         }
-        let needed = match key.access {
-            Access::LocalRead => AccessFlags::empty(),
-            Access::LocalWrite => AccessFlags::LOCAL_WRITE,
-            Access::RemoteRead => AccessFlags::REMOTE_READ,
-            Access::RemoteWrite => AccessFlags::REMOTE_WRITE,
-            Access::RemoteAtomic => AccessFlags::REMOTE_ATOMIC,
-        };
-        if !mr.access().contains(needed) {
+        if !mr.access().contains(key.access.required_flags()) {
             return Err(MemError::NoAccess);
         }
         // Local keys use virtual addresses, remote keys the region's I/O virtual address.
@@ -287,6 +280,25 @@ impl Memory for KeyTable {
             return Err(MemError::Misaligned);
         }
         Ok(mr.backing().atomic(offset, op))
+    }
+
+    fn flush(&self, key: KeyRef, addr: u64, len: u64, whole_region: bool) -> Result<(), MemError> {
+        if whole_region {
+            let mr = self.lookup(key)?;
+            if mr.pd().handle() != key.pd {
+                return Err(MemError::WrongPd);
+            }
+            if !mr.access().contains(key.access.required_flags()) {
+                return Err(MemError::NoAccess);
+            }
+        } else {
+            self.resolve(key, addr, len)?;
+        }
+        // The device's stores are plain stores into ordinary memory: making them globally
+        // visible (and, for memory that is not persistent, "persistent" as far as it can be)
+        // is a full fence.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        Ok(())
     }
 }
 

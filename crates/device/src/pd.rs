@@ -81,7 +81,7 @@ impl Mr {
     ///
     /// `access` is the raw `ibv_access_flags` value. Remote write or atomic access without local
     /// write is EINVAL (`ibv_reg_mr(3)`); unknown flags are EINVAL, bits in the optional range are
-    /// ignored, and on-demand paging is EOPNOTSUPP.
+    /// ignored; on-demand paging is accepted (`IBV_ACCESS_HUGETLB` only with it).
     pub fn register(
         pd: &Arc<Pd>,
         backing: Arc<dyn MemoryBacking>,
@@ -222,9 +222,11 @@ pub fn check_mr_access(raw: u32) -> Result<AccessFlags> {
             "IBV_ACCESS_REMOTE_WRITE or IBV_ACCESS_REMOTE_ATOMIC requires IBV_ACCESS_LOCAL_WRITE",
         ));
     }
-    if access.contains(AccessFlags::ON_DEMAND) {
-        return Err(Error::not_supported(
-            "IBV_ACCESS_ON_DEMAND: on-demand paging is not supported",
+    // On-demand paging is accepted: the device never pins, it reaches memory through the
+    // current mapping on each access. The huge-page hint only means something for ODP.
+    if access.contains(AccessFlags::HUGETLB) && !access.contains(AccessFlags::ON_DEMAND) {
+        return Err(Error::invalid(
+            "IBV_ACCESS_HUGETLB is only valid with IBV_ACCESS_ON_DEMAND",
         ));
     }
     Ok(access)

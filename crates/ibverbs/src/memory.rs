@@ -55,6 +55,7 @@ impl MemoryBacking for RawMemory {
         let word = unsafe { AtomicU64::from_ptr(p) };
         match op {
             AtomicOp::FetchAdd { add } => word.fetch_add(add, Ordering::SeqCst),
+            AtomicOp::Store { value } => word.swap(value, Ordering::SeqCst),
             AtomicOp::CompareSwap { compare, swap } => {
                 match word.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
                     Ok(v) | Err(v) => v,
