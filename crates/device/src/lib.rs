@@ -28,6 +28,6 @@ pub use context::{AsyncEvent, Context, EventElement};
 pub use cq::{CompChannel, Cq, CqOverrun, Timestamps};
 pub use device::{device_list, discover, Device, DeviceAttr, PortAttr};
 pub use fabric::CounterSnapshot;
-pub use mem::{AtomicBuffer, MemoryBacking};
+pub use mem::{AtomicBuffer, MemoryBacking, Unmapped};
 pub use pd::{Ah, Mr, Pd};
 pub use qp::{PostError, Qp, QpInitAttr, Srq};

@@ -77,6 +77,9 @@ pub enum MemError {
     NoAccess,
     /// An atomic address is not 8-byte aligned.
     Misaligned,
+    /// The range is in the region but not mapped in memory (an on-demand-paging region over
+    /// addresses the application never mapped): a protection error, never a crash.
+    Unmapped,
 }
 
 impl MemError {

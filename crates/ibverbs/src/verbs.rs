@@ -29,7 +29,6 @@ use softverbs_engine::types::{
 use softverbs_engine::{Errno, Error};
 
 use crate::abi::*;
-use crate::memory::RawMemory;
 use crate::{datapath, fail_minus_one, fail_null, set_errno};
 
 const EINVAL: c_int = Errno::EINVAL as c_int;
@@ -66,7 +65,7 @@ pub(crate) struct SvContext {
 
 #[repr(C)]
 pub(crate) struct SvPd {
-    pd: ibv_pd,
+    pub(crate) pd: ibv_pd,
     pub(crate) core: Arc<Pd>,
 }
 
@@ -175,7 +174,7 @@ pub(crate) unsafe fn context<'a>(ctx: *mut ibv_context) -> Option<&'a SvContext>
     })
 }
 
-fn errno_of(e: &Error) -> c_int {
+pub(crate) fn errno_of(e: &Error) -> c_int {
     e.errno()
 }
 
@@ -334,7 +333,7 @@ pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_co
     let null = std::ptr::null();
     let vctx = verbs_context {
         query_port: Some(query_port_ex),
-        advise_mr: null,
+        advise_mr: Some(crate::odp::advise_mr),
         alloc_null_mr: null,
         read_counters: null,
         attach_counters_point_flow: null,
@@ -357,7 +356,7 @@ pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_co
         destroy_wq: null,
         modify_wq: null,
         create_wq: null,
-        query_rt_values: null,
+        query_rt_values: Some(crate::clock::query_rt_values),
         create_cq_ex: Some(datapath::create_cq_ex),
         priv_: null_mut(),
         query_device_ex: Some(query_device_ex),
@@ -487,7 +486,7 @@ unsafe extern "C" fn query_device_ex(
     // SAFETY: all-zero is a valid `ibv_device_attr_ex` (integers and plain structs only).
     let mut ex: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
     ex.orig_attr = orig;
-    ex.device_cap_flags_ex = u64::from(orig.device_cap_flags);
+    crate::clock::fill_device_attr_ex(&mut ex, &c.core.query_device_ex());
     ex.phys_port_cnt_ex = u32::from(orig.phys_port_cnt);
     let n = attr_size.min(size_of::<ibv_device_attr_ex>());
     // SAFETY: the caller's buffer holds `attr_size` bytes; we copy at most that many.
@@ -809,8 +808,7 @@ unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, acce
     let Some(p) = (unsafe { outer::<SvPd, _>(pd) }) else {
         return fail_null(EINVAL);
     };
-    let backing = Arc::new(RawMemory::new(addr.cast(), length as u64));
-    match Mr::register_iova(&p.core, backing, addr as u64, iova, access as u32) {
+    match crate::odp::register(&p.core, addr, length, iova, access as u32) {
         Ok(core) => {
             let mr = ibv_mr {
                 // SAFETY: `pd` is live (checked above); read its context pointer.
@@ -906,21 +904,21 @@ pub(crate) unsafe extern "C" fn rereg_mr(
         return ERR_INPUT;
     };
     let mut core = m.core.lock().unwrap_or_else(|p| p.into_inner());
+    let access = if flags & CHANGE_ACCESS != 0 {
+        access as u32
+    } else {
+        core.access().bits()
+    };
     let (backing, base, iova): (Arc<dyn softverbs_device::MemoryBacking>, u64, u64) =
         if flags & CHANGE_TRANSLATION != 0 {
             (
-                Arc::new(RawMemory::new(addr.cast(), length as u64)),
+                crate::odp::backing(addr, length as u64, access),
                 addr as u64,
                 addr as u64,
             )
         } else {
             (core.backing().clone(), core.addr(), core.iova())
         };
-    let access = if flags & CHANGE_ACCESS != 0 {
-        access as u32
-    } else {
-        core.access().bits()
-    };
     let new = match Mr::register_iova(&new_pd.core, backing, base, iova, access) {
         Ok(n) => n,
         Err(e) => {
