@@ -17,7 +17,7 @@ const VALUES_MASK_RAW_CLOCK: u32 = 1;
 /// not filled are cleared. 0 or an errno.
 pub(crate) unsafe extern "C" fn query_rt_values(ctx: *mut ibv_context, values: *mut ibv_values_ex) -> c_int {
     if ctx.is_null() || values.is_null() {
-        return libc::EINVAL;
+        return crate::fail(libc::EINVAL);
     }
     // SAFETY: `values` is a writable `struct ibv_values_ex` (the verbs API contract).
     let v = unsafe { &mut *values };

@@ -9,6 +9,7 @@ use softverbs_engine::types::{AccessFlags, Sge};
 use softverbs_engine::Result;
 
 use crate::abi::{ibv_pd, ibv_sge};
+use crate::fail;
 use crate::memory::{OdpMemory, RawMemory};
 use crate::verbs::{errno_of, outer, SvPd};
 
@@ -45,7 +46,7 @@ pub(crate) fn register(
     )
 }
 
-/// The `advise_mr` op behind the inline `ibv_advise_mr`: 0 or an errno.
+/// The `advise_mr` op behind the inline `ibv_advise_mr`: 0, or an errno (also left in `errno`).
 pub(crate) unsafe extern "C" fn advise_mr(
     pd: *mut ibv_pd,
     advice: u32,
@@ -55,7 +56,7 @@ pub(crate) unsafe extern "C" fn advise_mr(
 ) -> c_int {
     // SAFETY: the caller passes NULL or a live PD of this library (the verbs API contract).
     let Some(p) = (unsafe { outer::<SvPd, _>(pd) }) else {
-        return libc::EINVAL;
+        return fail(libc::EINVAL);
     };
     let sges: Vec<Sge> = if sg_list.is_null() || num_sge == 0 {
         Vec::new()
@@ -72,6 +73,6 @@ pub(crate) unsafe extern "C" fn advise_mr(
     };
     match p.core.advise_mr(advice, flags, &sges) {
         Ok(()) => 0,
-        Err(e) => errno_of(&e),
+        Err(e) => fail(errno_of(&e)),
     }
 }
