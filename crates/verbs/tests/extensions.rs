@@ -303,3 +303,43 @@ fn odp_regions_carry_traffic() {
     b.mr.read(512, &mut got).unwrap();
     assert_eq!(got, [5; 256]);
 }
+
+#[test]
+fn advise_mr_validates_like_the_man_page() {
+    let ctx = lo();
+    let pd = ctx.alloc_pd().unwrap();
+    let odp = pd
+        .register(8192, AccessFlags::LOCAL_WRITE | AccessFlags::ON_DEMAND)
+        .unwrap();
+    let ro = pd.register(64, AccessFlags::ON_DEMAND).unwrap();
+    let plain = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
+    let other = ctx.alloc_pd().unwrap();
+    let foreign = other
+        .register(64, AccessFlags::LOCAL_WRITE | AccessFlags::ON_DEMAND)
+        .unwrap();
+    let all = [odp.sge(0..8192).unwrap()];
+    assert!(pd.advise_mr(0, 0, &all).is_ok());
+    assert!(pd.advise_mr(1, 1, &all).is_ok());
+    assert!(pd.advise_mr(2, 0, &all).is_ok());
+    let errno = |advice, flags, sges: &[Sge]| pd.advise_mr(advice, flags, sges).unwrap_err().errno();
+    assert_eq!(errno(3, 0, &all), 95, "unknown advice");
+    assert_eq!(errno(0, 2, &all), 22, "unknown flag");
+    assert_eq!(errno(0, 0, &[]), 22, "no SGE");
+    let mut bad_key = all[0];
+    bad_key.lkey ^= 0x00FF_0000;
+    assert_eq!(errno(0, 0, &[bad_key]), 2, "unknown lkey: ENOENT");
+    assert_eq!(errno(0, 0, &[plain.sge(0..8).unwrap()]), 22, "not ODP");
+    let past = Sge {
+        addr: odp.addr() + 4096,
+        length: 8192,
+        lkey: odp.lkey(),
+    };
+    assert_eq!(errno(0, 0, &[past]), 14, "outside the region: EFAULT");
+    assert!(pd.advise_mr(0, 0, &[ro.sge(0..8).unwrap()]).is_ok());
+    assert_eq!(
+        errno(1, 0, &[ro.sge(0..8).unwrap()]),
+        1,
+        "write prefetch of read-only: EPERM"
+    );
+    assert_eq!(errno(0, 0, &[foreign.sge(0..8).unwrap()]), 1, "another PD: EPERM");
+}
