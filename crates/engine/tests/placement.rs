@@ -1,184 +1,457 @@
-//! Per-message receive placement ([`RecvPlacement`], what a tag-matching SRQ chooses at a
-//! message's first packet) and work the driver posts for itself ([`QpEngine::post_internal`]),
-//! on the simulated fabric, also under loss: skipped headers never land, a match spanning
-//! packets is reported exactly once before its data, a message that lands nowhere hands its end
-//! back to the driver, and an internal READ completes to the driver, never to the send CQ.
-//!
-//! [`QpEngine::post_internal`]: softverbs_engine::transport::QpEngine::post_internal
+//! ATOMIC WRITE and FLUSH (IBTA memory-placement extensions, as kernel rxe implements them):
+//! both take a responder resource and complete on a zero-length READ RESPONSE; a duplicate is
+//! answered again, never executed again; the responder checks QP and region rights, alignment,
+//! length and range; the requester counts them against `max_rd_atomic`.
 
 mod sim;
 
-use std::collections::VecDeque;
+use std::cell::Cell;
+use std::rc::Rc;
 use std::time::Duration;
 
 use sim::*;
-use softverbs_engine::tm::TmInfo;
-use softverbs_engine::transport::{RecvPlacement, WorkQueue};
-use softverbs_engine::types::{AccessFlags, Mtu, QpType, RecvWr, WcFlags, WcOpcode, WcStatus};
-use softverbs_engine::wr::SendOp;
+use softverbs_engine::types::{AccessFlags, EventType, QpType, Sge, WcOpcode, WcStatus};
+use softverbs_engine::wr::{
+    FlushSelect, Payload, RemoteAddr, SendLimits, SendOp, FLUSH_GLOBAL, FLUSH_PERSISTENT,
+};
+use softverbs_wire::Opcode;
 
-const HDR: usize = 16;
-
-/// Like a tag-matching SRQ matching an eager message: skip a 16-byte header; report the match
-/// early when the message spans packets. A first byte of 0xFF means "land nowhere, tell me".
-fn tagged(first: &[u8], only: bool, queue: &mut VecDeque<RecvWr>) -> Option<RecvPlacement> {
-    let mut p = RecvPlacement::plain(queue.pop_front()?);
-    p.opcode = WcOpcode::TmRecv;
-    p.tm_info = TmInfo {
-        tag: u64::from(first[1]),
-        priv_data: 0,
-    };
-    if first[0] == 0xFF {
-        p.limit = Some(0);
-        p.queue = WorkQueue::Internal;
-        return Some(p);
-    }
-    p.skip = HDR as u64;
-    if only {
-        p.flags = WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID;
-    } else {
-        p.early_flags = Some(WcFlags::TM_MATCH);
-        p.flags = WcFlags::TM_DATA_VALID;
-    }
-    Some(p)
+fn atomic_write(wr_id: u64, remote: RemoteAddr, value: u64) -> softverbs_engine::wr::SendWr {
+    wr(
+        wr_id,
+        SendOp::AtomicWrite {
+            remote,
+            value: value.to_ne_bytes(),
+        },
+        Payload::Sges(vec![]),
+    )
 }
 
-fn setup(seed: u64, net: NetConfig) -> (Sim, QpId, QpId, usize, usize) {
-    let mut sim = Sim::new(seed, 2).with_net(net);
-    let srq = sim.create_srq(1);
-    sim.nodes[1].srqs[srq].placer = Some(tagged);
-    let cq = sim.create_cq(1);
-    let a = sim.create_qp(0, QpType::Rc);
-    let b = sim.create_qp_with(
-        1,
-        QpType::Rc,
-        QpOpts {
-            srq: Some(srq),
-            recv_cq: Some(cq),
-            ..QpOpts::default()
+fn flush(
+    wr_id: u64,
+    remote: RemoteAddr,
+    len: u32,
+    placement: u8,
+    select: FlushSelect,
+) -> softverbs_engine::wr::SendWr {
+    wr(
+        wr_id,
+        SendOp::Flush {
+            remote,
+            len,
+            placement,
+            select,
         },
-    );
-    let o = ConnOpts {
-        mtu: Mtu::Mtu1024,
-        timeout: 8,
+        Payload::Sges(vec![]),
+    )
+}
+
+fn flush_access() -> AccessFlags {
+    all_access() | AccessFlags::FLUSH_GLOBAL | AccessFlags::FLUSH_PERSISTENT
+}
+
+fn flush_opts() -> ConnOpts {
+    ConnOpts {
+        access: flush_access(),
         ..ConnOpts::default()
-    };
-    sim.connect(a, b, &o);
-    (sim, a, b, srq, cq)
+    }
+}
+
+/// A filter dropping the first `n` packets matching `pred`.
+fn drop_first(n: usize, pred: impl Fn(&PacketInfo) -> bool + 'static) -> impl FnMut(&PacketInfo) -> Verdict {
+    let mut left = n;
+    move |p| {
+        if left > 0 && pred(p) {
+            left -= 1;
+            Verdict::Drop
+        } else {
+            Verdict::Pass
+        }
+    }
 }
 
 #[test]
-fn headers_are_skipped_and_a_spanning_match_is_reported_once_under_loss() {
-    for seed in seeds(&[1, 2, 3, 4]) {
-        let (mut sim, a, _b, srq, cq) = setup(seed, NetConfig::lossy(5.0));
-        let slot = 16_384u64;
-        let lens = [HDR + 100, HDR + 1008, HDR + 3000, HDR + 10_000];
-        let dst = sim
-            .mem(1)
-            .alloc_mr(1, slot * lens.len() as u64, AccessFlags::LOCAL_WRITE);
-        for i in 0..lens.len() as u64 {
-            sim.post_srq_recv(1, srq, recv(i, vec![dst.sge(i * slot, slot as u32)]));
+fn atomic_write_stores_the_word_and_completes_on_an_empty_read_response() {
+    let (mut sim, a, _b) = Sim::pair(1, QpType::Rc, &ConnOpts::default());
+    sim.record();
+    let remote = sim.mem(1).alloc_mr(1, 64, all_access());
+    sim.mem(1).poke(remote.addr, &[0xEE; 64]);
+    sim.post_send(a, atomic_write(1, remote.remote(8), 0x0102_0304_0506_0708));
+    sim.run();
+    let wcs = sim.take_send_cq(a);
+    assert_ok_in_order(&wcs, &[1]);
+    assert_eq!(wcs[0].opcode, WcOpcode::AtomicWrite);
+    assert_eq!(sim.mem(1).peek_u64(remote.addr + 8), 0x0102_0304_0506_0708);
+    assert_eq!(
+        sim.mem(1).peek(remote.addr, 8),
+        vec![0xEE; 8],
+        "neighbours untouched"
+    );
+    assert_eq!(sim.mem(1).peek(remote.addr + 16, 8), vec![0xEE; 8]);
+    let log = sim.log.as_ref().unwrap();
+    let req = log.iter().find(|p| p.opcode == Opcode::RcAtomicWrite).unwrap();
+    assert_eq!(req.payload_len, 8);
+    let resp: Vec<_> = log.iter().filter(|p| p.opcode.is_response()).collect();
+    assert_eq!(resp.len(), 1);
+    assert_eq!(resp[0].opcode, Opcode::RcReadResponseOnly);
+    assert_eq!((resp[0].payload_len, resp[0].psn), (0, req.psn));
+}
+
+#[test]
+fn flush_range_and_whole_region_complete() {
+    let (mut sim, a, _b) = Sim::pair(2, QpType::Rc, &flush_opts());
+    sim.record();
+    let remote = sim.mem(1).alloc_mr(1, 4096, flush_access());
+    sim.post_send(
+        a,
+        flush(1, remote.remote(100), 1000, FLUSH_GLOBAL, FlushSelect::Range),
+    );
+    sim.post_send(
+        a,
+        flush(
+            2,
+            remote.remote(0),
+            4096,
+            FLUSH_GLOBAL | FLUSH_PERSISTENT,
+            FlushSelect::Range,
+        ),
+    );
+    // The whole region: the range is not looked at.
+    sim.post_send(
+        a,
+        flush(
+            3,
+            remote.remote(1 << 20),
+            1 << 30,
+            FLUSH_PERSISTENT,
+            FlushSelect::Mr,
+        ),
+    );
+    sim.run();
+    let wcs = sim.take_send_cq(a);
+    assert_ok_in_order(&wcs, &[1, 2, 3]);
+    assert!(wcs.iter().all(|w| w.opcode == WcOpcode::Flush));
+    assert_eq!(sim.mem(1).flushes.get(), 3);
+    let log = sim.log.as_ref().unwrap();
+    assert_eq!(log.iter().filter(|p| p.opcode == Opcode::RcFlush).count(), 3);
+    assert!(log
+        .iter()
+        .filter(|p| p.opcode.is_response())
+        .all(|p| p.opcode == Opcode::RcReadResponseOnly && p.payload_len == 0));
+}
+
+#[test]
+fn a_lost_atomic_write_response_is_replayed_not_reexecuted() {
+    let (mut sim, a, b) = Sim::pair(3, QpType::Rc, &ConnOpts::default());
+    let remote = sim.mem(1).alloc_mr(1, 64, all_access());
+    sim.set_filter(drop_first(1, |p| p.opcode == Opcode::RcReadResponseOnly));
+    sim.post_send(a, atomic_write(1, remote.remote(0), 111));
+    // The response is lost; the target then stores a new value before the retry arrives.
+    sim.run_until(Duration::from_millis(1), |s| s.stats.filtered == 1);
+    assert_eq!(sim.mem(1).peek_u64(remote.addr), 111);
+    sim.mem(1).poke_u64(remote.addr, 222);
+    sim.run();
+    assert_ok_in_order(&sim.take_send_cq(a), &[1]);
+    assert_eq!(
+        sim.mem(1).peek_u64(remote.addr),
+        222,
+        "the duplicate was not executed again"
+    );
+    assert_eq!(sim.mem(1).atomics.get(), 1);
+    assert!(sim.qp(b).engine.counters().duplicates >= 1);
+}
+
+#[test]
+fn a_lost_flush_response_is_replayed_not_reexecuted() {
+    let (mut sim, a, b) = Sim::pair(4, QpType::Rc, &flush_opts());
+    let remote = sim.mem(1).alloc_mr(1, 64, flush_access());
+    sim.set_filter(drop_first(2, |p| p.opcode == Opcode::RcReadResponseOnly));
+    sim.post_send(
+        a,
+        flush(1, remote.remote(0), 64, FLUSH_GLOBAL, FlushSelect::Range),
+    );
+    sim.run();
+    assert_ok_in_order(&sim.take_send_cq(a), &[1]);
+    assert_eq!(sim.mem(1).flushes.get(), 1);
+    assert!(sim.qp(b).engine.counters().duplicates >= 2);
+}
+
+#[test]
+fn duplicated_requests_execute_once() {
+    let (mut sim, a, _b) = Sim::pair(5, QpType::Rc, &flush_opts());
+    sim.net.dup_pct = 100.0;
+    let remote = sim.mem(1).alloc_mr(1, 8 * 16, flush_access());
+    for i in 0..16 {
+        sim.post_send(a, atomic_write(2 * i, remote.remote(i * 8), 1000 + i));
+        sim.post_send(
+            a,
+            flush(
+                2 * i + 1,
+                remote.remote(i * 8),
+                8,
+                FLUSH_GLOBAL,
+                FlushSelect::Range,
+            ),
+        );
+    }
+    sim.run();
+    assert_ok_in_order(&sim.take_send_cq(a), &(0..32).collect::<Vec<_>>());
+    for i in 0..16 {
+        assert_eq!(sim.mem(1).peek_u64(remote.addr + i * 8), 1000 + i);
+    }
+    assert_eq!(sim.mem(1).atomics.get(), 16);
+    assert_eq!(sim.mem(1).flushes.get(), 16);
+}
+
+#[test]
+fn max_rd_atomic_bounds_outstanding_atomic_writes_and_flushes() {
+    let o = ConnOpts {
+        max_rd_atomic: 2,
+        ..flush_opts()
+    };
+    let (mut sim, a, _b) = Sim::pair(6, QpType::Rc, &o);
+    sim.record();
+    let remote = sim.mem(1).alloc_mr(1, 4096, flush_access());
+    let hold = Rc::new(Cell::new(true));
+    let h = hold.clone();
+    sim.set_filter(move |p| {
+        if h.get() && p.opcode.is_response() {
+            Verdict::Drop
+        } else {
+            Verdict::Pass
         }
-        let src = sim
-            .mem(0)
-            .alloc_mr(1, slot * lens.len() as u64, AccessFlags::empty());
-        let mut datas = Vec::new();
-        for (i, &len) in lens.iter().enumerate() {
-            let mut data = sim.rng.bytes(len);
-            data[0] = 3;
-            data[1] = i as u8;
-            sim.mem(0).poke(src.addr + i as u64 * slot, &data);
-            sim.post_send(a, send(i as u64, vec![src.sge(i as u64 * slot, len as u32)]));
-            datas.push(data);
+    });
+    for i in 0..6 {
+        if i % 2 == 0 {
+            sim.post_send(a, atomic_write(i, remote.remote(i * 8), i));
+        } else {
+            sim.post_send(
+                a,
+                flush(i, remote.remote(0), 64, FLUSH_GLOBAL, FlushSelect::Range),
+            );
+        }
+    }
+    sim.run_for(Duration::from_micros(500));
+    let distinct = |sim: &Sim| {
+        let mut psns: Vec<u32> = sim
+            .log
+            .as_ref()
+            .unwrap()
+            .iter()
+            .filter(|p| p.from == a && (p.opcode == Opcode::RcAtomicWrite || p.opcode == Opcode::RcFlush))
+            .map(|p| p.psn.value())
+            .collect();
+        psns.sort_unstable();
+        psns.dedup();
+        psns.len()
+    };
+    assert_eq!(distinct(&sim), 2, "only max_rd_atomic requests started");
+    hold.set(false);
+    sim.run();
+    assert_ok_in_order(&sim.take_send_cq(a), &[0, 1, 2, 3, 4, 5]);
+    assert_eq!(distinct(&sim), 6);
+}
+
+#[test]
+fn mixed_placement_traffic_under_loss() {
+    for seed in seeds(&[11, 12, 13]) {
+        let (mut sim, a, _b) = Sim::pair(
+            seed,
+            QpType::Rc,
+            &ConnOpts {
+                timeout: 8,
+                ..flush_opts()
+            },
+        );
+        sim.net = NetConfig::lossy(10.0);
+        let local = sim.mem(0).alloc_mr(1, 4096, all_access());
+        let remote = sim.mem(1).alloc_mr(1, 4096, flush_access());
+        let data = sim.rng.bytes(2048);
+        sim.mem(0).poke(local.addr, &data);
+        let mut id = 0;
+        for i in 0..32u64 {
+            sim.post_send(a, write(id, remote.remote(i * 64), vec![local.sge(i * 64, 64)]));
+            sim.post_send(a, atomic_write(id + 1, remote.remote(2048 + i * 8), i * 3));
+            sim.post_send(
+                a,
+                flush(
+                    id + 2,
+                    remote.remote(i * 64),
+                    64,
+                    FLUSH_GLOBAL,
+                    FlushSelect::Range,
+                ),
+            );
+            id += 3;
         }
         sim.run();
-        let wcs = sim.take_cq(1, cq);
-        let mut expect = Vec::new();
-        for (i, &len) in lens.iter().enumerate() {
-            // Packets of at most 1024 bytes: only the first message is one packet.
-            if len > 1024 {
-                expect.push((i as u64, WcFlags::TM_MATCH, 0));
-                expect.push((i as u64, WcFlags::TM_DATA_VALID, len - HDR));
-            } else {
-                expect.push((i as u64, WcFlags::TM_MATCH | WcFlags::TM_DATA_VALID, len - HDR));
-            }
+        assert_ok_in_order(&sim.take_send_cq(a), &(0..id).collect::<Vec<_>>());
+        assert_eq!(sim.mem(1).peek(remote.addr, 2048), data, "seed {seed}");
+        for i in 0..32 {
+            assert_eq!(
+                sim.mem(1).peek_u64(remote.addr + 2048 + i * 8),
+                i * 3,
+                "seed {seed}"
+            );
         }
-        let got: Vec<_> = wcs
-            .iter()
-            .map(|w| (w.wr_id, w.wc_flags, w.byte_len as usize))
-            .collect();
-        assert_eq!(got, expect, "seed {seed}");
-        assert!(wcs
-            .iter()
-            .all(|w| w.status == WcStatus::Success && w.opcode == WcOpcode::TmRecv));
-        assert!(wcs.iter().all(|w| w.tm_info.tag == w.wr_id), "seed {seed}");
-        for (i, data) in datas.iter().enumerate() {
-            let landed = sim.mem(1).peek(dst.addr + i as u64 * slot, data.len() - HDR);
-            assert_eq!(landed, data[HDR..], "seed {seed}: message {i} without its header");
-        }
+        assert_eq!(sim.mem(1).atomics.get(), 32, "seed {seed}: each executed once");
+        assert_eq!(sim.mem(1).flushes.get(), 32, "seed {seed}: each executed once");
     }
 }
 
-#[test]
-fn a_message_that_lands_nowhere_hands_its_end_back() {
-    let (mut sim, a, b, srq, cq) = setup(7, NetConfig::default());
-    let dst = sim.mem(1).alloc_mr(1, 4096, AccessFlags::LOCAL_WRITE);
-    sim.post_srq_recv(1, srq, recv(9, vec![dst.sge(0, 4096)]));
-    let src = sim.mem(0).alloc_mr(1, 4096, AccessFlags::empty());
-    let mut data = vec![0xAB; 3000];
-    data[0] = 0xFF;
-    data[1] = 5;
-    sim.mem(0).poke(src.addr, &data);
-    sim.post_send(a, send(1, vec![src.sge(0, 3000)]));
+/// Runs one request that the responder refuses; returns the requester's completion status and
+/// the responder's async events.
+fn refused(
+    seed: u64,
+    o: ConnOpts,
+    mr_access: AccessFlags,
+    make: impl FnOnce(&sim::Mr) -> softverbs_engine::wr::SendWr,
+) -> (WcStatus, Vec<EventType>, u64) {
+    let (mut sim, a, b) = Sim::pair(seed, QpType::Rc, &o);
+    let remote = sim.mem(1).alloc_mr(1, 64, mr_access);
+    sim.mem(1).poke_u64(remote.addr, 77);
+    let w = make(&remote);
+    sim.post_send_unchecked(a, w);
     sim.run();
-    assert!(sim.take_cq(1, cq).is_empty(), "nothing on the receive CQ");
-    let back = std::mem::take(&mut sim.qp_mut(b).internal);
-    assert_eq!(back.len(), 1);
-    assert_eq!(
-        (back[0].wr_id, back[0].status, back[0].byte_len),
-        (9, WcStatus::Success, 0)
-    );
-    assert_eq!(back[0].tm_info.tag, 5);
-    assert_eq!(sim.mem(1).peek(dst.addr, 3000), vec![0; 3000], "no byte placed");
-    // The sender sees an ordinary successful SEND.
-    assert_eq!(sim.take_send_cq(a)[0].status, WcStatus::Success);
+    let wcs = sim.take_send_cq(a);
+    assert_eq!(wcs.len(), 1, "{wcs:?}");
+    let word = sim.mem(1).peek_u64(remote.addr);
+    (wcs[0].status, sim.take_events(b), word)
 }
 
 #[test]
-fn internal_reads_complete_to_the_driver_only() {
-    for seed in seeds(&[11, 12]) {
-        let (mut sim, a, b, _srq, _cq) = setup(seed, NetConfig::lossy(3.0));
-        let len = 50_000u64;
-        let src = sim.mem(0).alloc_mr(1, len, AccessFlags::REMOTE_READ);
-        let data = sim.rng.bytes(len as usize);
-        sim.mem(0).poke(src.addr, &data);
-        let dst = sim.mem(1).alloc_mr(1, len, AccessFlags::LOCAL_WRITE);
-        let mut read = send(42, vec![dst.sge(0, len as u32)]);
-        read.op = SendOp::Read {
-            remote: src.remote(0),
-        };
-        // Unsignaled, yet it completes: the driver needs to know.
-        read.flags = softverbs_engine::types::SendFlags::empty();
-        sim.post_internal(b, read);
-        assert_eq!(
-            sim.qp(b).engine.send_queue_len(),
-            0,
-            "takes no slot of the application's queue"
-        );
-        assert_eq!(sim.qp(b).engine.internal_queue_len(), 1);
-        sim.run_for(Duration::from_secs(30));
-        let back = std::mem::take(&mut sim.qp_mut(b).internal);
-        assert_eq!(back.len(), 1, "seed {seed}");
-        assert_eq!(
-            (back[0].wr_id, back[0].status, back[0].opcode),
-            (42, WcStatus::Success, WcOpcode::RdmaRead)
-        );
-        assert!(
-            sim.take_send_cq(b).is_empty(),
-            "seed {seed}: nothing on the send CQ"
-        );
-        assert_eq!(sim.mem(1).peek(dst.addr, len as usize), data, "seed {seed}");
-        assert_eq!(sim.qp(b).engine.internal_queue_len(), 0);
-        let _ = a;
-    }
+fn the_responder_checks_rights_alignment_and_range() {
+    let no_write = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ;
+    // ATOMIC WRITE to a region without remote write: access error, word unchanged.
+    let (st, ev, word) = refused(20, ConnOpts::default(), no_write, |r| {
+        atomic_write(1, r.remote(0), 5)
+    });
+    assert_eq!((st, word), (WcStatus::RemAccessErr, 77));
+    assert_eq!(ev, vec![EventType::QpAccessErr]);
+    // A QP without remote write: invalid request.
+    let o = ConnOpts {
+        access: AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ,
+        ..ConnOpts::default()
+    };
+    let (st, _, word) = refused(21, o, all_access(), |r| atomic_write(1, r.remote(0), 5));
+    assert_eq!((st, word), (WcStatus::RemInvReqErr, 77));
+    // Not 8-byte aligned (post_send refuses it; a peer may still send it).
+    let (st, _, word) = refused(22, ConnOpts::default(), all_access(), |r| {
+        atomic_write(1, r.remote(4), 5)
+    });
+    assert_eq!((st, word), (WcStatus::RemInvReqErr, 77));
+    // Past the end of the region.
+    let (st, _, _) = refused(23, ConnOpts::default(), all_access(), |r| {
+        atomic_write(1, r.remote(64), 5)
+    });
+    assert_eq!(st, WcStatus::RemAccessErr);
+    // No responder resources.
+    let o = ConnOpts {
+        max_dest_rd_atomic: 0,
+        ..flush_opts()
+    };
+    let (st, _, _) = refused(24, o, flush_access(), |r| atomic_write(1, r.remote(0), 5));
+    assert_eq!(st, WcStatus::RemInvReqErr);
+    let (st, _, _) = refused(25, o, flush_access(), |r| {
+        flush(1, r.remote(0), 8, FLUSH_GLOBAL, FlushSelect::Range)
+    });
+    assert_eq!(st, WcStatus::RemInvReqErr);
+
+    // FLUSH: the region needs the right of each placement type asked for.
+    let global_only = all_access() | AccessFlags::FLUSH_GLOBAL;
+    let (st, ev, _) = refused(26, flush_opts(), global_only, |r| {
+        flush(1, r.remote(0), 8, FLUSH_PERSISTENT, FlushSelect::Range)
+    });
+    assert_eq!(st, WcStatus::RemAccessErr);
+    assert_eq!(ev, vec![EventType::QpAccessErr]);
+    let (st, _, _) = refused(27, flush_opts(), global_only, |r| {
+        flush(
+            1,
+            r.remote(0),
+            8,
+            FLUSH_GLOBAL | FLUSH_PERSISTENT,
+            FlushSelect::Mr,
+        )
+    });
+    assert_eq!(st, WcStatus::RemAccessErr);
+    // A range reaching past the region.
+    let (st, _, _) = refused(28, flush_opts(), flush_access(), |r| {
+        flush(1, r.remote(32), 64, FLUSH_GLOBAL, FlushSelect::Range)
+    });
+    assert_eq!(st, WcStatus::RemAccessErr);
+    // The QP must allow the placement type.
+    let o = ConnOpts {
+        access: all_access() | AccessFlags::FLUSH_GLOBAL,
+        ..ConnOpts::default()
+    };
+    let (st, _, _) = refused(29, o, flush_access(), |r| {
+        flush(1, r.remote(0), 8, FLUSH_PERSISTENT, FlushSelect::Range)
+    });
+    assert_eq!(st, WcStatus::RemInvReqErr);
+    // An unknown placement type.
+    let (st, _, _) = refused(30, flush_opts(), flush_access(), |r| {
+        flush(1, r.remote(0), 8, 4, FlushSelect::Range)
+    });
+    assert_eq!(st, WcStatus::RemInvReqErr);
+}
+
+#[test]
+fn post_send_checks_placement_requests() {
+    let rc = SendLimits {
+        qp_type: QpType::Rc,
+        max_send_sge: 4,
+        max_inline_data: 64,
+        max_msg_sz: 1 << 31,
+        ud_mtu: 1024,
+        max_rd_atomic: 4,
+    };
+    let remote = RemoteAddr {
+        addr: 0x1000,
+        rkey: 9,
+    };
+    let at = |addr| RemoteAddr { addr, rkey: 9 };
+    assert!(atomic_write(1, remote, 1).check(&rc).is_ok());
+    assert!(
+        flush(1, remote, 8, FLUSH_GLOBAL | FLUSH_PERSISTENT, FlushSelect::Mr)
+            .check(&rc)
+            .is_ok()
+    );
+    assert!(atomic_write(1, at(0x1004), 1).check(&rc).is_err(), "misaligned");
+    let mut with_buffer = atomic_write(2, remote, 1);
+    with_buffer.payload = Payload::Sges(vec![Sge {
+        addr: 0,
+        length: 8,
+        lkey: 1,
+    }]);
+    assert!(with_buffer.check(&rc).is_err(), "a local buffer");
+    assert!(
+        flush(3, remote, 8, 0, FlushSelect::Range).check(&rc).is_err(),
+        "no type"
+    );
+    assert!(
+        flush(4, remote, 8, 8, FlushSelect::Range).check(&rc).is_err(),
+        "unknown type"
+    );
+    let uc = SendLimits {
+        qp_type: QpType::Uc,
+        ..rc
+    };
+    assert!(atomic_write(5, remote, 1).check(&uc).is_err(), "UC");
+    assert!(
+        flush(5, remote, 8, FLUSH_GLOBAL, FlushSelect::Range)
+            .check(&uc)
+            .is_err(),
+        "UC"
+    );
+    let no_rd = SendLimits {
+        max_rd_atomic: 0,
+        ..rc
+    };
+    assert!(
+        atomic_write(6, remote, 1).check(&no_rd).is_err(),
+        "max_rd_atomic 0"
+    );
+    assert!(flush(6, remote, 8, FLUSH_GLOBAL, FlushSelect::Range)
+        .check(&no_rd)
+        .is_err());
 }
