@@ -944,7 +944,7 @@ impl Srq {
     /// Takes the oldest posted WR for an incoming message. When that leaves fewer WRs than an
     /// armed limit, raises `IBV_EVENT_SRQ_LIMIT_REACHED` once and disarms the limit.
     pub fn take(&self) -> Option<RecvWr> {
-        self.with_tm(|queue, _| queue.pop_front())
+        self.with_queue(|queue, _| queue.pop_front())
     }
 
     pub(crate) fn tm_shared(&self) -> Option<&TmShared> {
@@ -954,7 +954,10 @@ impl Srq {
     /// Runs `f` on the posted WRs and the tag-matching state under the SRQ's lock. When `f`
     /// takes WRs and leaves fewer than an armed limit, raises `IBV_EVENT_SRQ_LIMIT_REACHED`
     /// once and disarms the limit.
-    pub(crate) fn with_tm<R>(&self, f: impl FnOnce(&mut VecDeque<RecvWr>, Option<&mut TmState>) -> R) -> R {
+    pub(crate) fn with_queue<R>(
+        &self,
+        f: impl FnOnce(&mut VecDeque<RecvWr>, Option<&mut TmState>) -> R,
+    ) -> R {
         let mut inner = self.inner.lock();
         let before = inner.queue.len();
         let SrqInner { queue, tm, .. } = &mut *inner;

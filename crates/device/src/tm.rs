@@ -136,13 +136,13 @@ impl Srq {
 
     /// Entries in the tag list (0 for other SRQs).
     pub fn tm_tags(&self) -> usize {
-        self.with_tm(|_, tm| tm.map_or(0, |t| t.matcher.len()))
+        self.with_queue(|_, tm| tm.map_or(0, |t| t.matcher.len()))
     }
 
     /// Tag-list operations posted and not yet reaped.
     pub fn tm_outstanding_ops(&self) -> u64 {
         let reaped = self.tm_shared().map_or(0, |t| t.reaped.load(Ordering::Acquire));
-        self.with_tm(|_, tm| tm.map_or(0, |t| t.posted - reaped))
+        self.with_queue(|_, tm| tm.map_or(0, |t| t.posted - reaped))
     }
 
     /// `ibv_post_srq_ops`: performs tag-list operations in order, stopping at the first that
@@ -157,7 +157,7 @@ impl Srq {
             return (handles, Err(PostError { index: 0, error }));
         };
         let mut completions = Vec::new();
-        let result = self.with_tm(|_, tm| {
+        let result = self.with_queue(|_, tm| {
             let tm = tm.expect("a tag-matching SRQ has its state");
             for (index, op) in ops.iter().enumerate() {
                 let fail = |error| Err(PostError { index, error });
@@ -249,7 +249,7 @@ impl Srq {
         can_read: bool,
     ) -> Option<RecvPlacement> {
         let headers = TmHeaders::parse(first).ok();
-        self.with_tm(|queue, tm| {
+        self.with_queue(|queue, tm| {
             let tm = tm.expect("a tag-matching SRQ has its state");
             let Some(h) = headers else {
                 return queue.pop_front().map(RecvPlacement::plain);

@@ -52,8 +52,10 @@ struct Tm {
     server: QueuePair,
     mr: MemoryRegion,
     unexpected_mr: MemoryRegion,
-    _server_cq: CompletionQueue,
-    _ctx: (Context, Context),
+    server_cq: CompletionQueue,
+    cpd: ProtectionDomain,
+    spd: ProtectionDomain,
+    ctx: (Context, Context),
 }
 
 fn connect(ctx: &Context, qp: &QueuePair, dest: u32, mtu: Mtu) {
@@ -150,8 +152,10 @@ fn setup(tm: TmCap) -> Tm {
         server,
         mr,
         unexpected_mr,
-        _server_cq: server_cq,
-        _ctx: (cctx, sctx),
+        server_cq,
+        cpd,
+        spd,
+        ctx: (cctx, sctx),
     }
 }
 
@@ -225,6 +229,20 @@ impl Tm {
             .unwrap();
         let wc = poll_n(&self.client_cq, 1)[0];
         assert_eq!((wc.opcode, wc.status), (WcOpcode::Send, WcStatus::Success));
+    }
+
+    /// Another client QP, connected to another server QP on the same SRQ.
+    fn another_pair(&self) -> (QueuePair, QueuePair) {
+        let client = self
+            .cpd
+            .create_qp(&QpInit::new(QpType::Rc, &self.client_cq))
+            .unwrap();
+        let mut init = QpInit::new(QpType::Rc, &self.server_cq);
+        init.srq = Some(&self.srq);
+        let server = self.spd.create_qp(&init).unwrap();
+        connect(&self.ctx.0, &client, server.qp_num(), Mtu::Mtu1024);
+        connect(&self.ctx.1, &server, client.qp_num(), Mtu::Mtu1024);
+        (client, server)
     }
 
     fn post_unexpected(&self, ids: std::ops::Range<u64>) {
@@ -627,4 +645,42 @@ fn unexpected_rendezvous_requests_go_to_software_whole() {
         (WcOpcode::Recv, 0, req.len())
     );
     assert_eq!(t.read(&t.unexpected_mr, 0..req.len()), req);
+}
+
+#[test]
+fn qps_on_one_srq_share_its_tag_list() {
+    let t = setup(caps());
+    let (client2, server2) = t.another_pair();
+    t.add_tag(1, 0..1024, 9, u64::MAX);
+    t.add_tag(2, 1024..2048, 9, u64::MAX);
+    // A message on the second connection takes the first tag, one on the first the second.
+    let mut msg = tmh(EAGER, 0, 9);
+    msg.extend_from_slice(b"via two");
+    t.client_mr.write(0, &msg).unwrap();
+    client2
+        .post_send(&[SendRequest {
+            wr_id: 1,
+            op: SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+            flags: SendFlags::SIGNALED,
+            payload: Payload::Sges(vec![t.client_mr.sge(0..msg.len()).unwrap()]),
+            ud: None,
+        }])
+        .unwrap();
+    assert_eq!(poll_n(&t.client_cq, 1)[0].status, WcStatus::Success);
+    let wc = poll_n(&t.cq, 1)[0];
+    assert_eq!((wc.wr_id, wc.qp_num), (1, server2.qp_num()));
+    let mut msg = tmh(EAGER, 0, 9);
+    msg.extend_from_slice(b"via one");
+    t.send(4096, &msg);
+    let wc = poll_n(&t.cq, 1)[0];
+    assert_eq!((wc.wr_id, wc.qp_num), (2, t.server.qp_num()));
+    assert_eq!(t.read(&t.mr, 0..7), b"via two");
+    assert_eq!(t.read(&t.mr, 1024..1031), b"via one");
+    assert!(
+        t.server_cq.poll(&mut [WorkCompletion::default(); 4]) == 0,
+        "nothing on the QPs' own CQ"
+    );
 }
