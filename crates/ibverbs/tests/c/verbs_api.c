@@ -741,6 +741,44 @@ static void test_tag_matching(void)
 	      "IBV_WR_TAG_DEL of a consumed tag: IBV_WC_TM_ERR");
 	ibv_end_poll(tcq);
 
+	/* Rendezvous: the device READs the sender's buffer into the tag's, then sends FIN back. */
+	struct ibv_sge rsge = { (uintptr_t)(mem + 1024), 2048, mr->lkey };
+	struct ibv_ops_wr radd = { .wr_id = 13, .opcode = IBV_WR_TAG_ADD, .flags = IBV_OPS_SIGNALED,
+				   .tm = { .add = { .recv_wr_id = 22, .sg_list = &rsge, .num_sge = 1,
+						    .tag = 0x99, .mask = ~0ull } } };
+	CHECK(ibv_post_srq_ops(srq, &radd, &bad_op) == 0 && start_poll_wait(tcq) && tcq->wr_id == 13,
+	      "tm: tag for the rendezvous");
+	ibv_end_poll(tcq);
+	for (int i = 0; i < 2000; i++)
+		mem[6144 + i] = (char)(i * 7 + 1);
+	struct ibv_sge fsge = { (uintptr_t)(mem + 5120), 64, mr->lkey };
+	struct ibv_recv_wr fwr = { .wr_id = 33, .sg_list = &fsge, .num_sge = 1 };
+	struct ibv_recv_wr *bad_r;
+	CHECK(ibv_post_recv(client, &fwr, &bad_r) == 0, "tm: the sender waits for FIN");
+	tmh->opcode = IBV_TMH_RNDV;
+	tmh->tag = htobe64(0x99);
+	struct ibv_rvh *rvh = (void *)(mem + 4096 + sizeof(*tmh));
+	rvh->va = htobe64((uintptr_t)(mem + 6144));
+	rvh->rkey = htobe32(mr->rkey);
+	rvh->len = htobe32(2000);
+	ssge.length = sizeof(*tmh) + sizeof(*rvh);
+	CHECK(ibv_post_send(client, &swr, &bad_s) == 0 && poll_one(ccq, &wc) && wc.status == IBV_WC_SUCCESS,
+	      "tm: the rendezvous request is sent");
+	int match = start_poll_wait(tcq) && tcq->wr_id == 22 && tcq->status == IBV_WC_SUCCESS &&
+		    ibv_wc_read_opcode(tcq) == IBV_WC_TM_RECV && ibv_wc_read_wc_flags(tcq) == IBV_WC_TM_MATCH;
+	ibv_end_poll(tcq);
+	CHECK(match, "rendezvous: IBV_WC_TM_MATCH when the request arrives");
+	int valid = start_poll_wait(tcq) && tcq->wr_id == 22 && tcq->status == IBV_WC_SUCCESS &&
+		    ibv_wc_read_wc_flags(tcq) == IBV_WC_TM_DATA_VALID && ibv_wc_read_byte_len(tcq) == 2000;
+	ibv_end_poll(tcq);
+	CHECK(valid && !memcmp(mem + 1024, mem + 6144, 2000),
+	      "rendezvous: IBV_WC_TM_DATA_VALID once the READ placed the sender's data");
+	struct ibv_tmh *fin = (void *)(mem + 5120);
+	CHECK(poll_one(ccq, &wc) && wc.wr_id == 33 && wc.opcode == IBV_WC_RECV && wc.byte_len == 32 &&
+		      fin->opcode == IBV_TMH_FIN && be64toh(fin->tag) == 0x99 &&
+		      !memcmp(fin + 1, rvh, sizeof(*rvh)),
+	      "rendezvous: the sender receives FIN with the request's TMH and RVH");
+
 	/* max_ops is 2: two unsignaled operations stay outstanding, the third is refused. */
 	struct ibv_ops_wr s3 = { .wr_id = 3, .opcode = IBV_WR_TAG_SYNC };
 	struct ibv_ops_wr s2 = { .wr_id = 2, .opcode = IBV_WR_TAG_SYNC, .next = &s3 };
