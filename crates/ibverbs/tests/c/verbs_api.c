@@ -794,6 +794,7 @@ static void test_tag_matching(void)
 	REQUIRE(basic, "tm: a basic SRQ");
 	CHECK_ERR(ibv_post_srq_ops(basic, &s3, &bad_op), EINVAL, "ibv_post_srq_ops on a basic SRQ");
 
+	CHECK_ERR(ibv_destroy_cq(ibv_cq_ex_to_cq(tcq)), EBUSY, "ibv_destroy_cq of a TM SRQ's CQ");
 	CHECK(ibv_destroy_qp(server) == 0 && ibv_destroy_qp(client) == 0 && ibv_destroy_srq(srq) == 0 &&
 		      ibv_destroy_srq(basic) == 0 && ibv_dereg_mr(mr) == 0 &&
 		      ibv_destroy_cq(ibv_cq_ex_to_cq(tcq)) == 0 && ibv_destroy_cq(ccq) == 0,
