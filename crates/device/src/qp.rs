@@ -136,7 +136,8 @@ impl Qp {
         let ctx = pd.context();
         let limits = *ctx.device().limits();
         for (cq, which) in [(&init.send_cq, "send_cq"), (&init.recv_cq, "recv_cq")] {
-            if !Arc::ptr_eq(cq.context(), ctx) {
+            // Contexts imported from one another share their objects, as one kernel ufile does.
+            if !cq.context().shares_objects_with(ctx) {
                 return Err(Error::invalid(format!("{which} belongs to another context")));
             }
         }
@@ -144,7 +145,7 @@ impl Qp {
             if init.qp_type == QpType::Uc {
                 return Err(Error::invalid("only RC and UD QPs can be associated with an SRQ"));
             }
-            if !Arc::ptr_eq(srq.pd().context(), ctx) {
+            if !srq.pd().context().shares_objects_with(ctx) {
                 return Err(Error::invalid("srq belongs to another context"));
             }
         }

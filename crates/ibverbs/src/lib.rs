@@ -26,6 +26,9 @@
 
 pub mod abi;
 mod datapath;
+mod dm;
+mod domain;
+mod import;
 mod memory;
 mod symbols;
 mod verbs;

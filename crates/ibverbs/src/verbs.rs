@@ -64,17 +64,19 @@ pub(crate) struct SvContext {
     pub(crate) core: Arc<Context>,
 }
 
+/// A PD, or a parent domain (then `core` is its inner PD and `parent` says how to allocate).
 #[repr(C)]
 pub(crate) struct SvPd {
-    pd: ibv_pd,
+    pub(crate) pd: ibv_pd,
     pub(crate) core: Arc<Pd>,
+    pub(crate) parent: Option<crate::domain::Parent>,
 }
 
 #[repr(C)]
 pub(crate) struct SvMr {
-    mr: ibv_mr,
+    pub(crate) mr: ibv_mr,
     /// Replaced by `ibv_rereg_mr`.
-    core: Mutex<Arc<Mr>>,
+    pub(crate) core: Mutex<Arc<Mr>>,
 }
 
 #[repr(C)]
@@ -91,6 +93,8 @@ pub(crate) struct SvCq {
     pub(crate) core: Arc<Cq>,
     /// The completion `start_poll`/`next_poll` fetched, read by the `read_*` accessors.
     pub(crate) cur: Cell<WorkCompletion>,
+    /// For a CQ created through a parent domain: its poll ring, from the domain's allocator.
+    pub(crate) ring: Option<crate::domain::CqRing>,
 }
 
 #[repr(C)]
@@ -107,6 +111,8 @@ pub(crate) struct SvQp {
     pub(crate) sq_sig_all: bool,
     /// Work requests built with `ibv_wr_*` between `wr_start` and `wr_complete`.
     pub(crate) batch: Mutex<WrBatch>,
+    /// For a QP created through a parent domain: its queue buffers, from the domain's allocator.
+    pub(crate) queues: Option<crate::domain::QpQueues>,
 }
 
 /// The extended work-request API's pending list.
@@ -142,7 +148,10 @@ pub(crate) unsafe fn outer<'a, S, C>(p: *mut C) -> Option<&'a S> {
 /// # Safety
 /// `p` must be NULL or point at the start of a live `S` made by `Box::into_raw`, which the
 /// caller gives up on success.
-unsafe fn destroy_boxed<S, C>(p: *mut C, destroy: impl FnOnce(&S) -> softverbs_engine::Result<()>) -> c_int {
+pub(crate) unsafe fn destroy_boxed<S, C>(
+    p: *mut C,
+    destroy: impl FnOnce(&S) -> softverbs_engine::Result<()>,
+) -> c_int {
     // SAFETY: the caller's contract.
     let Some(obj) = (unsafe { outer::<S, _>(p) }) else {
         return EINVAL;
@@ -175,7 +184,7 @@ pub(crate) unsafe fn context<'a>(ctx: *mut ibv_context) -> Option<&'a SvContext>
     })
 }
 
-fn errno_of(e: &Error) -> c_int {
+pub(crate) fn errno_of(e: &Error) -> c_int {
     e.errno()
 }
 
@@ -196,7 +205,7 @@ fn copy_str(dst: &mut [c_char], s: &str) {
     }
 }
 
-fn sv_device(core: &Device) -> *mut SvDevice {
+pub(crate) fn sv_device(core: &Device) -> *mut SvDevice {
     let mut reg = device_registry().lock().unwrap_or_else(|p| p.into_inner());
     if let Some(&p) = reg.get(core.name()) {
         return p as *mut SvDevice;
@@ -293,10 +302,15 @@ pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_co
     let Some(d) = (unsafe { outer::<SvDevice, _>(dev) }) else {
         return fail_null(EINVAL);
     };
-    let core = match Context::open(&d.core) {
-        Ok(c) => c,
-        Err(e) => return fail_null(errno_of(&e)),
-    };
+    match Context::open(&d.core) {
+        Ok(core) => new_context(dev, core),
+        Err(e) => fail_null(errno_of(&e)),
+    }
+}
+
+/// Boxes a `verbs_context` with every op this library offers around a core context; used by
+/// `ibv_open_device` and `ibv_import_device`.
+pub(crate) fn new_context(dev: *mut ibv_device, core: Arc<Context>) -> *mut ibv_context {
     let ops = ibv_context_ops {
         _compat_query_device: Some(query_device),
         _compat_query_port: Some(query_port_compat),
@@ -340,16 +354,16 @@ pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_co
         attach_counters_point_flow: null,
         create_counters: null,
         destroy_counters: null,
-        reg_dm_mr: null,
-        alloc_dm: null,
-        free_dm: null,
+        reg_dm_mr: crate::dm::REG_DM_MR,
+        alloc_dm: crate::dm::ALLOC_DM,
+        free_dm: crate::dm::FREE_DM,
         modify_flow_action_esp: null,
         destroy_flow_action: null,
         create_flow_action_esp: null,
         modify_qp_rate_limit: null,
-        alloc_parent_domain: null,
-        dealloc_td: null,
-        alloc_td: null,
+        alloc_parent_domain: crate::domain::ALLOC_PARENT_DOMAIN,
+        dealloc_td: crate::domain::DEALLOC_TD,
+        alloc_td: crate::domain::ALLOC_TD,
         modify_cq: null,
         post_srq_ops: null,
         destroy_rwq_ind_table: null,
@@ -376,7 +390,7 @@ pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_co
         context: ibv_context {
             device: dev,
             ops,
-            cmd_fd: -1,
+            cmd_fd: core.cmd_fd(),
             async_fd: core.async_fd(),
             num_comp_vectors: softverbs_device::cq::NUM_COMP_VECTORS as c_int,
             mutex: pthread_mutex_t([0; 40]),
@@ -489,6 +503,7 @@ unsafe extern "C" fn query_device_ex(
     ex.orig_attr = orig;
     ex.device_cap_flags_ex = u64::from(orig.device_cap_flags);
     ex.phys_port_cnt_ex = u32::from(orig.phys_port_cnt);
+    ex.max_dm_size = c.core.device().limits().max_dm_size;
     let n = attr_size.min(size_of::<ibv_device_attr_ex>());
     // SAFETY: the caller's buffer holds `attr_size` bytes; we copy at most that many.
     unsafe {
@@ -791,6 +806,7 @@ pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
                     handle: core.handle(),
                 },
                 core,
+                parent: None,
             });
             Box::into_raw(b).cast()
         }
@@ -798,10 +814,16 @@ pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
     }
 }
 
-/// `ibv_dealloc_pd`: EBUSY while anything uses the PD.
+/// `ibv_dealloc_pd`: EBUSY while anything uses the PD. On a parent domain it deallocates the
+/// parent domain (EBUSY while its CQs or QPs exist), not the inner PD.
 pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
-    unsafe { destroy_boxed::<SvPd, _>(pd, |p| p.core.dealloc()) }
+    unsafe {
+        destroy_boxed::<SvPd, _>(pd, |p| match &p.parent {
+            Some(parent) => parent.core.dealloc(),
+            None => p.core.dealloc(),
+        })
+    }
 }
 
 unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, length: usize, iova: u64, access: c_int) -> *mut ibv_mr {
@@ -1038,6 +1060,7 @@ pub(crate) unsafe fn new_cq(
         cq,
         core,
         cur: Cell::new(WorkCompletion::default()),
+        ring: None,
     }));
     if !channel.is_null() {
         // SAFETY: `channel` is a live channel (its core object was found above); `refcnt` counts
@@ -1501,6 +1524,11 @@ pub(crate) unsafe fn new_qp(n: &NewQp) -> Result<*mut SvQp, c_int> {
     }
     // SAFETY: `cap` is a readable and writable `struct ibv_qp_cap` inside the init attributes.
     let cap = cap_core(unsafe { &*n.cap });
+    let queues = match &pd.parent {
+        // SAFETY: `n.pd` is the live parent domain `parent` belongs to.
+        Some(parent) => Some(unsafe { crate::domain::qp_queues(n.pd, parent, &cap) }?),
+        None => None,
+    };
     let init = QpInitAttr {
         qp_type,
         send_cq: send_cq.core.clone(),
@@ -1533,6 +1561,7 @@ pub(crate) unsafe fn new_qp(n: &NewQp) -> Result<*mut SvQp, c_int> {
         core,
         sq_sig_all: n.sq_sig_all,
         batch: Mutex::new(WrBatch::default()),
+        queues,
     }));
     // SAFETY: `b` is live.
     unsafe { (*b).core.set_user_data(b as u64) };
