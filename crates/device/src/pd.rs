@@ -257,7 +257,7 @@ impl Mr {
 
     /// Where the region's first byte is for alignment purposes (atomics need 8-byte aligned
     /// memory): its address, or for device memory its offset in the DM.
-    pub(crate) fn align_base(&self) -> u64 {
+    pub fn align_base(&self) -> u64 {
         self.dm.as_ref().map_or(self.addr, |(_, off)| *off)
     }
 
