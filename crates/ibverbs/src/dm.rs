@@ -8,8 +8,8 @@ use softverbs_device::{Dm, Mr};
 use softverbs_engine::Errno;
 
 use crate::abi::*;
-use crate::fail_null;
 use crate::verbs::{context, destroy_boxed, errno_of, outer, SvMr, SvPd};
+use crate::{fail, fail_null};
 
 const EINVAL: c_int = Errno::EINVAL as c_int;
 
@@ -82,19 +82,19 @@ unsafe extern "C" fn free_dm(dm: *mut ibv_dm) -> c_int {
 unsafe extern "C" fn memcpy_to_dm(dm: *mut ibv_dm, offset: u64, host: *const c_void, length: usize) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(d) = (unsafe { outer::<SvDm, _>(dm) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     if length == 0 {
         return 0;
     }
     if host.is_null() {
-        return EINVAL;
+        return fail(EINVAL);
     }
     // SAFETY: the caller's host buffer holds `length` readable bytes (ibv_memcpy_to_dm(3)).
     let src = unsafe { std::slice::from_raw_parts(host.cast::<u8>(), length) };
     match d.core.memcpy_to(offset, src) {
         Ok(()) => 0,
-        Err(e) => errno_of(&e),
+        Err(e) => fail(errno_of(&e)),
     }
 }
 
@@ -102,19 +102,19 @@ unsafe extern "C" fn memcpy_to_dm(dm: *mut ibv_dm, offset: u64, host: *const c_v
 unsafe extern "C" fn memcpy_from_dm(host: *mut c_void, dm: *mut ibv_dm, offset: u64, length: usize) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(d) = (unsafe { outer::<SvDm, _>(dm) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     if length == 0 {
         return 0;
     }
     if host.is_null() {
-        return EINVAL;
+        return fail(EINVAL);
     }
     // SAFETY: the caller's host buffer holds `length` writable bytes (ibv_memcpy_from_dm(3)).
     let dst = unsafe { std::slice::from_raw_parts_mut(host.cast::<u8>(), length) };
     match d.core.memcpy_from(offset, dst) {
         Ok(()) => 0,
-        Err(e) => errno_of(&e),
+        Err(e) => fail(errno_of(&e)),
     }
 }
 
