@@ -146,3 +146,30 @@ impl Drop for Ufile {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memfd_with(bytes: &[u8]) -> OwnedFd {
+        let fd = memfd_create(c"test", MemFdCreateFlag::MFD_CLOEXEC).unwrap();
+        pwrite(&fd, bytes, 0).unwrap();
+        fd
+    }
+
+    #[test]
+    fn a_command_fd_of_another_process_is_enodev() {
+        // A memfd with the marker but no ufile here is what a descriptor passed from another
+        // process looks like.
+        let e = Ufile::find(memfd_with(MARKER).as_fd()).unwrap_err();
+        assert_eq!(e.errno(), 19);
+    }
+
+    #[test]
+    fn other_descriptors_are_einval() {
+        let e = Ufile::find(memfd_with(b"something else").as_fd()).unwrap_err();
+        assert_eq!(e.errno(), 22);
+        let null = std::fs::File::open("/dev/null").unwrap();
+        assert_eq!(Ufile::find(null.as_fd()).unwrap_err().errno(), 22);
+    }
+}
