@@ -89,7 +89,7 @@ impl QueuePair {
             sq_sig_all: init.sq_sig_all,
         };
         let domain = pd.parent_core().map(|d| d.hold()).transpose()?;
-        let core = core::Qp::create(pd.core(), &core_init)?;
+        let core = core::Qp::create_in(pd.context().core(), pd.core(), &core_init)?;
         let inner = Arc::new(QpInner {
             _domain: domain,
             core,

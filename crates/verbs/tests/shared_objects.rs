@@ -337,6 +337,29 @@ mod import {
     }
 
     #[test]
+    fn async_events_of_a_qp_on_an_imported_pd_reach_the_importing_context() {
+        let ctx = lo();
+        let pd = ctx.alloc_pd().unwrap();
+        let ctx2 = ctx.import_shared().unwrap();
+        let pd2 = ctx2.import_pd(pd.handle()).unwrap();
+        let (_cq, qp) = rc_qp(&ctx2, &pd2);
+        to_rts(&ctx2, &qp, 3);
+        let attr = QpAttr {
+            qp_state: QpState::Sqd,
+            en_sqd_async_notify: true,
+            ..Default::default()
+        };
+        qp.modify(&attr, QpAttrMask::STATE | QpAttrMask::EN_SQD_ASYNC_NOTIFY)
+            .unwrap();
+        let ev = ctx2
+            .get_async_event_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        assert_eq!(ev.event_type(), EventType::SqDrained);
+        assert!(matches!(ev.target(), AsyncEventTarget::Qp(q) if q.same_as(&qp)));
+        assert_eq!(ctx.pending_async_events(), 0);
+    }
+
+    #[test]
     fn a_foreign_fd_is_refused() {
         let file = std::fs::File::open("/dev/null").unwrap();
         assert_eq!(errno(Context::import_device(file.into())), 22);

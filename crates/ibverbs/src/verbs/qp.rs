@@ -9,8 +9,8 @@ use softverbs_device::Qp;
 use softverbs_engine::types::{Gid, QpAttrMask, QpState, QpType};
 
 use super::{
-    cap_c, cap_core, destroy_boxed, errno_of, outer, qp_attr_c, qp_attr_core, SvCq, SvPd, SvQp, SvSrq,
-    WrBatch, EINVAL, EOPNOTSUPP,
+    cap_c, cap_core, context, destroy_boxed, errno_of, outer, qp_attr_c, qp_attr_core, SvCq, SvPd, SvQp,
+    SvSrq, WrBatch, EINVAL, EOPNOTSUPP,
 };
 use crate::abi::*;
 use crate::{datapath, fail, fail_null};
@@ -59,7 +59,10 @@ pub(crate) unsafe fn new_qp(n: &NewQp) -> Result<*mut SvQp, c_int> {
         cap,
         sq_sig_all: n.sq_sig_all,
     };
-    let core = Qp::create(&pd.core, &init).map_err(|e| errno_of(&e))?;
+    // The QP belongs to the context the C PD handle is in (an imported PD's is the importer's).
+    // SAFETY: `pd` is live, and so is the context it names.
+    let ctx = unsafe { context(pd.pd.context) }.ok_or(EINVAL)?;
+    let core = Qp::create_in(&ctx.core, &pd.core, &init).map_err(|e| errno_of(&e))?;
     // SAFETY: as above.
     unsafe { n.cap.write(cap_c(&core.cap())) };
     let qp = ibv_qp {

@@ -8,6 +8,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <infiniband/verbs.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -781,6 +782,13 @@ static void test_import(void)
 	struct ibv_wc wc;
 	CHECK(ibv_post_send(b, &wr, &bad) == 0 && poll_one(cq2, &wc) && wc.status == IBV_WC_SUCCESS &&
 		      !strcmp(mem + 100, "through an imported MR"), "RDMA WRITE with the imported MR's lkey");
+	struct ibv_qp_attr sqd = { .qp_state = IBV_QPS_SQD, .en_sqd_async_notify = 1 };
+	struct pollfd pfd = { .fd = ctx2->async_fd, .events = POLLIN };
+	struct ibv_async_event ev;
+	CHECK(ibv_modify_qp(b, &sqd, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY) == 0 && poll(&pfd, 1, 10000) == 1 &&
+		      ibv_get_async_event(ctx2, &ev) == 0 && ev.event_type == IBV_EVENT_SQ_DRAINED && ev.element.qp == b,
+	      "async events of a QP on an imported PD reach the importing context");
+	ibv_ack_async_event(&ev);
 
 	struct ibv_alloc_dm_attr da = { .length = 256 };
 	struct ibv_dm *dm = ibv_alloc_dm(ctx, &da);
