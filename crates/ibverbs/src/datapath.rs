@@ -470,7 +470,7 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         // SAFETY: the caller passes NULL or a live PD of this library (the verbs API contract).
         let made = unsafe { crate::domain::parent_of(a.parent_domain) }
             // SAFETY: `parent_domain` is the live parent domain just found.
-            .and_then(|p| unsafe { crate::domain::cq_ring(a.parent_domain, p, a.cqe, single) });
+            .and_then(|p| unsafe { crate::domain::cq_ring(ctx, a.parent_domain, p, a.cqe, single) });
         match made {
             Ok(r) => Some(r),
             Err(e) => return fail_null(e),

@@ -291,16 +291,23 @@ pub(crate) unsafe fn parent_of<'a>(pd: *mut ibv_pd) -> Result<&'a Parent, c_int>
         .ok_or(EINVAL)
 }
 
-/// The poll ring of a CQ created through the parent domain `pd`.
+/// The poll ring of a CQ created in `ctx` through the parent domain `pd`. EINVAL if the parent
+/// domain is of a context that does not share `ctx`'s objects.
 ///
 /// # Safety
-/// `pd` must be the live parent domain `parent` belongs to.
+/// `pd` must be the live parent domain `parent` belongs to; `ctx` NULL or a live context.
 pub(crate) unsafe fn cq_ring(
+    ctx: *mut ibv_context,
     pd: *mut ibv_pd,
     parent: &Parent,
     cqe: u32,
     single_threaded: bool,
 ) -> Result<CqRing, c_int> {
+    // SAFETY: per the contract.
+    let c = unsafe { context(ctx) }.ok_or(EINVAL)?;
+    if !c.core.shares_objects_with(parent.core.pd().context()) {
+        return Err(EINVAL);
+    }
     let hold = parent.core.hold().map_err(|e| errno_of(&e))?;
     let entries = (cqe as usize).clamp(1, CQ_RING_MAX);
     // SAFETY: per the contract.

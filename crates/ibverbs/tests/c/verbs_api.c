@@ -701,6 +701,15 @@ static void test_parent_domain(void)
 	errno = 0;
 	CHECK(!ibv_create_cq_ex(ctx, &ca) && errno == EINVAL, "IBV_CQ_INIT_ATTR_MASK_PD with a plain PD: NULL, EINVAL");
 	ca.parent_domain = par;
+	struct ibv_context *other = ibv_open_device(ctx->device);
+	errno = 0;
+	CHECK(other && !ibv_create_cq_ex(other, &ca) && errno == EINVAL && log.allocs == 0,
+	      "a CQ in another context through this parent domain: NULL, EINVAL");
+	struct ibv_parent_domain_init_attr foreign = { .pd = inner };
+	errno = 0;
+	CHECK(other && !ibv_alloc_parent_domain(other, &foreign) && errno == EINVAL,
+	      "a parent domain over another context's PD: NULL, EINVAL");
+	ibv_close_device(other);
 	struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &ca);
 	REQUIRE(cqx, "ibv_create_cq_ex on the parent domain");
 	struct ibv_cq *cq = ibv_cq_ex_to_cq(cqx);
