@@ -313,7 +313,14 @@ impl MemoryRegion {
 
     /// Sets every byte to `value`.
     pub fn fill(&self, value: u8) {
-        self.mem.write(0, &vec![value; self.len()]);
+        // In bounded chunks, so a large region needs no copy of its size.
+        let chunk = vec![value; self.len().min(1 << 16)];
+        let mut off = 0;
+        while off < self.len() {
+            let n = chunk.len().min(self.len() - off);
+            self.mem.write(off as u64, &chunk[..n]);
+            off += n;
+        }
     }
 
     /// The 8-byte word at `offset` (8-byte aligned) in host order, as atomics see it.

@@ -117,6 +117,11 @@ mod device_memory {
         let mut got = [0u8; 14];
         dm.copy_from(1010, &mut got).unwrap();
         assert_eq!(&got, b"via the region");
+        mr.fill(7);
+        let mut around = [0u8; 102];
+        dm.copy_from(999, &mut around).unwrap();
+        assert_eq!((around[0], around[1], around[100], around[101]), (0, 7, 7, 0));
+        assert_eq!(mr.to_vec(), vec![7u8; 100]);
     }
 
     #[test]
