@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -171,6 +171,8 @@ pub(crate) struct McastTable {
 #[derive(Debug)]
 pub(crate) struct Shared {
     counts: [AtomicU32; Resource::COUNT],
+    /// Bytes of device memory allocated.
+    dm_bytes: AtomicU64,
     keys: Mutex<HashSet<u32>>,
     pub(crate) node: Arc<Node>,
 }
@@ -179,6 +181,7 @@ impl Shared {
     fn new(gids: &[Gid], ifindex: u32) -> Self {
         Self {
             counts: Default::default(),
+            dm_bytes: AtomicU64::new(0),
             keys: Mutex::new(HashSet::new()),
             node: Node::new(gids, ifindex),
         }
@@ -379,6 +382,28 @@ impl Device {
     /// Returns one unit of `r`.
     pub(crate) fn release(&self, r: Resource) {
         self.shared().counts[r as usize].fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Takes `len` bytes of device memory, or fails with ENOMEM when `max_dm_size` would be
+    /// exceeded.
+    pub(crate) fn acquire_dm_bytes(&self, len: u64) -> Result<()> {
+        let limit = self.limits().max_dm_size;
+        self.shared()
+            .dm_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                n.checked_add(len).filter(|&t| t <= limit)
+            })
+            .map(drop)
+            .map_err(|n| {
+                Error::no_resources(format!(
+                    "max_dm_size ({limit}) reached: {n} bytes in use, {len} more requested"
+                ))
+            })
+    }
+
+    /// Returns `len` bytes of device memory.
+    pub(crate) fn release_dm_bytes(&self, len: u64) {
+        self.shared().dm_bytes.fetch_sub(len, Ordering::AcqRel);
     }
 
     /// How many of `r` are in use.

@@ -119,6 +119,9 @@ pub(crate) struct Outputs {
 #[derive(Debug)]
 pub struct Qp {
     me: Weak<Self>,
+    /// The context it was created in (its async events go there); the PD's, unless the PD was
+    /// imported from a context sharing its objects.
+    ctx: Arc<Context>,
     pd: Arc<Pd>,
     init: QpInitAttr,
     qpn: u32,
@@ -148,10 +151,19 @@ impl Qp {
     /// `ibv_create_qp`. The returned QP's [`Qp::cap`] holds the actual capabilities, each at
     /// least what was asked for.
     pub fn create(pd: &Arc<Pd>, init: &QpInitAttr) -> Result<Arc<Self>> {
-        let ctx = pd.context();
+        Self::create_in(pd.context(), pd, init)
+    }
+
+    /// `ibv_create_qp` in `ctx`, which must share its objects with the PD's context (it is that
+    /// context, or one imported from it or it from): the QP's async events go to `ctx`.
+    pub fn create_in(ctx: &Arc<Context>, pd: &Arc<Pd>, init: &QpInitAttr) -> Result<Arc<Self>> {
+        if !ctx.shares_objects_with(pd.context()) {
+            return Err(Error::invalid("the PD belongs to another context"));
+        }
         let limits = *ctx.device().limits();
         for (cq, which) in [(&init.send_cq, "send_cq"), (&init.recv_cq, "recv_cq")] {
-            if !Arc::ptr_eq(cq.context(), ctx) {
+            // Contexts imported from one another share their objects, as one kernel ufile does.
+            if !cq.context().shares_objects_with(ctx) {
                 return Err(Error::invalid(format!("{which} belongs to another context")));
             }
         }
@@ -159,7 +171,7 @@ impl Qp {
             if init.qp_type == QpType::Uc {
                 return Err(Error::invalid("only RC and UD QPs can be associated with an SRQ"));
             }
-            if !Arc::ptr_eq(srq.pd().context(), ctx) {
+            if !srq.pd().context().shares_objects_with(ctx) {
                 return Err(Error::invalid("srq belongs to another context"));
             }
             if srq.is_tm() && init.qp_type != QpType::Rc {
@@ -246,6 +258,7 @@ impl Qp {
         });
         let qp = Arc::new_cyclic(|me| Self {
             me: me.clone(),
+            ctx: ctx.clone(),
             pd: pd.clone(),
             init: QpInitAttr { cap, ..init.clone() },
             qpn,
@@ -273,7 +286,7 @@ impl Qp {
 
     /// The context.
     pub fn context(&self) -> &Arc<Context> {
-        self.pd.context()
+        &self.ctx
     }
 
     fn node(&self) -> &Arc<Node> {

@@ -29,6 +29,10 @@ const ENOENT: c_int = Errno::ENOENT as c_int;
 const WC_STANDARD_FLAGS: u64 = 0x7f;
 /// `IBV_CQ_INIT_ATTR_MASK_FLAGS`.
 const CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
+/// `IBV_CQ_INIT_ATTR_MASK_PD`: `parent_domain` is set.
+const CQ_INIT_ATTR_MASK_PD: u32 = 2;
+/// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`.
+const CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1;
 /// The `IBV_QP_EX_WITH_*` operations the `ibv_wr_*` API offers here (ATOMIC WRITE is 1 << 12).
 const SUPPORTED_SEND_OPS: u64 = 0x7f | (1 << 9) | (1 << 12);
 /// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP` and `_WALLCLOCK`.
@@ -317,6 +321,12 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
         return -fail(EINVAL);
     }
     let n = n as usize;
+    if let Some(ring) = &c.ring {
+        return crate::domain::poll_through_ring(c, ring, n, |i, w| {
+            // SAFETY: the caller's array holds `n` entries and `i < n`.
+            unsafe { wc.add(i).write(wc_c(w)) }
+        }) as c_int;
+    }
     let mut buf = [WorkCompletion::default(); 32];
     let mut total = 0;
     while total < n {
@@ -478,18 +488,35 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     }
     // SAFETY: `attr` is a readable `struct ibv_cq_init_attr_ex`.
     let a = unsafe { &*attr };
-    if a.comp_mask & !CQ_INIT_ATTR_MASK_FLAGS != 0
+    if a.comp_mask & !(CQ_INIT_ATTR_MASK_FLAGS | CQ_INIT_ATTR_MASK_PD) != 0
         || a.wc_flags & !(WC_STANDARD_FLAGS | WC_TIMESTAMP_FLAGS | IBV_WC_EX_WITH_TM_INFO) != 0
     {
         return fail_null(EOPNOTSUPP);
     }
     let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
     let vector = c_int::try_from(a.comp_vector).unwrap_or(c_int::MAX);
+    let ring = if a.comp_mask & CQ_INIT_ATTR_MASK_PD != 0 {
+        let single =
+            a.comp_mask & CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags & CREATE_CQ_ATTR_SINGLE_THREADED != 0;
+        // SAFETY: the caller passes NULL or a live PD of this library (the verbs API contract).
+        let made = unsafe { crate::domain::parent_of(a.parent_domain) }
+            // SAFETY: `parent_domain` is the live parent domain just found.
+            .and_then(|p| unsafe { crate::domain::cq_ring(ctx, a.parent_domain, p, a.cqe, single) });
+        match made {
+            Ok(r) => Some(r),
+            Err(e) => return fail_null(e),
+        }
+    } else {
+        None
+    };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     match unsafe { verbs::new_cq(ctx, cqe, a.cq_context, a.channel, vector) } {
         Ok(b) => {
-            // SAFETY: `b` is live; record which fields the caller asked for.
-            unsafe { (*b).cq.comp_mask = a.comp_mask };
+            // SAFETY: `b` is live; record which fields the caller asked for, and its poll ring.
+            unsafe {
+                (*b).cq.comp_mask = a.comp_mask;
+                (*b).ring = ring;
+            }
             // SAFETY: `b` is live and not yet shared.
             unsafe { &(*b).core }.set_timestamps(softverbs_device::Timestamps {
                 raw: a.wc_flags & (1 << 7) != 0,

@@ -28,6 +28,9 @@
 pub mod abi;
 mod clock;
 mod datapath;
+mod dm;
+mod domain;
+mod import;
 mod memory;
 mod odp;
 mod symbols;

@@ -279,6 +279,13 @@ fn ibv_srq_pingpong_odp() {
     pingpong("/usr/bin/ibv_srq_pingpong", &["-o"]);
 }
 
+/// `-j`: the buffers are device memory (`ibv_alloc_dm`, `ibv_reg_dm_mr`, zero-based SGEs), and
+/// `-c` checks the received bytes through `ibv_memcpy_from_dm`.
+#[test]
+fn ibv_rc_pingpong_device_memory() {
+    pingpong("/usr/bin/ibv_rc_pingpong", &["-j"]);
+}
+
 #[test]
 fn ibv_uc_pingpong() {
     pingpong("/usr/bin/ibv_uc_pingpong", &[]);

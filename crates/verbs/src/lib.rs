@@ -23,12 +23,16 @@
 mod context;
 mod cq;
 mod device;
+mod dm;
+mod domain;
 mod pd;
 mod qp;
 
 pub use context::{AsyncEvent, AsyncEventTarget, Context};
 pub use cq::{CompletionChannel, CompletionQueue, CqEvent};
 pub use device::{devices, fork_init, is_fork_initialized, Device, ForkStatus};
+pub use dm::DeviceMemory;
+pub use domain::ThreadDomain;
 pub use pd::{AddressHandle, MemoryRegion, ProtectionDomain};
 pub use qp::{QpInit, QueuePair, SharedReceiveQueue};
 

@@ -57,6 +57,8 @@ pub(crate) struct QpInner {
     _send_cq: CompletionQueue,
     _recv_cq: CompletionQueue,
     _srq: Option<SharedReceiveQueue>,
+    /// Created through a parent domain: keeps it busy.
+    _domain: Option<core::DomainUse>,
 }
 
 impl Drop for QpInner {
@@ -87,8 +89,10 @@ impl QueuePair {
             cap: init.cap,
             sq_sig_all: init.sq_sig_all,
         };
-        let core = core::Qp::create(pd.core(), &core_init)?;
+        let domain = pd.parent_core().map(|d| d.hold()).transpose()?;
+        let core = core::Qp::create_in(pd.context().core(), pd.core(), &core_init)?;
         let inner = Arc::new(QpInner {
+            _domain: domain,
             core,
             pd: pd.clone(),
             _send_cq: init.send_cq.clone(),

@@ -9,8 +9,8 @@ use softverbs_device::Qp;
 use softverbs_engine::types::{Gid, QpAttrMask, QpState, QpType};
 
 use super::{
-    cap_c, cap_core, destroy_boxed, errno_of, outer, qp_attr_c, qp_attr_core, SvCq, SvPd, SvQp, SvSrq,
-    WrBatch, EINVAL, EOPNOTSUPP,
+    cap_c, cap_core, context, destroy_boxed, errno_of, outer, qp_attr_c, qp_attr_core, SvCq, SvPd, SvQp,
+    SvSrq, WrBatch, EINVAL, EOPNOTSUPP,
 };
 use crate::abi::*;
 use crate::{datapath, fail, fail_null};
@@ -46,6 +46,11 @@ pub(crate) unsafe fn new_qp(n: &NewQp) -> Result<*mut SvQp, c_int> {
     }
     // SAFETY: `cap` is a readable and writable `struct ibv_qp_cap` inside the init attributes.
     let cap = cap_core(unsafe { &*n.cap });
+    let queues = match &pd.parent {
+        // SAFETY: `n.pd` is the live parent domain `parent` belongs to.
+        Some(parent) => Some(unsafe { crate::domain::qp_queues(n.pd, parent, &cap) }?),
+        None => None,
+    };
     let init = QpInitAttr {
         qp_type,
         send_cq: send_cq.core.clone(),
@@ -54,7 +59,10 @@ pub(crate) unsafe fn new_qp(n: &NewQp) -> Result<*mut SvQp, c_int> {
         cap,
         sq_sig_all: n.sq_sig_all,
     };
-    let core = Qp::create(&pd.core, &init).map_err(|e| errno_of(&e))?;
+    // The QP belongs to the context the C PD handle is in (an imported PD's is the importer's).
+    // SAFETY: `pd` is live, and so is the context it names.
+    let ctx = unsafe { context(pd.pd.context) }.ok_or(EINVAL)?;
+    let core = Qp::create_in(&ctx.core, &pd.core, &init).map_err(|e| errno_of(&e))?;
     // SAFETY: as above.
     unsafe { n.cap.write(cap_c(&core.cap())) };
     let qp = ibv_qp {
@@ -78,6 +86,7 @@ pub(crate) unsafe fn new_qp(n: &NewQp) -> Result<*mut SvQp, c_int> {
         core,
         sq_sig_all: n.sq_sig_all,
         batch: Mutex::new(WrBatch::default()),
+        queues,
     }));
     // SAFETY: `b` is live.
     unsafe { (*b).core.set_user_data(b as u64) };
