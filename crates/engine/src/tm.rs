@@ -159,6 +159,8 @@ pub struct TagMatcher<T> {
     unexpected: u32,
     /// The count software last reported.
     reported: u32,
+    /// Entries added out of phase and not yet synchronised.
+    held_back: usize,
 }
 
 impl<T> TagMatcher<T> {
@@ -171,6 +173,7 @@ impl<T> TagMatcher<T> {
             next_seq: 0,
             unexpected: 0,
             reported: 0,
+            held_back: 0,
         }
     }
 
@@ -198,10 +201,12 @@ impl<T> TagMatcher<T> {
     /// becomes eligible. Returns whether synchronisation is still required.
     pub fn sync(&mut self, unexpected_cnt: u32) -> bool {
         self.reported = unexpected_cnt;
-        if !self.sync_required() {
+        // Operations usually carry the right count: only scan when something waits.
+        if !self.sync_required() && self.held_back > 0 {
             for e in self.slots.iter_mut().flatten() {
                 e.enabled = true;
             }
+            self.held_back = 0;
         }
         self.sync_required()
     }
@@ -224,6 +229,7 @@ impl<T> TagMatcher<T> {
             item,
         });
         self.order.insert(seq, handle);
+        self.held_back += usize::from(self.sync_required());
         Ok((handle, self.sync_required()))
     }
 
@@ -259,6 +265,7 @@ impl<T> TagMatcher<T> {
     pub fn take(&mut self, handle: u32) -> Option<T> {
         let e = self.slots.get_mut(handle as usize)?.take()?;
         self.order.remove(&e.seq);
+        self.held_back -= usize::from(!e.enabled);
         self.free.push_back(handle);
         Some(e.item)
     }
