@@ -15,6 +15,7 @@ pub mod error;
 pub mod memory;
 pub mod qp_state;
 pub mod rate;
+pub mod steering;
 pub mod time;
 pub mod transport;
 pub mod types;

@@ -40,6 +40,8 @@ c_enum! {
         Uc = 3,
         /// Unreliable datagram.
         Ud = 4,
+        /// Raw Ethernet frames (`IBV_QPT_RAW_PACKET`).
+        RawPacket = 8,
     }
 }
 
@@ -90,6 +92,7 @@ impl fmt::Display for QpType {
             Self::Rc => "RC",
             Self::Uc => "UC",
             Self::Ud => "UD",
+            Self::RawPacket => "RAW_PACKET",
         })
     }
 }
@@ -808,6 +811,8 @@ pub struct WorkCompletion {
     pub dlid_path_bits: u8,
     /// Whether the message carried the solicited-event bit (for solicited-only notification).
     pub solicited: bool,
+    /// The tag of the flow that steered a received frame (`ibv_wc_read_flow_tag`); 0 if none.
+    pub flow_tag: u32,
 }
 
 impl Default for WorkCompletion {
@@ -834,6 +839,7 @@ impl WorkCompletion {
             sl: 0,
             dlid_path_bits: 0,
             solicited: false,
+            flow_tag: 0,
         }
     }
 

@@ -163,7 +163,7 @@ pub struct SendLimits {
     pub max_inline_data: u32,
     /// Largest message.
     pub max_msg_sz: u64,
-    /// Largest UD message (the path MTU).
+    /// Largest UD message (the path MTU); for a raw QP, the largest frame.
     pub ud_mtu: u32,
     /// `max_rd_atomic` of the QP.
     pub max_rd_atomic: u8,
@@ -182,6 +182,7 @@ impl SendWr {
                 WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm
             ),
             QpType::Rc => true,
+            QpType::RawPacket => opcode == WrOpcode::Send,
         };
         if !legal {
             return Err(Error::invalid(format!(
@@ -237,6 +238,12 @@ impl SendWr {
                     "an atomic needs an 8-byte local buffer, not {len} bytes"
                 )));
             }
+        }
+        if l.qp_type == QpType::RawPacket && !(14..=u64::from(l.ud_mtu)).contains(&len) {
+            return Err(Error::invalid(format!(
+                "a raw frame of {len} bytes is outside 14..={} (an Ethernet header up to the MTU)",
+                l.ud_mtu
+            )));
         }
         if l.qp_type == QpType::Ud {
             if self.ud.is_none() {

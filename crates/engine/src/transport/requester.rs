@@ -152,7 +152,8 @@ impl QpEngine {
         match self.cfg.qp_type {
             QpType::Rc => Transport::Rc,
             QpType::Uc => Transport::Uc,
-            QpType::Ud => Transport::Ud,
+            // Raw QPs build no transport headers (see `generate_raw`).
+            QpType::Ud | QpType::RawPacket => Transport::Ud,
         }
     }
 
@@ -222,6 +223,9 @@ impl QpEngine {
 
     /// Generates at most one request packet into `out`.
     pub(crate) fn generate(&mut self, now: Instant, mem: &dyn Memory) {
+        if self.cfg.qp_type == QpType::RawPacket {
+            return self.generate_raw(mem);
+        }
         let (idx, rerequest) = match self.pending_rerequest() {
             Some(idx) => (idx, true),
             None if self.can_start_or_continue() => (self.next_send_index(), false),
@@ -413,7 +417,7 @@ impl QpEngine {
                 }
             }
             // Unreliable: the WQE is done once its last packet is out.
-            QpType::Uc | QpType::Ud => {
+            QpType::Uc | QpType::Ud | QpType::RawPacket => {
                 if fully_sent {
                     let w = self.sq.pop_front().expect("sending the front WQE");
                     self.req.unacked = self.req.next_psn;
