@@ -324,7 +324,6 @@ impl RwqIndTable {
             )));
         }
         let device = ctx.device();
-        let mut taken = 0;
         let acquired = device
             .shared()
             .ind_tables
@@ -333,13 +332,12 @@ impl RwqIndTable {
             })
             .map_err(|_| Error::no_resources(format!("{MAX_IND_TABLES} indirection tables exist")));
         acquired?;
-        for w in wqs {
+        for (taken, w) in wqs.iter().enumerate() {
             if let Err(e) = w.uses.acquire("work queue") {
                 wqs[..taken].iter().for_each(|w| w.uses.release());
                 device.shared().ind_tables.fetch_sub(1, Ordering::AcqRel);
                 return Err(e);
             }
-            taken += 1;
         }
         Ok(Arc::new(Self {
             ctx: ctx.clone(),

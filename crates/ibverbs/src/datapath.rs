@@ -26,6 +26,8 @@ const ENOENT: c_int = Errno::ENOENT as c_int;
 
 /// `IBV_WC_STANDARD_FLAGS`: the `ibv_cq_ex` fields this device fills.
 const WC_STANDARD_FLAGS: u64 = 0x7f;
+/// `IBV_WC_EX_WITH_FLOW_TAG`.
+const WC_EX_WITH_FLOW_TAG: u64 = 1 << 9;
 /// `IBV_CQ_INIT_ATTR_MASK_FLAGS`.
 const CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
 /// The `IBV_QP_EX_WITH_*` operations the `ibv_wr_*` API offers here.
@@ -210,7 +212,7 @@ pub(crate) unsafe extern "C" fn post_send(
 
 /// Translates a receive list; returns the WRs, their pointers, and the first untranslatable
 /// WR with its errno.
-unsafe fn recv_list(
+pub(crate) unsafe fn recv_list(
     wr: *mut ibv_recv_wr,
 ) -> (
     Vec<RecvWr>,
@@ -238,7 +240,7 @@ unsafe fn recv_list(
     (reqs, ptrs, None)
 }
 
-unsafe fn finish_recv(
+pub(crate) unsafe fn finish_recv(
     result: Result<(), softverbs_device::PostError>,
     ptrs: &[*mut ibv_recv_wr],
     conv_err: Option<(*mut ibv_recv_wr, c_int)>,
@@ -415,6 +417,10 @@ unsafe extern "C" fn read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
     // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { cur(cq) }.dlid_path_bits
 }
+unsafe extern "C" fn read_flow_tag(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
+    unsafe { cur(cq) }.flow_tag
+}
 
 /// Fills the extended pollers of a new CQ.
 pub(crate) fn install_cq_ex_ops(b: *mut SvCq) {
@@ -433,6 +439,7 @@ pub(crate) fn install_cq_ex_ops(b: *mut SvCq) {
     cq.read_slid = Some(read_slid);
     cq.read_sl = Some(read_sl);
     cq.read_dlid_path_bits = Some(read_dlid_path_bits);
+    cq.read_flow_tag = Some(read_flow_tag);
 }
 
 /// The `create_cq_ex` op: the standard completion fields only (no timestamps, flow tags or
@@ -446,7 +453,9 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     }
     // SAFETY: `attr` is a readable `struct ibv_cq_init_attr_ex`.
     let a = unsafe { &*attr };
-    if a.comp_mask & !CQ_INIT_ATTR_MASK_FLAGS != 0 || a.wc_flags & !WC_STANDARD_FLAGS != 0 {
+    if a.comp_mask & !CQ_INIT_ATTR_MASK_FLAGS != 0
+        || a.wc_flags & !(WC_STANDARD_FLAGS | WC_EX_WITH_FLOW_TAG) != 0
+    {
         return fail_null(EOPNOTSUPP);
     }
     let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
@@ -763,6 +772,10 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     let a = unsafe { &mut *attr };
     if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
         return fail_null(EINVAL);
+    }
+    if a.comp_mask & (crate::raw::QP_INIT_ATTR_IND_TABLE | crate::raw::QP_INIT_ATTR_RX_HASH) != 0 {
+        // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+        return unsafe { crate::raw::create_rss_qp(a) };
     }
     let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
     if a.comp_mask & !known != 0

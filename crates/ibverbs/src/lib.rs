@@ -27,6 +27,7 @@
 pub mod abi;
 mod datapath;
 mod memory;
+mod raw;
 mod symbols;
 mod verbs;
 

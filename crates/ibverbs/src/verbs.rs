@@ -142,7 +142,10 @@ pub(crate) unsafe fn outer<'a, S, C>(p: *mut C) -> Option<&'a S> {
 /// # Safety
 /// `p` must be NULL or point at the start of a live `S` made by `Box::into_raw`, which the
 /// caller gives up on success.
-unsafe fn destroy_boxed<S, C>(p: *mut C, destroy: impl FnOnce(&S) -> softverbs_engine::Result<()>) -> c_int {
+pub(crate) unsafe fn destroy_boxed<S, C>(
+    p: *mut C,
+    destroy: impl FnOnce(&S) -> softverbs_engine::Result<()>,
+) -> c_int {
     // SAFETY: the caller's contract.
     let Some(obj) = (unsafe { outer::<S, _>(p) }) else {
         return EINVAL;
@@ -175,7 +178,7 @@ pub(crate) unsafe fn context<'a>(ctx: *mut ibv_context) -> Option<&'a SvContext>
     })
 }
 
-fn errno_of(e: &Error) -> c_int {
+pub(crate) fn errno_of(e: &Error) -> c_int {
     e.errno()
 }
 
@@ -352,18 +355,18 @@ pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_co
         alloc_td: null,
         modify_cq: null,
         post_srq_ops: null,
-        destroy_rwq_ind_table: null,
-        create_rwq_ind_table: null,
-        destroy_wq: null,
-        modify_wq: null,
-        create_wq: null,
+        destroy_rwq_ind_table: crate::raw::destroy_rwq_ind_table as *const c_void,
+        create_rwq_ind_table: crate::raw::create_rwq_ind_table as *const c_void,
+        destroy_wq: crate::raw::destroy_wq as *const c_void,
+        modify_wq: crate::raw::modify_wq as *const c_void,
+        create_wq: crate::raw::create_wq as *const c_void,
         query_rt_values: null,
         create_cq_ex: Some(datapath::create_cq_ex),
         priv_: null_mut(),
         query_device_ex: Some(query_device_ex),
-        ibv_destroy_flow: null,
+        ibv_destroy_flow: crate::raw::destroy_flow as *const c_void,
         ABI_placeholder2: null,
-        ibv_create_flow: null,
+        ibv_create_flow: crate::raw::create_flow as *const c_void,
         ABI_placeholder1: null,
         open_qp: Some(open_qp),
         create_qp_ex: Some(datapath::create_qp_ex),
@@ -489,6 +492,7 @@ unsafe extern "C" fn query_device_ex(
     ex.orig_attr = orig;
     ex.device_cap_flags_ex = u64::from(orig.device_cap_flags);
     ex.phys_port_cnt_ex = u32::from(orig.phys_port_cnt);
+    crate::raw::fill_device_attr_ex(c.core.device(), &mut ex);
     let n = attr_size.min(size_of::<ibv_device_attr_ex>());
     // SAFETY: the caller's buffer holds `attr_size` bytes; we copy at most that many.
     unsafe {
@@ -1510,6 +1514,15 @@ pub(crate) unsafe fn new_qp(n: &NewQp) -> Result<*mut SvQp, c_int> {
         sq_sig_all: n.sq_sig_all,
     };
     let core = Qp::create(&pd.core, &init).map_err(|e| errno_of(&e))?;
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+    Ok(unsafe { box_qp(n, core) })
+}
+
+/// Boxes a created core QP for C and writes its actual capabilities into `n.cap`.
+///
+/// # Safety
+/// `n.pd` is a live PD of this library and `n.cap` a writable `struct ibv_qp_cap`.
+pub(crate) unsafe fn box_qp(n: &NewQp, core: Arc<Qp>) -> *mut SvQp {
     // SAFETY: as above.
     unsafe { n.cap.write(cap_c(&core.cap())) };
     let qp = ibv_qp {
@@ -1536,7 +1549,7 @@ pub(crate) unsafe fn new_qp(n: &NewQp) -> Result<*mut SvQp, c_int> {
     }));
     // SAFETY: `b` is live.
     unsafe { (*b).core.set_user_data(b as u64) };
-    Ok(b)
+    b
 }
 
 /// `ibv_create_qp`.
@@ -1721,6 +1734,7 @@ fn wc_core(wc: &ibv_wc) -> WorkCompletion {
         sl: wc.sl,
         dlid_path_bits: wc.dlid_path_bits,
         solicited: false,
+        flow_tag: 0,
     }
 }
 

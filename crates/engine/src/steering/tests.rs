@@ -33,7 +33,8 @@ fn v6_frame(src: Ipv6Addr, dst: Ipv6Addr, sport: u16, dport: u16) -> Vec<u8> {
 #[test]
 fn toeplitz_matches_the_microsoft_ipv4_vectors() {
     // (source, source port, destination, destination port, IPv4-only hash, with TCP ports)
-    let cases: [([u8; 4], u16, [u8; 4], u16, u32, u32); 5] = [
+    type Case = ([u8; 4], u16, [u8; 4], u16, u32, u32);
+    let cases: [Case; 5] = [
         (
             [66, 9, 149, 187],
             2794,
