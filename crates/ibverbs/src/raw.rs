@@ -21,8 +21,8 @@ use softverbs_engine::Errno;
 
 use crate::abi::*;
 use crate::datapath::{finish_recv, recv_list};
-use crate::fail_null;
-use crate::verbs::{self, context, destroy_boxed, errno_of, outer, NewQp, SvCq, SvPd, SvQp};
+use crate::verbs::{box_qp, context, destroy_boxed, errno_of, outer, NewQp, SvCq, SvPd, SvQp};
+use crate::{fail, fail_null};
 
 const EINVAL: c_int = Errno::EINVAL as c_int;
 const EOPNOTSUPP: c_int = Errno::EOPNOTSUPP as c_int;
@@ -319,7 +319,7 @@ unsafe extern "C" fn wq_post_recv(
 ) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(w) = (unsafe { outer::<SvWq, _>(wq) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     let (reqs, ptrs, conv_err) = unsafe { recv_list(wr) };
@@ -381,29 +381,29 @@ pub(crate) unsafe extern "C" fn modify_wq(wq: *mut ibv_wq, attr: *mut ibv_wq_att
     const FLAGS: u32 = 4;
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(w) = (unsafe { outer::<SvWq, _>(wq) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     if attr.is_null() {
-        return EINVAL;
+        return fail(EINVAL);
     }
     // SAFETY: `attr` is a readable `struct ibv_wq_attr`.
     let a = unsafe { &*attr };
     if a.attr_mask & !(STATE | CURR_STATE | FLAGS) != 0 {
-        return EINVAL;
+        return fail(EINVAL);
     }
     if a.attr_mask & FLAGS != 0 && a.flags_mask != 0 {
-        return EOPNOTSUPP;
+        return fail(EOPNOTSUPP);
     }
     if a.attr_mask & STATE == 0 {
         return 0;
     }
     let Some(state) = WqState::from_raw(a.wq_state) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     let cur = if a.attr_mask & CURR_STATE != 0 {
         match WqState::from_raw(a.curr_wq_state) {
             Some(s) => Some(s),
-            None => return EINVAL,
+            None => return fail(EINVAL),
         }
     } else {
         None
@@ -414,7 +414,7 @@ pub(crate) unsafe extern "C" fn modify_wq(wq: *mut ibv_wq, attr: *mut ibv_wq_att
             unsafe { (*wq).state = state as c_uint };
             0
         }
-        Err(e) => errno_of(&e),
+        Err(e) => fail(errno_of(&e)),
     }
 }
 
@@ -527,7 +527,7 @@ pub(crate) unsafe fn create_rss_qp(a: &mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
         sq_sig_all: false,
     };
     // SAFETY: `n.pd` is live and `n.cap` points into the caller's attributes.
-    let b = unsafe { verbs::box_qp(&n, core) };
+    let b = unsafe { box_qp(&n, core) };
     // SAFETY: `b` is live.
     unsafe { (*b).qp.comp_mask = u64::from(a.comp_mask) };
     b.cast()
