@@ -313,7 +313,10 @@ fn role_send(ifname: &str) {
                     node.send(0, i, &f);
                 }
                 node.send(0, 9, &experimental_frame(dst, me, &[0xEE; 50]));
-                println!("sent 5");
+                // A multicast MAC: MC_DEFAULT as well as ALL_DEFAULT.
+                let mcast = [0x01, 0x00, 0x5e, 0x00, 0x00, 0x42];
+                node.send(0, 10, &experimental_frame(mcast, me, &[0xEF; 50]));
+                println!("sent 6");
             }
             "rss" => {
                 for i in 0..64u16 {
@@ -356,13 +359,16 @@ fn role_observe(_ifname: &str) {
     }
 }
 
-/// Receiver of the steering scenario: three raw QPs with NORMAL, DROP and ALL_DEFAULT rules.
+/// Receiver of the steering scenario: four raw QPs with NORMAL, DROP, DONT_TRAP, ALL_DEFAULT
+/// and MC_DEFAULT rules.
 fn role_steer(ifname: &str) {
-    let node = RawNode::in_namespace(3);
+    let node = RawNode::in_namespace(4);
     let me = mac_of(ifname);
-    for q in 0..3 {
+    for q in 0..4 {
         node.post_recvs(q, q * 100, 32);
     }
+    let mut dont_trap = normal(0, vec![udp_spec(Some(7003))], Some(0x44), false);
+    dont_trap.flags = FLOW_FLAG_DONT_TRAP;
     let flows = [
         // QP 0: port 7001 at priority 1, tagged.
         node.qps[0].create_flow(&normal(
@@ -376,23 +382,28 @@ fn role_steer(ifname: &str) {
         // QP 1: port 7003 at priority 1, and every other UDP frame at priority 2.
         node.qps[1].create_flow(&normal(1, vec![udp_spec(Some(7003))], Some(0x22), false)),
         node.qps[1].create_flow(&normal(2, vec![udp_spec(None)], Some(0x33), false)),
-        // QP 2: whatever no NORMAL rule took.
+        // QP 2: whatever no NORMAL rule took; QP 3: such frames if multicast.
         node.qps[2].create_flow(&of_type(FlowType::AllDefault)),
+        node.qps[3].create_flow(&of_type(FlowType::McDefault)),
+        // QP 3 also sees port 7003 first, without taking it from the rules behind.
+        node.qps[3].create_flow(&dont_trap),
     ]
     .map(Result::unwrap);
     println!("ready");
     let mut stdin = std::io::stdin().lock().lines();
     assert_eq!(stdin.next().unwrap().unwrap(), "collect");
-    let mut got = node.wait(4, LIMIT);
+    let mut got = node.wait(7, LIMIT);
     // Anything else would arrive right behind.
     got.extend(node.wait(usize::MAX, Duration::from_millis(500)));
-    let mut per_qp = vec![Vec::new(); 3];
+    let mut per_qp = vec![Vec::new(); 4];
     for wc in &got {
         assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
         let q = node.qps.iter().position(|qp| qp.qp_num() == wc.qp_num).unwrap();
         let f = node.frame(wc);
         let what = if f[12..14] == [8, 0] {
             udp_dst_port(&f).to_string()
+        } else if f[0] & 1 != 0 {
+            format!("mc-{}", hex(&f[12..14]))
         } else {
             hex(&f[12..14])
         };
@@ -528,13 +539,14 @@ fn flows_steer_by_spec_priority_drop_and_tag() {
     assert_eq!(b.line(), "ready");
     assert_eq!(a.line(), "ready");
     a.say(&format!("{} steer", hex(&mac_of_ns(&hosts, 1))));
-    assert_eq!(a.line(), "sent 5");
+    assert_eq!(a.line(), "sent 6");
     b.say("collect");
-    // 7001 -> QP 0 (tag 0x11); 7002 dropped (priority 0 beats QP 1's catch-all); 7003 -> QP 1
-    // by its priority-1 rule, 7004 by its priority-2 one; the 0x88b5 frame -> ALL_DEFAULT.
+    // 7001 -> QP 0 (tag 0x11); 7002 dropped (priority 0 beats QP 1's catch-all); 7003 -> QP 3
+    // by its DONT_TRAP rule and QP 1 by its priority-1 rule, 7004 by QP 1's priority-2 one; the
+    // 0x88b5 frames -> ALL_DEFAULT, the multicast one to MC_DEFAULT as well.
     assert_eq!(
         b.line(),
-        r#"steered [["7001:0x11"], ["7003:0x22", "7004:0x33"], ["88b5:0x0"]]"#
+        r#"steered [["7001:0x11"], ["7003:0x22", "7004:0x33"], ["88b5:0x0", "mc-88b5:0x0"], ["7003:0x44", "mc-88b5:0x0"]]"#
     );
 }
 

@@ -6,6 +6,8 @@
  * Prints one "ok"/"not ok" line per check and exits non-zero if any failed.
  */
 #include <arpa/inet.h>
+#include <linux/capability.h>
+#include <sys/syscall.h>
 #include <endian.h>
 #include <errno.h>
 #include <infiniband/verbs.h>
@@ -64,6 +66,20 @@ static uint32_t toeplitz(const uint8_t *key, int key_len, const uint8_t *in, int
 		}
 	}
 	return hash;
+}
+
+/* Raises or drops CAP_NET_RAW in this thread's effective set (it stays permitted). */
+static int net_raw_effective(int on)
+{
+	struct __user_cap_header_struct h = { .version = _LINUX_CAPABILITY_VERSION_3, .pid = 0 };
+	struct __user_cap_data_struct d[2];
+	if (syscall(SYS_capget, &h, d))
+		return -1;
+	if (on)
+		d[0].effective |= 1u << CAP_NET_RAW;
+	else
+		d[0].effective &= ~(1u << CAP_NET_RAW);
+	return syscall(SYS_capset, &h, d);
 }
 
 static struct ibv_context *ctx;
@@ -267,6 +283,13 @@ int main(int argc, char **argv)
 	errno = 0;
 	CHECK(!ibv_create_flow(rc, (struct ibv_flow_attr *)(void *)&ef) && errno == EINVAL, "a flow on an RC QP: EINVAL");
 	CHECK(ibv_destroy_qp(ud) == 0 && ibv_destroy_qp(rc) == 0, "UD and RC QPs destroyed");
+	REQUIRE(net_raw_effective(0) == 0, "CAP_NET_RAW dropped from the effective set");
+	errno = 0;
+	CHECK(!ibv_create_flow(rx, (struct ibv_flow_attr *)(void *)&ef) && errno == EPERM,
+	      "ibv_create_flow without CAP_NET_RAW: NULL, EPERM");
+	errno = 0;
+	CHECK(!raw_qp(scq) && errno == EPERM, "ibv_create_qp(RAW_PACKET) without CAP_NET_RAW: NULL, EPERM");
+	REQUIRE(net_raw_effective(1) == 0, "CAP_NET_RAW raised again");
 	CHECK(ibv_destroy_flow(flow) == 0 && ibv_destroy_qp(rx) == 0, "ibv_destroy_flow, then the QP");
 
 	/* RSS: four WQs, an indirection table, an RSS QP hashing IPv4 addresses and UDP ports. */
