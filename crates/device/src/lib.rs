@@ -35,5 +35,5 @@ pub use flow::{Flow, FlowAttr, FlowType};
 pub use mem::{AtomicBuffer, MemoryBacking};
 pub use pd::{Ah, Mr, Pd};
 pub use qp::{PostError, Qp, QpInitAttr, Srq};
-pub use raw::has_cap_net_raw;
+pub use raw::{has_cap_net_raw, TsoCaps};
 pub use wq::{RssCaps, RwqIndTable, RxHashConf, Wq, WqState};

@@ -68,6 +68,8 @@ pub struct QpInitAttr {
     pub cap: QpCap,
     /// Every send WR generates a completion.
     pub sq_sig_all: bool,
+    /// Largest `IBV_WR_TSO` header (`max_tso_header`, raw packet QPs only); 0 for no TSO.
+    pub max_tso_header: u16,
 }
 
 /// How a UD send is addressed (`ibv_send_wr.wr.ud`).
@@ -171,6 +173,7 @@ impl Qp {
             srq: None,
             cap: QpCap::default(),
             sq_sig_all: false,
+            max_tso_header: 0,
         };
         table.uses().acquire("indirection table")?;
         let rss = Rss {
@@ -241,6 +244,14 @@ impl Qp {
         check(c.max_send_wr, limits.max_qp_wr, "max_send_wr")?;
         check(c.max_send_sge, limits.max_sge, "max_send_sge")?;
         check(c.max_inline_data, limits.max_inline_data, "max_inline_data")?;
+        if init.max_tso_header != 0 && init.qp_type != QpType::RawPacket {
+            return Err(Error::invalid("max_tso_header is for raw packet QPs only"));
+        }
+        check(
+            u32::from(init.max_tso_header),
+            softverbs_engine::tso::MAX_TSO_HEADER,
+            "max_tso_header",
+        )?;
         // With an SRQ the receive capabilities are ignored (ibv_create_qp(3)).
         let cap = if init.srq.is_some() {
             QpCap {
@@ -669,6 +680,7 @@ impl Qp {
                 None => port.active_mtu.bytes(),
             },
             max_rd_atomic: inner.attr.max_rd_atomic,
+            max_tso_header: u32::from(self.init.max_tso_header),
         };
         let mut result = Ok(());
         for (index, req) in wrs.iter().enumerate() {

@@ -48,6 +48,25 @@ pub(crate) fn require_cap_net_raw(what: &str) -> Result<()> {
     }
 }
 
+/// `struct ibv_tso_caps`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TsoCaps {
+    /// Largest TCP payload of one `IBV_WR_TSO`.
+    pub max_tso: u32,
+    /// QP types that can send TSO (a bit per `ibv_qp_type`).
+    pub supported_qpts: u32,
+}
+
+impl crate::device::Device {
+    /// TSO: raw packet QPs, up to `softverbs_engine::tso::MAX_TSO` bytes per work request.
+    pub fn tso_caps(&self) -> TsoCaps {
+        TsoCaps {
+            max_tso: softverbs_engine::tso::MAX_TSO,
+            supported_qpts: 1 << softverbs_engine::types::QpType::RawPacket.raw(),
+        }
+    }
+}
+
 /// One device's packet socket, its steering table and its receive thread. It lives while a
 /// raw QP of the device does; the receive thread ends shortly after.
 #[derive(Debug)]

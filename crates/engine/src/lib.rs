@@ -18,6 +18,7 @@ pub mod rate;
 pub mod steering;
 pub mod time;
 pub mod transport;
+pub mod tso;
 pub mod types;
 pub mod wr;
 

@@ -423,6 +423,8 @@ c_enum! {
         BindMw = 5,
         /// Local invalidate.
         LocalInv = 6,
+        /// TCP segmentation offload send.
+        Tso = 7,
         /// Receive.
         Recv = 128,
         /// Receive of an RDMA write with immediate.
@@ -453,6 +455,8 @@ c_enum! {
         BindMw = 8,
         /// Send with invalidate.
         SendWithInv = 9,
+        /// TCP segmentation offload (raw packet QPs).
+        Tso = 10,
     }
 }
 

@@ -136,8 +136,24 @@ unsafe fn send_request(wr: &ibv_send_wr, qp_type: QpType) -> Result<SendRequest,
             imm: None,
             invalidate: Some(wr.imm_data),
         },
-        // LOCAL_INV, BIND_MW, TSO, DRIVER1 and atomic write need memory windows or raw QPs.
-        7 | 8 | 10 | 11 | 15 => return Err(EOPNOTSUPP),
+        10 => {
+            // SAFETY: `tso` is plain integers and a pointer, valid for any bits.
+            let tso = unsafe { wr.ext.tso };
+            if tso.hdr.is_null() && tso.hdr_sz != 0 {
+                return Err(EINVAL);
+            }
+            // SAFETY: ibv_post_send(3): `wr.tso.hdr` names `hdr_sz` readable bytes.
+            let header = unsafe { copy_in(tso.hdr as u64, usize::from(tso.hdr_sz)) };
+            return Ok(SendRequest {
+                wr_id: wr.wr_id,
+                op: SendOp::Tso { mss: tso.mss },
+                flags,
+                payload: Payload::Headed { header, sges: list },
+                ud: None,
+            });
+        }
+        // LOCAL_INV, BIND_MW, DRIVER1 and atomic write need memory windows.
+        7 | 8 | 11 | 15 => return Err(EOPNOTSUPP),
         _ => return Err(EINVAL),
     };
     let payload = if flags.contains(SendFlags::INLINE) && !op.is_read_or_atomic() {
@@ -778,7 +794,11 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
         return unsafe { crate::raw::create_rss_qp(a) };
     }
-    let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+    const MAX_TSO_HEADER: u32 = 1 << 3;
+    let known = IBV_QP_INIT_ATTR_PD
+        | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
+        | IBV_QP_INIT_ATTR_CREATE_FLAGS
+        | MAX_TSO_HEADER;
     if a.comp_mask & !known != 0
         || (a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
         || (a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 && a.send_ops_flags & !SUPPORTED_SEND_OPS != 0)
@@ -794,6 +814,11 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         cap: &mut a.cap,
         qp_type: a.qp_type,
         sq_sig_all: a.sq_sig_all != 0,
+        max_tso_header: if a.comp_mask & MAX_TSO_HEADER != 0 {
+            a.max_tso_header
+        } else {
+            0
+        },
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     match unsafe { verbs::new_qp(&n) } {

@@ -119,6 +119,11 @@ pub(crate) fn fill_device_attr_ex(device: &Device, ex: &mut ibv_device_attr_ex) 
         rx_hash_function: r.rx_hash_function,
     };
     ex.max_wq_type_rq = r.max_wq_type_rq;
+    let t = device.tso_caps();
+    ex.tso_caps = ibv_tso_caps {
+        max_tso: t.max_tso,
+        supported_qpts: t.supported_qpts,
+    };
     // No VLAN stripping, FCS scatter, checksum offload or delay drop.
     ex.raw_packet_caps = 0;
 }
@@ -525,6 +530,7 @@ pub(crate) unsafe fn create_rss_qp(a: &mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
         cap: &mut a.cap,
         qp_type: a.qp_type,
         sq_sig_all: false,
+        max_tso_header: 0,
     };
     // SAFETY: `n.pd` is live and `n.cap` points into the caller's attributes.
     let b = unsafe { box_qp(&n, core) };

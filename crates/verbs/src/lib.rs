@@ -39,7 +39,7 @@ pub use softverbs_device::device::{DeviceAttr, PortAttr};
 pub use softverbs_device::flow::{FlowAttr, FlowType, FLOW_FLAG_DONT_TRAP, FLOW_FLAG_EGRESS};
 pub use softverbs_device::qp::{PostError, SendRequest, UdAddress};
 pub use softverbs_device::wq::{RssCaps, RxHashConf, WqState};
-pub use softverbs_device::{has_cap_net_raw, CounterSnapshot};
+pub use softverbs_device::{has_cap_net_raw, CounterSnapshot, TsoCaps};
 pub use softverbs_engine::rate::{mbps_to_rate, mult_to_rate, rate_to_mbps, rate_to_mult};
 pub use softverbs_engine::steering::{
     toeplitz, EthFilter, FlowSpec, FrameHeaders, Ipv4Filter, Ipv6Filter, PortFilter, RxHashFields,

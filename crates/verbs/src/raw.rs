@@ -12,7 +12,7 @@ use softverbs_engine::Result;
 use crate::context::Context;
 use crate::cq::CompletionQueue;
 use crate::pd::ProtectionDomain;
-use crate::qp::QueuePair;
+use crate::qp::{QpInit, QueuePair};
 use crate::PostError;
 
 #[derive(Debug)]
@@ -74,6 +74,12 @@ impl Drop for WqInner {
 pub struct WorkQueue(Arc<WqInner>);
 
 impl ProtectionDomain {
+    /// `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_MAX_TSO_HEADER`: a raw packet QP that can post
+    /// `SendOp::Tso` work requests with headers of up to `max_tso_header` bytes.
+    pub fn create_qp_tso(&self, init: &QpInit<'_>, max_tso_header: u16) -> Result<QueuePair> {
+        QueuePair::create_with(self, init, max_tso_header)
+    }
+
     /// `ibv_create_wq`: a receive WQ completing on `cq`, in the RESET state.
     pub fn create_wq(&self, cq: &CompletionQueue, max_wr: u32, max_sge: u32) -> Result<WorkQueue> {
         Ok(WorkQueue(Arc::new(WqInner {
@@ -147,6 +153,11 @@ impl Context {
             core: core::RwqIndTable::create(self.core(), log_size, &cores)?,
             _wqs: wqs.iter().map(|w| (*w).clone()).collect(),
         })))
+    }
+
+    /// `ibv_query_device_ex`'s TSO capabilities.
+    pub fn tso_caps(&self) -> core::TsoCaps {
+        self.core().device().tso_caps()
     }
 
     /// `ibv_query_device_ex`'s RSS capabilities.

@@ -1,12 +1,15 @@
 //! Raw packet QPs: a send WQE is one whole Ethernet frame (from the destination MAC, no FCS),
-//! a receive WQE takes one whole frame. There is no transport header, PSN or acknowledgement:
+//! or with `IBV_WR_TSO` a header and a TCP payload cut into frames; a receive WQE takes one
+//! whole frame. There is no transport header, PSN or acknowledgement:
 //! a send completes once its frame is handed to the driver.
 
 use super::completer::{scatter_sges, ScatterError};
 use super::requester::gather;
 use super::{Dest, DropReason, QpEngine, RecvSource, Transmit, WorkQueue};
 use crate::memory::Memory;
+use crate::tso::{parse_header, segment};
 use crate::types::{Gid, QpState, RecvWr, WcOpcode, WcStatus, WorkCompletion};
+use crate::wr::{Payload, SendOp};
 
 /// Scatters a received frame into `wr` and returns its completion (`IBV_WC_RECV`, `byte_len` the
 /// frame length, `flow_tag` the steering flow's tag). The status is `IBV_WC_LOC_LEN_ERR` if
@@ -41,22 +44,38 @@ impl QpEngine {
         let Some(w) = self.sq.front() else {
             return;
         };
-        let mut frame = vec![0; w.len as usize];
-        if let Err(e) = gather(mem, self.cfg.pd, &w.wr.payload, 0, &mut frame) {
+        let mut bytes = vec![0; w.len as usize];
+        if let Err(e) = gather(mem, self.cfg.pd, &w.wr.payload, 0, &mut bytes) {
             self.fail_wqe(0, e.local_status());
             return;
         }
-        self.out.push_back(Transmit {
-            dest: Dest {
-                dgid: Gid::ZERO,
-                sgid_index: 0,
-                traffic_class: 0,
-                hop_limit: 0,
-                flow_label: 0,
-            },
-            data: frame,
-        });
-        self.counters.tx_packets += 1;
+        let frames = match (&w.wr.op, &w.wr.payload) {
+            (SendOp::Tso { mss }, Payload::Headed { header, .. }) => {
+                let (hdr, data) = bytes.split_at(header.len());
+                match parse_header(hdr) {
+                    Ok(layout) => segment(hdr, layout, data, usize::from(*mss)),
+                    // Checked at post time; unreachable for a checked WR.
+                    Err(_) => {
+                        self.fail_wqe(0, WcStatus::LocQpOpErr);
+                        return;
+                    }
+                }
+            }
+            _ => vec![bytes],
+        };
+        for data in frames {
+            self.out.push_back(Transmit {
+                dest: Dest {
+                    dgid: Gid::ZERO,
+                    sgid_index: 0,
+                    traffic_class: 0,
+                    hop_limit: 0,
+                    flow_label: 0,
+                },
+                data,
+            });
+            self.counters.tx_packets += 1;
+        }
         let w = self.sq.pop_front().expect("the front WQE");
         self.complete_send(&w, WcStatus::Success);
     }

@@ -92,6 +92,14 @@ pub(crate) fn gather(
             dst.copy_from_slice(&b[start..start + dst.len()]);
             Ok(())
         }
+        Payload::Headed { header, sges } => {
+            // The header, then the gather list, as one byte stream.
+            let start = (offset as usize).min(header.len());
+            let n = (header.len() - start).min(dst.len());
+            dst[..n].copy_from_slice(&header[start..start + n]);
+            let rest = offset.saturating_sub(header.len() as u64);
+            gather(mem, pd, &Payload::Sges(sges.clone()), rest, &mut dst[n..])
+        }
         Payload::Sges(sges) => {
             let mut skip = offset;
             let mut done = 0;
@@ -295,6 +303,8 @@ impl QpEngine {
             SendOp::Read { .. } => (Some(Opcode::RcReadRequest), 0),
             SendOp::CompareSwap { .. } => (Some(Opcode::RcCompareSwap), 0),
             SendOp::FetchAdd { .. } => (Some(Opcode::RcFetchAdd), 0),
+            // Raw packet QPs only, which never get here (`generate_raw`).
+            SendOp::Tso { .. } => (None, 0),
         };
         let Some(opcode) = opcode else {
             // Unreachable for checked WRs (the opcode table covers every legal combination).
@@ -357,6 +367,7 @@ impl QpEngine {
                     compare: 0,
                 });
             }
+            SendOp::Tso { .. } => {}
         }
         let dest = match (self.cfg.qp_type, &w.wr.ud) {
             (QpType::Ud, Some(ud)) => {

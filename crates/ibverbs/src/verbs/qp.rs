@@ -25,6 +25,8 @@ pub(crate) struct NewQp {
     pub(crate) cap: *mut ibv_qp_cap,
     pub(crate) qp_type: c_uint,
     pub(crate) sq_sig_all: bool,
+    /// `max_tso_header` (from `ibv_create_qp_ex`), 0 otherwise.
+    pub(crate) max_tso_header: u16,
 }
 
 /// Creates a QP box and writes the actual capabilities back into `n.cap`.
@@ -53,6 +55,7 @@ pub(crate) unsafe fn new_qp(n: &NewQp) -> Result<*mut SvQp, c_int> {
         srq: srq.map(|s| s.core.clone()),
         cap,
         sq_sig_all: n.sq_sig_all,
+        max_tso_header: n.max_tso_header,
     };
     let core = Qp::create(&pd.core, &init).map_err(|e| errno_of(&e))?;
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
@@ -109,6 +112,7 @@ pub(crate) unsafe extern "C" fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_ini
             cap: addr_of_mut!((*init).cap),
             qp_type: (*init).qp_type,
             sq_sig_all: (*init).sq_sig_all != 0,
+            max_tso_header: 0,
         }
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.

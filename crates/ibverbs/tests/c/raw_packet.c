@@ -292,6 +292,75 @@ int main(int argc, char **argv)
 	REQUIRE(net_raw_effective(1) == 0, "CAP_NET_RAW raised again");
 	CHECK(ibv_destroy_flow(flow) == 0 && ibv_destroy_qp(rx) == 0, "ibv_destroy_flow, then the QP");
 
+	/* TSO: a header block and a TCP payload cut into MSS-sized frames. */
+	CHECK(dx.tso_caps.max_tso >= 65536 && dx.tso_caps.supported_qpts == 1u << IBV_QPT_RAW_PACKET,
+	      "tso_caps: raw packet QPs, max_tso %u", dx.tso_caps.max_tso);
+	struct ibv_qp_init_attr_ex txa = {
+		.send_cq = scq, .recv_cq = scq, .qp_type = IBV_QPT_RAW_PACKET, .pd = pd,
+		.cap = { .max_send_wr = 8, .max_send_sge = 1 },
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_MAX_TSO_HEADER, .max_tso_header = 64,
+	};
+	struct ibv_qp *tso_tx = ibv_create_qp_ex(ctx, &txa);
+	struct ibv_qp *tso_rx = raw_qp(ibv_cq_ex_to_cq(rcq));
+	REQUIRE(tso_tx && tso_rx && to_rts(tso_tx) == 0 && to_rts(tso_rx) == 0,
+		"a raw QP with max_tso_header from ibv_create_qp_ex");
+	uint16_t tport = 20000 + getpid() % 20000;
+	struct {
+		struct ibv_flow_attr attr;
+		struct ibv_flow_spec_tcp_udp tcp;
+	} __attribute__((packed, aligned(4))) tf = {
+		.attr = { .type = IBV_FLOW_ATTR_NORMAL, .size = sizeof(tf), .num_of_specs = 1, .port = 1 },
+		.tcp = { .type = IBV_FLOW_SPEC_TCP, .size = sizeof(struct ibv_flow_spec_tcp_udp),
+			 .val = { .dst_port = htons(tport) }, .mask = { .dst_port = 0xffff } },
+	};
+	struct ibv_flow *tflow = ibv_create_flow(tso_rx, (struct ibv_flow_attr *)(void *)&tf);
+	REQUIRE(tflow, "ibv_create_flow: TCP spec");
+	for (int k = 0; k < 8; k++) {
+		struct ibv_sge s = { .addr = (uintptr_t)(mem + 8192 + k * 2048), .length = 2048, .lkey = mr->lkey };
+		struct ibv_recv_wr w = { .wr_id = 100 + k, .sg_list = &s, .num_sge = 1 }, *b;
+		ibv_post_recv(tso_rx, &w, &b);
+	}
+	uint8_t hdr[54] = { 2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 0x08, 0x00,
+			    0x45, 0, 0, 40, 0x12, 0x34, 0x40, 0, 64, 6, 0, 0, 127, 0, 0, 1, 127, 0, 0, 1 };
+	hdr[36] = tport >> 8, hdr[37] = tport & 0xff;
+	hdr[46] = 0x50, hdr[47] = 0x18; /* data offset 5 words; PSH, ACK */
+	uint8_t *payload = mem + 32768;
+	for (int i = 0; i < 3000; i++)
+		payload[i] = i * 7;
+	struct ibv_sge tsge = { .addr = (uintptr_t)payload, .length = 3000, .lkey = mr->lkey };
+	struct ibv_send_wr twr = { .wr_id = 0x7150, .sg_list = &tsge, .num_sge = 1, .opcode = IBV_WR_TSO,
+				   .send_flags = IBV_SEND_SIGNALED }, *tbad;
+	twr.tso.hdr = hdr;
+	twr.tso.hdr_sz = 80;
+	twr.tso.mss = 1000;
+	CHECK(ibv_post_send(tso_tx, &twr, &tbad) == EINVAL && tbad == &twr, "hdr_sz over max_tso_header: EINVAL");
+	twr.tso.hdr_sz = sizeof(hdr);
+	CHECK(ibv_post_send(tso_tx, &twr, &tbad) == 0, "ibv_post_send(IBV_WR_TSO)");
+	struct ibv_wc twc = {};
+	for (int i = 0; i < 100000 && ibv_poll_cq(scq, 1, &twc) == 0; i++)
+		usleep(10);
+	CHECK(twc.wr_id == 0x7150 && twc.status == IBV_WC_SUCCESS && twc.opcode == IBV_WC_TSO,
+	      "the TSO send completes with IBV_WC_TSO");
+	int segs = 0, bytes_ok = 1;
+	for (int i = 0; i < 200000 && segs < 3; i++) {
+		if (ibv_start_poll(rcq, &pa) != 0) {
+			usleep(10);
+			continue;
+		}
+		do {
+			uint8_t *f = mem + 8192 + (rcq->wr_id - 100) * 2048;
+			uint32_t len = ibv_wc_read_byte_len(rcq);
+			bytes_ok &= rcq->status == IBV_WC_SUCCESS && len == 54 + 1000 &&
+				    !memcmp(f + 54, payload + segs * 1000, 1000) && ((f[16] << 8) | f[17]) == 1040 &&
+				    f[47] == (segs == 2 ? 0x18 : 0x10);
+			segs++;
+		} while (ibv_next_poll(rcq) == 0);
+		ibv_end_poll(rcq);
+	}
+	CHECK(segs == 3 && bytes_ok, "three 1000-byte segments, lengths and PSH fixed up (%d)", segs);
+	CHECK(ibv_destroy_flow(tflow) == 0 && ibv_destroy_qp(tso_rx) == 0 && ibv_destroy_qp(tso_tx) == 0,
+	      "TSO QPs destroyed");
+
 	/* RSS: four WQs, an indirection table, an RSS QP hashing IPv4 addresses and UDP ports. */
 	struct ibv_cq *wcq = ibv_create_cq(ctx, 256, NULL, NULL, 0);
 	struct ibv_wq *wqs[4];

@@ -93,3 +93,38 @@ pub(crate) fn mac_of(ifname: &str) -> [u8; 6] {
         .collect();
     v.try_into().unwrap()
 }
+
+/// An Ethernet/IPv4/TCP header block (no payload) for TSO.
+pub(crate) fn tcp_header(
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    src: (Ipv4Addr, u16),
+    dst: (Ipv4Addr, u16),
+    seq: u32,
+    flags: u8,
+) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&dst_mac);
+    f.extend_from_slice(&src_mac);
+    f.extend_from_slice(&0x0800u16.to_be_bytes());
+    f.extend_from_slice(&[0x45, 0, 0, 40, 0x42, 0x42, 0x40, 0, 64, 6, 0, 0]);
+    f.extend_from_slice(&src.0.octets());
+    f.extend_from_slice(&dst.0.octets());
+    f.extend_from_slice(&src.1.to_be_bytes());
+    f.extend_from_slice(&dst.1.to_be_bytes());
+    f.extend_from_slice(&seq.to_be_bytes());
+    f.extend_from_slice(&[0, 0, 0, 1, 0x50, flags, 0xFF, 0xFF, 0, 0, 0, 0]);
+    f
+}
+
+/// Whether an Ethernet/IPv4/TCP frame's IPv4 and TCP checksums verify and its IPv4 total
+/// length matches the frame.
+pub(crate) fn ipv4_tcp_valid(f: &[u8]) -> bool {
+    let ip = &f[14..34];
+    let total = usize::from(u16::from_be_bytes([ip[2], ip[3]]));
+    let mut pseudo = ip[12..20].to_vec();
+    pseudo.extend_from_slice(&[0, 6]);
+    pseudo.extend_from_slice(&((f.len() - 34) as u16).to_be_bytes());
+    pseudo.extend_from_slice(&f[34..]);
+    total == f.len() - 14 && fold(sum16(ip)) == 0 && fold(sum16(&pseudo)) == 0
+}
