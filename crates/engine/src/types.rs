@@ -208,6 +208,10 @@ bitflags! {
         const ON_DEMAND = 1 << 6;
         /// Huge pages hint.
         const HUGETLB = 1 << 7;
+        /// Remote FLUSH with the global-visibility placement type.
+        const FLUSH_GLOBAL = 1 << 8;
+        /// Remote FLUSH with the persistence placement type.
+        const FLUSH_PERSISTENT = 1 << 9;
         /// Relaxed ordering (an optional flag: devices may ignore it).
         const RELAXED_ORDERING = 1 << 20;
     }
@@ -425,6 +429,10 @@ c_enum! {
         LocalInv = 6,
         /// TCP segmentation offload send.
         Tso = 7,
+        /// FLUSH (memory-placement extension).
+        Flush = 8,
+        /// ATOMIC WRITE (memory-placement extension).
+        AtomicWrite = 9,
         /// Receive.
         Recv = 128,
         /// Receive of an RDMA write with immediate.
@@ -457,6 +465,10 @@ c_enum! {
         SendWithInv = 9,
         /// TCP segmentation offload (raw packet QPs).
         Tso = 10,
+        /// FLUSH (memory-placement extension; no `ibv_send_wr` form).
+        Flush = 14,
+        /// ATOMIC WRITE (memory-placement extension; no `ibv_send_wr` form).
+        AtomicWrite = 15,
     }
 }
 
@@ -832,6 +844,12 @@ pub struct WorkCompletion {
     pub solicited: bool,
     /// The tag of the flow that steered a received frame (`ibv_wc_read_flow_tag`); 0 if none.
     pub flow_tag: u32,
+    /// When the completion was queued, in ticks of the device's completion clock
+    /// (`ibv_wc_read_completion_ts`); 0 unless the CQ records timestamps.
+    pub timestamp: u64,
+    /// When the completion was queued, in wall-clock nanoseconds since the epoch
+    /// (`ibv_wc_read_completion_wallclock_ns`); 0 unless the CQ records them.
+    pub wallclock_ns: u64,
 }
 
 impl Default for WorkCompletion {
@@ -859,6 +877,8 @@ impl WorkCompletion {
             dlid_path_bits: 0,
             solicited: false,
             flow_tag: 0,
+            timestamp: 0,
+            wallclock_ns: 0,
         }
     }
 

@@ -34,12 +34,13 @@ pub use pd::{AddressHandle, MemoryRegion, ProtectionDomain};
 pub use qp::{QpInit, QueuePair, SharedReceiveQueue};
 pub use raw::{Flow, RssQueuePair, RwqIndTable, WorkQueue};
 
+pub use softverbs_device::attr_ex::{cap_flags_ex, odp, HCA_CORE_CLOCK_KHZ};
 pub use softverbs_device::config::{Config, Limits};
 pub use softverbs_device::device::{DeviceAttr, PortAttr};
 pub use softverbs_device::flow::{FlowAttr, FlowType, FLOW_FLAG_DONT_TRAP, FLOW_FLAG_EGRESS};
 pub use softverbs_device::qp::{PostError, SendRequest, UdAddress};
 pub use softverbs_device::wq::{RssCaps, RxHashConf, WqState};
-pub use softverbs_device::{has_cap_net_raw, CounterSnapshot, TsoCaps};
+pub use softverbs_device::{has_cap_net_raw, CounterSnapshot, DeviceAttrEx, OdpCaps, Timestamps, TsoCaps};
 pub use softverbs_engine::rate::{mbps_to_rate, mult_to_rate, rate_to_mbps, rate_to_mult};
 pub use softverbs_engine::steering::{
     toeplitz, EthFilter, FlowSpec, FrameHeaders, Ipv4Filter, Ipv6Filter, PortFilter, RxHashFields,
@@ -51,5 +52,5 @@ pub use softverbs_engine::types::{
     QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, Sge, SrqAttr, SrqAttrMask, WcFlags, WcOpcode,
     WcStatus, WorkCompletion,
 };
-pub use softverbs_engine::wr::{Payload, RemoteAddr, SendOp};
+pub use softverbs_engine::wr::{FlushSelect, Payload, RemoteAddr, SendOp, FLUSH_GLOBAL, FLUSH_PERSISTENT};
 pub use softverbs_engine::{Error, Result};
