@@ -44,6 +44,8 @@ pub mod cap_flags {
     pub const RC_RNR_NAK_GEN: u32 = 1 << 12;
     /// SRQs can be resized.
     pub const SRQ_RESIZE: u32 = 1 << 13;
+    /// `IBV_DEVICE_MANAGED_FLOW_STEERING`: `ibv_create_flow` works (raw packet QPs).
+    pub const MANAGED_FLOW_STEERING: u32 = 1 << 29;
 }
 
 /// `IBV_PORT_IP_BASED_GIDS`.
@@ -175,6 +177,10 @@ pub(crate) struct Shared {
     dm_bytes: AtomicU64,
     keys: Mutex<HashSet<u32>>,
     pub(crate) node: Arc<Node>,
+    /// The packet socket of raw QPs, while one exists.
+    pub(crate) raw: crate::raw::RawSlot,
+    /// Live RSS indirection tables.
+    pub(crate) ind_tables: AtomicU32,
 }
 
 impl Shared {
@@ -184,6 +190,8 @@ impl Shared {
             dm_bytes: AtomicU64::new(0),
             keys: Mutex::new(HashSet::new()),
             node: Node::new(gids, ifindex),
+            raw: Default::default(),
+            ind_tables: AtomicU32::new(0),
         }
     }
 }
@@ -237,7 +245,8 @@ impl Device {
                 | cap_flags::SYS_IMAGE_GUID
                 | cap_flags::RC_RNR_NAK_GEN
                 | cap_flags::SRQ_RESIZE
-                | cap_flags::UD_AV_PORT_ENFORCE,
+                | cap_flags::UD_AV_PORT_ENFORCE
+                | cap_flags::MANAGED_FLOW_STEERING,
             max_sge: limits.max_sge,
             max_sge_rd: limits.max_sge,
             max_cq: limits.max_cq,

@@ -40,6 +40,8 @@ c_enum! {
         Uc = 3,
         /// Unreliable datagram.
         Ud = 4,
+        /// Raw Ethernet frames (`IBV_QPT_RAW_PACKET`).
+        RawPacket = 8,
     }
 }
 
@@ -90,6 +92,7 @@ impl fmt::Display for QpType {
             Self::Rc => "RC",
             Self::Uc => "UC",
             Self::Ud => "UD",
+            Self::RawPacket => "RAW_PACKET",
         })
     }
 }
@@ -436,6 +439,8 @@ c_enum! {
         BindMw = 5,
         /// Local invalidate.
         LocalInv = 6,
+        /// TCP segmentation offload send.
+        Tso = 7,
         /// FLUSH (memory-placement extension).
         Flush = 8,
         /// ATOMIC WRITE (memory-placement extension).
@@ -480,6 +485,8 @@ c_enum! {
         BindMw = 8,
         /// Send with invalidate.
         SendWithInv = 9,
+        /// TCP segmentation offload (raw packet QPs).
+        Tso = 10,
         /// FLUSH (memory-placement extension; no `ibv_send_wr` form).
         Flush = 14,
         /// ATOMIC WRITE (memory-placement extension; no `ibv_send_wr` form).
@@ -859,6 +866,8 @@ pub struct WorkCompletion {
     pub solicited: bool,
     /// Tag-matching receives: the TMH's tag and `app_ctx` (`ibv_wc_read_tm_info`).
     pub tm_info: crate::tm::TmInfo,
+    /// The tag of the flow that steered a received frame (`ibv_wc_read_flow_tag`); 0 if none.
+    pub flow_tag: u32,
     /// When the completion was queued, in ticks of the device's completion clock
     /// (`ibv_wc_read_completion_ts`); 0 unless the CQ records timestamps.
     pub timestamp: u64,
@@ -892,6 +901,7 @@ impl WorkCompletion {
             dlid_path_bits: 0,
             solicited: false,
             tm_info: crate::tm::TmInfo::default(),
+            flow_tag: 0,
             timestamp: 0,
             wallclock_ns: 0,
         }

@@ -33,6 +33,7 @@ mod domain;
 mod import;
 mod memory;
 mod odp;
+mod raw;
 mod symbols;
 mod tm;
 mod verbs;

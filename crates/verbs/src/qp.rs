@@ -81,6 +81,11 @@ pub struct QueuePair(pub(crate) Arc<QpInner>);
 
 impl QueuePair {
     pub(crate) fn create(pd: &ProtectionDomain, init: &QpInit<'_>) -> Result<Self> {
+        Self::create_with(pd, init, 0)
+    }
+
+    /// [`QueuePair::create`] with a `max_tso_header` (raw packet QPs).
+    pub(crate) fn create_with(pd: &ProtectionDomain, init: &QpInit<'_>, max_tso_header: u16) -> Result<Self> {
         let core_init = core::QpInitAttr {
             qp_type: init.qp_type,
             send_cq: init.send_cq.core().clone(),
@@ -88,6 +93,7 @@ impl QueuePair {
             srq: init.srq.map(|s| s.0.core.clone()),
             cap: init.cap,
             sq_sig_all: init.sq_sig_all,
+            max_tso_header,
         };
         let domain = pd.parent_core().map(|d| d.hold()).transpose()?;
         let core = core::Qp::create_in(pd.context().core(), pd.core(), &core_init)?;

@@ -35,6 +35,7 @@
 mod completer;
 mod grh;
 mod placement;
+mod raw;
 mod requester;
 mod responder;
 
@@ -52,6 +53,7 @@ use crate::wr::SendWr;
 
 pub use grh::write_grh;
 pub use placement::RecvPlacement;
+pub use raw::receive_frame;
 
 /// Unacknowledged PSNs a requester may have in flight (as rxe).
 pub const WINDOW: u32 = 128;

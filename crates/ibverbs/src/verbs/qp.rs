@@ -2,7 +2,7 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr::addr_of_mut;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use softverbs_device::qp::QpInitAttr;
 use softverbs_device::Qp;
@@ -25,6 +25,8 @@ pub(crate) struct NewQp {
     pub(crate) cap: *mut ibv_qp_cap,
     pub(crate) qp_type: c_uint,
     pub(crate) sq_sig_all: bool,
+    /// `max_tso_header` (from `ibv_create_qp_ex`), 0 otherwise.
+    pub(crate) max_tso_header: u16,
 }
 
 /// Creates a QP box and writes the actual capabilities back into `n.cap`.
@@ -58,11 +60,22 @@ pub(crate) unsafe fn new_qp(n: &NewQp) -> Result<*mut SvQp, c_int> {
         srq: srq.map(|s| s.core.clone()),
         cap,
         sq_sig_all: n.sq_sig_all,
+        max_tso_header: n.max_tso_header,
     };
     // The QP belongs to the context the C PD handle is in (an imported PD's is the importer's).
     // SAFETY: `pd` is live, and so is the context it names.
     let ctx = unsafe { context(pd.pd.context) }.ok_or(EINVAL)?;
     let core = Qp::create_in(&ctx.core, &pd.core, &init).map_err(|e| errno_of(&e))?;
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+    Ok(unsafe { box_qp(n, core, queues) })
+}
+
+/// Boxes a created core QP for C and writes its actual capabilities into `n.cap`; `queues` are
+/// its buffers from a parent domain's allocator, if any.
+///
+/// # Safety
+/// `n.pd` is a live PD of this library and `n.cap` a writable `struct ibv_qp_cap`.
+pub(crate) unsafe fn box_qp(n: &NewQp, core: Arc<Qp>, queues: Option<crate::domain::QpQueues>) -> *mut SvQp {
     // SAFETY: as above.
     unsafe { n.cap.write(cap_c(&core.cap())) };
     let qp = ibv_qp {
@@ -90,7 +103,7 @@ pub(crate) unsafe fn new_qp(n: &NewQp) -> Result<*mut SvQp, c_int> {
     }));
     // SAFETY: `b` is live.
     unsafe { (*b).core.set_user_data(b as u64) };
-    Ok(b)
+    b
 }
 
 /// `ibv_create_qp`.
@@ -109,6 +122,7 @@ pub(crate) unsafe extern "C" fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_ini
             cap: addr_of_mut!((*init).cap),
             qp_type: (*init).qp_type,
             sq_sig_all: (*init).sq_sig_all != 0,
+            max_tso_header: 0,
         }
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
