@@ -12,9 +12,11 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::RwLock;
 use softverbs_engine::memory::{Access, AtomicOp, KeyRef, MemError, Memory};
+use softverbs_engine::mw::{key_index, MwBind};
 use softverbs_engine::types::AccessFlags;
 
-use crate::pd::Mr;
+use crate::mw::Mw;
+use crate::pd::{Mapping, Mr};
 
 /// The bytes of a memory region, addressed by offset from its start.
 ///
@@ -202,12 +204,18 @@ impl MemoryBacking for AtomicBuffer {
     }
 }
 
-/// The device's memory regions by key.
+/// The device's memory regions and windows by key.
 #[derive(Debug, Default)]
 pub(crate) struct KeyTable {
     lkeys: RwLock<HashMap<u32, Weak<Mr>>>,
     rkeys: RwLock<HashMap<u32, Weak<Mr>>>,
+    /// Windows by key index (bits 8..32): the tag changes with every bind.
+    windows: RwLock<HashMap<u32, Weak<Mw>>>,
 }
+
+/// Where an access lands: the region's memory, the offset into it, and the virtual address of
+/// the region's first byte.
+type Place<'a> = (&'a dyn MemoryBacking, u64, u64);
 
 impl KeyTable {
     pub(crate) fn insert(&self, mr: &Arc<Mr>) {
@@ -220,73 +228,120 @@ impl KeyTable {
         self.rkeys.write().remove(&rkey);
     }
 
-    fn lookup(&self, key: KeyRef) -> Result<Arc<Mr>, MemError> {
+    pub(crate) fn insert_mw(&self, rkey: u32, mw: &Arc<Mw>) {
+        self.windows.write().insert(key_index(rkey), Arc::downgrade(mw));
+    }
+
+    pub(crate) fn remove_mw(&self, rkey: u32) {
+        self.windows.write().remove(&key_index(rkey));
+    }
+
+    /// The live region with local key `lkey`.
+    pub(crate) fn region(&self, lkey: u32) -> Option<Arc<Mr>> {
+        self.lkeys.read().get(&lkey).and_then(Weak::upgrade)
+    }
+
+    fn window(&self, rkey: u32) -> Option<Arc<Mw>> {
+        self.windows.read().get(&key_index(rkey)).and_then(Weak::upgrade)
+    }
+
+    /// Resolves an access and runs `f` on the memory it lands in, with the checks and the
+    /// access under the region's lock (and the window's, for a window key): a concurrent
+    /// re-registration or invalidation happens wholly before or after it.
+    fn with_place<R>(
+        &self,
+        key: KeyRef,
+        addr: u64,
+        len: u64,
+        f: impl FnOnce(Place<'_>) -> R,
+    ) -> Result<R, MemError> {
         let table = if key.access.is_remote() {
             &self.rkeys
         } else {
             &self.lkeys
         };
-        table
-            .read()
-            .get(&key.key)
-            .and_then(Weak::upgrade)
-            .ok_or(MemError::BadKey)
-    }
-
-    /// Resolves an access to (region, offset), checking PD, rights and bounds.
-    fn resolve(&self, key: KeyRef, addr: u64, len: u64) -> Result<(Arc<Mr>, u64), MemError> {
-        let mr = self.lookup(key)?;
-        if mr.pd().handle() != key.pd {
-            return Err(MemError::WrongPd);
+        let mr = table.read().get(&key.key).and_then(Weak::upgrade);
+        if let Some(mr) = mr {
+            let map = mr.mapping().read();
+            let offset = resolve_region(&map, key, addr, len)?;
+            return Ok(f((map.backing.as_ref(), offset, map.addr)));
         }
-        let needed = match key.access {
-            Access::LocalRead => AccessFlags::empty(),
-            Access::LocalWrite => AccessFlags::LOCAL_WRITE,
-            Access::RemoteRead => AccessFlags::REMOTE_READ,
-            Access::RemoteWrite => AccessFlags::REMOTE_WRITE,
-            Access::RemoteAtomic => AccessFlags::REMOTE_ATOMIC,
-        };
-        if !mr.access().contains(needed) {
-            return Err(MemError::NoAccess);
+        if !key.access.is_remote() {
+            return Err(MemError::BadKey);
         }
-        // Local keys use virtual addresses, remote keys the region's I/O virtual address.
-        let base = if key.access.is_remote() {
-            mr.iova()
-        } else {
-            mr.addr()
-        };
-        let offset = addr.checked_sub(base).ok_or(MemError::OutOfRange)?;
-        if offset.checked_add(len).is_none_or(|end| end > mr.length()) {
+        let mw = self.window(key.key).ok_or(MemError::BadKey)?;
+        let st = mw.lock();
+        let (_, iova) = st.window.resolve(key, addr, len)?;
+        // A bound window holds its region, which cannot be re-registered meanwhile.
+        let mr = st.mr.as_ref().ok_or(MemError::BadState)?;
+        let map = mr.mapping().read();
+        let offset = iova.checked_sub(map.iova).ok_or(MemError::OutOfRange)?;
+        if offset.checked_add(len).is_none_or(|end| end > map.length) {
             return Err(MemError::OutOfRange);
         }
-        Ok((mr, offset))
+        Ok(f((map.backing.as_ref(), offset, map.addr)))
     }
+}
+
+/// Checks an access to a region: PD, right and bounds; returns the offset into it.
+fn resolve_region(map: &Mapping, key: KeyRef, addr: u64, len: u64) -> Result<u64, MemError> {
+    if map.pd.handle() != key.pd {
+        return Err(MemError::WrongPd);
+    }
+    let needed = match key.access {
+        Access::LocalRead => AccessFlags::empty(),
+        Access::LocalWrite => AccessFlags::LOCAL_WRITE,
+        Access::RemoteRead => AccessFlags::REMOTE_READ,
+        Access::RemoteWrite => AccessFlags::REMOTE_WRITE,
+        Access::RemoteAtomic => AccessFlags::REMOTE_ATOMIC,
+    };
+    if !map.access.contains(needed) {
+        return Err(MemError::NoAccess);
+    }
+    // Local keys use virtual addresses, remote keys the region's I/O virtual address.
+    let base = if key.access.is_remote() {
+        map.iova
+    } else {
+        map.addr
+    };
+    let offset = addr.checked_sub(base).ok_or(MemError::OutOfRange)?;
+    if offset.checked_add(len).is_none_or(|end| end > map.length) {
+        return Err(MemError::OutOfRange);
+    }
+    Ok(offset)
 }
 
 impl Memory for KeyTable {
     fn read(&self, key: KeyRef, addr: u64, dst: &mut [u8]) -> Result<(), MemError> {
-        let (mr, offset) = self.resolve(key, addr, dst.len() as u64)?;
-        mr.backing().read(offset, dst);
-        Ok(())
+        self.with_place(key, addr, dst.len() as u64, |(b, offset, _)| b.read(offset, dst))
     }
 
     fn write(&self, key: KeyRef, addr: u64, src: &[u8]) -> Result<(), MemError> {
-        let (mr, offset) = self.resolve(key, addr, src.len() as u64)?;
-        mr.backing().write(offset, src);
-        Ok(())
+        self.with_place(key, addr, src.len() as u64, |(b, offset, _)| b.write(offset, src))
     }
 
     fn check(&self, key: KeyRef, addr: u64, len: u64) -> Result<(), MemError> {
-        self.resolve(key, addr, len).map(drop)
+        self.with_place(key, addr, len, |_| ())
     }
 
     fn atomic(&self, key: KeyRef, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
-        let (mr, offset) = self.resolve(key, addr, 8)?;
-        // Alignment is of the address in the region's own memory.
-        if (mr.addr() + offset) % 8 != 0 {
-            return Err(MemError::Misaligned);
-        }
-        Ok(mr.backing().atomic(offset, op))
+        self.with_place(key, addr, 8, |(b, offset, base)| {
+            // Alignment is of the address in the region's own memory.
+            if (base + offset) % 8 != 0 {
+                return Err(MemError::Misaligned);
+            }
+            Ok(b.atomic(offset, op))
+        })?
+    }
+
+    fn bind_mw(&self, qpn: u32, pd: u32, bind: &MwBind) -> Result<(), MemError> {
+        let mw = self.window(bind.mw_rkey).ok_or(MemError::BadKey)?;
+        mw.execute_bind(self, qpn, pd, bind)
+    }
+
+    fn invalidate(&self, qpn: u32, pd: u32, rkey: u32) -> Result<(), MemError> {
+        let mw = self.window(rkey).ok_or(MemError::BadKey)?;
+        mw.execute_invalidate(qpn, pd, rkey)
     }
 }
 

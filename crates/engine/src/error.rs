@@ -51,6 +51,9 @@ pub enum Error {
     /// The object is still in use by another object (EBUSY).
     #[error("resource busy: {0}")]
     Busy(Cow<'static, str>),
+    /// Objects of different protection domains were combined (EPERM).
+    #[error("operation not permitted: {0}")]
+    PermissionDenied(Cow<'static, str>),
     /// A device limit or memory was exhausted (ENOMEM).
     #[error("out of resources: {0}")]
     NoResources(Cow<'static, str>),
@@ -79,6 +82,11 @@ impl Error {
         Self::Busy(msg.into())
     }
 
+    /// Shorthand for [`Error::PermissionDenied`].
+    pub fn permission(msg: impl Into<Cow<'static, str>>) -> Self {
+        Self::PermissionDenied(msg.into())
+    }
+
     /// Shorthand for [`Error::NoResources`].
     pub fn no_resources(msg: impl Into<Cow<'static, str>>) -> Self {
         Self::NoResources(msg.into())
@@ -94,6 +102,7 @@ impl Error {
         match self {
             Self::InvalidArgument(_) | Self::ModifyQp(_) => Errno::EINVAL.raw(),
             Self::Busy(_) => Errno::EBUSY.raw(),
+            Self::PermissionDenied(_) => Errno::EPERM.raw(),
             Self::NoResources(_) => Errno::ENOMEM.raw(),
             Self::NotSupported(_) => Errno::EOPNOTSUPP.raw(),
             Self::WouldBlock => Errno::EAGAIN.raw(),

@@ -1,6 +1,7 @@
 //! Send work requests as the engine executes them, validated by [`SendWr::check`].
 
 use crate::error::{Error, Result};
+use crate::mw::MwBind;
 use crate::types::{Gid, QpType, SendFlags, Sge, WcOpcode, WrOpcode};
 
 /// Where a remote operation points.
@@ -50,6 +51,15 @@ pub enum SendOp {
         /// Addend.
         add: u64,
     },
+    /// Bind a memory window (`IBV_WR_BIND_MW`; `ibv_bind_mw` posts one for type 1 windows).
+    /// Executed locally, in send-queue order; it sends nothing.
+    BindMw(MwBind),
+    /// Invalidate the type 2 window named by `rkey` (`IBV_WR_LOCAL_INV`). Executed locally, in
+    /// send-queue order.
+    LocalInv {
+        /// The window's current rkey.
+        rkey: u32,
+    },
 }
 
 impl SendOp {
@@ -66,6 +76,8 @@ impl SendOp {
             Self::Read { .. } => WrOpcode::RdmaRead,
             Self::CompareSwap { .. } => WrOpcode::AtomicCmpAndSwp,
             Self::FetchAdd { .. } => WrOpcode::AtomicFetchAndAdd,
+            Self::BindMw(_) => WrOpcode::BindMw,
+            Self::LocalInv { .. } => WrOpcode::LocalInv,
         }
     }
 
@@ -77,6 +89,8 @@ impl SendOp {
             Self::Read { .. } => WcOpcode::RdmaRead,
             Self::CompareSwap { .. } => WcOpcode::CompSwap,
             Self::FetchAdd { .. } => WcOpcode::FetchAdd,
+            Self::BindMw(_) => WcOpcode::BindMw,
+            Self::LocalInv { .. } => WcOpcode::LocalInv,
         }
     }
 
@@ -86,6 +100,12 @@ impl SendOp {
             self,
             Self::Read { .. } | Self::CompareSwap { .. } | Self::FetchAdd { .. }
         )
+    }
+
+    /// A memory operation executed by the requester itself (bind, local invalidate): it uses
+    /// no PSN and sends no packet.
+    pub fn is_local(&self) -> bool {
+        matches!(self, Self::BindMw(_) | Self::LocalInv { .. })
     }
 
     /// Atomic.
@@ -179,7 +199,12 @@ impl SendWr {
             QpType::Ud => matches!(opcode, WrOpcode::Send | WrOpcode::SendWithImm),
             QpType::Uc => matches!(
                 opcode,
-                WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm
+                WrOpcode::Send
+                    | WrOpcode::SendWithImm
+                    | WrOpcode::RdmaWrite
+                    | WrOpcode::RdmaWriteWithImm
+                    | WrOpcode::BindMw
+                    | WrOpcode::LocalInv
             ),
             QpType::Rc => true,
         };
@@ -188,6 +213,15 @@ impl SendWr {
                 "opcode {opcode:?} is not supported on a {} QP",
                 l.qp_type
             )));
+        }
+        if self.op.is_local() {
+            // Binds and invalidations carry no data (rxe refuses them with SGEs, as here).
+            if !matches!(&self.payload, Payload::Sges(s) if s.is_empty()) {
+                return Err(Error::invalid(format!(
+                    "{opcode:?} carries no data: num_sge must be 0 and IBV_SEND_INLINE unset"
+                )));
+            }
+            return Ok(());
         }
         match &self.payload {
             Payload::Sges(s) if s.len() > l.max_send_sge as usize => {

@@ -77,7 +77,7 @@ pub(crate) fn packets(len: u64, mtu: u32) -> u32 {
 /// Copies `dst.len()` bytes starting `offset` bytes into the gather list.
 pub(crate) fn gather(
     mem: &dyn Memory,
-    pd: u32,
+    (pd, qpn): (u32, u32),
     payload: &Payload,
     offset: u64,
     dst: &mut [u8],
@@ -105,6 +105,7 @@ pub(crate) fn gather(
                 let key = KeyRef {
                     key: sge.lkey,
                     pd,
+                    qpn,
                     access: Access::LocalRead,
                 };
                 mem.read(key, sge.addr + skip, &mut dst[done..done + take])?;
@@ -232,6 +233,10 @@ impl QpEngine {
         } else {
             self.mtu()
         };
+        if !rerequest && self.sq[idx].wr.op.is_local() {
+            self.execute_local(idx, mem);
+            return;
+        }
         if rerequest {
             self.sq[idx].rereq = false;
             self.req.rereq_pending -= 1;
@@ -291,6 +296,8 @@ impl QpEngine {
             SendOp::Read { .. } => (Some(Opcode::RcReadRequest), 0),
             SendOp::CompareSwap { .. } => (Some(Opcode::RcCompareSwap), 0),
             SendOp::FetchAdd { .. } => (Some(Opcode::RcFetchAdd), 0),
+            // Executed by `execute_local` above, never sent.
+            SendOp::BindMw(_) | SendOp::LocalInv { .. } => (None, 0),
         };
         let Some(opcode) = opcode else {
             // Unreachable for checked WRs (the opcode table covers every legal combination).
@@ -353,6 +360,7 @@ impl QpEngine {
                     compare: 0,
                 });
             }
+            SendOp::BindMw(_) | SendOp::LocalInv { .. } => {}
         }
         let dest = match (self.cfg.qp_type, &w.wr.ud) {
             (QpType::Ud, Some(ud)) => {
@@ -383,7 +391,7 @@ impl QpEngine {
             }
         }
         let built = build(&repr, dest, |buf| {
-            gather(mem, self.cfg.pd, &w.wr.payload, offset, buf)
+            gather(mem, (self.cfg.pd, self.cfg.qpn), &w.wr.payload, offset, buf)
         });
         let tx = match built {
             Ok(tx) => tx,
@@ -422,6 +430,45 @@ impl QpEngine {
                 }
             }
         }
+    }
+
+    /// Executes the bind or local invalidate at `idx`, which the requester has reached: it
+    /// takes no PSN and sends nothing, but completes in posting order like every WQE. A failed
+    /// bind completes with `IBV_WC_MW_BIND_ERR`, a failed invalidate with
+    /// `IBV_WC_LOC_QP_OP_ERR`, and the QP moves to ERR (as rxe).
+    fn execute_local(&mut self, idx: usize, mem: &dyn Memory) {
+        let (qpn, pd) = (self.cfg.qpn, self.cfg.pd);
+        self.req.send_idx = idx;
+        let next_psn = self.req.next_psn;
+        let w = &mut self.sq[idx];
+        w.started = true;
+        w.npsn = 0;
+        w.first_psn = next_psn;
+        let result = match w.wr.op {
+            SendOp::BindMw(bind) => mem.bind_mw(qpn, pd, &bind).map_err(|_| WcStatus::MwBindErr),
+            SendOp::LocalInv { rkey } => mem.invalidate(qpn, pd, rkey).map_err(|_| WcStatus::LocQpOpErr),
+            _ => unreachable!("only local operations are executed here"),
+        };
+        if let Err(status) = result {
+            self.fail_wqe(idx, status);
+            return;
+        }
+        self.sq[idx].done = true;
+        match self.cfg.qp_type {
+            QpType::Rc => {
+                self.req.send_idx += 1;
+                // Completions leave in posting order: it completes now only if nothing before
+                // it waits for an acknowledgement; otherwise the ACK that finishes those does.
+                while self.sq.front().is_some_and(|w| w.done) {
+                    self.pop_completed();
+                }
+            }
+            QpType::Uc | QpType::Ud => {
+                let w = self.sq.pop_front().expect("executing the front WQE");
+                self.complete_send(&w, WcStatus::Success);
+            }
+        }
+        self.check_drained();
     }
 
     /// Completes a send WQE, with a completion if signaled or unsuccessful.

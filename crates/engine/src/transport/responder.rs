@@ -189,7 +189,7 @@ impl QpEngine {
             meta.hop_limit,
             pkt.repr.buffer_len(),
         );
-        let pd = self.cfg.pd;
+        let pd = (self.cfg.pd, self.cfg.qpn);
         let result = scatter_sges(mem, pd, &wqe.sg_list, 0, &grh)
             .and_then(|()| scatter_sges(mem, pd, &wqe.sg_list, 40, pkt.payload));
         let mut wc = WorkCompletion::error(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.cfg.qpn);
@@ -400,6 +400,7 @@ impl QpEngine {
                     let key = KeyRef {
                         key: reth.rkey,
                         pd: self.cfg.pd,
+                        qpn: self.cfg.qpn,
                         access: Access::RemoteWrite,
                     };
                     mem.check(key, reth.va, total)
@@ -438,6 +439,7 @@ impl QpEngine {
                 let key = KeyRef {
                     key: rkey,
                     pd: self.cfg.pd,
+                    qpn: self.cfg.qpn,
                     access: Access::RemoteWrite,
                 };
                 if mem.write(key, va + offset, pkt.payload).is_err() {
@@ -485,7 +487,13 @@ impl QpEngine {
         let Progress::Send { wqe, offset } = &mut self.resp.progress else {
             unreachable!()
         };
-        match scatter_sges(mem, self.cfg.pd, &wqe.sg_list, *offset, pkt.payload) {
+        match scatter_sges(
+            mem,
+            (self.cfg.pd, self.cfg.qpn),
+            &wqe.sg_list,
+            *offset,
+            pkt.payload,
+        ) {
             Ok(()) => {}
             Err(ScatterError::Length) => {
                 return Err(Outcome::Fatal(Fatal {
@@ -504,6 +512,15 @@ impl QpEngine {
         }
         *offset += len;
         if opcode.ends_message() {
+            if let Some(ieth) = pkt.repr.ieth {
+                // The window is invalidated before the receive completes, so that a consumer who
+                // sees the completion can rely on the peer having lost access (IBTA 9.4.1.1.3).
+                // A key that cannot be invalidated is an invalid request (class J): the receive
+                // completes in error and the QP moves to ERR.
+                if mem.invalidate(self.cfg.qpn, self.cfg.pd, ieth.rkey).is_err() {
+                    return Err(Outcome::Fatal(INVALID_REQUEST));
+                }
+            }
             let Progress::Send { wqe, offset } = std::mem::take(&mut self.resp.progress) else {
                 unreachable!()
             };
@@ -542,6 +559,7 @@ impl QpEngine {
             let key = KeyRef {
                 key: reth.rkey,
                 pd: self.cfg.pd,
+                qpn: self.cfg.qpn,
                 access: Access::RemoteRead,
             };
             mem.check(key, reth.va, len)
@@ -584,6 +602,7 @@ impl QpEngine {
         let key = KeyRef {
             key: a.rkey,
             pd: self.cfg.pd,
+            qpn: self.cfg.qpn,
             access: Access::RemoteAtomic,
         };
         let orig = match mem.atomic(key, a.va, op) {
@@ -712,6 +731,7 @@ impl QpEngine {
             let key = KeyRef {
                 key: rkey,
                 pd: self.cfg.pd,
+                qpn: self.cfg.qpn,
                 access: Access::RemoteRead,
             };
             let built = build(&repr, dest, |buf| {
