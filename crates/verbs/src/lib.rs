@@ -29,13 +29,14 @@ mod qp;
 pub use context::{AsyncEvent, AsyncEventTarget, Context};
 pub use cq::{CompletionChannel, CompletionQueue, CqEvent};
 pub use device::{devices, fork_init, is_fork_initialized, Device, ForkStatus};
-pub use pd::{AddressHandle, MemoryRegion, ProtectionDomain};
+pub use pd::{AddressHandle, MemoryRegion, MemoryWindow, MwBindInfo, ProtectionDomain, Rereg};
 pub use qp::{QpInit, QueuePair, SharedReceiveQueue};
 
 pub use softverbs_device::config::{Config, Limits};
 pub use softverbs_device::device::{DeviceAttr, PortAttr};
 pub use softverbs_device::qp::{PostError, SendRequest, UdAddress};
 pub use softverbs_device::CounterSnapshot;
+pub use softverbs_engine::mw::{inc_rkey, MwBind, MwType};
 pub use softverbs_engine::rate::{mbps_to_rate, mult_to_rate, rate_to_mbps, rate_to_mult};
 pub use softverbs_engine::transport::QpCounters;
 pub use softverbs_engine::types::{
