@@ -21,6 +21,7 @@ use crate::context::{Context, EventElement};
 use crate::cq::Cq;
 use crate::device::{cap_flags, Resource};
 use crate::fabric::{fabric, Node};
+use crate::held::Held;
 use crate::pd::{Ah, Pd};
 use crate::sync::{AckCounter, UseCount};
 
@@ -98,6 +99,17 @@ struct QpInner {
     attr: QpAttr,
     engine: QpEngine,
     mcast: HashSet<Gid>,
+    /// Completions waiting for the packets produced with them to leave.
+    held: Held,
+}
+
+/// What one engine drain produced: packets to send, and the ticket that makes the completions
+/// produced with them visible once they were sent ([`Qp::release`]).
+#[derive(Debug)]
+#[must_use = "the completions stay held until the ticket is released"]
+pub(crate) struct Outputs {
+    pub(crate) txs: Vec<Transmit>,
+    pub(crate) ticket: u64,
 }
 
 /// A queue pair (`ibv_create_qp`).
@@ -234,6 +246,7 @@ impl Qp {
                 attr,
                 engine,
                 mcast: HashSet::new(),
+                held: Held::default(),
             }),
             deadline: AtomicU64::new(u64::MAX),
             uses: UseCount::default(),
@@ -319,40 +332,24 @@ impl Qp {
         (d != u64::MAX).then_some(Instant(d))
     }
 
-    /// Moves the engine's outputs where they belong: completions to the CQs, events to the
-    /// context, deadlines to the progress thread. Returns the packets to send.
-    fn drain(&self, inner: &mut QpInner, now: Instant) -> Vec<Transmit> {
+    /// Moves the engine's outputs where they belong: completions are held under a new ticket
+    /// (see [`Qp::release`]), events go to the context, deadlines to the progress thread.
+    /// Returns the packets to send with the ticket.
+    fn drain(&self, inner: &mut QpInner, now: Instant) -> Outputs {
         let node = self.node();
         let mut txs = Vec::new();
-        loop {
-            while let Some(tx) = inner.engine.poll_transmit(now, &node.keys) {
-                txs.push(tx);
-            }
-            let mut overrun = false;
-            while let Some(c) = inner.engine.poll_completion() {
-                let cq = match c.queue {
-                    WorkQueue::Send => &self.init.send_cq,
-                    WorkQueue::Recv => &self.init.recv_cq,
-                };
-                overrun |= cq.push(c.wc).is_err();
-            }
-            while let Some(ev) = inner.engine.poll_event() {
-                self.raise(ev);
-            }
-            if inner.engine.take_error_transition() {
-                inner.attr.qp_state = QpState::Err;
-            }
-            if overrun && inner.attr.qp_state != QpState::Err {
-                // A CQ overrun leaves the QP unusable: move it to ERR and flush (the flushed
-                // completions are lost too, the CQ being in error).
-                tracing::warn!(qpn = self.qpn, "CQ overrun: QP moves to the error state");
-                inner.attr.qp_state = QpState::Err;
-                let attr = inner.attr;
-                inner.engine.set_attr(now, &attr);
-                self.raise(EventType::QpFatal);
-                continue;
-            }
-            break;
+        let ticket = inner.held.issue();
+        while let Some(tx) = inner.engine.poll_transmit(now, &node.keys) {
+            txs.push(tx);
+        }
+        while let Some(c) = inner.engine.poll_completion() {
+            inner.held.hold(ticket, c);
+        }
+        while let Some(ev) = inner.engine.poll_event() {
+            self.raise(ev);
+        }
+        if inner.engine.take_error_transition() {
+            inner.attr.qp_state = QpState::Err;
         }
         let deadline = inner.engine.poll_timeout();
         self.deadline
@@ -360,13 +357,46 @@ impl Qp {
         if let Some(d) = deadline {
             fabric().schedule(d);
         }
-        txs
+        Outputs { txs, ticket }
     }
 
-    /// Sends packets and lets the fabric run until it is quiet.
-    fn send_and_drive(&self, txs: Vec<Transmit>) {
+    /// Tells the QP that the packets of `ticket` were handed to the fabric: the completions
+    /// produced with them (and with every earlier ticket already sent) go to their CQs now.
+    pub(crate) fn release(&self, ticket: u64) {
+        let mut inner = self.inner.lock();
+        let mut ticket = ticket;
+        loop {
+            let mut overrun = false;
+            for c in inner.held.release(ticket) {
+                let cq = match c.queue {
+                    WorkQueue::Send => &self.init.send_cq,
+                    WorkQueue::Recv => &self.init.recv_cq,
+                };
+                overrun |= cq.push(c.wc).is_err();
+            }
+            if !overrun || inner.attr.qp_state == QpState::Err {
+                return;
+            }
+            // A CQ overrun leaves the QP unusable: move it to ERR and flush (the flushed
+            // completions are lost too, the CQ being in error).
+            tracing::warn!(qpn = self.qpn, "CQ overrun: QP moves to the error state");
+            let now = fabric().now();
+            inner.attr.qp_state = QpState::Err;
+            let attr = inner.attr;
+            inner.engine.set_attr(now, &attr);
+            self.raise(EventType::QpFatal);
+            let out = self.drain(&mut inner, now);
+            fabric().send_all(self.node(), out.txs);
+            ticket = out.ticket;
+        }
+    }
+
+    /// Sends packets, makes their completions visible, and lets the fabric run until it is
+    /// quiet.
+    fn emit(&self, out: Outputs) {
         let f = fabric();
-        f.send_all(self.node(), txs);
+        f.send_all(self.node(), out.txs);
+        self.release(out.ticket);
         f.drive(f.now());
     }
 
@@ -377,7 +407,7 @@ impl Qp {
         now: Instant,
         pkt: &ParsedPacket<'_>,
         meta: &RxMeta,
-    ) -> (Vec<Transmit>, Option<DropReason>) {
+    ) -> (Outputs, Option<DropReason>) {
         let mut inner = self.inner.lock();
         let node = self.node();
         let dropped = match &self.init.srq {
@@ -390,12 +420,12 @@ impl Qp {
             }
             None => inner.engine.handle_packet(now, pkt, meta, &node.keys, None).err(),
         };
-        let txs = self.drain(&mut inner, now);
-        (txs, dropped)
+        let out = self.drain(&mut inner, now);
+        (out, dropped)
     }
 
     /// Handles expired transport timers (called by the progress machinery).
-    pub(crate) fn handle_timeout(&self, now: Instant) -> Vec<Transmit> {
+    pub(crate) fn handle_timeout(&self, now: Instant) -> Outputs {
         let mut inner = self.inner.lock();
         inner.engine.handle_timeout(now);
         self.drain(&mut inner, now)
@@ -415,7 +445,7 @@ impl Qp {
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let ctx = self.context();
         let now = fabric().now();
-        let txs = {
+        let out = {
             let mut inner = self.inner.lock();
             let from = inner.attr.qp_state;
             let next = validate_modify(self.qp_type(), from, attr, mask, &ctx.port_limits())?;
@@ -424,7 +454,7 @@ impl Qp {
             inner.engine.set_attr(now, &new);
             self.drain(&mut inner, now)
         };
-        self.send_and_drive(txs);
+        self.emit(out);
         Ok(())
     }
 
@@ -469,9 +499,9 @@ impl Qp {
             }
             inner.engine.post_recv(wr.clone());
         }
-        let txs = self.drain(&mut inner, now);
+        let out = self.drain(&mut inner, now);
         drop(inner);
-        self.send_and_drive(txs);
+        self.emit(out);
         result
     }
 
@@ -544,9 +574,9 @@ impl Qp {
             }
             inner.engine.post_send(wr);
         }
-        let txs = self.drain(&mut inner, now);
+        let out = self.drain(&mut inner, now);
         drop(inner);
-        self.send_and_drive(txs);
+        self.emit(out);
         result
     }
 
