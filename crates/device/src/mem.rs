@@ -236,6 +236,14 @@ impl KeyTable {
         self.windows.write().remove(&key_index(rkey));
     }
 
+    /// Invalidates the type 2 windows bound to QP `qpn`, which is being destroyed.
+    pub(crate) fn release_qp_windows(&self, qpn: u32) {
+        let windows: Vec<Arc<Mw>> = self.windows.read().values().filter_map(Weak::upgrade).collect();
+        for mw in windows {
+            mw.release_qp(qpn);
+        }
+    }
+
     /// The live region with local key `lkey`.
     pub(crate) fn region(&self, lkey: u32) -> Option<Arc<Mr>> {
         self.lkeys.read().get(&lkey).and_then(Weak::upgrade)

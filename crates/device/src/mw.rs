@@ -215,6 +215,14 @@ impl Mw {
         Ok(())
     }
 
+    /// Invalidates the window if it is a type 2 window bound to QP `qpn` (being destroyed).
+    pub(crate) fn release_qp(&self, qpn: u32) {
+        let mut st = self.state.lock();
+        if st.window.target.is_some_and(|t| t.qpn == Some(qpn)) {
+            Self::unbind(&mut st);
+        }
+    }
+
     fn unbind(st: &mut MwState) {
         st.window.invalidate();
         if let Some(mr) = st.mr.take() {

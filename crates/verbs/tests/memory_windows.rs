@@ -305,6 +305,17 @@ fn bound_windows_keep_their_region_registered() {
 }
 
 #[test]
+fn destroying_the_qp_frees_its_type2_windows() {
+    let (_a, b) = pair();
+    let target = b.pd.register(8192, BINDABLE).unwrap();
+    let (mw, rkey) = bound_type2(&b, &target, AccessFlags::REMOTE_READ);
+    let Side { qp, .. } = b;
+    drop(qp);
+    assert_eq!(mw.current(), (rkey, false));
+    target.dereg().unwrap();
+}
+
+#[test]
 fn local_invalidate_of_a_type1_window_fails_with_loc_qp_op_err() {
     let (_a, b) = pair();
     let target = b.pd.register(4096, BINDABLE).unwrap();
