@@ -586,3 +586,39 @@ fn binds_carry_no_data_and_are_refused_on_ud() {
     sim.run();
     assert_ok_in_order(&sim.take_send_cq(a), &[3]);
 }
+
+#[test]
+fn a_window_refuses_qps_of_another_pd() {
+    // Node 1 has a QP in PD 1, which binds a type 1 window, and one in PD 2, which may not use it.
+    let mut sim = Sim::new(37, 2);
+    let (a1, b1) = (sim.create_qp(0, QpType::Rc), sim.create_qp(1, QpType::Rc));
+    let a2 = sim.create_qp(0, QpType::Rc);
+    let b2 = sim.create_qp_with(
+        1,
+        QpType::Rc,
+        QpOpts {
+            pd: 2,
+            ..QpOpts::default()
+        },
+    );
+    sim.connect(a1, b1, &ConnOpts::default());
+    sim.connect(a2, b2, &ConnOpts::default());
+    let src = sim.mem(0).alloc_mr(1, 64, AccessFlags::LOCAL_WRITE);
+    let mr = sim.mem(1).alloc_mr(1, 4096, bindable());
+    let mw = sim.mem(1).alloc_mw(1, MwType::Type1);
+    let bind = bind_req(mw, &mr, 0, 4096, RW);
+    sim.post_send(b1, bind_mw(1, bind));
+    sim.run();
+    assert_ok_in_order(&sim.take_send_cq(b1), &[1]);
+    let remote = RemoteAddr {
+        addr: mr.addr,
+        rkey: bind.new_rkey,
+    };
+    sim.post_send(a2, write(2, remote, vec![src.sge(0, 64)]));
+    sim.run();
+    assert_wc(&sim.take_send_cq(a2)[0], 2, WcStatus::RemAccessErr);
+    assert_eq!(sim.mem(1).refused.borrow().last(), Some(&MemError::WrongPd));
+    sim.post_send(a1, write(3, remote, vec![src.sge(0, 64)]));
+    sim.run();
+    assert_ok_in_order(&sim.take_send_cq(a1), &[3]);
+}
