@@ -2,7 +2,7 @@
 //!
 //! A window's binding changes only when its QP's requester reaches a BIND_MW or LOCAL_INV work
 //! request, or when a SEND with Invalidate arrives; the engine asks for that through its memory
-//! trait, which the key table implements with [`Mw::execute_bind`] and [`Mw::execute_invalidate`].
+//! trait, which the key table implements with `Mw::execute_bind` and `Mw::execute_invalidate`.
 //! The rules themselves are the engine's ([`Window`]).
 
 use std::sync::atomic::{AtomicU32, Ordering};

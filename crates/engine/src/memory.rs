@@ -121,7 +121,7 @@ pub trait Memory {
     /// Performs `op` atomically on the 8-byte word at `addr`; returns the original value.
     fn atomic(&self, key: KeyRef, addr: u64, op: AtomicOp) -> Result<u64, MemError>;
     /// Executes a BIND_MW work request posted on QP `qpn` of protection domain `pd` (see
-    /// [`Window::bind`] for the rules).
+    /// [`Window::check_bind`] for the rules).
     fn bind_mw(&self, qpn: u32, pd: u32, bind: &MwBind) -> Result<(), MemError>;
     /// Invalidates the type 2 window named by `rkey`, for a LOCAL_INV posted on QP `qpn`, or a
     /// SEND with Invalidate it received (see [`Window::invalidate`]).
