@@ -181,7 +181,7 @@ impl Mw {
         if self.uses.is_retired() {
             return Err(MemError::BadKey);
         }
-        let mr = keys.region(bind.mr_lkey);
+        let mr = keys.by_lkey(bind.mr_lkey);
         let map = mr.as_ref().map(|m| m.mapping().read());
         let info = map.as_ref().map(|m| MrInfo {
             pd: m.pd.handle(),

@@ -8,7 +8,7 @@
 //! [`Window`], shared by every implementation of the trait.
 
 pub use crate::mw::{MwBind, MwType, Window, WindowTarget};
-use crate::types::WcStatus;
+use crate::types::{AccessFlags, WcStatus};
 
 /// The right an access needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,12 +23,39 @@ pub enum Access {
     RemoteWrite,
     /// Remote atomic (rkey, `IBV_ACCESS_REMOTE_ATOMIC`).
     RemoteAtomic,
+    /// Remote FLUSH with these placement type bits (rkey; `IBV_ACCESS_FLUSH_GLOBAL` for bit 0,
+    /// `IBV_ACCESS_FLUSH_PERSISTENT` for bit 1).
+    Flush(u8),
 }
 
 impl Access {
     /// Whether the key is an rkey (remote access) rather than an lkey.
     pub fn is_remote(self) -> bool {
-        matches!(self, Self::RemoteRead | Self::RemoteWrite | Self::RemoteAtomic)
+        matches!(
+            self,
+            Self::RemoteRead | Self::RemoteWrite | Self::RemoteAtomic | Self::Flush(_)
+        )
+    }
+
+    /// The region access flags this access needs.
+    pub fn required_flags(self) -> AccessFlags {
+        match self {
+            Self::LocalRead => AccessFlags::empty(),
+            Self::LocalWrite => AccessFlags::LOCAL_WRITE,
+            Self::RemoteRead => AccessFlags::REMOTE_READ,
+            Self::RemoteWrite => AccessFlags::REMOTE_WRITE,
+            Self::RemoteAtomic => AccessFlags::REMOTE_ATOMIC,
+            Self::Flush(placement) => {
+                let mut f = AccessFlags::empty();
+                if placement & crate::wr::FLUSH_GLOBAL != 0 {
+                    f |= AccessFlags::FLUSH_GLOBAL;
+                }
+                if placement & crate::wr::FLUSH_PERSISTENT != 0 {
+                    f |= AccessFlags::FLUSH_PERSISTENT;
+                }
+                f
+            }
+        }
     }
 }
 
@@ -65,6 +92,9 @@ pub enum MemError {
     BadState,
     /// A bind request that breaks a rule of the verbs (IBTA C10-72..75 and friends).
     InvalidBind,
+    /// The range is in the region but not mapped in memory (an on-demand-paging region over
+    /// addresses the application never mapped): a protection error, never a crash.
+    Unmapped,
 }
 
 impl MemError {
@@ -92,6 +122,11 @@ pub enum AtomicOp {
         /// Addend.
         add: u64,
     },
+    /// An 8-byte store (ATOMIC WRITE); the word is replaced as a whole.
+    Store {
+        /// The new value, as the bytes in memory read in host order.
+        value: u64,
+    },
 }
 
 impl AtomicOp {
@@ -106,6 +141,7 @@ impl AtomicOp {
                 }
             }
             Self::FetchAdd { add } => old.wrapping_add(add),
+            Self::Store { value } => value,
         }
     }
 }
@@ -126,4 +162,8 @@ pub trait Memory {
     /// Invalidates the type 2 window named by `rkey`, for a LOCAL_INV posted on QP `qpn`, or a
     /// SEND with Invalidate it received (see [`Window::invalidate`]).
     fn invalidate(&self, qpn: u32, pd: u32, rkey: u32) -> Result<(), MemError>;
+    /// FLUSH: checks the key and its right (`key.access` is [`Access::Flush`]) and, unless
+    /// `whole_region`, that `len` bytes at `addr` lie in the region; then makes every earlier
+    /// store to the region visible (a store fence).
+    fn flush(&self, key: KeyRef, addr: u64, len: u64, whole_region: bool) -> Result<(), MemError>;
 }

@@ -5,7 +5,7 @@
 //! each bind replaces (`ibv_inc_rkey(3)`). Whoever keeps windows looks them up by index and
 //! lets [`Window`] compare the whole key.
 
-use crate::memory::{Access, KeyRef, MemError};
+use crate::memory::{KeyRef, MemError};
 use crate::types::AccessFlags;
 
 /// `enum ibv_mw_type`.
@@ -240,12 +240,8 @@ impl Window {
         if target.qpn.is_some_and(|q| q != key.qpn) {
             return Err(MemError::WrongQp);
         }
-        let needed = match key.access {
-            Access::RemoteRead => AccessFlags::REMOTE_READ,
-            Access::RemoteWrite => AccessFlags::REMOTE_WRITE,
-            _ => AccessFlags::REMOTE_ATOMIC,
-        };
-        if !target.access.contains(needed) {
+        // A window grants only remote read, write and atomic access (never FLUSH).
+        if !target.access.contains(key.access.required_flags()) {
             return Err(MemError::NoAccess);
         }
         let offset = if target.access.contains(AccessFlags::ZERO_BASED) {
@@ -263,6 +259,7 @@ impl Window {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::memory::Access;
 
     const RW: AccessFlags = AccessFlags::REMOTE_READ.union(AccessFlags::REMOTE_WRITE);
 

@@ -1,20 +1,20 @@
 //! `ibv_rereg_mr`.
 
 use std::ffi::{c_int, c_void};
-use std::sync::Arc;
 
 use softverbs_device::{ReregError, Translation};
 
 use super::{errno_of, outer, SvMr, SvPd, EINVAL};
 use crate::abi::*;
 use crate::fail_minus_one;
-use crate::memory::RawMemory;
 use crate::set_errno;
 
 /// `IBV_REREG_MR_CHANGE_TRANSLATION`.
 const CHANGE_TRANSLATION: c_int = 1;
 /// `IBV_REREG_MR_CHANGE_PD`.
 const CHANGE_PD: c_int = 2;
+/// `IBV_REREG_MR_CHANGE_ACCESS`.
+const CHANGE_ACCESS: c_int = 4;
 /// `IBV_REREG_MR_ERR_INPUT`.
 const ERR_INPUT: c_int = -1;
 /// `IBV_REREG_MR_ERR_CMD`.
@@ -39,13 +39,19 @@ pub(crate) unsafe extern "C" fn rereg_mr(
     let new_pd = (flags & CHANGE_PD != 0)
         .then(|| unsafe { outer::<SvPd, _>(pd) })
         .flatten();
-    // A NULL address is no translation at all: the core reports the missing argument.
+    let core = m.core.lock().unwrap_or_else(|p| p.into_inner());
+    // The new memory is reached as the region's rights after the call say (on-demand paging
+    // or not). A NULL address is no translation at all: the core reports the missing argument.
+    let new_access = if flags & CHANGE_ACCESS != 0 {
+        access as u32
+    } else {
+        core.access().bits()
+    };
     let translation = (flags & CHANGE_TRANSLATION != 0 && !addr.is_null()).then(|| Translation {
-        backing: Arc::new(RawMemory::new(addr.cast(), length as u64)),
+        backing: crate::odp::backing(addr, length as u64, new_access),
         addr: addr as u64,
         iova: addr as u64,
     });
-    let core = m.core.lock().unwrap_or_else(|p| p.into_inner());
     match core.rereg(flags as u32, new_pd.map(|p| &p.core), translation, access as u32) {
         Ok(()) => {
             // SAFETY: `mr` is live; its public fields follow the new registration.
