@@ -328,8 +328,9 @@ impl Mr {
     ///
     /// Unknown or no flags, or a flag without its argument, are input errors (EINVAL).
     /// Re-registering a deregistered region or with invalid access flags (`ibv_reg_mr(3)`
-    /// rules) or a PD of another context is EINVAL, and while memory windows are bound to the
-    /// region it is EBUSY. On any error the region is unchanged.
+    /// rules) or a PD of another device is EINVAL; turning on-demand paging on or off without a
+    /// new translation is EOPNOTSUPP; while memory windows are bound to the region it is EBUSY.
+    /// On any error the region is unchanged.
     pub fn rereg(
         &self,
         flags: u32,
@@ -377,6 +378,17 @@ impl Mr {
             return Err(Command(Error::busy(format!(
                 "{bound} memory window(s) are bound to the region"
             ))));
+        }
+        if let Some(a) = new_access {
+            // Whether the memory is pinned or paged on demand is a property of the translation
+            // (the C library reaches the two differently): it changes only with a new one.
+            if a.contains(AccessFlags::ON_DEMAND) != map.access.contains(AccessFlags::ON_DEMAND)
+                && translation.is_none()
+            {
+                return Err(Command(Error::not_supported(
+                    "IBV_ACCESS_ON_DEMAND changes only together with the translation",
+                )));
+            }
         }
         if let Some(p) = new_pd {
             if !Arc::ptr_eq(p.context().device().node(), map.pd.context().device().node()) {

@@ -470,7 +470,22 @@ mod rereg {
             22,
             "remote write without local write"
         );
+        let odp = Rereg {
+            access: Some(AccessFlags::LOCAL_WRITE | AccessFlags::ON_DEMAND),
+            ..Rereg::default()
+        };
+        assert_eq!(
+            mr.rereg(odp).unwrap_err().errno(),
+            95,
+            "ODP without a new translation"
+        );
         assert_eq!(mr.access(), AccessFlags::LOCAL_WRITE, "unchanged after errors");
+        mr.rereg(Rereg {
+            len: Some(4096),
+            ..odp
+        })
+        .unwrap();
+        assert_eq!(mr.access(), AccessFlags::LOCAL_WRITE | AccessFlags::ON_DEMAND);
         let other_ctx = lo();
         let foreign = other_ctx.alloc_pd().unwrap();
         // Another context on the same device is fine (contexts share the device).
