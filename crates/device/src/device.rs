@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -48,6 +48,8 @@ pub mod cap_flags {
     pub const MEM_WINDOW: u32 = 1 << 17;
     /// Type 2B memory windows (bound to a QP).
     pub const MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
+    /// `IBV_DEVICE_MANAGED_FLOW_STEERING`: `ibv_create_flow` works (raw packet QPs).
+    pub const MANAGED_FLOW_STEERING: u32 = 1 << 29;
 }
 
 /// Random bits from the kernel.
@@ -185,18 +187,27 @@ pub(crate) struct McastTable {
 #[derive(Debug)]
 pub(crate) struct Shared {
     counts: [AtomicU32; Resource::COUNT],
+    /// Bytes of device memory allocated.
+    dm_bytes: AtomicU64,
     keys: Mutex<HashSet<u32>>,
     mw_indices: Mutex<HashSet<u32>>,
     pub(crate) node: Arc<Node>,
+    /// The packet socket of raw QPs, while one exists.
+    pub(crate) raw: crate::raw::RawSlot,
+    /// Live RSS indirection tables.
+    pub(crate) ind_tables: AtomicU32,
 }
 
 impl Shared {
     fn new(gids: &[Gid], ifindex: u32) -> Self {
         Self {
             counts: Default::default(),
+            dm_bytes: AtomicU64::new(0),
             keys: Mutex::new(HashSet::new()),
             mw_indices: Mutex::new(HashSet::new()),
             node: Node::new(gids, ifindex),
+            raw: Default::default(),
+            ind_tables: AtomicU32::new(0),
         }
     }
 }
@@ -252,7 +263,8 @@ impl Device {
                 | cap_flags::SRQ_RESIZE
                 | cap_flags::UD_AV_PORT_ENFORCE
                 | cap_flags::MEM_WINDOW
-                | cap_flags::MEM_WINDOW_TYPE_2B,
+                | cap_flags::MEM_WINDOW_TYPE_2B
+                | cap_flags::MANAGED_FLOW_STEERING,
             max_sge: limits.max_sge,
             max_sge_rd: limits.max_sge,
             max_cq: limits.max_cq,
@@ -397,6 +409,28 @@ impl Device {
     /// Returns one unit of `r`.
     pub(crate) fn release(&self, r: Resource) {
         self.shared().counts[r as usize].fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Takes `len` bytes of device memory, or fails with ENOMEM when `max_dm_size` would be
+    /// exceeded.
+    pub(crate) fn acquire_dm_bytes(&self, len: u64) -> Result<()> {
+        let limit = self.limits().max_dm_size;
+        self.shared()
+            .dm_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                n.checked_add(len).filter(|&t| t <= limit)
+            })
+            .map(drop)
+            .map_err(|n| {
+                Error::no_resources(format!(
+                    "max_dm_size ({limit}) reached: {n} bytes in use, {len} more requested"
+                ))
+            })
+    }
+
+    /// Returns `len` bytes of device memory.
+    pub(crate) fn release_dm_bytes(&self, len: u64) {
+        self.shared().dm_bytes.fetch_sub(len, Ordering::AcqRel);
     }
 
     /// How many of `r` are in use.

@@ -229,8 +229,8 @@ pub(crate) struct KeyTable {
     windows: RwLock<HashMap<u32, Weak<Mw>>>,
 }
 
-/// Where an access lands: the region's memory, the offset into it, and the virtual address of
-/// the region's first byte.
+/// Where an access lands: the region's memory, the offset into it, and where the region's first
+/// byte is for alignment purposes ([`Mr::align_base`]).
 type Place<'a> = (&'a dyn MemoryBacking, u64, u64);
 
 impl KeyTable {
@@ -288,7 +288,8 @@ impl KeyTable {
         if let Some(mr) = mr {
             let map = mr.mapping().read();
             let offset = resolve_region(&map, key, addr, len)?;
-            return Ok(f((map.backing.as_ref(), offset, map.addr)));
+            let base = mr.align_base_in(&map);
+            return Ok(f((map.backing.as_ref(), offset, base)));
         }
         if !key.access.is_remote() {
             return Err(MemError::BadKey);
@@ -303,7 +304,8 @@ impl KeyTable {
         if offset.checked_add(len).is_none_or(|end| end > map.length) {
             return Err(MemError::OutOfRange);
         }
-        Ok(f((map.backing.as_ref(), offset, map.addr)))
+        let base = mr.align_base_in(&map);
+        Ok(f((map.backing.as_ref(), offset, base)))
     }
 }
 

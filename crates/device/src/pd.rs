@@ -9,8 +9,10 @@ use softverbs_engine::{Error, Result};
 
 use crate::context::Context;
 use crate::device::Resource;
+use crate::dm::{Dm, DmRange};
 use crate::mem::MemoryBacking;
 use crate::sync::UseCount;
+use crate::ufile::UObject;
 
 /// A protection domain (`ibv_alloc_pd`).
 #[derive(Debug)]
@@ -24,11 +26,25 @@ impl Pd {
     /// `ibv_alloc_pd`.
     pub fn alloc(ctx: &Arc<Context>) -> Result<Arc<Self>> {
         ctx.device().acquire(Resource::Pd)?;
-        Ok(Arc::new(Self {
+        let pd = Arc::new(Self {
             ctx: ctx.clone(),
             handle: ctx.next_handle(),
             uses: UseCount::default(),
-        }))
+        });
+        ctx.ufile().publish(pd.handle, UObject::Pd(Arc::downgrade(&pd)));
+        Ok(pd)
+    }
+
+    /// `ibv_import_mr`: the MR `handle` names among the shared objects of this PD's context; it
+    /// must have been registered on this PD. EINVAL otherwise (or if it was deregistered).
+    pub fn import_mr(self: &Arc<Self>, handle: u32) -> Result<Arc<Mr>> {
+        match self.ctx.ufile().lookup(handle) {
+            Some(UObject::Mr(w)) => w
+                .upgrade()
+                .filter(|m| !m.uses.is_retired() && Arc::ptr_eq(&m.pd(), self)),
+            _ => None,
+        }
+        .ok_or_else(|| Error::invalid(format!("handle {handle} names no memory region of this PD")))
     }
 
     /// The context.
@@ -106,6 +122,7 @@ impl Pd {
     /// `ibv_dealloc_pd`: fails with EBUSY, changing nothing, while an MR, QP, SRQ or AH uses it.
     pub fn dealloc(&self) -> Result<()> {
         self.uses.retire("protection domain")?;
+        self.ctx.ufile().withdraw(self.handle);
         self.ctx.device().release(Resource::Pd);
         Ok(())
     }
@@ -177,6 +194,8 @@ impl From<ReregError> for Error {
 #[derive(Debug)]
 pub struct Mr {
     map: RwLock<Mapping>,
+    /// The device memory a region of `ibv_reg_dm_mr` lies in, and its offset there.
+    dm: Option<(Arc<Dm>, u64)>,
     lkey: u32,
     rkey: u32,
     handle: u32,
@@ -211,7 +230,47 @@ impl Mr {
         let access = check_mr_access(access)?;
         let t = Translation { backing, addr, iova };
         check_translation(pd, &t)?;
-        Self::insert(pd, t, access)
+        Self::insert(pd, t, None, access)
+    }
+
+    /// `ibv_reg_dm_mr`: registers `length` bytes of `dm` from `offset`. The region is zero
+    /// based (local and remote addresses are byte offsets into it), so `access` must contain
+    /// `IBV_ACCESS_ZERO_BASED`; EINVAL otherwise, or if the range is outside the DM or the DM
+    /// was freed.
+    pub fn register_dm(
+        pd: &Arc<Pd>,
+        dm: &Arc<Dm>,
+        offset: u64,
+        length: u64,
+        access: u32,
+    ) -> Result<Arc<Self>> {
+        let access = check_mr_access(access)?;
+        if !access.contains(AccessFlags::ZERO_BASED) {
+            return Err(Error::invalid(
+                "device memory registrations are zero based: IBV_ACCESS_ZERO_BASED is required",
+            ));
+        }
+        if !pd.context().device().eq(dm.context().device()) {
+            return Err(Error::invalid("the device memory belongs to another device"));
+        }
+        if offset.checked_add(length).is_none_or(|end| end > dm.length()) {
+            return Err(Error::invalid(format!(
+                "{length} bytes at offset {offset} are outside the {}-byte device memory",
+                dm.length()
+            )));
+        }
+        let t = Translation {
+            backing: Arc::new(DmRange::new(dm.clone(), offset, length)),
+            addr: 0,
+            iova: 0,
+        };
+        check_translation(pd, &t)?;
+        dm.uses().acquire("device memory")?;
+        let r = Self::insert(pd, t, Some((dm.clone(), offset)), access);
+        if r.is_err() {
+            dm.uses().release();
+        }
+        r
     }
 
     /// Implicit on-demand paging (`ibv_reg_mr(pd, NULL, SIZE_MAX, ...|IBV_ACCESS_ON_DEMAND)`):
@@ -239,10 +298,15 @@ impl Mr {
             addr: 0,
             iova: 0,
         };
-        Self::insert(pd, t, flags)
+        Self::insert(pd, t, None, flags)
     }
 
-    fn insert(pd: &Arc<Pd>, t: Translation, access: AccessFlags) -> Result<Arc<Self>> {
+    fn insert(
+        pd: &Arc<Pd>,
+        t: Translation,
+        dm: Option<(Arc<Dm>, u64)>,
+        access: AccessFlags,
+    ) -> Result<Arc<Self>> {
         let device = pd.context().device();
         pd.uses.acquire("protection domain")?;
         if let Err(e) = device.acquire(Resource::Mr) {
@@ -260,12 +324,16 @@ impl Mr {
                 iova: t.iova,
                 access,
             }),
+            dm,
             lkey,
             rkey,
             handle: pd.context().next_handle(),
             uses: UseCount::default(),
         });
         device.node().keys.insert(&mr);
+        pd.context()
+            .ufile()
+            .publish(mr.handle, UObject::Mr(Arc::downgrade(&mr)));
         Ok(mr)
     }
 
@@ -312,6 +380,22 @@ impl Mr {
     /// Handle (`ibv_mr.handle`).
     pub fn handle(&self) -> u32 {
         self.handle
+    }
+
+    /// The device memory the region lies in (`ibv_reg_dm_mr`), if any.
+    pub fn dm(&self) -> Option<&Arc<Dm>> {
+        self.dm.as_ref().map(|(d, _)| d)
+    }
+
+    /// Where the region's first byte is for alignment purposes (atomics need 8-byte aligned
+    /// memory): its address, or for device memory its offset in the DM.
+    pub fn align_base(&self) -> u64 {
+        self.align_base_in(&self.map.read())
+    }
+
+    /// [`Mr::align_base`] under a lock already held.
+    pub(crate) fn align_base_in(&self, map: &Mapping) -> u64 {
+        self.dm.as_ref().map_or(map.addr, |(_, off)| *off)
     }
 
     pub(crate) fn mapping(&self) -> &RwLock<Mapping> {
@@ -395,6 +479,11 @@ impl Mr {
                 return Err(Command(Error::invalid("the PD belongs to another device")));
             }
         }
+        if translation.is_some() && self.dm.is_some() {
+            return Err(Command(Error::not_supported(
+                "a region of device memory cannot be given another translation",
+            )));
+        }
         let pd_for_checks = new_pd.unwrap_or(&map.pd).clone();
         if let Some(t) = &translation {
             check_translation(&pd_for_checks, t).map_err(Command)?;
@@ -426,12 +515,16 @@ impl Mr {
         device.free_key(self.rkey);
         device.release(Resource::Mr);
         map.pd.uses.release();
+        if let Some((dm, _)) = &self.dm {
+            dm.uses().release();
+        }
     }
 
     /// `ibv_dereg_mr`: EBUSY, changing nothing, while memory windows are bound to the region
     /// (`ibv_alloc_mw(3)`).
     pub fn dereg(&self) -> Result<()> {
         self.uses.retire("memory region")?;
+        self.pd().context().ufile().withdraw(self.handle);
         self.teardown();
         Ok(())
     }

@@ -51,15 +51,16 @@ pub enum Error {
     /// The object is still in use by another object (EBUSY).
     #[error("resource busy: {0}")]
     Busy(Cow<'static, str>),
-    /// Objects of different protection domains were combined (EPERM).
-    #[error("operation not permitted: {0}")]
-    PermissionDenied(Cow<'static, str>),
     /// A device limit or memory was exhausted (ENOMEM).
     #[error("out of resources: {0}")]
     NoResources(Cow<'static, str>),
     /// The device does not implement this (EOPNOTSUPP).
     #[error("operation not supported: {0}")]
     NotSupported(Cow<'static, str>),
+    /// The caller lacks a needed capability, such as CAP_NET_RAW for raw packet QPs, or combined
+    /// objects of different protection domains (EPERM).
+    #[error("operation not permitted: {0}")]
+    PermissionDenied(Cow<'static, str>),
     /// A non-blocking call found nothing to return (EAGAIN).
     #[error("would block")]
     WouldBlock,
@@ -102,9 +103,9 @@ impl Error {
         match self {
             Self::InvalidArgument(_) | Self::ModifyQp(_) => Errno::EINVAL.raw(),
             Self::Busy(_) => Errno::EBUSY.raw(),
-            Self::PermissionDenied(_) => Errno::EPERM.raw(),
             Self::NoResources(_) => Errno::ENOMEM.raw(),
             Self::NotSupported(_) => Errno::EOPNOTSUPP.raw(),
+            Self::PermissionDenied(_) => Errno::EPERM.raw(),
             Self::WouldBlock => Errno::EAGAIN.raw(),
             Self::NoDevice(_) => Errno::ENODEV.raw(),
             Self::Io(e) => e.raw_os_error().unwrap_or(Errno::EINVAL.raw()),

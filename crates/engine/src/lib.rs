@@ -17,8 +17,10 @@ pub mod memory;
 pub mod mw;
 pub mod qp_state;
 pub mod rate;
+pub mod steering;
 pub mod time;
 pub mod transport;
+pub mod tso;
 pub mod types;
 pub mod wr;
 

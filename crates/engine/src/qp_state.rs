@@ -26,10 +26,13 @@ pub fn transition_masks(qp_type: QpType, from: QpState, to: QpState) -> Option<T
 
     let none = M::empty();
     let masks = |required: M, optional: M| Some(TransitionMasks { required, optional });
+    if qp_type == RawPacket {
+        return raw_transition_masks(from, to);
+    }
     let by_type = |ud: M, uc: M, rc: M| match qp_type {
         Ud => ud,
         Uc => uc,
-        Rc => rc,
+        Rc | RawPacket => rc,
     };
 
     match (from, to) {
@@ -107,8 +110,24 @@ pub fn transition_masks(qp_type: QpType, from: QpState, to: QpState) -> Option<T
         (Sqe, Rts) => match qp_type {
             Ud => masks(none, M::CUR_STATE | M::QKEY),
             Uc => masks(none, M::CUR_STATE | M::ACCESS_FLAGS),
-            Rc => None,
+            Rc | RawPacket => None,
         },
+        _ => None,
+    }
+}
+
+/// The raw packet rows of the kernel's table: RESET->INIT names the port, the other steps only
+/// the state (a rate limit may be set from RTR on); a raw QP has no SQD or SQE.
+fn raw_transition_masks(from: QpState, to: QpState) -> Option<TransitionMasks> {
+    use QpAttrMask as M;
+    use QpState::*;
+    let masks = |required: M, optional: M| Some(TransitionMasks { required, optional });
+    match (from, to) {
+        (_, Reset) | (_, Err) => masks(M::empty(), M::empty()),
+        (Reset, Init) => masks(M::PORT, M::empty()),
+        (Init, Init) => masks(M::empty(), M::PORT),
+        (Init, Rtr) => masks(M::empty(), M::empty()),
+        (Rtr, Rts) | (Rts, Rts) => masks(M::empty(), M::RATE_LIMIT),
         _ => None,
     }
 }

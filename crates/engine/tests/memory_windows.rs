@@ -572,6 +572,7 @@ fn binds_carry_no_data_and_are_refused_on_ud() {
         max_msg_sz: 1 << 31,
         ud_mtu: 1024,
         max_rd_atomic: 1,
+        max_tso_header: 0,
     };
     assert_eq!(wr.check(&limits).unwrap_err().errno(), 22);
     let inv = local_inv(2, mw);

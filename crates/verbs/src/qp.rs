@@ -56,6 +56,8 @@ pub(crate) struct QpInner {
     _send_cq: CompletionQueue,
     _recv_cq: CompletionQueue,
     _srq: Option<SharedReceiveQueue>,
+    /// Created through a parent domain: keeps it busy.
+    _domain: Option<core::DomainUse>,
 }
 
 impl Drop for QpInner {
@@ -78,6 +80,11 @@ pub struct QueuePair(pub(crate) Arc<QpInner>);
 
 impl QueuePair {
     pub(crate) fn create(pd: &ProtectionDomain, init: &QpInit<'_>) -> Result<Self> {
+        Self::create_with(pd, init, 0)
+    }
+
+    /// [`QueuePair::create`] with a `max_tso_header` (raw packet QPs).
+    pub(crate) fn create_with(pd: &ProtectionDomain, init: &QpInit<'_>, max_tso_header: u16) -> Result<Self> {
         let core_init = core::QpInitAttr {
             qp_type: init.qp_type,
             send_cq: init.send_cq.core().clone(),
@@ -85,9 +92,12 @@ impl QueuePair {
             srq: init.srq.map(|s| s.0.core.clone()),
             cap: init.cap,
             sq_sig_all: init.sq_sig_all,
+            max_tso_header,
         };
-        let core = core::Qp::create(pd.core(), &core_init)?;
+        let domain = pd.parent_core().map(|d| d.hold()).transpose()?;
+        let core = core::Qp::create_in(pd.context().core(), pd.core(), &core_init)?;
         let inner = Arc::new(QpInner {
+            _domain: domain,
             core,
             pd: pd.clone(),
             _send_cq: init.send_cq.clone(),

@@ -92,6 +92,14 @@ pub(crate) fn gather(
             dst.copy_from_slice(&b[start..start + dst.len()]);
             Ok(())
         }
+        Payload::Headed { header, sges } => {
+            // The header, then the gather list, as one byte stream.
+            let start = (offset as usize).min(header.len());
+            let n = (header.len() - start).min(dst.len());
+            dst[..n].copy_from_slice(&header[start..start + n]);
+            let rest = offset.saturating_sub(header.len() as u64);
+            gather(mem, (pd, qpn), &Payload::Sges(sges.clone()), rest, &mut dst[n..])
+        }
         Payload::Sges(sges) => {
             let mut skip = offset;
             let mut done = 0;
@@ -153,7 +161,8 @@ impl QpEngine {
         match self.cfg.qp_type {
             QpType::Rc => Transport::Rc,
             QpType::Uc => Transport::Uc,
-            QpType::Ud => Transport::Ud,
+            // Raw QPs build no transport headers (see `generate_raw`).
+            QpType::Ud | QpType::RawPacket => Transport::Ud,
         }
     }
 
@@ -223,6 +232,9 @@ impl QpEngine {
 
     /// Generates at most one request packet into `out`.
     pub(crate) fn generate(&mut self, now: Instant, mem: &dyn Memory) {
+        if self.cfg.qp_type == QpType::RawPacket {
+            return self.generate_raw(mem);
+        }
         let (idx, rerequest) = match self.pending_rerequest() {
             Some(idx) => (idx, true),
             None if self.can_start_or_continue() => (self.next_send_index(), false),
@@ -298,6 +310,8 @@ impl QpEngine {
             SendOp::FetchAdd { .. } => (Some(Opcode::RcFetchAdd), 0),
             // Executed by `execute_local` above, never sent.
             SendOp::BindMw(_) | SendOp::LocalInv { .. } => (None, 0),
+            // Raw packet QPs only, which never get here (`generate_raw`).
+            SendOp::Tso { .. } => (None, 0),
             SendOp::AtomicWrite { .. } => (Some(Opcode::RcAtomicWrite), 8),
             SendOp::Flush { .. } => (Some(Opcode::RcFlush), 0),
         };
@@ -362,7 +376,7 @@ impl QpEngine {
                     compare: 0,
                 });
             }
-            SendOp::BindMw(_) | SendOp::LocalInv { .. } => {}
+            SendOp::BindMw(_) | SendOp::LocalInv { .. } | SendOp::Tso { .. } => {}
             SendOp::AtomicWrite { remote, .. } => {
                 repr.reth = Some(RethRepr {
                     va: remote.addr,
@@ -454,7 +468,7 @@ impl QpEngine {
                 }
             }
             // Unreliable: the WQE is done once its last packet is out.
-            QpType::Uc | QpType::Ud => {
+            QpType::Uc | QpType::Ud | QpType::RawPacket => {
                 if fully_sent {
                     let w = self.sq.pop_front().expect("sending the front WQE");
                     self.req.unacked = self.req.next_psn;
@@ -496,7 +510,8 @@ impl QpEngine {
                     self.pop_completed();
                 }
             }
-            QpType::Uc | QpType::Ud => {
+            // Unreliable: done at once (binds are refused on UD and raw QPs at post time).
+            QpType::Uc | QpType::Ud | QpType::RawPacket => {
                 let w = self.sq.pop_front().expect("executing the front WQE");
                 self.complete_send(&w, WcStatus::Success);
             }

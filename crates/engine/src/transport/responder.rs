@@ -163,6 +163,7 @@ impl QpEngine {
             QpType::Ud => self.ud_request(pkt, meta, mem, &mut srq),
             QpType::Uc => self.uc_request(pkt, mem, &mut srq),
             QpType::Rc => self.rc_request(now, pkt, mem, &mut srq),
+            QpType::RawPacket => Err(DropReason::WrongTransport),
         };
         if result.is_ok() && self.state == QpState::Rtr && !self.resp.comm_est_sent {
             self.resp.comm_est_sent = true;

@@ -945,6 +945,7 @@ impl Sim {
                 .attr
                 .max_rd_atomic
                 .max(u8::from(qp.engine.config().qp_type != QpType::Rc)),
+            max_tso_header: 0,
         };
         wr.check(&limits)
             .unwrap_or_else(|e| panic!("post_send {id:?}: {e}"));
