@@ -884,6 +884,8 @@ impl Qp {
 
     fn teardown(&self) {
         let device = self.context().device();
+        // Type 2 windows bound to this QP die with it, before its number can be reused.
+        device.node().keys.release_qp_windows(self.qpn);
         let groups: Vec<Gid> = self.inner.lock().mcast.drain().collect();
         if !groups.is_empty() {
             let mut table = device.node().mcast.lock();

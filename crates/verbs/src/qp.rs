@@ -112,6 +112,10 @@ impl QueuePair {
         Ok(Self(inner))
     }
 
+    pub(crate) fn core(&self) -> &Arc<core::Qp> {
+        &self.0.core
+    }
+
     /// The QP number.
     pub fn qp_num(&self) -> u32 {
         self.0.core.qpn()

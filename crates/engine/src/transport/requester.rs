@@ -77,7 +77,7 @@ pub(crate) fn packets(len: u64, mtu: u32) -> u32 {
 /// Copies `dst.len()` bytes starting `offset` bytes into the gather list.
 pub(crate) fn gather(
     mem: &dyn Memory,
-    pd: u32,
+    (pd, qpn): (u32, u32),
     payload: &Payload,
     offset: u64,
     dst: &mut [u8],
@@ -98,7 +98,7 @@ pub(crate) fn gather(
             let n = (header.len() - start).min(dst.len());
             dst[..n].copy_from_slice(&header[start..start + n]);
             let rest = offset.saturating_sub(header.len() as u64);
-            gather(mem, pd, &Payload::Sges(sges.clone()), rest, &mut dst[n..])
+            gather(mem, (pd, qpn), &Payload::Sges(sges.clone()), rest, &mut dst[n..])
         }
         Payload::Sges(sges) => {
             let mut skip = offset;
@@ -113,6 +113,7 @@ pub(crate) fn gather(
                 let key = KeyRef {
                     key: sge.lkey,
                     pd,
+                    qpn,
                     access: Access::LocalRead,
                 };
                 mem.read(key, sge.addr + skip, &mut dst[done..done + take])?;
@@ -244,6 +245,10 @@ impl QpEngine {
         } else {
             self.mtu()
         };
+        if !rerequest && self.sq[idx].wr.op.is_local() {
+            self.execute_local(idx, mem);
+            return;
+        }
         if rerequest {
             self.sq[idx].rereq = false;
             self.req.rereq_pending -= 1;
@@ -303,6 +308,8 @@ impl QpEngine {
             SendOp::Read { .. } => (Some(Opcode::RcReadRequest), 0),
             SendOp::CompareSwap { .. } => (Some(Opcode::RcCompareSwap), 0),
             SendOp::FetchAdd { .. } => (Some(Opcode::RcFetchAdd), 0),
+            // Executed by `execute_local` above, never sent.
+            SendOp::BindMw(_) | SendOp::LocalInv { .. } => (None, 0),
             // Raw packet QPs only, which never get here (`generate_raw`).
             SendOp::Tso { .. } => (None, 0),
             SendOp::AtomicWrite { .. } => (Some(Opcode::RcAtomicWrite), 8),
@@ -369,7 +376,7 @@ impl QpEngine {
                     compare: 0,
                 });
             }
-            SendOp::Tso { .. } => {}
+            SendOp::BindMw(_) | SendOp::LocalInv { .. } | SendOp::Tso { .. } => {}
             SendOp::AtomicWrite { remote, .. } => {
                 repr.reth = Some(RethRepr {
                     va: remote.addr,
@@ -431,7 +438,7 @@ impl QpEngine {
                 buf.copy_from_slice(&value);
                 Ok(())
             }
-            _ => gather(mem, self.cfg.pd, &w.wr.payload, offset, buf),
+            _ => gather(mem, (self.cfg.pd, self.cfg.qpn), &w.wr.payload, offset, buf),
         });
         let tx = match built {
             Ok(tx) => tx,
@@ -470,6 +477,46 @@ impl QpEngine {
                 }
             }
         }
+    }
+
+    /// Executes the bind or local invalidate at `idx`, which the requester has reached: it
+    /// takes no PSN and sends nothing, but completes in posting order like every WQE. A failed
+    /// bind completes with `IBV_WC_MW_BIND_ERR`, a failed invalidate with
+    /// `IBV_WC_LOC_QP_OP_ERR`, and the QP moves to ERR (as rxe).
+    fn execute_local(&mut self, idx: usize, mem: &dyn Memory) {
+        let (qpn, pd) = (self.cfg.qpn, self.cfg.pd);
+        self.req.send_idx = idx;
+        let next_psn = self.req.next_psn;
+        let w = &mut self.sq[idx];
+        w.started = true;
+        w.npsn = 0;
+        w.first_psn = next_psn;
+        let result = match w.wr.op {
+            SendOp::BindMw(bind) => mem.bind_mw(qpn, pd, &bind).map_err(|_| WcStatus::MwBindErr),
+            SendOp::LocalInv { rkey } => mem.invalidate(qpn, pd, rkey).map_err(|_| WcStatus::LocQpOpErr),
+            _ => unreachable!("only local operations are executed here"),
+        };
+        if let Err(status) = result {
+            self.fail_wqe(idx, status);
+            return;
+        }
+        self.sq[idx].done = true;
+        match self.cfg.qp_type {
+            QpType::Rc => {
+                self.req.send_idx += 1;
+                // Completions leave in posting order: it completes now only if nothing before
+                // it waits for an acknowledgement; otherwise the ACK that finishes those does.
+                while self.sq.front().is_some_and(|w| w.done) {
+                    self.pop_completed();
+                }
+            }
+            // Unreliable: done at once (binds are refused on UD and raw QPs at post time).
+            QpType::Uc | QpType::Ud | QpType::RawPacket => {
+                let w = self.sq.pop_front().expect("executing the front WQE");
+                self.complete_send(&w, WcStatus::Success);
+            }
+        }
+        self.check_drained();
     }
 
     /// Completes a send WQE, with a completion if signaled or unsuccessful.

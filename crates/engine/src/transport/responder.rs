@@ -196,7 +196,7 @@ impl QpEngine {
             meta.hop_limit,
             pkt.repr.buffer_len(),
         );
-        let pd = self.cfg.pd;
+        let pd = (self.cfg.pd, self.cfg.qpn);
         let result = scatter_sges(mem, pd, &wqe.sg_list, 0, &grh)
             .and_then(|()| scatter_sges(mem, pd, &wqe.sg_list, 40, pkt.payload));
         let mut wc = WorkCompletion::error(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.cfg.qpn);
@@ -404,6 +404,7 @@ impl QpEngine {
                     let key = KeyRef {
                         key: reth.rkey,
                         pd: self.cfg.pd,
+                        qpn: self.cfg.qpn,
                         access: Access::RemoteWrite,
                     };
                     mem.check(key, reth.va, total)
@@ -442,6 +443,7 @@ impl QpEngine {
                 let key = KeyRef {
                     key: rkey,
                     pd: self.cfg.pd,
+                    qpn: self.cfg.qpn,
                     access: Access::RemoteWrite,
                 };
                 if mem.write(key, va + offset, pkt.payload).is_err() {
@@ -500,7 +502,13 @@ impl QpEngine {
             unreachable!()
         };
         if let Some((range, at)) = place.window(*offset, len) {
-            match scatter_sges(mem, self.cfg.pd, &place.wqe.sg_list, at, &pkt.payload[range]) {
+            match scatter_sges(
+                mem,
+                (self.cfg.pd, self.cfg.qpn),
+                &place.wqe.sg_list,
+                at,
+                &pkt.payload[range],
+            ) {
                 Ok(()) => {}
                 Err(ScatterError::Length) => {
                     return Err(Outcome::Fatal(Fatal {
@@ -520,6 +528,15 @@ impl QpEngine {
         }
         *offset += len;
         if opcode.ends_message() {
+            if let Some(ieth) = pkt.repr.ieth {
+                // The window is invalidated before the receive completes, so that a consumer who
+                // sees the completion can rely on the peer having lost access (IBTA 9.4.1.1.3).
+                // A key that cannot be invalidated is an invalid request (class J): the receive
+                // completes in error and the QP moves to ERR.
+                if mem.invalidate(self.cfg.qpn, self.cfg.pd, ieth.rkey).is_err() {
+                    return Err(Outcome::Fatal(INVALID_REQUEST));
+                }
+            }
             let Progress::Send { place, offset } = std::mem::take(&mut self.resp.progress) else {
                 unreachable!()
             };
@@ -557,6 +574,7 @@ impl QpEngine {
             let key = KeyRef {
                 key: reth.rkey,
                 pd: self.cfg.pd,
+                qpn: self.cfg.qpn,
                 access: Access::RemoteRead,
             };
             mem.check(key, reth.va, len)
@@ -599,6 +617,7 @@ impl QpEngine {
         let key = KeyRef {
             key: a.rkey,
             pd: self.cfg.pd,
+            qpn: self.cfg.qpn,
             access: Access::RemoteAtomic,
         };
         let orig = match mem.atomic(key, a.va, op) {
@@ -639,6 +658,7 @@ impl QpEngine {
             let key = KeyRef {
                 key: reth.rkey,
                 pd: self.cfg.pd,
+                qpn: self.cfg.qpn,
                 access: Access::RemoteWrite,
             };
             let op = AtomicOp::Store {
@@ -664,6 +684,7 @@ impl QpEngine {
             let key = KeyRef {
                 key: reth.rkey,
                 pd: self.cfg.pd,
+                qpn: self.cfg.qpn,
                 access: Access::Flush(placement),
             };
             let whole = feth.selectivity == softverbs_wire::feth::SELECT_MR;
@@ -802,6 +823,7 @@ impl QpEngine {
             let key = KeyRef {
                 key: rkey,
                 pd: self.cfg.pd,
+                qpn: self.cfg.qpn,
                 access: Access::RemoteRead,
             };
             let built = build(&repr, dest, |buf| {

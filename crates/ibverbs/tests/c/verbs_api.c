@@ -284,9 +284,10 @@ static void test_rc_and_events(void)
 		      wc[0].opcode == IBV_WC_RDMA_WRITE && !strcmp(mem + 2048, "written remotely"),
 	      "RDMA WRITE");
 
-	uint32_t old_rkey = mr->rkey;
+	uint32_t old_rkey = mr->rkey, old_lkey = mr->lkey;
 	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE) == 0 &&
-		      mr->rkey != old_rkey && mr->addr == mem, "ibv_rereg_mr changes the access and keys");
+		      mr->rkey == old_rkey && mr->lkey == old_lkey && mr->addr == mem,
+	      "ibv_rereg_mr changes the access and keeps the keys");
 	w.wr.rdma.rkey = mr->rkey;
 	ws.lkey = mr->lkey;
 	CHECK(ibv_post_send(a, &w, &bad_s) == 0 && poll_one(cq, wc) && wc[0].status == IBV_WC_REM_ACCESS_ERR,
@@ -298,6 +299,298 @@ static void test_rc_and_events(void)
 	CHECK(ibv_destroy_cq(cq) == 0 && ibv_destroy_comp_channel(ch) == 0, "ibv_destroy_cq, channel");
 	CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr");
 	free(mem);
+}
+
+/* Two fresh RC QPs of `pd` on `cq`, connected to each other. */
+static void rc_pair(struct ibv_cq *cq, struct ibv_qp **a, struct ibv_qp **b)
+{
+	*a = make_qp(cq, IBV_QPT_RC, NULL);
+	*b = make_qp(cq, IBV_QPT_RC, NULL);
+	REQUIRE(*a && *b && connect_qp(*a, (*b)->qp_num) == 0 && connect_qp(*b, (*a)->qp_num) == 0,
+		"RC QP pair to RTS");
+}
+
+/* Posts one signaled WR on `qp` and polls its completion into `wc`. */
+static int post_and_poll(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_cq *cq, struct ibv_wc *wc)
+{
+	struct ibv_send_wr *bad;
+	wr->send_flags |= IBV_SEND_SIGNALED;
+	return ibv_post_send(qp, wr, &bad) == 0 && poll_one(cq, wc) == 1;
+}
+
+static void test_memory_windows(void)
+{
+	struct ibv_device_attr da;
+	REQUIRE(ibv_query_device(ctx, &da) == 0, "ibv_query_device");
+	CHECK(da.max_mw > 0 && (da.device_cap_flags & IBV_DEVICE_MEM_WINDOW) &&
+		      (da.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B),
+	      "max_mw > 0 and IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B");
+	char *mem = calloc(1, 8192), *src = calloc(1, 4096);
+	struct ibv_mr *mr = ibv_reg_mr(pd, mem, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	struct ibv_mr *smr = ibv_reg_mr(pd, src, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	REQUIRE(mr && smr && cq, "memory window setup");
+	struct ibv_qp *a, *b;
+	struct ibv_wc wc;
+	struct ibv_send_wr *bad;
+	rc_pair(cq, &a, &b);
+
+	/* Type 2: allocated free, bound by IBV_WR_BIND_MW, used, invalidated by LOCAL_INV. */
+	struct ibv_mw *mw2 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+	REQUIRE(mw2 && mw2->pd == pd && mw2->context == ctx && mw2->type == IBV_MW_TYPE_2, "ibv_alloc_mw type 2");
+	CHECK_NULL_ERR(ibv_alloc_mw(pd, 3), EINVAL, "ibv_alloc_mw of an unknown type");
+	uint32_t rkey2 = ibv_inc_rkey(mw2->rkey);
+	CHECK(rkey2 >> 8 == mw2->rkey >> 8 && rkey2 != mw2->rkey, "ibv_inc_rkey changes only the tag");
+	struct ibv_send_wr bw = {
+		.wr_id = 1, .opcode = IBV_WR_BIND_MW,
+		.bind_mw = { .mw = mw2, .rkey = rkey2,
+			     .bind_info = { .mr = mr, .addr = (uintptr_t)mem + 4096, .length = 4096,
+					    .mw_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ } },
+	};
+	CHECK(post_and_poll(b, &bw, cq, &wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW &&
+		      wc.wr_id == 1, "IBV_WR_BIND_MW completes with IBV_WC_BIND_MW");
+	CHECK_ERR(ibv_dereg_mr(mr), EBUSY, "ibv_dereg_mr while a window is bound");
+	errno = 0;
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND | IBV_ACCESS_REMOTE_READ) ==
+			      IBV_REREG_MR_ERR_CMD && errno == EBUSY,
+	      "ibv_rereg_mr while a window is bound: IBV_REREG_MR_ERR_CMD, EBUSY");
+	strcpy(src, "through the window");
+	struct ibv_sge s = { .addr = (uintptr_t)src, .length = 19, .lkey = smr->lkey };
+	struct ibv_send_wr w = { .wr_id = 2, .sg_list = &s, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+				 .wr.rdma = { .remote_addr = (uintptr_t)mem + 4196, .rkey = rkey2 } };
+	CHECK(post_and_poll(a, &w, cq, &wc) && wc.status == IBV_WC_SUCCESS && !strcmp(mem + 4196, "through the window"),
+	      "RDMA WRITE through a bound type 2 window");
+	struct ibv_send_wr r = { .wr_id = 3, .sg_list = &s, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
+				 .wr.rdma = { .remote_addr = (uintptr_t)mem + 4196, .rkey = rkey2 } };
+	memset(src, 0, 32);
+	CHECK(post_and_poll(a, &r, cq, &wc) && wc.status == IBV_WC_SUCCESS && !strcmp(src, "through the window"),
+	      "RDMA READ through a bound type 2 window");
+	struct ibv_send_wr inv = { .wr_id = 4, .opcode = IBV_WR_LOCAL_INV, .invalidate_rkey = rkey2 };
+	CHECK(post_and_poll(b, &inv, cq, &wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_LOCAL_INV,
+	      "IBV_WR_LOCAL_INV completes with IBV_WC_LOCAL_INV");
+	strcpy(src, "XXXXXXXX");
+	w.wr_id = 5;
+	CHECK(post_and_poll(a, &w, cq, &wc) && wc.status == IBV_WC_REM_ACCESS_ERR &&
+		      !strcmp(mem + 4196, "through the window"),
+	      "a WRITE after LOCAL_INV: IBV_WC_REM_ACCESS_ERR, memory untouched");
+	CHECK(ibv_dereg_mr(smr) == 0 && (smr = ibv_reg_mr(pd, src, 4096, IBV_ACCESS_LOCAL_WRITE)),
+	      "regions without windows deregister");
+	s.lkey = smr->lkey;
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+
+	/* SEND with Invalidate frees the window before the receive completes. */
+	rc_pair(cq, &a, &b);
+	bw.bind_mw.rkey = rkey2 = ibv_inc_rkey(rkey2);
+	CHECK(post_and_poll(b, &bw, cq, &wc) && wc.status == IBV_WC_SUCCESS, "a freed type 2 window binds again");
+	struct ibv_sge rs = { .addr = (uintptr_t)mem, .length = 64, .lkey = mr->lkey };
+	struct ibv_recv_wr rwr = { .wr_id = 20, .sg_list = &rs, .num_sge = 1 }, *bad_r;
+	REQUIRE(ibv_post_recv(b, &rwr, &bad_r) == 0, "ibv_post_recv");
+	struct ibv_send_wr si = { .wr_id = 6, .sg_list = &s, .num_sge = 1, .opcode = IBV_WR_SEND_WITH_INV,
+				  .send_flags = IBV_SEND_SIGNALED,
+				  .invalidate_rkey = rkey2 };
+	int send_ok = 0, recv_ok = 0;
+	if (ibv_post_send(a, &si, &bad) == 0)
+		for (int i = 0; i < 2 && poll_one(cq, &wc); i++) {
+			if (wc.wr_id == 6)
+				send_ok = wc.status == IBV_WC_SUCCESS;
+			if (wc.wr_id == 20)
+				recv_ok = wc.status == IBV_WC_SUCCESS && (wc.wc_flags & IBV_WC_WITH_INV) &&
+					  wc.invalidated_rkey == rkey2;
+		}
+	CHECK(send_ok && recv_ok, "SEND_WITH_INV: IBV_WC_WITH_INV and invalidated_rkey in the receive");
+	w.wr_id = 7;
+	CHECK(post_and_poll(a, &w, cq, &wc) && wc.status == IBV_WC_REM_ACCESS_ERR &&
+		      !strcmp(mem + 4196, "through the window"),
+	      "a WRITE after SEND_WITH_INV: IBV_WC_REM_ACCESS_ERR, memory untouched");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+
+	/* Type 1: ibv_bind_mw, its inline checks, and unbinding. */
+	rc_pair(cq, &a, &b);
+	struct ibv_mw *mw1 = ibv_alloc_mw(pd, IBV_MW_TYPE_1);
+	REQUIRE(mw1 && mw1->type == IBV_MW_TYPE_1, "ibv_alloc_mw type 1");
+	struct ibv_mw_bind mb = { .wr_id = 8, .send_flags = IBV_SEND_SIGNALED,
+				  .bind_info = { .mr = mr, .addr = (uintptr_t)mem, .length = 4096,
+						 .mw_access_flags = IBV_ACCESS_REMOTE_READ } };
+	CHECK(ibv_bind_mw(b, mw2, &mb) == EINVAL, "ibv_bind_mw of a type 2 window: EINVAL");
+	struct ibv_mw_bind nomr = mb;
+	nomr.bind_info.mr = NULL;
+	CHECK(ibv_bind_mw(b, mw1, &nomr) == EINVAL, "ibv_bind_mw with an address but no MR: EINVAL");
+	struct ibv_pd *pd2 = ibv_alloc_pd(ctx);
+	struct ibv_mr *mr_pd2 = ibv_reg_mr(pd2, src, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	struct ibv_mw_bind other = mb;
+	other.bind_info.mr = mr_pd2;
+	other.bind_info.addr = (uintptr_t)src;
+	other.bind_info.length = 64;
+	CHECK(ibv_bind_mw(b, mw1, &other) == EPERM, "ibv_bind_mw with an MR of another PD: EPERM");
+	uint32_t before = mw1->rkey;
+	strcpy(mem + 10, "type one");
+	CHECK(ibv_bind_mw(b, mw1, &mb) == 0 && mw1->rkey == ibv_inc_rkey(before) && poll_one(cq, &wc) &&
+		      wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW && wc.wr_id == 8,
+	      "ibv_bind_mw: mw->rkey = ibv_inc_rkey(old) at post time, then IBV_WC_BIND_MW");
+	r.wr.rdma.remote_addr = (uintptr_t)mem + 10;
+	r.wr.rdma.rkey = mw1->rkey;
+	r.wr_id = 9;
+	memset(src, 0, 16);
+	CHECK(post_and_poll(a, &r, cq, &wc) && wc.status == IBV_WC_SUCCESS && !strcmp(src, "type one"),
+	      "RDMA READ through a type 1 window");
+	struct ibv_send_wr inv1 = { .wr_id = 10, .opcode = IBV_WR_LOCAL_INV, .invalidate_rkey = mw1->rkey };
+	CHECK(post_and_poll(b, &inv1, cq, &wc) && wc.status == IBV_WC_LOC_QP_OP_ERR && wc.opcode == IBV_WC_LOCAL_INV,
+	      "LOCAL_INV of a type 1 window: IBV_WC_LOC_QP_OP_ERR");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	rc_pair(cq, &a, &b);
+	struct ibv_mw_bind unbind = { .wr_id = 11, .send_flags = IBV_SEND_SIGNALED };
+	CHECK(ibv_bind_mw(b, mw1, &unbind) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS,
+	      "ibv_bind_mw with no MR and length 0 unbinds");
+	r.wr_id = 12;
+	CHECK(post_and_poll(a, &r, cq, &wc) && wc.status == IBV_WC_REM_ACCESS_ERR,
+	      "a READ through an unbound type 1 window: IBV_WC_REM_ACCESS_ERR");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+
+	/* A bind that breaks a rule: IBV_WC_MW_BIND_ERR, and the QP fails. */
+	rc_pair(cq, &a, &b);
+	bw.bind_mw.rkey = rkey2 = ibv_inc_rkey(rkey2);
+	bw.bind_mw.bind_info.length = 8192; /* beyond the region */
+	bw.wr_id = 13;
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	CHECK(post_and_poll(b, &bw, cq, &wc) && wc.status == IBV_WC_MW_BIND_ERR &&
+		      ibv_query_qp(b, &qa, IBV_QP_STATE, &qi) == 0 && qa.qp_state == IBV_QPS_ERR,
+	      "a window beyond its region: IBV_WC_MW_BIND_ERR, QP in ERR");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+
+	/* ibv_wr_bind_mw and ibv_wr_local_inv on an extended QP. */
+	struct ibv_qp_init_attr_ex qx_attr = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .pd = pd,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1 },
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.send_ops_flags = IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_RDMA_WRITE,
+	};
+	a = ibv_create_qp_ex(ctx, &qx_attr);
+	b = ibv_create_qp_ex(ctx, &qx_attr);
+	REQUIRE(a && b && connect_qp(a, b->qp_num) == 0 && connect_qp(b, a->qp_num) == 0,
+		"extended QPs with IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV");
+	struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(b);
+	struct ibv_mw_bind_info bi = { .mr = mr, .addr = (uintptr_t)mem, .length = 128,
+				       .mw_access_flags = IBV_ACCESS_REMOTE_WRITE };
+	rkey2 = ibv_inc_rkey(rkey2);
+	ibv_wr_start(qx);
+	qx->wr_id = 14;
+	qx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_bind_mw(qx, mw2, rkey2, &bi);
+	CHECK(ibv_wr_complete(qx) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS &&
+		      wc.opcode == IBV_WC_BIND_MW && wc.wr_id == 14,
+	      "ibv_wr_bind_mw");
+	w.wr_id = 15;
+	w.wr.rdma.remote_addr = (uintptr_t)mem + 64;
+	w.wr.rdma.rkey = rkey2;
+	strcpy(src, "wr api");
+	CHECK(post_and_poll(a, &w, cq, &wc) && wc.status == IBV_WC_SUCCESS && !strcmp(mem + 64, "wr api"),
+	      "RDMA WRITE through a window bound by ibv_wr_bind_mw");
+	ibv_wr_start(qx);
+	qx->wr_id = 16;
+	ibv_wr_local_inv(qx, rkey2);
+	CHECK(ibv_wr_complete(qx) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS &&
+		      wc.opcode == IBV_WC_LOCAL_INV && wc.wr_id == 16,
+	      "ibv_wr_local_inv");
+	strcpy(src, "XXXXXX");
+	w.wr_id = 17;
+	CHECK(post_and_poll(a, &w, cq, &wc) && wc.status == IBV_WC_REM_ACCESS_ERR && !strcmp(mem + 64, "wr api"),
+	      "a WRITE after ibv_wr_local_inv: IBV_WC_REM_ACCESS_ERR");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+
+	/* Deallocating a bound window unbinds it. */
+	rc_pair(cq, &a, &b);
+	CHECK(ibv_bind_mw(b, mw1, &mb) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS,
+	      "type 1 window bound again");
+	CHECK_ERR(ibv_dereg_mr(mr), EBUSY, "ibv_dereg_mr with a bound type 1 window");
+	CHECK(ibv_dealloc_mw(mw1) == 0 && ibv_dealloc_mw(mw2) == 0, "ibv_dealloc_mw of bound and free windows");
+	CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr once the windows are gone");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_dereg_mr(mr_pd2);
+	ibv_dealloc_pd(pd2);
+	ibv_dereg_mr(smr);
+	ibv_destroy_cq(cq);
+	free(mem);
+	free(src);
+}
+
+/* RC traffic after each kind of ibv_rereg_mr, and its errors. */
+static void test_rereg(void)
+{
+	char *mem = calloc(1, 4096), *mem2 = calloc(1, 8192), *src = calloc(1, 64);
+	struct ibv_pd *pd2 = ibv_alloc_pd(ctx);
+	struct ibv_mr *smr = ibv_reg_mr(pd, src, 64, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *mr = ibv_reg_mr(pd2, mem, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	REQUIRE(pd2 && smr && mr && cq, "rereg setup");
+	struct ibv_qp *a, *b;
+	struct ibv_wc wc;
+	rc_pair(cq, &a, &b);
+	uint32_t lkey = mr->lkey, rkey = mr->rkey;
+
+	errno = 0;
+	CHECK(ibv_rereg_mr(mr, 8, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT && errno == EINVAL,
+	      "ibv_rereg_mr with an unknown flag: IBV_REREG_MR_ERR_INPUT, EINVAL");
+	errno = 0;
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, NULL, 4096, 0) == IBV_REREG_MR_ERR_INPUT &&
+		      errno == EINVAL,
+	      "IBV_REREG_MR_CHANGE_TRANSLATION with a NULL address: IBV_REREG_MR_ERR_INPUT, EINVAL");
+	errno = 0;
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT &&
+		      errno == EINVAL,
+	      "IBV_REREG_MR_CHANGE_PD with a NULL PD: IBV_REREG_MR_ERR_INPUT, EINVAL");
+	errno = 0;
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_REMOTE_WRITE) ==
+			      IBV_REREG_MR_ERR_CMD && errno == EINVAL,
+	      "remote write without local write: IBV_REREG_MR_ERR_CMD, EINVAL");
+
+	struct ibv_sge s = { .addr = (uintptr_t)src, .length = 8, .lkey = smr->lkey };
+	struct ibv_send_wr w = { .wr_id = 1, .sg_list = &s, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+				 .send_flags = IBV_SEND_SIGNALED,
+				 .wr.rdma = { .remote_addr = (uintptr_t)mem, .rkey = rkey } }, *bad;
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS, pd, NULL, 0,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) == 0 &&
+		      mr->pd == pd && mr->lkey == lkey && mr->rkey == rkey,
+	      "ibv_rereg_mr of PD and access keeps the keys");
+	strcpy(src, "rereg 1");
+	CHECK(ibv_post_send(a, &w, &bad) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS &&
+		      !strcmp(mem, "rereg 1"),
+	      "RC WRITE after changing PD and access");
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, mem2, 8192, 0) == 0 && mr->addr == mem2 &&
+		      mr->length == 8192 && mr->rkey == rkey,
+	      "ibv_rereg_mr of the translation keeps the keys");
+	strcpy(src, "rereg 2");
+	w.wr.rdma.remote_addr = (uintptr_t)mem2 + 6000;
+	CHECK(ibv_post_send(a, &w, &bad) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS &&
+		      !strcmp(mem2 + 6000, "rereg 2") && !strcmp(mem, "rereg 1"),
+	      "RC WRITE after changing the translation lands in the new memory");
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ) == 0,
+	      "ibv_rereg_mr of the access to read-only");
+	struct ibv_send_wr r = w;
+	r.opcode = IBV_WR_RDMA_READ;
+	r.wr_id = 2;
+	memset(src, 0, 8);
+	CHECK(ibv_post_send(a, &r, &bad) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS &&
+		      !strcmp(src, "rereg 2"),
+	      "RC READ after changing the access");
+	w.wr_id = 3;
+	CHECK(ibv_post_send(a, &w, &bad) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_REM_ACCESS_ERR,
+	      "RC WRITE to the now read-only region: IBV_WC_REM_ACCESS_ERR");
+	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0 && ibv_dereg_mr(mr) == 0 && ibv_dereg_mr(smr) == 0 &&
+		      ibv_destroy_cq(cq) == 0 && ibv_dealloc_pd(pd2) == 0,
+	      "rereg teardown");
+	free(mem);
+	free(mem2);
+	free(src);
 }
 
 static void test_extended_apis(void)
@@ -1147,6 +1440,8 @@ int main(void)
 	setvbuf(stdout, NULL, _IONBF, 0);
 	test_device_and_queries();
 	test_rc_and_events();
+	test_memory_windows();
+	test_rereg();
 	test_extended_apis();
 	test_ud();
 	test_device_memory();
