@@ -65,6 +65,8 @@ pub struct DeviceAttrEx {
     pub completion_timestamp_mask: u64,
     /// `hca_core_clock`: the completion clock's rate in kHz.
     pub hca_core_clock: u64,
+    /// `cq_mod_caps`: the largest (`max_cq_count`, `max_cq_period`) `ibv_modify_cq` accepts.
+    pub cq_mod_caps: (u16, u16),
 }
 
 /// The completion clock rate in kHz: one tick per nanosecond.
@@ -94,6 +96,10 @@ impl DeviceAttrEx {
             },
             completion_timestamp_mask: u64::MAX,
             hca_core_clock: HCA_CORE_CLOCK_KHZ,
+            cq_mod_caps: (
+                crate::cq_moderation::MAX_CQ_COUNT,
+                crate::cq_moderation::MAX_CQ_PERIOD,
+            ),
         }
     }
 }

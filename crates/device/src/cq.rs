@@ -4,13 +4,14 @@ use std::collections::VecDeque;
 use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use softverbs_engine::types::{EventType, WorkCompletion};
 use softverbs_engine::{Error, Result};
 
 use crate::context::{Context, EventElement};
+use crate::cq_moderation::{self, Moderation, MAX_CQ_PERIOD};
 use crate::device::Resource;
 use crate::fabric::fabric;
 use crate::sync::{AckCounter, EventQueue, UseCount};
@@ -84,6 +85,19 @@ struct CqState {
     /// Counters to raise when the completion with the given number is polled (see
     /// [`Cq::push_with_release`]), oldest first.
     releases: VecDeque<(u64, Arc<AtomicU64>, u64)>,
+    moderation: Moderation,
+    /// Matching completions queued while armed whose event moderation holds back.
+    held: u32,
+    /// Counts raised (or cancelled) held-back events, so a stale period timer does nothing.
+    round: u64,
+}
+
+/// What a queued completion does about the completion event.
+enum Notify {
+    No,
+    Now,
+    /// Raise it at the instant unless the round has ended by then.
+    At(Instant, u64),
 }
 
 /// A completion queue (`ibv_create_cq`).
@@ -169,6 +183,9 @@ impl Cq {
                 pushed: 0,
                 polled: 0,
                 releases: VecDeque::new(),
+                moderation: Moderation::default(),
+                held: 0,
+                round: 0,
             }),
             uses: UseCount::default(),
             comp_acks: AckCounter::default(),
@@ -382,16 +399,91 @@ impl Cq {
             st.pushed += 1;
             match st.armed {
                 Some(solicited_only) if !solicited_only || wc.is_solicited() => {
-                    st.armed = None;
-                    true
+                    let m = st.moderation;
+                    st.held += 1;
+                    if m.immediate() || m.count_reached(st.held) {
+                        Self::disarm(&mut st);
+                        Notify::Now
+                    } else if st.held == 1 {
+                        m.deadline(Instant::now())
+                            .map_or(Notify::No, |at| Notify::At(at, st.round))
+                    } else {
+                        Notify::No
+                    }
                 }
-                _ => false,
+                _ => Notify::No,
             }
         };
-        if notify {
-            if let (Some(ch), Some(me)) = (&self.channel, self.me.upgrade()) {
-                ch.events.push(me);
+        match notify {
+            Notify::Now => self.raise_comp_event(),
+            Notify::At(at, round) => cq_moderation::schedule(at, self.me.clone(), round),
+            Notify::No => {}
+        }
+        Ok(())
+    }
+
+    /// Ends the current notification request (its event is raised or cancelled).
+    fn disarm(st: &mut CqState) {
+        st.armed = None;
+        st.held = 0;
+        st.round += 1;
+    }
+
+    /// Queues this CQ's completion event on its channel.
+    fn raise_comp_event(&self) {
+        if let (Some(ch), Some(me)) = (&self.channel, self.me.upgrade()) {
+            ch.events.push(me);
+        }
+    }
+
+    /// The moderation period of round `round` ended: raises its held-back event unless it was
+    /// raised already.
+    pub(crate) fn moderation_expired(&self, round: u64) {
+        let raise = {
+            let mut st = self.state.lock();
+            let due = st.round == round && st.armed.is_some() && st.held > 0;
+            if due {
+                Self::disarm(&mut st);
             }
+            due
+        };
+        if raise {
+            self.raise_comp_event();
+        }
+    }
+
+    /// The current moderation (`IBV_CQ_MODERATE`).
+    pub fn moderation(&self) -> Moderation {
+        self.state.lock().moderation
+    }
+
+    /// `ibv_modify_cq` with `IBV_CQ_MODERATE`: EINVAL if `cq_period` exceeds
+    /// [`MAX_CQ_PERIOD`] (every `cq_count` fits). An event already held back is judged by the
+    /// new moderation: raised now if it is due under it, else within the new period from now.
+    pub fn modify_moderation(&self, m: Moderation) -> Result<()> {
+        if m.cq_period > MAX_CQ_PERIOD {
+            return Err(Error::invalid(format!(
+                "cq_period {} exceeds max_cq_period {MAX_CQ_PERIOD}",
+                m.cq_period
+            )));
+        }
+        let notify = {
+            let mut st = self.state.lock();
+            st.moderation = m;
+            if st.armed.is_none() || st.held == 0 {
+                Notify::No
+            } else if m.immediate() || m.count_reached(st.held) {
+                Self::disarm(&mut st);
+                Notify::Now
+            } else {
+                m.deadline(Instant::now())
+                    .map_or(Notify::No, |at| Notify::At(at, st.round))
+            }
+        };
+        match notify {
+            Notify::Now => self.raise_comp_event(),
+            Notify::At(at, round) => cq_moderation::schedule(at, self.me.clone(), round),
+            Notify::No => {}
         }
         Ok(())
     }
@@ -407,6 +499,7 @@ impl Cq {
     /// waits until every delivered completion and async event was acknowledged.
     pub fn destroy(&self) -> Result<()> {
         self.uses.retire("completion queue")?;
+        Self::disarm(&mut self.state.lock());
         if let Some(ch) = &self.channel {
             ch.events.remove_where(|cq| std::ptr::eq(Arc::as_ptr(cq), self));
         }

@@ -7,7 +7,7 @@ use std::ffi::c_int;
 use softverbs_device::attr_ex::raw_clock;
 use softverbs_device::DeviceAttrEx;
 
-use crate::abi::{ibv_context, ibv_cq_ex, ibv_device_attr_ex, ibv_values_ex};
+use crate::abi::{ibv_context, ibv_cq_ex, ibv_cq_moderation_caps, ibv_device_attr_ex, ibv_values_ex};
 
 /// `IBV_VALUES_MASK_RAW_CLOCK`.
 const VALUES_MASK_RAW_CLOCK: u32 = 1;
@@ -49,6 +49,10 @@ pub(crate) fn fill_device_attr_ex(ex: &mut ibv_device_attr_ex, a: &DeviceAttrEx)
     ex.device_cap_flags_ex = a.device_cap_flags_ex;
     ex.completion_timestamp_mask = a.completion_timestamp_mask;
     ex.hca_core_clock = a.hca_core_clock;
+    ex.cq_mod_caps = ibv_cq_moderation_caps {
+        max_cq_count: a.cq_mod_caps.0,
+        max_cq_period: a.cq_mod_caps.1,
+    };
     ex.odp_caps.general_caps = a.odp_caps.general_caps;
     ex.odp_caps.per_transport_caps.rc_odp_caps = a.odp_caps.rc_odp_caps;
     ex.odp_caps.per_transport_caps.uc_odp_caps = a.odp_caps.uc_odp_caps;

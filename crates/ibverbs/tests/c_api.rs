@@ -3,7 +3,8 @@
 //! prints one line per check (see each file for the list) and fails if any check fails.
 //!
 //! - `verbs_api.c`: the verbs of rdma-core 44 and their return/errno conventions;
-//! - `extensions.c`: ATOMIC WRITE, completion timestamps and on-demand paging.
+//! - `extensions.c`: ATOMIC WRITE, completion timestamps and on-demand paging;
+//! - `misc_verbs.c`: CQ moderation and the verbs that stay EOPNOTSUPP (ECE, ESP flow actions).
 
 mod common;
 
@@ -49,6 +50,11 @@ fn verbs_api_conformance() {
 #[test]
 fn atomic_write_timestamps_and_odp() {
     run_c_program("extensions", 55);
+}
+
+#[test]
+fn cq_moderation_and_unoffered_verbs() {
+    run_c_program("misc_verbs", 15);
 }
 
 /// Raw packet QPs, flows, WQs and RSS through the header's inline wrappers

@@ -9,6 +9,7 @@ use softverbs_engine::types::WorkCompletion;
 use softverbs_engine::Result;
 
 use crate::context::{Context, Target};
+use crate::Moderation;
 
 #[derive(Debug)]
 pub(crate) struct ChannelInner {
@@ -165,6 +166,18 @@ impl CompletionQueue {
     /// `ibv_resize_cq`: returns the new size; EINVAL below the unpolled completions.
     pub fn resize(&self, cqe: i32) -> Result<u32> {
         self.0.core.resize(cqe)
+    }
+
+    /// `ibv_modify_cq` with `IBV_CQ_MODERATE`: once armed, the completion event waits for
+    /// `cq_count` completions or `cq_period` microseconds after the first, whichever comes
+    /// first. EINVAL if `cq_period` exceeds `cq_mod_caps`.
+    pub fn modify_moderation(&self, moderation: Moderation) -> Result<()> {
+        self.0.core.modify_moderation(moderation)
+    }
+
+    /// The moderation set by [`CompletionQueue::modify_moderation`] (none at creation).
+    pub fn moderation(&self) -> Moderation {
+        self.0.core.moderation()
     }
 
     /// Whether the CQ overran (`IBV_EVENT_CQ_ERR`).

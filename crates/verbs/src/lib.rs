@@ -40,11 +40,14 @@ pub use raw::{Flow, RssQueuePair, RwqIndTable, WorkQueue};
 
 pub use softverbs_device::attr_ex::{cap_flags_ex, odp, HCA_CORE_CLOCK_KHZ};
 pub use softverbs_device::config::{Config, Limits};
+pub use softverbs_device::cq_moderation::{MAX_CQ_COUNT, MAX_CQ_PERIOD};
 pub use softverbs_device::device::{DeviceAttr, PortAttr};
 pub use softverbs_device::flow::{FlowAttr, FlowType, FLOW_FLAG_DONT_TRAP, FLOW_FLAG_EGRESS};
 pub use softverbs_device::qp::{PostError, SendRequest, UdAddress};
 pub use softverbs_device::wq::{RssCaps, RxHashConf, WqState};
-pub use softverbs_device::{has_cap_net_raw, CounterSnapshot, DeviceAttrEx, OdpCaps, Timestamps, TsoCaps};
+pub use softverbs_device::{
+    has_cap_net_raw, CounterSnapshot, DeviceAttrEx, Moderation, OdpCaps, Timestamps, TsoCaps,
+};
 pub use softverbs_engine::mw::{inc_rkey, MwBind, MwType};
 pub use softverbs_engine::rate::{mbps_to_rate, mult_to_rate, rate_to_mbps, rate_to_mult};
 pub use softverbs_engine::steering::{

@@ -186,7 +186,7 @@ pub(crate) fn new_context(dev: *mut ibv_device, core: Arc<Context>) -> *mut ibv_
         alloc_parent_domain: crate::domain::ALLOC_PARENT_DOMAIN,
         dealloc_td: crate::domain::DEALLOC_TD,
         alloc_td: crate::domain::ALLOC_TD,
-        modify_cq: null,
+        modify_cq: crate::cq_moderation::modify_cq as *const c_void,
         post_srq_ops: Some(crate::tm::post_srq_ops),
         destroy_rwq_ind_table: crate::raw::destroy_rwq_ind_table as *const c_void,
         create_rwq_ind_table: crate::raw::create_rwq_ind_table as *const c_void,

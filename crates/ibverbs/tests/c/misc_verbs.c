@@ -1,0 +1,211 @@
+/*
+ * CQ moderation (ibv_modify_cq), null MRs, QP rate limits and flow counters through the real
+ * <infiniband/verbs.h> against the drop-in libibverbs.so.1, and the verbs that stay
+ * EOPNOTSUPP (ECE, ESP flow actions). Completions are produced by flushing posted receives
+ * (moving a QP to the error state), so no traffic timing is involved.
+ * Prints one "ok"/"not ok" line per check and exits non-zero if any failed.
+ */
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+static int failures;
+#define CHECK(cond, ...) check_(!!(cond), __LINE__, __VA_ARGS__)
+#define REQUIRE(cond, ...)                                                      \
+	do {                                                                    \
+		if (!check_(!!(cond), __LINE__, __VA_ARGS__)) {                 \
+			printf("stopping\n");                                   \
+			exit(1);                                                \
+		}                                                               \
+	} while (0)
+static int check_(int ok, int line, const char *fmt, ...)
+{
+	va_list ap;
+	if (ok) {
+		printf("ok - ");
+	} else {
+		printf("not ok (line %d, errno %d) - ", line, errno);
+		failures++;
+	}
+	va_start(ap, fmt);
+	vprintf(fmt, ap);
+	va_end(ap);
+	printf("\n");
+	return ok;
+}
+
+
+static struct ibv_context *ctx;
+static struct ibv_pd *pd;
+
+static void open_lo(void)
+{
+	int num = -1;
+	struct ibv_device **list = ibv_get_device_list(&num);
+	REQUIRE(list && num > 0, "ibv_get_device_list");
+	struct ibv_device *dev = NULL;
+	for (int i = 0; i < num; i++)
+		if (!strcmp(ibv_get_device_name(list[i]), "sv_lo"))
+			dev = list[i];
+	REQUIRE(dev, "device sv_lo exists");
+	ctx = ibv_open_device(dev);
+	REQUIRE(ctx, "ibv_open_device");
+	ibv_free_device_list(list);
+	pd = ibv_alloc_pd(ctx);
+	REQUIRE(pd, "ibv_alloc_pd");
+}
+
+static double now_us(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+/* An RC QP in INIT whose receive completions go to cq, with n receives posted: moving it to
+ * the error state flushes n completions into cq. */
+static struct ibv_qp *qp_with_recvs(struct ibv_cq *cq, struct ibv_mr *mr, int n)
+{
+	struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+				       .cap = { .max_send_wr = 4, .max_recv_wr = 8,
+						.max_send_sge = 1, .max_recv_sge = 1 } };
+	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+	REQUIRE(qp, "ibv_create_qp");
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+				 .qp_access_flags = IBV_ACCESS_LOCAL_WRITE };
+	REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+					      IBV_QP_ACCESS_FLAGS) == 0,
+		"QP to INIT");
+	for (int i = 0; i < n; i++) {
+		struct ibv_sge sge = { .addr = (uintptr_t)mr->addr, .length = 64, .lkey = mr->lkey };
+		struct ibv_recv_wr wr = { .wr_id = i, .sg_list = &sge, .num_sge = 1 }, *bad;
+		REQUIRE(ibv_post_recv(qp, &wr, &bad) == 0, "ibv_post_recv");
+	}
+	return qp;
+}
+
+static void to_error(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+	REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0, "QP to ERR");
+}
+
+/* Whether the channel delivers an event within ms milliseconds (acknowledged at once). */
+static int event_within(struct ibv_comp_channel *ch, int ms)
+{
+	struct pollfd p = { .fd = ch->fd, .events = POLLIN };
+	if (poll(&p, 1, ms) != 1)
+		return 0;
+	struct ibv_cq *cq;
+	void *cq_ctx;
+	if (ibv_get_cq_event(ch, &cq, &cq_ctx))
+		return 0;
+	ibv_ack_cq_events(cq, 1);
+	return 1;
+}
+
+static int drain(struct ibv_cq *cq)
+{
+	struct ibv_wc wc[8];
+	int total = 0, n;
+	while ((n = ibv_poll_cq(cq, 8, wc)) > 0)
+		total += n;
+	return total;
+}
+
+static void test_cq_moderation(void)
+{
+	struct ibv_device_attr_ex dx;
+	REQUIRE(ibv_query_device_ex(ctx, NULL, &dx) == 0, "ibv_query_device_ex");
+	CHECK(dx.cq_mod_caps.max_cq_count == 65535 && dx.cq_mod_caps.max_cq_period == 4095,
+	      "cq_mod_caps = {65535, 4095}");
+
+	static char buf[64];
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE(mr, "ibv_reg_mr");
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	REQUIRE(ch, "ibv_create_comp_channel");
+	struct ibv_cq *cq = ibv_create_cq(ctx, 32, NULL, ch, 0);
+	REQUIRE(cq, "ibv_create_cq");
+
+	struct ibv_modify_cq_attr m = { .attr_mask = 0 };
+	CHECK(ibv_modify_cq(cq, &m) == EINVAL, "ibv_modify_cq with attr_mask 0: EINVAL");
+	m.attr_mask = IBV_CQ_ATTR_MODERATE << 1;
+	CHECK(ibv_modify_cq(cq, &m) == EINVAL, "ibv_modify_cq with an unknown attr_mask bit: EINVAL");
+	m.attr_mask = IBV_CQ_ATTR_MODERATE;
+	m.moderate.cq_count = 2;
+	m.moderate.cq_period = dx.cq_mod_caps.max_cq_period + 1;
+	CHECK(ibv_modify_cq(cq, &m) == EINVAL && errno == EINVAL,
+	      "ibv_modify_cq with cq_period above max_cq_period: EINVAL");
+
+	/* Count: 3 completions per event, no period. */
+	struct ibv_qp *q1 = qp_with_recvs(cq, mr, 2), *q2 = qp_with_recvs(cq, mr, 1);
+	m.moderate.cq_count = 3;
+	m.moderate.cq_period = 0;
+	CHECK(ibv_modify_cq(cq, &m) == 0, "ibv_modify_cq cq_count 3");
+	REQUIRE(ibv_req_notify_cq(cq, 0) == 0, "ibv_req_notify_cq");
+	to_error(q1);
+	CHECK(drain(cq) == 2, "two flushed completions");
+	CHECK(!event_within(ch, 50), "no event after 2 of 3 completions");
+	to_error(q2);
+	CHECK(event_within(ch, 5000), "event at the third completion");
+	CHECK(drain(cq) == 1, "third completion");
+
+	/* Period: 100 completions or 3 ms. */
+	struct ibv_qp *q3 = qp_with_recvs(cq, mr, 1);
+	m.moderate.cq_count = 100;
+	m.moderate.cq_period = 3000;
+	CHECK(ibv_modify_cq(cq, &m) == 0, "ibv_modify_cq cq_count 100 cq_period 3000");
+	REQUIRE(ibv_req_notify_cq(cq, 0) == 0, "ibv_req_notify_cq");
+	double t0 = now_us();
+	to_error(q3);
+	CHECK(event_within(ch, 5000) && now_us() - t0 >= 3000,
+	      "event after the period, short of the count");
+	CHECK(drain(cq) == 1, "the held-back completion");
+
+	ibv_destroy_qp(q1);
+	ibv_destroy_qp(q2);
+	ibv_destroy_qp(q3);
+	CHECK(ibv_destroy_cq(cq) == 0, "ibv_destroy_cq");
+	ibv_destroy_comp_channel(ch);
+	ibv_dereg_mr(mr);
+}
+
+static void test_not_offered(void)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
+	REQUIRE(cq, "ibv_create_cq");
+	struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+				       .cap = { .max_send_wr = 1, .max_recv_wr = 1,
+						.max_send_sge = 1, .max_recv_sge = 1 } };
+	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+	REQUIRE(qp, "ibv_create_qp");
+	struct ibv_ece ece = { .vendor_id = 0x15b3, .options = 1 };
+	CHECK(ibv_query_ece(qp, &ece) == EOPNOTSUPP, "ibv_query_ece: EOPNOTSUPP (vendor options)");
+	CHECK(ibv_set_ece(qp, &ece) == EOPNOTSUPP, "ibv_set_ece: EOPNOTSUPP (vendor options)");
+	struct ibv_flow_action_esp_attr esp = { 0 };
+	errno = 0;
+	CHECK(!ibv_create_flow_action_esp(ctx, &esp) && errno == EOPNOTSUPP,
+	      "ibv_create_flow_action_esp: NULL, EOPNOTSUPP (IPsec crypto offload)");
+	ibv_destroy_qp(qp);
+	ibv_destroy_cq(cq);
+}
+
+int main(void)
+{
+	open_lo();
+	test_cq_moderation();
+	test_not_offered();
+	ibv_dealloc_pd(pd);
+	ibv_close_device(ctx);
+	printf("%d failed\n", failures);
+	return failures ? 1 : 0;
+}
