@@ -301,6 +301,18 @@ impl Mr {
         Self::insert(pd, t, None, flags)
     }
 
+    /// `ibv_alloc_null_mr`: a region over the whole address space whose writes are discarded
+    /// and whose reads give zeros. Only its lkey is meant to be used: it grants local write
+    /// (receives and RDMA reads may land in it) and no remote access, so its rkey is refused.
+    pub fn alloc_null(pd: &Arc<Pd>) -> Result<Arc<Self>> {
+        let t = Translation {
+            backing: Arc::new(crate::null_mr::NullMemory),
+            addr: 0,
+            iova: 0,
+        };
+        Self::insert(pd, t, None, AccessFlags::LOCAL_WRITE)
+    }
+
     fn insert(
         pd: &Arc<Pd>,
         t: Translation,

@@ -4,7 +4,7 @@
 //!
 //! - `verbs_api.c`: the verbs of rdma-core 44 and their return/errno conventions;
 //! - `extensions.c`: ATOMIC WRITE, completion timestamps and on-demand paging;
-//! - `misc_verbs.c`: CQ moderation and the verbs that stay EOPNOTSUPP (ECE, ESP flow actions).
+//! - `misc_verbs.c`: CQ moderation, null MRs and the verbs that stay EOPNOTSUPP (ECE, ESP flow actions).
 
 mod common;
 

@@ -203,6 +203,20 @@ impl ProtectionDomain {
         })
     }
 
+    /// `ibv_alloc_null_mr`: a region whose writes are discarded and whose reads give zeros, at
+    /// any address (its [`MemoryRegion::sge`] accepts any range from 0). Use its lkey in
+    /// scatter/gather lists, e.g. to drop parts of received messages; it has no remote access.
+    pub fn alloc_null_mr(&self) -> Result<MemoryRegion> {
+        Ok(MemoryRegion {
+            core: core::Mr::alloc_null(&self.0.core)?,
+            mem: Arc::new(core::null_mr::NullMemory),
+            imported: false,
+            _dm: None,
+            pd: self.clone(),
+            deregistered: false,
+        })
+    }
+
     /// `ibv_alloc_mw`: an unbound memory window of `mw_type`; ENOMEM beyond `max_mw`.
     pub fn alloc_mw(&self, mw_type: MwType) -> Result<MemoryWindow> {
         Ok(MemoryWindow {

@@ -1,5 +1,5 @@
 /*
- * CQ moderation (ibv_modify_cq), null MRs, QP rate limits and flow counters through the real
+ * CQ moderation (ibv_modify_cq) and null MRs (ibv_alloc_null_mr) through the real
  * <infiniband/verbs.h> against the drop-in libibverbs.so.1, and the verbs that stay
  * EOPNOTSUPP (ECE, ESP flow actions). Completions are produced by flushing posted receives
  * (moving a QP to the error state), so no traffic timing is involved.
@@ -179,6 +179,24 @@ static void test_cq_moderation(void)
 	ibv_dereg_mr(mr);
 }
 
+static void test_null_mr(void)
+{
+	struct ibv_mr *null = ibv_alloc_null_mr(pd);
+	REQUIRE(null, "ibv_alloc_null_mr");
+	CHECK(null->addr == NULL && null->length == SIZE_MAX && null->pd == pd && null->rkey == 0,
+	      "null MR: addr NULL, length SIZE_MAX, no rkey");
+	struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
+	REQUIRE(cq, "ibv_create_cq");
+	struct ibv_qp *qp = qp_with_recvs(cq, null, 1);
+	to_error(qp);
+	struct ibv_wc wc;
+	CHECK(ibv_poll_cq(cq, 1, &wc) == 1 && wc.status == IBV_WC_WR_FLUSH_ERR,
+	      "a receive into the null MR was posted and flushed");
+	ibv_destroy_qp(qp);
+	ibv_destroy_cq(cq);
+	CHECK(ibv_dereg_mr(null) == 0, "ibv_dereg_mr of the null MR");
+}
+
 static void test_not_offered(void)
 {
 	struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
@@ -203,6 +221,7 @@ int main(void)
 {
 	open_lo();
 	test_cq_moderation();
+	test_null_mr();
 	test_not_offered();
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
