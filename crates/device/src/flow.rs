@@ -15,6 +15,7 @@ use softverbs_engine::steering::{FlowSpec, FrameHeaders};
 use softverbs_engine::types::QpType;
 use softverbs_engine::{Error, Result};
 
+use crate::counters::Counters;
 use crate::qp::Qp;
 use crate::raw::require_cap_net_raw;
 
@@ -76,6 +77,8 @@ struct Rule {
     id: u64,
     attr: FlowAttr,
     qp: Arc<Qp>,
+    /// `IBV_FLOW_SPEC_ACTION_COUNT`: counts the frames the rule takes.
+    counters: Option<Arc<Counters>>,
 }
 
 impl Rule {
@@ -83,7 +86,15 @@ impl Rule {
         self.attr.specs.iter().all(|s| s.matches(h))
     }
 
+    fn count(&self, frame: &[u8]) {
+        if let Some(c) = &self.counters {
+            c.count(frame.len());
+        }
+    }
+
+    /// Counts the frame, and hands it to the QP unless an earlier rule already did.
     fn deliver(&self, frame: &[u8], done: &mut Vec<*const Qp>) {
+        self.count(frame);
         let p = Arc::as_ptr(&self.qp);
         if !done.contains(&p) {
             done.push(p);
@@ -128,7 +139,9 @@ impl Steering {
             }
             taken = true;
             for r in &hits {
-                if !r.attr.drop {
+                if r.attr.drop {
+                    r.count(frame);
+                } else {
                     r.deliver(frame, &mut done);
                 }
             }
@@ -175,6 +188,17 @@ impl Flow {
     /// EOPNOTSUPP; RC/UC: EINVAL), CAP_NET_RAW (EPERM), port 1, DONT_TRAP only on NORMAL rules,
     /// EGRESS rules are not offered (EOPNOTSUPP).
     pub fn create(qp: &Arc<Qp>, attr: &FlowAttr) -> Result<Arc<Self>> {
+        Self::create_counted(qp, attr, None)
+    }
+
+    /// `ibv_create_flow` with an `IBV_FLOW_SPEC_ACTION_COUNT` spec: as [`Flow::create`], and
+    /// every frame the rule takes (delivers or drops) is counted in `counters`, which must
+    /// belong to the QP's device (EINVAL) and cannot get more points while bound.
+    pub fn create_counted(
+        qp: &Arc<Qp>,
+        attr: &FlowAttr,
+        counters: Option<&Arc<Counters>>,
+    ) -> Result<Arc<Self>> {
         match qp.qp_type() {
             QpType::RawPacket => {}
             QpType::Ud => {
@@ -211,15 +235,27 @@ impl Flow {
         if attr.tag.is_some_and(|t| t > MAX_FLOW_TAG) {
             return Err(Error::invalid(format!("flow tag exceeds {MAX_FLOW_TAG:#x}")));
         }
+        if counters.is_some_and(|c| !c.context().device().eq(qp.context().device())) {
+            return Err(Error::invalid("the counters belong to another device"));
+        }
         require_cap_net_raw("ibv_create_flow")?;
         let port = qp
             .raw_port()
             .ok_or_else(|| Error::invalid("the QP has no packet port"))?;
-        qp.uses().acquire("queue pair")?;
+        if let Some(c) = counters {
+            c.bind()?;
+        }
+        if let Err(e) = qp.uses().acquire("queue pair") {
+            if let Some(c) = counters {
+                c.unbind();
+            }
+            return Err(e);
+        }
         let rule = Arc::new(Rule {
             id: NEXT_FLOW.fetch_add(1, Ordering::Relaxed),
             attr: attr.clone(),
             qp: qp.clone(),
+            counters: counters.cloned(),
         });
         port.steering.insert(rule.clone());
         Ok(Arc::new(Self {
@@ -247,6 +283,9 @@ impl Flow {
         *d = true;
         if let Some(port) = self.rule.qp.raw_port() {
             port.steering.remove(self.rule.id);
+        }
+        if let Some(c) = &self.rule.counters {
+            c.unbind();
         }
         self.rule.qp.uses().release();
         Ok(())

@@ -12,6 +12,7 @@
 pub mod attr_ex;
 pub mod config;
 pub mod context;
+pub mod counters;
 pub mod cq;
 pub mod cq_moderation;
 pub mod device;
@@ -37,6 +38,7 @@ pub mod wq;
 pub use attr_ex::{DeviceAttrEx, OdpCaps};
 pub use config::{Config, Limits};
 pub use context::{AsyncEvent, Context, EventElement};
+pub use counters::{CounterDesc, Counters};
 pub use cq::{CompChannel, Cq, CqOverrun, Timestamps};
 pub use cq_moderation::Moderation;
 pub use device::{device_list, discover, Device, DeviceAttr, PortAttr};

@@ -27,6 +27,7 @@
 
 pub mod abi;
 mod clock;
+mod counters;
 mod cq_moderation;
 mod datapath;
 mod dm;

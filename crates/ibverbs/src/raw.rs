@@ -139,6 +139,7 @@ mod spec {
     pub(super) const INNER: u32 = 0x100;
     pub(super) const ACTION_TAG: u32 = 0x1000;
     pub(super) const ACTION_DROP: u32 = 0x1001;
+    pub(super) const ACTION_COUNT: u32 = 0x1003;
 
     /// The size of the spec struct of `t`, or `None` for a type the device does not offer.
     pub(super) fn size(t: u32) -> Option<usize> {
@@ -150,6 +151,7 @@ mod spec {
             TCP | UDP => 16,
             ACTION_TAG => 12,
             ACTION_DROP => 8,
+            ACTION_COUNT => 16,
             _ => return None,
         })
     }
@@ -208,8 +210,9 @@ fn port_filter(b: &[u8]) -> PortFilter {
 }
 
 /// Decodes `struct ibv_flow_attr` and the specs packed behind it (walked by each spec's
-/// `size`, since applications pack them).
-fn flow_attr(bytes: &[u8]) -> Result<FlowAttr, c_int> {
+/// `size`, since applications pack them), with the `counters` of an
+/// `IBV_FLOW_SPEC_ACTION_COUNT` spec (NULL without one).
+fn flow_attr(bytes: &[u8]) -> Result<(FlowAttr, *mut c_void), c_int> {
     let comp_mask = ne32(bytes, 0);
     if comp_mask != 0 {
         return Err(EINVAL);
@@ -226,6 +229,7 @@ fn flow_attr(bytes: &[u8]) -> Result<FlowAttr, c_int> {
         tag: None,
         drop: false,
     };
+    let mut counters: *mut c_void = null_mut();
     let mut off = 20;
     for _ in 0..num_specs {
         let rest = &bytes[off.min(bytes.len())..];
@@ -267,11 +271,19 @@ fn flow_attr(bytes: &[u8]) -> Result<FlowAttr, c_int> {
                 mask: port_filter(&s[10..14]),
             }),
             spec::ACTION_TAG => attr.tag = Some(ne32(s, 8)),
+            spec::ACTION_COUNT => {
+                let p = usize::from_ne_bytes(s[8..16].try_into().expect("8 bytes")) as *mut c_void;
+                // One counters object per rule.
+                if p.is_null() || !counters.is_null() {
+                    return Err(EINVAL);
+                }
+                counters = p;
+            }
             _ => attr.drop = true,
         }
         off += size;
     }
-    Ok(attr)
+    Ok((attr, counters))
 }
 
 /// The `ibv_create_flow` op.
@@ -291,11 +303,13 @@ pub(crate) unsafe extern "C" fn create_flow(qp: *mut ibv_qp, attr: *mut c_void) 
     }
     // SAFETY: as above: `size` readable bytes.
     let bytes = unsafe { std::slice::from_raw_parts(attr.cast::<u8>(), size) };
-    let fa = match flow_attr(bytes) {
+    let (fa, counters) = match flow_attr(bytes) {
         Ok(a) => a,
         Err(e) => return fail_null(e),
     };
-    match Flow::create(&q.core, &fa) {
+    // SAFETY: a counters spec carries NULL or a live counters object of this library.
+    let counters = unsafe { crate::counters::counters_of(counters) };
+    match Flow::create_counted(&q.core, &fa, counters.as_ref()) {
         Ok(core) => Box::into_raw(Box::new(SvFlow {
             flow: ibv_flow {
                 comp_mask: 0,

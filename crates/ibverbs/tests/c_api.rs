@@ -4,7 +4,8 @@
 //!
 //! - `verbs_api.c`: the verbs of rdma-core 44 and their return/errno conventions;
 //! - `extensions.c`: ATOMIC WRITE, completion timestamps and on-demand paging;
-//! - `misc_verbs.c`: CQ moderation, null MRs and the verbs that stay EOPNOTSUPP (ECE, ESP flow actions).
+//! - `misc_verbs.c`: CQ moderation, null MRs, flow counters and the verbs that stay EOPNOTSUPP
+//!   (ECE, ESP flow actions).
 
 mod common;
 
@@ -52,9 +53,39 @@ fn atomic_write_timestamps_and_odp() {
     run_c_program("extensions", 55);
 }
 
+/// `tests/c/misc_verbs.c`, in a network namespace of its own so that the loopback carries only
+/// its counted frames.
 #[test]
-fn cq_moderation_and_unoffered_verbs() {
-    run_c_program("misc_verbs", 15);
+fn cq_moderation_null_mr_counters_and_unoffered_verbs() {
+    require("gcc");
+    require("unshare");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/misc_verbs.c");
+    let exe = lib_dir().join("misc_verbs");
+    let out = Command::new("gcc")
+        .args(["-Wall", "-Werror", "-O1", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-L")
+        .arg(lib_dir())
+        .arg("-libverbs")
+        .output()
+        .expect("gcc runs");
+    assert!(
+        out.status.success(),
+        "gcc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut isolated = command("unshare");
+    isolated
+        .args(["-n", "sh", "-c", "ip link set lo up && exec \"$0\""])
+        .arg(&exe);
+    let o = run_bounded(isolated, Duration::from_secs(120));
+    let (stdout, stderr) = text(&o);
+    println!("{stdout}");
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("\n0 failed"), "{stdout}");
+    let checks = stdout.lines().filter(|l| l.starts_with("ok - ")).count();
+    assert!(checks >= 60, "only {checks} checks ran:\n{stdout}");
 }
 
 /// Raw packet QPs, flows, WQs and RSS through the header's inline wrappers

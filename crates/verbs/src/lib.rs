@@ -21,6 +21,7 @@
 //! ```
 
 mod context;
+mod counters;
 mod cq;
 mod device;
 mod dm;
@@ -30,6 +31,7 @@ mod qp;
 mod raw;
 
 pub use context::{AsyncEvent, AsyncEventTarget, Context};
+pub use counters::{CounterDesc, Counters, READ_COUNTERS_PREFER_CACHED};
 pub use cq::{CompletionChannel, CompletionQueue, CqEvent};
 pub use device::{devices, fork_init, is_fork_initialized, Device, ForkStatus};
 pub use dm::DeviceMemory;

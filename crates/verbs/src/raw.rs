@@ -52,6 +52,16 @@ impl QueuePair {
             _owner: FlowOwner::Qp(self.clone()),
         })
     }
+
+    /// `ibv_create_flow` with an `IBV_FLOW_SPEC_ACTION_COUNT` spec: as
+    /// [`QueuePair::create_flow`], and every frame the rule takes is counted in `counters`,
+    /// which takes no more points from now on.
+    pub fn create_flow_counted(&self, attr: &core::FlowAttr, counters: &crate::Counters) -> Result<Flow> {
+        Ok(Flow {
+            core: core::Flow::create_counted(&self.0.core, attr, Some(&counters.core))?,
+            _owner: FlowOwner::Qp(self.clone()),
+        })
+    }
 }
 
 #[derive(Debug)]

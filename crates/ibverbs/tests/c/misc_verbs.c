@@ -1,10 +1,12 @@
 /*
- * CQ moderation (ibv_modify_cq) and null MRs (ibv_alloc_null_mr) through the real
+ * CQ moderation (ibv_modify_cq), null MRs (ibv_alloc_null_mr) and flow counters through the real
  * <infiniband/verbs.h> against the drop-in libibverbs.so.1, and the verbs that stay
  * EOPNOTSUPP (ECE, ESP flow actions). Completions are produced by flushing posted receives
- * (moving a QP to the error state), so no traffic timing is involved.
+ * (moving a QP to the error state), so no traffic timing is involved; counted frames go
+ * through the loopback of a network namespace of the program's own (run with unshare -n).
  * Prints one "ok"/"not ok" line per check and exits non-zero if any failed.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <stdarg.h>
@@ -197,6 +199,136 @@ static void test_null_mr(void)
 	CHECK(ibv_dereg_mr(null) == 0, "ibv_dereg_mr of the null MR");
 }
 
+static struct ibv_qp *raw_qp(struct ibv_cq *cq)
+{
+	struct ibv_qp_init_attr ia = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RAW_PACKET,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+	REQUIRE(qp, "ibv_create_qp raw packet");
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1 };
+	REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PORT) == 0, "raw QP to INIT");
+	a.qp_state = IBV_QPS_RTR;
+	REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0, "raw QP to RTR");
+	a.qp_state = IBV_QPS_RTS;
+	REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE) == 0, "raw QP to RTS");
+	return qp;
+}
+
+struct counted_flow {
+	struct ibv_flow_attr attr;
+	struct ibv_flow_spec_eth eth;
+	struct ibv_flow_spec_counter_action count;
+} __attribute__((packed, aligned(4)));
+
+static int wait_completions(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+	int got = 0;
+	for (int i = 0; i < 200000 && got < n; i++) {
+		int k = ibv_poll_cq(cq, n - got, wc + got);
+		if (k < 0)
+			return -1;
+		got += k;
+		if (!k)
+			usleep(10);
+	}
+	return got;
+}
+
+/* Runs in a network namespace of its own: the loopback carries only this program's frames. */
+static void test_counters(void)
+{
+	struct ibv_counters_init_attr ia = { .comp_mask = 1 };
+	errno = 0;
+	CHECK(!ibv_create_counters(ctx, &ia) && errno == EOPNOTSUPP,
+	      "ibv_create_counters with an unknown comp_mask: NULL, EOPNOTSUPP");
+	ia.comp_mask = 0;
+	struct ibv_counters *c = ibv_create_counters(ctx, &ia);
+	REQUIRE(c && c->context == ctx, "ibv_create_counters");
+
+	struct ibv_counter_attach_attr at = { .counter_desc = 2, .index = 0 };
+	CHECK(ibv_attach_counters_point_flow(c, &at, NULL) == ENOTSUP,
+	      "attach of an unknown counter_desc: ENOTSUP");
+	at.counter_desc = IBV_COUNTER_PACKETS;
+	at.comp_mask = 1;
+	CHECK(ibv_attach_counters_point_flow(c, &at, NULL) == EOPNOTSUPP,
+	      "attach with an unknown comp_mask: EOPNOTSUPP");
+	at.comp_mask = 0;
+	CHECK(ibv_attach_counters_point_flow(c, &at, NULL) == 0, "attach IBV_COUNTER_PACKETS at 0");
+	at.counter_desc = IBV_COUNTER_BYTES;
+	at.index = 1;
+	CHECK(ibv_attach_counters_point_flow(c, &at, NULL) == 0, "attach IBV_COUNTER_BYTES at 1");
+	uint64_t v[3] = { 9, 9, 9 };
+	CHECK(ibv_read_counters(c, v, 3, 0) == 0 && !v[0] && !v[1] && !v[2],
+	      "ibv_read_counters: cleared at creation, 0 without a point");
+
+	struct ibv_cq *cq = ibv_create_cq(ctx, 32, NULL, NULL, 0);
+	REQUIRE(cq, "ibv_create_cq");
+	struct ibv_qp *tx = raw_qp(cq), *rx = raw_qp(cq);
+	static uint8_t buf[16 * 2048];
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE(mr, "ibv_reg_mr");
+	for (int i = 0; i < 8; i++) {
+		struct ibv_sge sge = { .addr = (uintptr_t)buf + i * 2048, .length = 2048,
+				       .lkey = mr->lkey };
+		struct ibv_recv_wr wr = { .wr_id = i, .sg_list = &sge, .num_sge = 1 }, *bad;
+		REQUIRE(ibv_post_recv(rx, &wr, &bad) == 0, "ibv_post_recv");
+	}
+	struct counted_flow f = {
+		.attr = { .type = IBV_FLOW_ATTR_NORMAL, .size = sizeof(f), .num_of_specs = 2,
+			  .port = 1 },
+		.eth = { .type = IBV_FLOW_SPEC_ETH, .size = sizeof(struct ibv_flow_spec_eth),
+			 .val = { .ether_type = htons(0x88b5) },
+			 .mask = { .ether_type = 0xffff } },
+		.count = { .type = IBV_FLOW_SPEC_ACTION_COUNT,
+			   .size = sizeof(struct ibv_flow_spec_counter_action), .counters = c },
+	};
+	struct ibv_flow *flow = ibv_create_flow(rx, &f.attr);
+	REQUIRE(flow, "ibv_create_flow with IBV_FLOW_SPEC_ACTION_COUNT");
+	at.counter_desc = IBV_COUNTER_PACKETS;
+	at.index = 2;
+	CHECK(ibv_attach_counters_point_flow(c, &at, NULL) == EBUSY, "attach once bound: EBUSY");
+	CHECK(ibv_attach_counters_point_flow(c, &at, flow) == ENOTSUP,
+	      "attach to an existing flow (dynamic mode): ENOTSUP");
+	CHECK(ibv_destroy_counters(c) == EBUSY, "ibv_destroy_counters while bound: EBUSY");
+
+	/* Three frames of the counted type (60, 100, 1000 bytes) and one of another type. */
+	size_t lens[4] = { 60, 100, 1000, 80 };
+	for (int i = 0; i < 4; i++) {
+		uint8_t *fr = buf + (10 + i % 4) * 2048;
+		memset(fr, 0, lens[i]);
+		fr[0] = 0x02, fr[5] = 0x44, fr[6] = 0x02, fr[11] = 0x45;
+		fr[12] = 0x88, fr[13] = i == 3 ? 0xb6 : 0xb5;
+		struct ibv_sge sge = { .addr = (uintptr_t)fr, .length = lens[i], .lkey = mr->lkey };
+		struct ibv_send_wr wr = { .wr_id = 100 + i, .sg_list = &sge, .num_sge = 1,
+					  .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED },
+				   *bad;
+		REQUIRE(ibv_post_send(tx, &wr, &bad) == 0, "ibv_post_send raw frame");
+	}
+	struct ibv_wc wc[8];
+	CHECK(wait_completions(cq, 7, wc) == 7, "4 sends and 3 receives complete");
+	uint64_t bytes = 0;
+	int recvs = 0;
+	for (int i = 0; i < 7; i++)
+		if (wc[i].opcode == IBV_WC_RECV)
+			recvs++, bytes += wc[i].byte_len;
+	CHECK(recvs == 3 && bytes == 1160, "the counted flow took 3 frames, 1160 bytes");
+	CHECK(ibv_read_counters(c, v, 2, IBV_READ_COUNTERS_ATTR_PREFER_CACHED) == 0 && v[0] == 3 &&
+		      v[1] == 1160,
+	      "ibv_read_counters (PREFER_CACHED): 3 packets, 1160 bytes");
+	v[0] = 0;
+	CHECK(ibv_read_counters(c, v, 1, 0) == 0 && v[0] == 3, "ibv_read_counters ncounters 1");
+	CHECK(ibv_read_counters(c, v, 2, 0x80) == EINVAL, "ibv_read_counters unknown flag: EINVAL");
+
+	CHECK(ibv_destroy_flow(flow) == 0, "ibv_destroy_flow");
+	CHECK(ibv_destroy_counters(c) == 0, "ibv_destroy_counters once unbound");
+	ibv_destroy_qp(tx);
+	ibv_destroy_qp(rx);
+	ibv_destroy_cq(cq);
+	ibv_dereg_mr(mr);
+}
+
 static void test_not_offered(void)
 {
 	struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
@@ -222,6 +354,7 @@ int main(void)
 	open_lo();
 	test_cq_moderation();
 	test_null_mr();
+	test_counters();
 	test_not_offered();
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
