@@ -67,6 +67,8 @@ pub struct DeviceAttrEx {
     pub hca_core_clock: u64,
     /// `cq_mod_caps`: the largest (`max_cq_count`, `max_cq_period`) `ibv_modify_cq` accepts.
     pub cq_mod_caps: (u16, u16),
+    /// `packet_pacing_caps`: the send rate limits raw packet QPs take.
+    pub packet_pacing_caps: crate::rate_limit::PacketPacingCaps,
 }
 
 /// The completion clock rate in kHz: one tick per nanosecond.
@@ -100,6 +102,7 @@ impl DeviceAttrEx {
                 crate::cq_moderation::MAX_CQ_COUNT,
                 crate::cq_moderation::MAX_CQ_PERIOD,
             ),
+            packet_pacing_caps: crate::rate_limit::PACKET_PACING_CAPS,
         }
     }
 }

@@ -244,7 +244,7 @@ impl Node {
             let due = qp.deadline();
             if due.is_some_and(|d| d <= now) {
                 let out = qp.handle_timeout(now);
-                fabric().send_all(self, out.txs);
+                qp.transmit(out.txs);
                 qp.release(out.ticket);
             }
             if let Some(d) = qp.deadline() {

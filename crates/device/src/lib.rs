@@ -28,6 +28,7 @@ pub mod null_mr;
 mod pace;
 pub mod pd;
 pub mod qp;
+pub mod rate_limit;
 pub mod raw;
 mod sync;
 pub mod tm;

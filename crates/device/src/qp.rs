@@ -580,20 +580,25 @@ impl Qp {
     /// Sends packets, makes their completions visible, and lets the fabric run until it is
     /// quiet.
     fn emit(&self, out: Outputs) {
+        self.transmit(out.txs);
+        self.release(out.ticket);
         let f = fabric();
+        f.drive(f.now());
+    }
+
+    /// Sends packets the way this QP's go: a raw QP's frames out of its packet socket, the
+    /// others over the fabric.
+    pub(crate) fn transmit(&self, txs: Vec<Transmit>) {
         match &self.raw {
-            // A raw QP's frames go out of its packet socket, not over the fabric.
             Some(port) => {
-                for tx in &out.txs {
+                for tx in &txs {
                     if let Err(e) = port.send(&tx.data) {
                         tracing::warn!(qpn = self.qpn, "raw frame not sent: {e}");
                     }
                 }
             }
-            None => f.send_all(self.node(), out.txs),
+            None => fabric().send_all(self.node(), txs),
         }
-        self.release(out.ticket);
-        f.drive(f.now());
     }
 
     /// Handles a packet for this QP (called by the node). Returns packets to send, and why
@@ -661,14 +666,46 @@ impl Qp {
             let mut inner = self.inner.lock();
             let from = inner.attr.qp_state;
             let next = validate_modify(self.qp_type(), from, attr, mask, &ctx.port_limits())?;
+            if mask.contains(QpAttrMask::RATE_LIMIT) {
+                crate::rate_limit::check_rate(attr.rate_limit)?;
+            }
             apply_modify(&mut inner.attr, attr, mask, next);
             let new = inner.attr;
             inner.engine.set_attr(now, &new);
+            if mask.contains(QpAttrMask::RATE_LIMIT) {
+                inner
+                    .engine
+                    .set_rate_limit(now, crate::rate_limit::limit(attr.rate_limit, 0, 0));
+            }
             if new.qp_state == QpState::Reset {
                 if let Some(cq) = self.init.srq.as_ref().and_then(|s| s.tm_cq()) {
                     inner.tm.flush(cq, self.qpn);
                 }
             }
+            self.drain(&mut inner, now)
+        };
+        self.emit(out);
+        Ok(())
+    }
+
+    /// `ibv_modify_qp_rate_limit`: paces the sends of a raw packet QP in RTS to `rate_kbps`
+    /// (0: unlimited) in bursts of at most `max_burst_sz` bytes (0: one typical packet of
+    /// `typical_pkt_sz`, 0: the port MTU). EINVAL for other QP types or states, a rate outside
+    /// `packet_pacing_caps`, or burst or packet size without a rate.
+    pub fn modify_rate_limit(&self, rate_kbps: u32, max_burst_sz: u32, typical_pkt_sz: u16) -> Result<()> {
+        let now = fabric().now();
+        let out = {
+            let mut inner = self.inner.lock();
+            crate::rate_limit::check(
+                self.qp_type(),
+                inner.attr.qp_state == QpState::Rts,
+                rate_kbps,
+                max_burst_sz,
+                typical_pkt_sz,
+            )?;
+            inner.attr.rate_limit = rate_kbps;
+            let limit = crate::rate_limit::limit(rate_kbps, max_burst_sz, typical_pkt_sz);
+            inner.engine.set_rate_limit(now, limit);
             self.drain(&mut inner, now)
         };
         self.emit(out);

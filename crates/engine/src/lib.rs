@@ -16,6 +16,7 @@
 pub mod error;
 pub mod memory;
 pub mod mw;
+pub mod pacing;
 pub mod qp_state;
 pub mod rate;
 pub mod steering;

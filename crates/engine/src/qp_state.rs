@@ -497,6 +497,9 @@ pub fn apply_modify(qp_attr: &mut QpAttr, attr: &QpAttr, mask: QpAttrMask, next:
     if set(M::DEST_QPN) {
         qp_attr.dest_qp_num = attr.dest_qp_num;
     }
+    if set(M::RATE_LIMIT) {
+        qp_attr.rate_limit = attr.rate_limit;
+    }
     qp_attr.qp_state = next;
     qp_attr.cur_qp_state = next;
 }

@@ -7,7 +7,9 @@ use std::ffi::c_int;
 use softverbs_device::attr_ex::raw_clock;
 use softverbs_device::DeviceAttrEx;
 
-use crate::abi::{ibv_context, ibv_cq_ex, ibv_cq_moderation_caps, ibv_device_attr_ex, ibv_values_ex};
+use crate::abi::{
+    ibv_context, ibv_cq_ex, ibv_cq_moderation_caps, ibv_device_attr_ex, ibv_packet_pacing_caps, ibv_values_ex,
+};
 
 /// `IBV_VALUES_MASK_RAW_CLOCK`.
 const VALUES_MASK_RAW_CLOCK: u32 = 1;
@@ -52,6 +54,12 @@ pub(crate) fn fill_device_attr_ex(ex: &mut ibv_device_attr_ex, a: &DeviceAttrEx)
     ex.cq_mod_caps = ibv_cq_moderation_caps {
         max_cq_count: a.cq_mod_caps.0,
         max_cq_period: a.cq_mod_caps.1,
+    };
+    let p = a.packet_pacing_caps;
+    ex.packet_pacing_caps = ibv_packet_pacing_caps {
+        qp_rate_limit_min: p.qp_rate_limit_min,
+        qp_rate_limit_max: p.qp_rate_limit_max,
+        supported_qpts: p.supported_qpts,
     };
     ex.odp_caps.general_caps = a.odp_caps.general_caps;
     ex.odp_caps.per_transport_caps.rc_odp_caps = a.odp_caps.rc_odp_caps;

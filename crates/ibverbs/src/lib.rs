@@ -35,6 +35,7 @@ mod domain;
 mod import;
 mod memory;
 mod odp;
+mod rate_limit;
 mod raw;
 mod symbols;
 mod tm;

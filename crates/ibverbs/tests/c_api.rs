@@ -4,7 +4,7 @@
 //!
 //! - `verbs_api.c`: the verbs of rdma-core 44 and their return/errno conventions;
 //! - `extensions.c`: ATOMIC WRITE, completion timestamps and on-demand paging;
-//! - `misc_verbs.c`: CQ moderation, null MRs, flow counters and the verbs that stay EOPNOTSUPP
+//! - `misc_verbs.c`: CQ moderation, null MRs, flow counters, rate limits and the verbs that stay EOPNOTSUPP
 //!   (ECE, ESP flow actions).
 
 mod common;

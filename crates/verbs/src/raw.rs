@@ -53,6 +53,16 @@ impl QueuePair {
         })
     }
 
+    /// `ibv_modify_qp_rate_limit`: paces this raw packet QP's sends to `rate_kbps` (0:
+    /// unlimited) in bursts of at most `max_burst_sz` bytes (0: one packet of `typical_pkt_sz`,
+    /// 0: the port MTU). EINVAL for other QP types, outside RTS, for a rate beyond
+    /// `packet_pacing_caps`, or a burst or packet size without a rate.
+    pub fn modify_rate_limit(&self, rate_kbps: u32, max_burst_sz: u32, typical_pkt_sz: u16) -> Result<()> {
+        self.0
+            .core
+            .modify_rate_limit(rate_kbps, max_burst_sz, typical_pkt_sz)
+    }
+
     /// `ibv_create_flow` with an `IBV_FLOW_SPEC_ACTION_COUNT` spec: as
     /// [`QueuePair::create_flow`], and every frame the rule takes is counted in `counters`,
     /// which takes no more points from now on.

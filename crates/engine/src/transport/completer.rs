@@ -532,6 +532,10 @@ impl QpEngine {
 
     /// Handles expired timers.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if self.paced_until.is_some_and(|t| now >= t) {
+            // The held frame may go: the next poll_transmit sends it.
+            self.paced_until = None;
+        }
         if self.req.rnr_until.is_some_and(|t| now >= t) {
             // The RNR wait is over: the requester already went back to the NAKed packet.
             self.req.rnr_until = None;

@@ -339,6 +339,9 @@ pub struct QpEngine {
     pub(crate) went_to_error: bool,
     /// The driver has posted WQEs for itself: counting the application's WQEs must skip them.
     pub(crate) internal_used: bool,
+    /// The send rate limit of a raw packet QP, and when its next frame may go if it is held.
+    pub(crate) pacer: Option<crate::pacing::TokenBucket>,
+    pub(crate) paced_until: Option<Instant>,
 }
 
 impl QpEngine {
@@ -358,7 +361,15 @@ impl QpEngine {
             counters: QpCounters::default(),
             went_to_error: false,
             internal_used: false,
+            pacer: None,
+            paced_until: None,
         }
+    }
+
+    /// Sets the send rate limit (`None`: unlimited). Only raw packet QPs are shaped.
+    pub fn set_rate_limit(&mut self, now: Instant, limit: Option<crate::pacing::RateLimit>) {
+        self.pacer = limit.map(|l| crate::pacing::TokenBucket::new(l, now));
+        self.paced_until = None;
     }
 
     /// The configuration.
@@ -529,10 +540,10 @@ impl QpEngine {
 
     /// When [`QpEngine::handle_timeout`] must next be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match (self.req.retransmit_at, self.req.rnr_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.req.retransmit_at, self.req.rnr_until, self.paced_until]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Whether the requester could send now (something to send and room in the window).

@@ -7,6 +7,7 @@ use super::completer::{scatter_sges, ScatterError};
 use super::requester::gather;
 use super::{Dest, DropReason, QpEngine, RecvSource, Transmit, WorkQueue};
 use crate::memory::Memory;
+use crate::time::Instant;
 use crate::tso::{parse_header, segment};
 use crate::types::{Gid, QpState, RecvWr, WcOpcode, WcStatus, WorkCompletion};
 use crate::wr::{Payload, SendOp};
@@ -37,13 +38,21 @@ pub fn receive_frame(
 
 impl QpEngine {
     /// Sends the frame of the oldest send WQE of a raw QP and completes it.
-    pub(crate) fn generate_raw(&mut self, mem: &dyn Memory) {
+    /// Under a rate limit the WQE waits until the token bucket has room for its bytes.
+    pub(crate) fn generate_raw(&mut self, now: Instant, mem: &dyn Memory) {
         if self.state != QpState::Rts {
             return;
         }
         let Some(w) = self.sq.front() else {
             return;
         };
+        if let Some(p) = &mut self.pacer {
+            if let Some(at) = p.admit(now, w.len as usize) {
+                self.paced_until = Some(at);
+                return;
+            }
+            self.paced_until = None;
+        }
         let mut bytes = vec![0; w.len as usize];
         if let Err(e) = gather(mem, (self.cfg.pd, self.cfg.qpn), &w.wr.payload, 0, &mut bytes) {
             self.fail_wqe(0, e.local_status());

@@ -233,7 +233,7 @@ impl QpEngine {
     /// Generates at most one request packet into `out`.
     pub(crate) fn generate(&mut self, now: Instant, mem: &dyn Memory) {
         if self.cfg.qp_type == QpType::RawPacket {
-            return self.generate_raw(mem);
+            return self.generate_raw(now, mem);
         }
         let (idx, rerequest) = match self.pending_rerequest() {
             Some(idx) => (idx, true),

@@ -182,7 +182,7 @@ pub(crate) fn new_context(dev: *mut ibv_device, core: Arc<Context>) -> *mut ibv_
         modify_flow_action_esp: null,
         destroy_flow_action: null,
         create_flow_action_esp: null,
-        modify_qp_rate_limit: null,
+        modify_qp_rate_limit: crate::rate_limit::modify_qp_rate_limit as *const c_void,
         alloc_parent_domain: crate::domain::ALLOC_PARENT_DOMAIN,
         dealloc_td: crate::domain::DEALLOC_TD,
         alloc_td: crate::domain::ALLOC_TD,

@@ -1,5 +1,6 @@
 /*
- * CQ moderation (ibv_modify_cq), null MRs (ibv_alloc_null_mr) and flow counters through the real
+ * CQ moderation (ibv_modify_cq), null MRs (ibv_alloc_null_mr), flow counters and
+ * raw packet QP rate limits (ibv_modify_qp_rate_limit, IBV_QP_RATE_LIMIT) through the real
  * <infiniband/verbs.h> against the drop-in libibverbs.so.1, and the verbs that stay
  * EOPNOTSUPP (ECE, ESP flow actions). Completions are produced by flushing posted receives
  * (moving a QP to the error state), so no traffic timing is involved; counted frames go
@@ -329,6 +330,73 @@ static void test_counters(void)
 	ibv_dereg_mr(mr);
 }
 
+static void test_rate_limit(void)
+{
+	struct ibv_device_attr_ex dx;
+	REQUIRE(ibv_query_device_ex(ctx, NULL, &dx) == 0, "ibv_query_device_ex");
+	struct ibv_packet_pacing_caps pc = dx.packet_pacing_caps;
+	CHECK(pc.supported_qpts == 1u << IBV_QPT_RAW_PACKET && pc.qp_rate_limit_min >= 1 &&
+		      pc.qp_rate_limit_min <= pc.qp_rate_limit_max,
+	      "packet_pacing_caps: raw packet QPs, min %u max %u kbps", pc.qp_rate_limit_min,
+	      pc.qp_rate_limit_max);
+
+	struct ibv_cq *cq = ibv_create_cq(ctx, 32, NULL, NULL, 0);
+	REQUIRE(cq, "ibv_create_cq");
+	static char small[64];
+	struct ibv_mr *smr = ibv_reg_mr(pd, small, sizeof(small), IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE(smr, "ibv_reg_mr");
+	struct ibv_qp *rc = qp_with_recvs(cq, smr, 0);
+	struct ibv_qp_rate_limit_attr rl = { .rate_limit = 1000 };
+	CHECK(ibv_modify_qp_rate_limit(rc, &rl) == EINVAL, "ibv_modify_qp_rate_limit on RC: EINVAL");
+	struct ibv_qp *qp = raw_qp(cq);
+	rl.comp_mask = 1;
+	CHECK(ibv_modify_qp_rate_limit(qp, &rl) == EINVAL, "unknown comp_mask: EINVAL");
+	rl.comp_mask = 0;
+	rl.rate_limit = pc.qp_rate_limit_max + 1;
+	CHECK(ibv_modify_qp_rate_limit(qp, &rl) == EINVAL, "rate above qp_rate_limit_max: EINVAL");
+	rl.rate_limit = 0;
+	rl.max_burst_sz = 4096;
+	CHECK(ibv_modify_qp_rate_limit(qp, &rl) == EINVAL, "burst without a rate: EINVAL");
+
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_RTS, .rate_limit = 2000 };
+	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_RATE_LIMIT) == 0,
+	      "ibv_modify_qp RTS->RTS with IBV_QP_RATE_LIMIT");
+	struct ibv_qp_init_attr qia;
+	memset(&a, 0, sizeof(a));
+	CHECK(ibv_query_qp(qp, &a, IBV_QP_RATE_LIMIT, &qia) == 0 && a.rate_limit == 2000,
+	      "ibv_query_qp reports rate_limit 2000");
+
+	/* 400 kbit/s = 50 kB/s, one-frame bursts: five 1000-byte frames take 80 ms after the first. */
+	rl.rate_limit = 400;
+	rl.max_burst_sz = 1000;
+	rl.typical_pkt_sz = 1000;
+	CHECK(ibv_modify_qp_rate_limit(qp, &rl) == 0, "ibv_modify_qp_rate_limit 400 kbps");
+	static uint8_t fr[1000];
+	memset(fr, 0, sizeof(fr));
+	fr[0] = 0x02, fr[5] = 0x46, fr[6] = 0x02, fr[11] = 0x47, fr[12] = 0x88, fr[13] = 0xb7;
+	struct ibv_mr *mr = ibv_reg_mr(pd, fr, sizeof(fr), IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE(mr, "ibv_reg_mr");
+	double t0 = now_us();
+	for (int i = 0; i < 5; i++) {
+		struct ibv_sge sge = { .addr = (uintptr_t)fr, .length = sizeof(fr), .lkey = mr->lkey };
+		struct ibv_send_wr wr = { .wr_id = i, .sg_list = &sge, .num_sge = 1,
+					  .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED },
+				   *bad;
+		REQUIRE(ibv_post_send(qp, &wr, &bad) == 0, "ibv_post_send");
+	}
+	struct ibv_wc wc[5];
+	int n = wait_completions(cq, 5, wc);
+	double took = now_us() - t0;
+	CHECK(n == 5 && wc[4].status == IBV_WC_SUCCESS && took >= 79000,
+	      "5 paced frames completed after %.1f ms (at least 80)", took / 1000);
+
+	ibv_destroy_qp(qp);
+	ibv_destroy_qp(rc);
+	ibv_destroy_cq(cq);
+	ibv_dereg_mr(mr);
+	ibv_dereg_mr(smr);
+}
+
 static void test_not_offered(void)
 {
 	struct ibv_cq *cq = ibv_create_cq(ctx, 4, NULL, NULL, 0);
@@ -355,6 +423,7 @@ int main(void)
 	test_cq_moderation();
 	test_null_mr();
 	test_counters();
+	test_rate_limit();
 	test_not_offered();
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
