@@ -70,6 +70,7 @@ pub mod opcode;
 pub mod packet;
 pub mod psn;
 pub mod reth;
+pub mod xrceth;
 
 #[cfg(test)]
 mod strategies;
@@ -85,6 +86,7 @@ pub use opcode::{Header, HeaderSet, OpFlags, Opcode, OpcodeInfo, Position, Trans
 pub use packet::{pad_count_for, PacketRepr, ParsedPacket, RocePacket};
 pub use psn::Psn;
 pub use reth::{RethPacket, RethRepr};
+pub use xrceth::{XrcEthPacket, XrcEthRepr};
 
 /// The IANA UDP destination port of RoCEv2.
 pub const ROCE_UDP_PORT: u16 = 4791;

@@ -6,7 +6,7 @@ use std::vec::Vec;
 use crate::opcode::OPCODE_TABLE;
 use crate::{
     AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Header, IethRepr, ImmDtRepr,
-    NakCode, Opcode, PacketRepr, Psn, RethRepr,
+    NakCode, Opcode, PacketRepr, Psn, RethRepr, XrcEthRepr,
 };
 
 pub(crate) fn opcode() -> impl Strategy<Value = Opcode> {
@@ -73,11 +73,11 @@ pub(crate) fn packet() -> impl Strategy<Value = (PacketRepr, Vec<u8>)> {
         reth(),
         atomic_eth(),
         aeth(),
-        any::<(u64, u32, u32)>(),
+        (any::<(u64, u32, u32)>(), 0..1u32 << 24),
         proptest::collection::vec(any::<u8>(), 0..80),
     )
         .prop_map(
-            |(mut bth, deth, reth, atomic_eth, aeth, (orig, imm_data, rkey), mut payload)| {
+            |(mut bth, deth, reth, atomic_eth, aeth, ((orig, imm_data, rkey), srqn), mut payload)| {
                 let op = bth.opcode;
                 if !op.has_payload() {
                     payload.clear();
@@ -87,6 +87,7 @@ pub(crate) fn packet() -> impl Strategy<Value = (PacketRepr, Vec<u8>)> {
                 let repr = PacketRepr {
                     bth,
                     deth: has(Header::Deth).then_some(deth),
+                    xrceth: has(Header::XrcEth).then_some(XrcEthRepr { srqn }),
                     reth: has(Header::Reth).then_some(reth),
                     atomic_eth: has(Header::AtomicEth).then_some(atomic_eth),
                     aeth: has(Header::Aeth).then_some(aeth),
