@@ -44,6 +44,8 @@ pub mod cap_flags {
     pub const RC_RNR_NAK_GEN: u32 = 1 << 12;
     /// SRQs can be resized.
     pub const SRQ_RESIZE: u32 = 1 << 13;
+    /// XRC domains, XRC SRQs and XRC_SEND/XRC_RECV QPs.
+    pub const XRC: u32 = 1 << 20;
 }
 
 /// `IBV_PORT_IP_BASED_GIDS`.
@@ -173,6 +175,7 @@ pub(crate) struct Shared {
     counts: [AtomicU32; Resource::COUNT],
     keys: Mutex<HashSet<u32>>,
     pub(crate) node: Arc<Node>,
+    xrc_domains: crate::xrc::DomainTable,
 }
 
 impl Shared {
@@ -181,6 +184,7 @@ impl Shared {
             counts: Default::default(),
             keys: Mutex::new(HashSet::new()),
             node: Node::new(gids, ifindex),
+            xrc_domains: Default::default(),
         }
     }
 }
@@ -234,6 +238,7 @@ impl Device {
                 | cap_flags::SYS_IMAGE_GUID
                 | cap_flags::RC_RNR_NAK_GEN
                 | cap_flags::SRQ_RESIZE
+                | cap_flags::XRC
                 | cap_flags::UD_AV_PORT_ENFORCE,
             max_sge: limits.max_sge,
             max_sge_rd: limits.max_sge,
@@ -420,6 +425,11 @@ impl Device {
     /// Releases a QP number.
     pub(crate) fn free_qpn(&self, qpn: u32) {
         fabric().free_qpn(qpn);
+    }
+
+    /// The XRC domains of this device in this process, by inode.
+    pub(crate) fn xrc_domains(&self) -> &crate::xrc::DomainTable {
+        &self.shared().xrc_domains
     }
 
     /// The device's endpoint on the fabric.

@@ -20,6 +20,7 @@ pub mod pd;
 pub mod qp;
 mod sync;
 mod udp;
+pub mod xrc;
 
 pub use config::{Config, Limits};
 pub use context::{AsyncEvent, Context, EventElement};
@@ -28,4 +29,5 @@ pub use device::{device_list, discover, Device, DeviceAttr, PortAttr};
 pub use fabric::CounterSnapshot;
 pub use mem::{AtomicBuffer, MemoryBacking};
 pub use pd::{Ah, Mr, Pd};
-pub use qp::{PostError, Qp, QpInitAttr, Srq};
+pub use qp::{PostError, Qp, QpInitAttr, Srq, SrqKind};
+pub use xrc::{XrcDomain, Xrcd};

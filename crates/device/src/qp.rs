@@ -23,6 +23,7 @@ use crate::device::{cap_flags, Resource};
 use crate::fabric::{fabric, Node};
 use crate::pd::{Ah, Pd};
 use crate::sync::{AckCounter, UseCount};
+use crate::xrc::{XrcDomain, Xrcd};
 
 /// Rounds a queue depth up to a power of two, as ring-based hardware does; 0 stays 0.
 fn round_depth(n: u32) -> u32 {
@@ -55,10 +56,10 @@ impl From<PostError> for Error {
 pub struct QpInitAttr {
     /// Transport service.
     pub qp_type: QpType,
-    /// CQ for send completions.
-    pub send_cq: Arc<Cq>,
-    /// CQ for receive completions.
-    pub recv_cq: Arc<Cq>,
+    /// CQ for send completions (none for an XRC target).
+    pub send_cq: Option<Arc<Cq>>,
+    /// CQ for receive completions (none for XRC QPs: an XRC SRQ has its own).
+    pub recv_cq: Option<Arc<Cq>>,
     /// SRQ, if receives come from one.
     pub srq: Option<Arc<Srq>>,
     /// Requested capabilities.
@@ -91,6 +92,8 @@ pub struct SendRequest {
     pub payload: Payload,
     /// UD destination.
     pub ud: Option<UdAddress>,
+    /// XRC_SEND: the SRQ number at the target (`qp_type.xrc.remote_srqn`).
+    pub xrc_srqn: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -104,7 +107,14 @@ struct QpInner {
 #[derive(Debug)]
 pub struct Qp {
     me: Weak<Self>,
-    pd: Arc<Pd>,
+    ctx: Arc<Context>,
+    /// None for an XRC target, which uses the PD of each SRQ it serves.
+    pd: Option<Arc<Pd>>,
+    /// The XRC domain of an XRC target.
+    xrcd: Option<Arc<Xrcd>>,
+    /// XRC target: open handles (the creator's and `ibv_open_qp`'s); the QP dies with the last.
+    /// The flag says whether the creator's handle is still open.
+    xrc_handles: Mutex<(u32, bool)>,
     init: QpInitAttr,
     qpn: u32,
     handle: u32,
@@ -118,6 +128,31 @@ pub struct Qp {
 
 /// Receive WQEs from a shared receive queue, for the engine.
 struct SrqRecv<'a>(&'a Srq);
+
+/// Receive WQEs of an XRC target: from the SRQ of its domain each request names.
+struct XrcRecv<'a> {
+    domain: &'a XrcDomain,
+    selected: Option<Arc<Srq>>,
+}
+
+impl RecvSource for XrcRecv<'_> {
+    fn take(&mut self) -> Option<RecvWr> {
+        self.selected.as_ref().and_then(|s| s.take())
+    }
+
+    fn put_back(&mut self, wr: RecvWr) {
+        if let Some(s) = &self.selected {
+            s.put_back(wr);
+        }
+    }
+
+    fn select_xrc_srq(&mut self, srqn: u32) -> Option<u32> {
+        let srq = self.domain.srq(srqn)?;
+        let pd = srq.pd().handle();
+        self.selected = Some(srq);
+        Some(pd)
+    }
+}
 
 impl RecvSource for SrqRecv<'_> {
     fn take(&mut self) -> Option<RecvWr> {
@@ -134,15 +169,62 @@ impl Qp {
     /// least what was asked for.
     pub fn create(pd: &Arc<Pd>, init: &QpInitAttr) -> Result<Arc<Self>> {
         let ctx = pd.context();
+        let mut init = init.clone();
+        match init.qp_type {
+            QpType::XrcRecv => {
+                return Err(Error::invalid(
+                    "an XRC_RECV QP is created on an XRC domain, without a PD",
+                ))
+            }
+            // The initiator has no receive side: no receive CQ, and no receive capabilities.
+            QpType::XrcSend => {
+                init.recv_cq = None;
+                init.cap.max_recv_wr = 0;
+                init.cap.max_recv_sge = 0;
+            }
+            _ if init.recv_cq.is_none() => return Err(Error::invalid("recv_cq is required")),
+            _ => {}
+        }
+        if init.send_cq.is_none() {
+            return Err(Error::invalid("send_cq is required"));
+        }
+        Self::build(ctx, Some(pd), None, &init)
+    }
+
+    /// `ibv_create_qp_ex` of an `IBV_QPT_XRC_RECV` QP: it belongs to the XRC domain of `xrcd`
+    /// and has no PD, CQs or work queues; requests reach the domain's SRQs through it.
+    pub fn create_xrc_recv(xrcd: &Arc<Xrcd>) -> Result<Arc<Self>> {
+        let init = QpInitAttr {
+            qp_type: QpType::XrcRecv,
+            send_cq: None,
+            recv_cq: None,
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        };
+        Self::build(xrcd.context(), None, Some(xrcd), &init)
+    }
+
+    fn build(
+        ctx: &Arc<Context>,
+        pd: Option<&Arc<Pd>>,
+        xrcd: Option<&Arc<Xrcd>>,
+        init: &QpInitAttr,
+    ) -> Result<Arc<Self>> {
         let limits = *ctx.device().limits();
         for (cq, which) in [(&init.send_cq, "send_cq"), (&init.recv_cq, "recv_cq")] {
-            if !Arc::ptr_eq(cq.context(), ctx) {
+            if cq.as_ref().is_some_and(|cq| !Arc::ptr_eq(cq.context(), ctx)) {
                 return Err(Error::invalid(format!("{which} belongs to another context")));
             }
         }
         if let Some(srq) = &init.srq {
-            if init.qp_type == QpType::Uc {
+            if !matches!(init.qp_type, QpType::Rc | QpType::Ud) {
                 return Err(Error::invalid("only RC and UD QPs can be associated with an SRQ"));
+            }
+            if srq.is_xrc() {
+                return Err(Error::invalid(
+                    "an XRC SRQ is reached through XRC QPs, not attached to a QP",
+                ));
             }
             if !Arc::ptr_eq(srq.pd().context(), ctx) {
                 return Err(Error::invalid("srq belongs to another context"));
@@ -162,7 +244,7 @@ impl Qp {
         check(c.max_send_sge, limits.max_sge, "max_send_sge")?;
         check(c.max_inline_data, limits.max_inline_data, "max_inline_data")?;
         // With an SRQ the receive capabilities are ignored (ibv_create_qp(3)).
-        let cap = if init.srq.is_some() {
+        let cap = if init.srq.is_some() || init.qp_type.is_xrc() {
             QpCap {
                 max_recv_wr: 0,
                 max_recv_sge: 0,
@@ -190,11 +272,13 @@ impl Qp {
         let mut taken: Vec<&UseCount> = Vec::new();
         let result = (|| {
             ctx.device().acquire(Resource::Qp)?;
-            for (u, what) in [
-                (pd.uses(), "protection domain"),
-                (init.send_cq.uses(), "send_cq"),
-                (init.recv_cq.uses(), "recv_cq"),
-            ] {
+            let deps = [
+                pd.map(|p| (p.uses(), "protection domain")),
+                xrcd.map(|x| (x.uses(), "XRC domain")),
+                init.send_cq.as_ref().map(|c| (c.uses(), "send_cq")),
+                init.recv_cq.as_ref().map(|c| (c.uses(), "recv_cq")),
+            ];
+            for (u, what) in deps.into_iter().flatten() {
                 u.acquire(what)?;
                 taken.push(u);
             }
@@ -220,13 +304,16 @@ impl Qp {
         let engine = QpEngine::new(QpConfig {
             qp_type: init.qp_type,
             qpn,
-            pd: pd.handle(),
+            pd: pd.map_or(0, |p| p.handle()),
             sq_sig_all: init.sq_sig_all,
             has_srq: init.srq.is_some(),
         });
         let qp = Arc::new_cyclic(|me| Self {
             me: me.clone(),
-            pd: pd.clone(),
+            ctx: ctx.clone(),
+            pd: pd.cloned(),
+            xrcd: xrcd.cloned(),
+            xrc_handles: Mutex::new((1, true)),
             init: QpInitAttr { cap, ..init.clone() },
             qpn,
             handle: ctx.next_handle(),
@@ -244,14 +331,19 @@ impl Qp {
         Ok(qp)
     }
 
-    /// The PD.
-    pub fn pd(&self) -> &Arc<Pd> {
-        &self.pd
+    /// The PD (none for an XRC target).
+    pub fn pd(&self) -> Option<&Arc<Pd>> {
+        self.pd.as_ref()
+    }
+
+    /// The XRC domain handle an XRC target was created with.
+    pub fn xrcd(&self) -> Option<&Arc<Xrcd>> {
+        self.xrcd.as_ref()
     }
 
     /// The context.
     pub fn context(&self) -> &Arc<Context> {
-        self.pd.context()
+        &self.ctx
     }
 
     fn node(&self) -> &Arc<Node> {
@@ -331,10 +423,19 @@ impl Qp {
             let mut overrun = false;
             while let Some(c) = inner.engine.poll_completion() {
                 let cq = match c.queue {
-                    WorkQueue::Send => &self.init.send_cq,
-                    WorkQueue::Recv => &self.init.recv_cq,
+                    WorkQueue::Send => self.init.send_cq.clone(),
+                    WorkQueue::Recv => self.init.recv_cq.clone(),
+                    // An XRC target completes on the CQ of the SRQ the WQE came from; if that
+                    // SRQ is gone, so is its CQ's interest in the completion.
+                    WorkQueue::XrcSrq(srqn) => self
+                        .xrcd
+                        .as_ref()
+                        .and_then(|x| x.domain().srq(srqn))
+                        .and_then(|s| s.xrc_cq().cloned()),
                 };
-                overrun |= cq.push(c.wc).is_err();
+                if let Some(cq) = cq {
+                    overrun |= cq.push(c.wc).is_err();
+                }
             }
             while let Some(ev) = inner.engine.poll_event() {
                 self.raise(ev);
@@ -381,6 +482,16 @@ impl Qp {
         let mut inner = self.inner.lock();
         let node = self.node();
         let dropped = match &self.init.srq {
+            None if self.xrcd.is_some() => {
+                let mut src = XrcRecv {
+                    domain: self.xrcd.as_ref().expect("checked").domain(),
+                    selected: None,
+                };
+                inner
+                    .engine
+                    .handle_packet(now, pkt, meta, &node.keys, Some(&mut src))
+                    .err()
+            }
             Some(srq) => {
                 let mut src = SrqRecv(srq);
                 inner
@@ -436,6 +547,12 @@ impl Qp {
             return fail(
                 0,
                 Error::invalid("the QP receives from an SRQ: use post_srq_recv"),
+            );
+        }
+        if self.qp_type().is_xrc() {
+            return fail(
+                0,
+                Error::invalid("XRC QPs have no receive queue: receives are posted to XRC SRQs"),
             );
         }
         let now = fabric().now();
@@ -527,6 +644,7 @@ impl Qp {
                 flags: req.flags,
                 payload: req.payload.clone(),
                 ud,
+                xrc_srqn: req.xrc_srqn,
             };
             if let Err(error) = wr.check(&limits) {
                 result = Err(PostError { index, error });
@@ -640,17 +758,81 @@ impl Qp {
         device.node().remove_qp(self.qpn);
         device.free_qpn(self.qpn);
         device.release(Resource::Qp);
-        self.pd.uses().release();
-        self.init.send_cq.uses().release();
-        self.init.recv_cq.uses().release();
+        if let Some(pd) = &self.pd {
+            pd.uses().release();
+        }
+        if let Some(x) = &self.xrcd {
+            if std::mem::replace(&mut self.xrc_handles.lock().1, false) {
+                x.uses().release();
+            }
+        }
+        for cq in [&self.init.send_cq, &self.init.recv_cq].into_iter().flatten() {
+            cq.uses().release();
+        }
         if let Some(srq) = &self.init.srq {
             srq.uses.release();
         }
     }
 
+    /// `ibv_open_qp`: another handle on the XRC target numbered `qpn` of the domain of `xrcd`.
+    /// EINVAL unless `qp_type` is XRC_RECV and such a QP exists in that domain. The QP lives
+    /// until its last handle is closed ([`Qp::close_opened`] or [`Qp::destroy`]).
+    pub fn open(xrcd: &Arc<Xrcd>, qpn: u32, qp_type: QpType) -> Result<Arc<Self>> {
+        if qp_type != QpType::XrcRecv {
+            return Err(Error::invalid("ibv_open_qp opens XRC_RECV QPs only"));
+        }
+        let qp = xrcd
+            .context()
+            .device()
+            .node()
+            .qp(qpn)
+            .filter(|q| q.xrcd.as_ref().is_some_and(|x| x.same_domain(xrcd)))
+            .ok_or_else(|| Error::invalid(format!("the XRC domain has no XRC_RECV QP {qpn:#x}")))?;
+        let mut handles = qp.xrc_handles.lock();
+        if handles.0 == 0 {
+            return Err(Error::invalid(format!("QP {qpn:#x} has been destroyed")));
+        }
+        xrcd.uses().acquire("XRC domain")?;
+        handles.0 += 1;
+        drop(handles);
+        Ok(qp)
+    }
+
+    /// Closes a handle [`Qp::open`] returned through `xrcd`; the last handle destroys the QP.
+    pub fn close_opened(&self, xrcd: &Arc<Xrcd>) -> Result<()> {
+        let last = {
+            let mut handles = self.xrc_handles.lock();
+            if handles.0 <= 1 {
+                true
+            } else {
+                handles.0 -= 1;
+                false
+            }
+        };
+        if last {
+            self.destroy_now()?;
+        }
+        xrcd.uses().release();
+        Ok(())
+    }
+
     /// `ibv_destroy_qp`: EBUSY while attached to a multicast group. Otherwise drops undelivered
     /// async events about the QP and waits until delivered ones were acknowledged.
     pub fn destroy(&self) -> Result<()> {
+        if let Some(x) = &self.xrcd {
+            // The creator's handle of an XRC target that others have opened: close only it.
+            let mut handles = self.xrc_handles.lock();
+            if handles.0 > 1 && handles.1 {
+                handles.0 -= 1;
+                handles.1 = false;
+                x.uses().release();
+                return Ok(());
+            }
+        }
+        self.destroy_now()
+    }
+
+    fn destroy_now(&self) -> Result<()> {
         let attached = self.inner.lock().mcast.len();
         if attached > 0 {
             return Err(Error::busy(format!(
@@ -662,6 +844,7 @@ impl Qp {
             |e| matches!(&e.element, EventElement::Qp(q) if std::ptr::eq(Arc::as_ptr(q), self)),
         );
         self.async_acks.wait_all_acked();
+        self.xrc_handles.lock().0 = 0;
         self.teardown();
         Ok(())
     }
@@ -681,11 +864,28 @@ struct SrqInner {
     queue: VecDeque<RecvWr>,
 }
 
-/// A shared receive queue (`ibv_create_srq`).
+/// What kind of SRQ (`enum ibv_srq_type`) and what that kind adds.
+#[derive(Debug)]
+pub enum SrqKind {
+    /// `IBV_SRQT_BASIC`: attached to RC/UD QPs, completing on their receive CQs.
+    Basic,
+    /// `IBV_SRQT_XRC`: reached by number through the XRC targets of its domain.
+    Xrc {
+        /// The XRC domain handle it was created in.
+        xrcd: Arc<Xrcd>,
+        /// Every completion of its WQEs goes here.
+        cq: Arc<Cq>,
+        /// The number initiators put in the XRCETH; unique on the host.
+        srqn: u32,
+    },
+}
+
+/// A shared receive queue (`ibv_create_srq`, `ibv_create_srq_ex`).
 #[derive(Debug)]
 pub struct Srq {
     me: Weak<Self>,
     pd: Arc<Pd>,
+    kind: SrqKind,
     handle: u32,
     inner: Mutex<SrqInner>,
     uses: UseCount,
@@ -697,7 +897,24 @@ impl Srq {
     /// `ibv_create_srq`: [`Srq::query`] gives the actual `max_wr` and `max_sge`, each at least
     /// what was asked; `srq_limit` is ignored at creation.
     pub fn create(pd: &Arc<Pd>, attr: &SrqAttr) -> Result<Arc<Self>> {
+        Self::create_kind(pd, attr, None)
+    }
+
+    /// `ibv_create_srq_ex` with `IBV_SRQT_XRC`: an SRQ of the domain of `xrcd` whose
+    /// completions all go to `cq`; [`Srq::srq_num`] is the number initiators address it by.
+    pub fn create_xrc(pd: &Arc<Pd>, xrcd: &Arc<Xrcd>, cq: &Arc<Cq>, attr: &SrqAttr) -> Result<Arc<Self>> {
+        Self::create_kind(pd, attr, Some((xrcd, cq)))
+    }
+
+    fn create_kind(pd: &Arc<Pd>, attr: &SrqAttr, xrc: Option<(&Arc<Xrcd>, &Arc<Cq>)>) -> Result<Arc<Self>> {
         let ctx = pd.context();
+        if let Some((xrcd, cq)) = xrc {
+            if !Arc::ptr_eq(xrcd.context(), ctx) || !Arc::ptr_eq(cq.context(), ctx) {
+                return Err(Error::invalid(
+                    "the XRC domain, CQ and PD of an SRQ must share one context",
+                ));
+            }
+        }
         let limits = *ctx.device().limits();
         if attr.max_wr == 0 || attr.max_wr > limits.max_srq_wr {
             return Err(Error::invalid(format!(
@@ -712,18 +929,37 @@ impl Srq {
             )));
         }
         ctx.device().acquire(Resource::Srq)?;
-        if let Err(e) = pd.uses().acquire("protection domain") {
-            ctx.device().release(Resource::Srq);
-            return Err(e);
+        let mut taken: Vec<&UseCount> = Vec::new();
+        let deps = [
+            Some((pd.uses(), "protection domain")),
+            xrc.map(|(x, _)| (x.uses(), "XRC domain")),
+            xrc.map(|(_, c)| (c.uses(), "cq")),
+        ];
+        for (u, what) in deps.into_iter().flatten() {
+            if let Err(e) = u.acquire(what) {
+                taken.iter().for_each(|u| u.release());
+                ctx.device().release(Resource::Srq);
+                return Err(e);
+            }
+            taken.push(u);
         }
+        let kind = match xrc {
+            None => SrqKind::Basic,
+            Some((xrcd, cq)) => SrqKind::Xrc {
+                xrcd: xrcd.clone(),
+                cq: cq.clone(),
+                srqn: ctx.device().alloc_qpn(),
+            },
+        };
         let actual = SrqAttr {
             max_wr: round_depth(attr.max_wr).min(limits.max_srq_wr),
             max_sge: attr.max_sge.max(1),
             srq_limit: 0,
         };
-        Ok(Arc::new_cyclic(|me| Self {
+        let srq = Arc::new_cyclic(|me| Self {
             me: me.clone(),
             pd: pd.clone(),
+            kind,
             handle: ctx.next_handle(),
             inner: Mutex::new(SrqInner {
                 attr: actual,
@@ -732,12 +968,51 @@ impl Srq {
             uses: UseCount::default(),
             async_acks: AckCounter::default(),
             user_data: AtomicU64::new(0),
-        }))
+        });
+        if let SrqKind::Xrc { xrcd, srqn, .. } = &srq.kind {
+            xrcd.domain().add_srq(*srqn, &srq);
+        }
+        Ok(srq)
     }
 
     /// The PD.
     pub fn pd(&self) -> &Arc<Pd> {
         &self.pd
+    }
+
+    /// The kind of SRQ.
+    pub fn kind(&self) -> &SrqKind {
+        &self.kind
+    }
+
+    /// Whether this is an XRC SRQ.
+    pub fn is_xrc(&self) -> bool {
+        matches!(self.kind, SrqKind::Xrc { .. })
+    }
+
+    /// The CQ of an XRC SRQ.
+    pub fn xrc_cq(&self) -> Option<&Arc<Cq>> {
+        match &self.kind {
+            SrqKind::Xrc { cq, .. } => Some(cq),
+            SrqKind::Basic => None,
+        }
+    }
+
+    /// The XRC domain handle of an XRC SRQ.
+    pub fn xrcd(&self) -> Option<&Arc<Xrcd>> {
+        match &self.kind {
+            SrqKind::Xrc { xrcd, .. } => Some(xrcd),
+            SrqKind::Basic => None,
+        }
+    }
+
+    /// `ibv_get_srq_num`: the 24-bit number of an XRC SRQ; EINVAL for a basic SRQ, which has
+    /// none.
+    pub fn srq_num(&self) -> Result<u32> {
+        match &self.kind {
+            SrqKind::Xrc { srqn, .. } => Ok(*srqn),
+            SrqKind::Basic => Err(Error::invalid("only XRC SRQs have an SRQ number")),
+        }
     }
 
     /// Handle (`ibv_srq.handle`).
@@ -864,7 +1139,14 @@ impl Srq {
     }
 
     fn teardown(&self) {
-        self.pd.context().device().release(Resource::Srq);
+        let device = self.pd.context().device();
+        if let SrqKind::Xrc { xrcd, cq, srqn } = &self.kind {
+            xrcd.domain().remove_srq(*srqn);
+            device.free_qpn(*srqn);
+            cq.uses().release();
+            xrcd.uses().release();
+        }
+        device.release(Resource::Srq);
         self.pd.uses().release();
     }
 

@@ -150,6 +150,8 @@ pub struct SendWr {
     pub payload: Payload,
     /// UD destination.
     pub ud: Option<UdDest>,
+    /// XRC_SEND: the SRQ number at the target (`qp_type.xrc.remote_srqn`).
+    pub xrc_srqn: Option<u32>,
 }
 
 /// Limits [`SendWr::check`] enforces.
@@ -181,7 +183,9 @@ impl SendWr {
                 opcode,
                 WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm
             ),
-            QpType::Rc => true,
+            // An XRC initiator has the RC operations (ibv_post_send(3)); the target sends none.
+            QpType::Rc | QpType::XrcSend => true,
+            QpType::XrcRecv => false,
         };
         if !legal {
             return Err(Error::invalid(format!(
@@ -236,6 +240,15 @@ impl SendWr {
                 return Err(Error::invalid(format!(
                     "an atomic needs an 8-byte local buffer, not {len} bytes"
                 )));
+            }
+        }
+        if l.qp_type == QpType::XrcSend {
+            match self.xrc_srqn {
+                None => return Err(Error::invalid("an XRC send needs qp_type.xrc.remote_srqn")),
+                Some(n) if n > 0xFF_FFFF => {
+                    return Err(Error::invalid(format!("remote_srqn {n:#x} exceeds 24 bits")))
+                }
+                Some(_) => {}
             }
         }
         if l.qp_type == QpType::Ud {

@@ -160,6 +160,7 @@ unsafe fn send_request(wr: &ibv_send_wr, qp_type: QpType) -> Result<SendRequest,
         flags,
         payload,
         ud,
+        xrc_srqn: None,
     })
 }
 
@@ -515,6 +516,7 @@ unsafe fn push(qpx: *mut ibv_qp_ex, op: SendOp) {
             flags: SendFlags::from_bits_truncate(flags),
             payload: Payload::Sges(Vec::new()),
             ud: None,
+            xrc_srqn: None,
         });
     }
 }

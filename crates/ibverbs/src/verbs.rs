@@ -1503,8 +1503,8 @@ pub(crate) unsafe fn new_qp(n: &NewQp) -> Result<*mut SvQp, c_int> {
     let cap = cap_core(unsafe { &*n.cap });
     let init = QpInitAttr {
         qp_type,
-        send_cq: send_cq.core.clone(),
-        recv_cq: recv_cq.core.clone(),
+        send_cq: Some(send_cq.core.clone()),
+        recv_cq: Some(recv_cq.core.clone()),
         srq: srq.map(|s| s.core.clone()),
         cap,
         sq_sig_all: n.sq_sig_all,

@@ -736,6 +736,7 @@ impl PingPong {
             flags: SendFlags::SIGNALED,
             payload: Payload::Sges(vec![sge]),
             ud,
+            xrc_srqn: None,
         };
         self.qps[qp_index].post_send(&[wr]).or_fail("Couldn't post send")
     }

@@ -25,12 +25,14 @@ mod cq;
 mod device;
 mod pd;
 mod qp;
+mod xrc;
 
 pub use context::{AsyncEvent, AsyncEventTarget, Context};
 pub use cq::{CompletionChannel, CompletionQueue, CqEvent};
 pub use device::{devices, fork_init, is_fork_initialized, Device, ForkStatus};
 pub use pd::{AddressHandle, MemoryRegion, ProtectionDomain};
 pub use qp::{QpInit, QueuePair, SharedReceiveQueue};
+pub use xrc::{XrcDomain, O_CREAT, O_EXCL};
 
 pub use softverbs_device::config::{Config, Limits};
 pub use softverbs_device::device::{DeviceAttr, PortAttr};

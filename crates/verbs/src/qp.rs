@@ -8,9 +8,10 @@ use softverbs_engine::transport::QpCounters;
 use softverbs_engine::types::{Gid, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SrqAttr};
 use softverbs_engine::Result;
 
-use crate::context::Target;
+use crate::context::{Context, Target};
 use crate::cq::CompletionQueue;
 use crate::pd::ProtectionDomain;
+use crate::xrc::XrcDomain;
 
 /// What a new QP is made of (`struct ibv_qp_init_attr`).
 #[derive(Debug, Clone, Copy)]
@@ -19,7 +20,7 @@ pub struct QpInit<'a> {
     pub qp_type: QpType,
     /// CQ for send completions.
     pub send_cq: &'a CompletionQueue,
-    /// CQ for receive completions.
+    /// CQ for receive completions (ignored for XRC_SEND, which receives nothing).
     pub recv_cq: &'a CompletionQueue,
     /// SRQ to receive from (RC and UD only).
     pub srq: Option<&'a SharedReceiveQueue>,
@@ -52,17 +53,24 @@ impl<'a> QpInit<'a> {
 #[derive(Debug)]
 pub(crate) struct QpInner {
     pub(crate) core: Arc<core::Qp>,
-    pd: ProtectionDomain,
-    _send_cq: CompletionQueue,
-    _recv_cq: CompletionQueue,
+    ctx: Context,
+    _pd: Option<ProtectionDomain>,
+    _send_cq: Option<CompletionQueue>,
+    _recv_cq: Option<CompletionQueue>,
     _srq: Option<SharedReceiveQueue>,
+    /// XRC target: the domain it was created in, and whether this handle came from
+    /// `ibv_open_qp` (closing it then closes only the handle).
+    xrcd: Option<(XrcDomain, bool)>,
 }
 
 impl Drop for QpInner {
     fn drop(&mut self) {
-        self.pd
-            .context()
-            .unregister_target(Arc::as_ptr(&self.core) as usize);
+        if let Some((xrcd, true)) = &self.xrcd {
+            let r = self.core.close_opened(xrcd.core());
+            debug_assert!(r.is_ok(), "{r:?}");
+            return;
+        }
+        self.ctx.unregister_target(Arc::as_ptr(&self.core) as usize);
         // Detach first: a QP still in a multicast group cannot be destroyed.
         for gid in self.core.mcast_groups() {
             let _ = self.core.detach_mcast(&gid, 0);
@@ -78,27 +86,53 @@ pub struct QueuePair(pub(crate) Arc<QpInner>);
 
 impl QueuePair {
     pub(crate) fn create(pd: &ProtectionDomain, init: &QpInit<'_>) -> Result<Self> {
+        let xrc_send = init.qp_type == QpType::XrcSend;
         let core_init = core::QpInitAttr {
             qp_type: init.qp_type,
-            send_cq: init.send_cq.core().clone(),
-            recv_cq: init.recv_cq.core().clone(),
+            send_cq: Some(init.send_cq.core().clone()),
+            recv_cq: (!xrc_send).then(|| init.recv_cq.core().clone()),
             srq: init.srq.map(|s| s.0.core.clone()),
             cap: init.cap,
             sq_sig_all: init.sq_sig_all,
         };
         let core = core::Qp::create(pd.core(), &core_init)?;
-        let inner = Arc::new(QpInner {
+        Ok(Self::wrap(QpInner {
             core,
-            pd: pd.clone(),
-            _send_cq: init.send_cq.clone(),
-            _recv_cq: init.recv_cq.clone(),
+            ctx: pd.context().clone(),
+            _pd: Some(pd.clone()),
+            _send_cq: Some(init.send_cq.clone()),
+            _recv_cq: (!xrc_send).then(|| init.recv_cq.clone()),
             _srq: init.srq.cloned(),
-        });
-        pd.context().register_target(
+            xrcd: None,
+        }))
+    }
+
+    /// An XRC_RECV QP of `xrcd`'s domain, created (`opened` false) or opened (`ibv_open_qp`).
+    pub(crate) fn xrc_recv(xrcd: &XrcDomain, core: Arc<core::Qp>, opened: bool) -> Self {
+        let inner = QpInner {
+            core,
+            ctx: xrcd.context().clone(),
+            _pd: None,
+            _send_cq: None,
+            _recv_cq: None,
+            _srq: None,
+            xrcd: Some((xrcd.clone(), opened)),
+        };
+        if opened {
+            // Async events name the QP through its creator's handle.
+            Self(Arc::new(inner))
+        } else {
+            Self::wrap(inner)
+        }
+    }
+
+    fn wrap(inner: QpInner) -> Self {
+        let inner = Arc::new(inner);
+        inner.ctx.register_target(
             Arc::as_ptr(&inner.core) as usize,
             Target::Qp(Arc::downgrade(&inner)),
         );
-        Ok(Self(inner))
+        Self(inner)
     }
 
     /// The QP number.
@@ -175,6 +209,8 @@ impl QueuePair {
 pub(crate) struct SrqInner {
     pub(crate) core: Arc<core::Srq>,
     pd: ProtectionDomain,
+    /// An XRC SRQ keeps its domain and CQ.
+    _xrc: Option<(XrcDomain, CompletionQueue)>,
 }
 
 impl Drop for SrqInner {
@@ -193,15 +229,46 @@ pub struct SharedReceiveQueue(pub(crate) Arc<SrqInner>);
 
 impl SharedReceiveQueue {
     pub(crate) fn create(pd: &ProtectionDomain, attr: &SrqAttr) -> Result<Self> {
-        let inner = Arc::new(SrqInner {
+        Ok(Self::wrap(SrqInner {
             core: core::Srq::create(pd.core(), attr)?,
             pd: pd.clone(),
-        });
+            _xrc: None,
+        }))
+    }
+
+    /// `ibv_create_srq_ex` with `IBV_SRQT_XRC`.
+    pub(crate) fn create_xrc(
+        xrcd: &XrcDomain,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        attr: &SrqAttr,
+    ) -> Result<Self> {
+        Ok(Self::wrap(SrqInner {
+            core: core::Srq::create_xrc(pd.core(), xrcd.core(), cq.core(), attr)?,
+            pd: pd.clone(),
+            _xrc: Some((xrcd.clone(), cq.clone())),
+        }))
+    }
+
+    fn wrap(inner: SrqInner) -> Self {
+        let inner = Arc::new(inner);
+        let pd = &inner.pd;
         pd.context().register_target(
             Arc::as_ptr(&inner.core) as usize,
             Target::Srq(Arc::downgrade(&inner)),
         );
-        Ok(Self(inner))
+        Self(inner)
+    }
+
+    /// `ibv_get_srq_num`: the number XRC initiators address this SRQ by (EINVAL for a basic
+    /// SRQ).
+    pub fn srq_num(&self) -> Result<u32> {
+        self.0.core.srq_num()
+    }
+
+    /// Whether this is an XRC SRQ.
+    pub fn is_xrc(&self) -> bool {
+        self.0.core.is_xrc()
     }
 
     /// `ibv_query_srq`.

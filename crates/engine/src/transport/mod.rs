@@ -98,6 +98,8 @@ pub enum WorkQueue {
     Send,
     /// The receive CQ.
     Recv,
+    /// The CQ of the XRC SRQ with this number (XRC targets complete there).
+    XrcSrq(u32),
 }
 
 /// A completion to push onto a CQ.
@@ -138,6 +140,13 @@ pub trait RecvSource {
     fn take(&mut self) -> Option<RecvWr>;
     /// Returns a WQE taken for a message that was then abandoned (UC), to be used next.
     fn put_back(&mut self, wr: RecvWr);
+    /// XRC targets: looks up the SRQ numbered `srqn` (the request's XRCETH) among the SRQs of
+    /// the target's XRC domain, directs the following `take`/`put_back` to it and returns its
+    /// protection domain. `None` if the domain has no such SRQ. Sources of other QPs have none.
+    fn select_xrc_srq(&mut self, srqn: u32) -> Option<u32> {
+        let _ = srqn;
+        None
+    }
 }
 
 /// The attributes the transport runs with, captured from the QP's attributes.
@@ -527,7 +536,7 @@ impl QpEngine {
         self.req.rereq_pending = 0;
         if let Some(wqe) = self.resp.take_in_progress_wqe() {
             self.push_cqe(
-                WorkQueue::Recv,
+                self.recv_queue(),
                 WorkCompletion::error(wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn),
             );
         }

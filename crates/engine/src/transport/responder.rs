@@ -44,6 +44,8 @@ pub(crate) enum RdResource {
         va: u64,
         rkey: u32,
         len: u64,
+        /// The PD the R_Key was checked against (an XRC target's varies by SRQ).
+        pd: u32,
     },
     Atomic {
         psn: Psn,
@@ -64,6 +66,15 @@ pub(crate) struct Responder {
     pub(crate) uc_dropping: bool,
     /// Duplicate SEND/WRITE packets received since the last new one.
     pub(crate) dup_run: u32,
+    /// XRC target: the SRQ the packet being executed names, and that SRQ's PD.
+    pub(crate) xrc: Option<XrcSelection>,
+}
+
+/// The XRC SRQ a request is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct XrcSelection {
+    pub(crate) srqn: u32,
+    pub(crate) pd: u32,
 }
 
 impl Responder {
@@ -105,8 +116,26 @@ const ACCESS_ERROR: Fatal = Fatal {
 };
 
 impl QpEngine {
+    /// The PD remote keys and receive buffers are checked against: an XRC target uses the PD
+    /// of the SRQ the request names.
+    pub(crate) fn resp_pd(&self) -> u32 {
+        match self.resp.xrc {
+            Some(x) if self.cfg.qp_type == QpType::XrcRecv => x.pd,
+            _ => self.cfg.pd,
+        }
+    }
+
+    /// Where receive completions go: an XRC target completes on the CQ of the SRQ the WQE came
+    /// from.
+    pub(crate) fn recv_queue(&self) -> WorkQueue {
+        match self.resp.xrc {
+            Some(x) if self.cfg.qp_type == QpType::XrcRecv => WorkQueue::XrcSrq(x.srqn),
+            _ => WorkQueue::Recv,
+        }
+    }
+
     fn take_recv(&mut self, srq: &mut Option<&mut dyn RecvSource>) -> Option<RecvWr> {
-        if self.cfg.has_srq {
+        if self.cfg.has_srq || self.cfg.qp_type == QpType::XrcRecv {
             srq.as_deref_mut().and_then(RecvSource::take)
         } else {
             self.rq.pop_front()
@@ -114,7 +143,7 @@ impl QpEngine {
     }
 
     fn put_back_recv(&mut self, wqe: RecvWr, srq: &mut Option<&mut dyn RecvSource>) {
-        if self.cfg.has_srq {
+        if self.cfg.has_srq || self.cfg.qp_type == QpType::XrcRecv {
             if let Some(s) = srq.as_deref_mut() {
                 s.put_back(wqe);
             }
@@ -138,6 +167,7 @@ impl QpEngine {
             (QpType::Rc, softverbs_wire::Transport::Rc)
                 | (QpType::Uc, softverbs_wire::Transport::Uc)
                 | (QpType::Ud, softverbs_wire::Transport::Ud)
+                | (QpType::XrcRecv, softverbs_wire::Transport::Xrc)
         );
         if !transport_ok {
             return Err(DropReason::WrongTransport);
@@ -156,7 +186,9 @@ impl QpEngine {
         let result = match self.cfg.qp_type {
             QpType::Ud => self.ud_request(pkt, meta, mem, &mut srq),
             QpType::Uc => self.uc_request(pkt, mem, &mut srq),
-            QpType::Rc => self.rc_request(now, pkt, mem, &mut srq),
+            QpType::Rc | QpType::XrcRecv => self.rc_request(now, pkt, mem, &mut srq),
+            // Unreachable: an initiator accepts no request (transport check above).
+            QpType::XrcSend => Err(DropReason::WrongTransport),
         };
         if result.is_ok() && self.state == QpState::Rtr && !self.resp.comm_est_sent {
             self.resp.comm_est_sent = true;
@@ -207,7 +239,7 @@ impl QpEngine {
             Err(ScatterError::Length) => wc.status = WcStatus::LocLenErr,
             Err(ScatterError::Mem(e)) => wc.status = e.local_status(),
         }
-        self.push_cqe(WorkQueue::Recv, wc);
+        self.push_cqe(self.recv_queue(), wc);
         Ok(())
     }
 
@@ -259,7 +291,7 @@ impl QpEngine {
                             WcOpcode::Recv,
                             self.cfg.qpn,
                         );
-                        self.push_cqe(WorkQueue::Recv, wc);
+                        self.push_cqe(self.recv_queue(), wc);
                     } else {
                         self.put_back_recv(wqe, srq);
                     }
@@ -305,6 +337,23 @@ impl QpEngine {
         }
         self.resp.nak_sent = false;
         self.resp.dup_run = 0;
+        if self.cfg.qp_type == QpType::XrcRecv {
+            // The SRQ must exist and belong to this target's XRC domain; its PD then governs
+            // every key of the request and its CQ gets the completion.
+            let srqn = pkt.repr.xrceth.map_or(0, |x| x.srqn);
+            let selected = srq.as_deref_mut().and_then(|s| s.select_xrc_srq(srqn));
+            match selected {
+                Some(pd) => self.resp.xrc = Some(XrcSelection { srqn, pd }),
+                None => {
+                    // A message in progress stays charged to its own SRQ.
+                    if matches!(self.resp.progress, Progress::Idle) {
+                        self.resp.xrc = None;
+                    }
+                    self.rc_fatal(ACCESS_ERROR, psn);
+                    return Ok(());
+                }
+            }
+        }
         let opcode = pkt.opcode();
         let outcome = if opcode.is_read() {
             self.execute_read(pkt, mem)
@@ -349,7 +398,7 @@ impl QpEngine {
         self.send_ack(AethSyndrome::Nak(f.nak), psn);
         if let Some(wqe) = self.resp.take_in_progress_wqe() {
             let wc = WorkCompletion::error(wqe.wr_id, f.recv_status, WcOpcode::Recv, self.cfg.qpn);
-            self.push_cqe(WorkQueue::Recv, wc);
+            self.push_cqe(self.recv_queue(), wc);
         }
         self.events.push_back(f.event);
         // The NAK must still leave: keep it across the flush.
@@ -399,7 +448,7 @@ impl QpEngine {
                 if total > 0 {
                     let key = KeyRef {
                         key: reth.rkey,
-                        pd: self.cfg.pd,
+                        pd: self.resp_pd(),
                         access: Access::RemoteWrite,
                     };
                     mem.check(key, reth.va, total)
@@ -437,7 +486,7 @@ impl QpEngine {
             if len > 0 {
                 let key = KeyRef {
                     key: rkey,
-                    pd: self.cfg.pd,
+                    pd: self.resp_pd(),
                     access: Access::RemoteWrite,
                 };
                 if mem.write(key, va + offset, pkt.payload).is_err() {
@@ -463,7 +512,7 @@ impl QpEngine {
                     wc.wc_flags = WcFlags::WITH_IMM;
                     wc.imm_data = pkt.repr.imm_dt.map_or(0, |i| i.imm_data.to_be());
                     wc.solicited = pkt.repr.bth.solicited;
-                    self.push_cqe(WorkQueue::Recv, wc);
+                    self.push_cqe(self.recv_queue(), wc);
                 }
             } else {
                 self.resp.progress = Progress::Write {
@@ -482,10 +531,11 @@ impl QpEngine {
                 None => return Err(Outcome::Rnr),
             }
         }
+        let pd = self.resp_pd();
         let Progress::Send { wqe, offset } = &mut self.resp.progress else {
             unreachable!()
         };
-        match scatter_sges(mem, self.cfg.pd, &wqe.sg_list, *offset, pkt.payload) {
+        match scatter_sges(mem, pd, &wqe.sg_list, *offset, pkt.payload) {
             Ok(()) => {}
             Err(ScatterError::Length) => {
                 return Err(Outcome::Fatal(Fatal {
@@ -520,7 +570,7 @@ impl QpEngine {
                 wc.imm_data = ieth.rkey;
                 wc.wc_flags |= WcFlags::WITH_INV;
             }
-            self.push_cqe(WorkQueue::Recv, wc);
+            self.push_cqe(self.recv_queue(), wc);
         }
         Ok(())
     }
@@ -541,7 +591,7 @@ impl QpEngine {
         if len > 0 {
             let key = KeyRef {
                 key: reth.rkey,
-                pd: self.cfg.pd,
+                pd: self.resp_pd(),
                 access: Access::RemoteRead,
             };
             mem.check(key, reth.va, len)
@@ -555,10 +605,11 @@ impl QpEngine {
             va: reth.va,
             rkey: reth.rkey,
             len,
+            pd: self.resp_pd(),
         });
         self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
         self.resp.epsn = psn + n;
-        self.send_read_responses(psn, reth.va, reth.rkey, len, mem);
+        self.send_read_responses(psn, reth.va, reth.rkey, len, self.resp_pd(), mem);
         Ok(())
     }
 
@@ -573,7 +624,7 @@ impl QpEngine {
         if a.va % 8 != 0 {
             return Err(Outcome::Fatal(INVALID_REQUEST));
         }
-        let op = if pkt.opcode() == Opcode::RcCompareSwap {
+        let op = if pkt.opcode().rc_equivalent() == Opcode::RcCompareSwap {
             AtomicOp::CompareSwap {
                 compare: a.compare,
                 swap: a.swap_add,
@@ -583,7 +634,7 @@ impl QpEngine {
         };
         let key = KeyRef {
             key: a.rkey,
-            pd: self.cfg.pd,
+            pd: self.resp_pd(),
             access: Access::RemoteAtomic,
         };
         let orig = match mem.atomic(key, a.va, op) {
@@ -621,10 +672,11 @@ impl QpEngine {
                     va,
                     rkey,
                     len,
-                } if psn.in_range(first, last) => Some((va, rkey, len)),
+                    pd,
+                } if psn.in_range(first, last) => Some((va, rkey, len, pd)),
                 _ => None,
             });
-            let Some((va, rkey, len)) = found else {
+            let Some((va, rkey, len, pd)) = found else {
                 return Err(DropReason::BadPsn);
             };
             // The retried request must ask for part of the original.
@@ -632,7 +684,7 @@ impl QpEngine {
             if reth.rkey != rkey || rva < va || rva + rlen > va + len {
                 return Err(DropReason::BadPsn);
             }
-            self.send_read_responses(psn, rva, rkey, rlen, mem);
+            self.send_read_responses(psn, rva, rkey, rlen, pd, mem);
             return Ok(());
         }
         if opcode.is_atomic() {
@@ -659,7 +711,11 @@ impl QpEngine {
     }
 
     fn send_ack(&mut self, syndrome: AethSyndrome, psn: Psn) {
-        let bth = BthRepr::new(Opcode::RcAcknowledge, self.attr.dest_qp_num, psn);
+        let bth = BthRepr::new(
+            self.response_opcode(Opcode::RcAcknowledge),
+            self.attr.dest_qp_num,
+            psn,
+        );
         let repr = PacketRepr {
             aeth: Some(AethRepr {
                 syndrome,
@@ -673,7 +729,11 @@ impl QpEngine {
     }
 
     fn send_atomic_ack(&mut self, psn: Psn, orig: u64) {
-        let bth = BthRepr::new(Opcode::RcAtomicAcknowledge, self.attr.dest_qp_num, psn);
+        let bth = BthRepr::new(
+            self.response_opcode(Opcode::RcAtomicAcknowledge),
+            self.attr.dest_qp_num,
+            psn,
+        );
         let repr = PacketRepr {
             aeth: Some(AethRepr {
                 syndrome: AethSyndrome::ACK_UNLIMITED,
@@ -688,7 +748,7 @@ impl QpEngine {
     }
 
     /// Sends the READ response packets for `len` bytes at `va`, numbered from `first`.
-    fn send_read_responses(&mut self, first: Psn, va: u64, rkey: u32, len: u64, mem: &dyn Memory) {
+    fn send_read_responses(&mut self, first: Psn, va: u64, rkey: u32, len: u64, pd: u32, mem: &dyn Memory) {
         let mtu = u64::from(self.mtu());
         let n = packets(len, self.mtu());
         let dest = self.path_dest();
@@ -701,7 +761,8 @@ impl QpEngine {
             };
             let offset = u64::from(i) * mtu;
             let chunk = (len - offset).min(mtu) as usize;
-            let bth = BthRepr::new(Opcode::read_response(position), self.attr.dest_qp_num, first + i);
+            let opcode = self.response_opcode(Opcode::read_response(position));
+            let bth = BthRepr::new(opcode, self.attr.dest_qp_num, first + i);
             let mut repr = PacketRepr::new(bth, chunk);
             if position != Position::Middle {
                 repr.aeth = Some(AethRepr {
@@ -711,7 +772,7 @@ impl QpEngine {
             }
             let key = KeyRef {
                 key: rkey,
-                pd: self.cfg.pd,
+                pd,
                 access: Access::RemoteRead,
             };
             let built = build(&repr, dest, |buf| {
