@@ -177,11 +177,17 @@ impl Node {
                 }
                 did = true;
                 let mut out = Vec::new();
+                let mut tickets = Vec::new();
                 for pkt in batch {
-                    self.receive(now, pkt, &mut out);
+                    self.receive(now, pkt, &mut out, &mut tickets);
                 }
-                // One send for the whole batch: fewer system calls, and one ACK per QP.
+                // One send for the whole batch: fewer system calls, and one ACK per QP. Only
+                // then do the batch's completions become visible: an application that sees its
+                // last completion and exits must not leave the peer without the ACK.
                 fabric().send_all(self, coalesce_acks(out));
+                for (qp, ticket) in tickets {
+                    qp.release(ticket);
+                }
             }
             self.driving.store(false, Ordering::Release);
             // A packet may have arrived after the last check but before the release.
@@ -191,7 +197,7 @@ impl Node {
         }
     }
 
-    fn receive(&self, now: Instant, pkt: Packet, out: &mut Vec<Transmit>) {
+    fn receive(&self, now: Instant, pkt: Packet, out: &mut Vec<Transmit>, tickets: &mut Vec<(Arc<Qp>, u64)>) {
         bump(&self.counters.rx_packets);
         let Ok(parsed) = RocePacket::parse(&pkt.data) else {
             bump(&self.counters.rx_malformed);
@@ -224,14 +230,15 @@ impl Node {
             return;
         }
         for qp in targets {
-            let (txs, dropped) = qp.handle_packet(now, &parsed, &pkt.meta);
+            let (outputs, dropped) = qp.handle_packet(now, &parsed, &pkt.meta);
             match dropped {
                 None => {}
                 Some(DropReason::BadPkey) => bump(&self.counters.rx_bad_pkey),
                 Some(DropReason::BadQkey) => bump(&self.counters.rx_bad_qkey),
                 Some(_) => bump(&self.counters.rx_dropped),
             }
-            out.extend(txs);
+            out.extend(outputs.txs);
+            tickets.push((qp, outputs.ticket));
         }
     }
 
@@ -241,8 +248,9 @@ impl Node {
         for qp in self.qps() {
             let due = qp.deadline();
             if due.is_some_and(|d| d <= now) {
-                let txs = qp.handle_timeout(now);
-                fabric().send_all(self, txs);
+                let out = qp.handle_timeout(now);
+                fabric().send_all(self, out.txs);
+                qp.release(out.ticket);
             }
             if let Some(d) = qp.deadline() {
                 next = Some(next.map_or(d, |n: Instant| n.min(d)));
@@ -340,7 +348,8 @@ fn receive_thread(udp: &Udp) {
         }
         // Wakes at least once a second to take over the standard port if it was freed.
         if udp.wait_readable(Duration::from_secs(1)) {
-            f.ingest(udp.receive());
+            udp.receive(|d| f.deliver_datagrams(d));
+            f.drive(f.now());
         }
     }
 }
@@ -414,8 +423,8 @@ impl Fabric {
     /// progress thread to be scheduled).
     pub(crate) fn progress(&self, now: Instant) {
         self.app_poll_at.store(now.as_nanos(), Ordering::Relaxed);
-        if let Some(batch) = self.udp().and_then(|u| u.try_receive()) {
-            self.ingest(batch);
+        if let Some(u) = self.udp() {
+            u.try_receive(|d| self.deliver_datagrams(d));
         }
         self.drive(now);
         if self.wake_at.load(Ordering::Acquire) <= now.as_nanos() {
@@ -546,8 +555,8 @@ impl Fabric {
         }
     }
 
-    /// Hands received datagrams to their nodes and processes them.
-    fn ingest(&self, dgrams: Vec<Datagram>) {
+    /// Hands received datagrams to their nodes' inbound queues, in order.
+    fn deliver_datagrams(&self, dgrams: Vec<Datagram>) {
         if dgrams.is_empty() {
             return;
         }
@@ -579,7 +588,6 @@ impl Fabric {
                 });
             }
         }
-        self.drive(self.now());
     }
 
     /// Releases a QP number.

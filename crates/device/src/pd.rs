@@ -252,7 +252,7 @@ impl Ah {
         }
         Ok(Arc::new(Self {
             pd: pd.clone(),
-            attr: *attr,
+            attr: attr.masked(),
             handle: ctx.next_handle(),
             uses: UseCount::default(),
         }))

@@ -21,6 +21,7 @@ use crate::context::{Context, EventElement};
 use crate::cq::Cq;
 use crate::device::{cap_flags, Resource};
 use crate::fabric::{fabric, Node};
+use crate::held::Held;
 use crate::pd::{Ah, Pd};
 use crate::sync::{AckCounter, UseCount};
 use crate::xrc::{XrcDomain, Xrcd};
@@ -101,6 +102,17 @@ struct QpInner {
     attr: QpAttr,
     engine: QpEngine,
     mcast: HashSet<Gid>,
+    /// Completions waiting for the packets produced with them to leave.
+    held: Held,
+}
+
+/// What one engine drain produced: packets to send, and the ticket that makes the completions
+/// produced with them visible once they were sent ([`Qp::release`]).
+#[derive(Debug)]
+#[must_use = "the completions stay held until the ticket is released"]
+pub(crate) struct Outputs {
+    pub(crate) txs: Vec<Transmit>,
+    pub(crate) ticket: u64,
 }
 
 /// A queue pair (`ibv_create_qp`).
@@ -321,6 +333,7 @@ impl Qp {
                 attr,
                 engine,
                 mcast: HashSet::new(),
+                held: Held::default(),
             }),
             deadline: AtomicU64::new(u64::MAX),
             uses: UseCount::default(),
@@ -411,17 +424,42 @@ impl Qp {
         (d != u64::MAX).then_some(Instant(d))
     }
 
-    /// Moves the engine's outputs where they belong: completions to the CQs, events to the
-    /// context, deadlines to the progress thread. Returns the packets to send.
-    fn drain(&self, inner: &mut QpInner, now: Instant) -> Vec<Transmit> {
+    /// Moves the engine's outputs where they belong: completions are held under a new ticket
+    /// (see [`Qp::release`]), events go to the context, deadlines to the progress thread.
+    /// Returns the packets to send with the ticket.
+    fn drain(&self, inner: &mut QpInner, now: Instant) -> Outputs {
         let node = self.node();
         let mut txs = Vec::new();
+        let ticket = inner.held.issue();
+        while let Some(tx) = inner.engine.poll_transmit(now, &node.keys) {
+            txs.push(tx);
+        }
+        while let Some(c) = inner.engine.poll_completion() {
+            inner.held.hold(ticket, c);
+        }
+        while let Some(ev) = inner.engine.poll_event() {
+            self.raise(ev);
+        }
+        if inner.engine.take_error_transition() {
+            inner.attr.qp_state = QpState::Err;
+        }
+        let deadline = inner.engine.poll_timeout();
+        self.deadline
+            .store(deadline.map_or(u64::MAX, Instant::as_nanos), Ordering::Release);
+        if let Some(d) = deadline {
+            fabric().schedule(d);
+        }
+        Outputs { txs, ticket }
+    }
+
+    /// Tells the QP that the packets of `ticket` were handed to the fabric: the completions
+    /// produced with them (and with every earlier ticket already sent) go to their CQs now.
+    pub(crate) fn release(&self, ticket: u64) {
+        let mut inner = self.inner.lock();
+        let mut ticket = ticket;
         loop {
-            while let Some(tx) = inner.engine.poll_transmit(now, &node.keys) {
-                txs.push(tx);
-            }
             let mut overrun = false;
-            while let Some(c) = inner.engine.poll_completion() {
+            for c in inner.held.release(ticket) {
                 let cq = match c.queue {
                     WorkQueue::Send => self.init.send_cq.clone(),
                     WorkQueue::Recv => self.init.recv_cq.clone(),
@@ -437,37 +475,29 @@ impl Qp {
                     overrun |= cq.push(c.wc).is_err();
                 }
             }
-            while let Some(ev) = inner.engine.poll_event() {
-                self.raise(ev);
+            if !overrun || inner.attr.qp_state == QpState::Err {
+                return;
             }
-            if inner.engine.take_error_transition() {
-                inner.attr.qp_state = QpState::Err;
-            }
-            if overrun && inner.attr.qp_state != QpState::Err {
-                // A CQ overrun leaves the QP unusable: move it to ERR and flush (the flushed
-                // completions are lost too, the CQ being in error).
-                tracing::warn!(qpn = self.qpn, "CQ overrun: QP moves to the error state");
-                inner.attr.qp_state = QpState::Err;
-                let attr = inner.attr;
-                inner.engine.set_attr(now, &attr);
-                self.raise(EventType::QpFatal);
-                continue;
-            }
-            break;
+            // A CQ overrun leaves the QP unusable: move it to ERR and flush (the flushed
+            // completions are lost too, the CQ being in error).
+            tracing::warn!(qpn = self.qpn, "CQ overrun: QP moves to the error state");
+            let now = fabric().now();
+            inner.attr.qp_state = QpState::Err;
+            let attr = inner.attr;
+            inner.engine.set_attr(now, &attr);
+            self.raise(EventType::QpFatal);
+            let out = self.drain(&mut inner, now);
+            fabric().send_all(self.node(), out.txs);
+            ticket = out.ticket;
         }
-        let deadline = inner.engine.poll_timeout();
-        self.deadline
-            .store(deadline.map_or(u64::MAX, Instant::as_nanos), Ordering::Release);
-        if let Some(d) = deadline {
-            fabric().schedule(d);
-        }
-        txs
     }
 
-    /// Sends packets and lets the fabric run until it is quiet.
-    fn send_and_drive(&self, txs: Vec<Transmit>) {
+    /// Sends packets, makes their completions visible, and lets the fabric run until it is
+    /// quiet.
+    fn emit(&self, out: Outputs) {
         let f = fabric();
-        f.send_all(self.node(), txs);
+        f.send_all(self.node(), out.txs);
+        self.release(out.ticket);
         f.drive(f.now());
     }
 
@@ -478,7 +508,7 @@ impl Qp {
         now: Instant,
         pkt: &ParsedPacket<'_>,
         meta: &RxMeta,
-    ) -> (Vec<Transmit>, Option<DropReason>) {
+    ) -> (Outputs, Option<DropReason>) {
         let mut inner = self.inner.lock();
         let node = self.node();
         let dropped = match &self.init.srq {
@@ -501,12 +531,12 @@ impl Qp {
             }
             None => inner.engine.handle_packet(now, pkt, meta, &node.keys, None).err(),
         };
-        let txs = self.drain(&mut inner, now);
-        (txs, dropped)
+        let out = self.drain(&mut inner, now);
+        (out, dropped)
     }
 
     /// Handles expired transport timers (called by the progress machinery).
-    pub(crate) fn handle_timeout(&self, now: Instant) -> Vec<Transmit> {
+    pub(crate) fn handle_timeout(&self, now: Instant) -> Outputs {
         let mut inner = self.inner.lock();
         inner.engine.handle_timeout(now);
         self.drain(&mut inner, now)
@@ -526,7 +556,7 @@ impl Qp {
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let ctx = self.context();
         let now = fabric().now();
-        let txs = {
+        let out = {
             let mut inner = self.inner.lock();
             let from = inner.attr.qp_state;
             let next = validate_modify(self.qp_type(), from, attr, mask, &ctx.port_limits())?;
@@ -535,7 +565,7 @@ impl Qp {
             inner.engine.set_attr(now, &new);
             self.drain(&mut inner, now)
         };
-        self.send_and_drive(txs);
+        self.emit(out);
         Ok(())
     }
 
@@ -586,9 +616,9 @@ impl Qp {
             }
             inner.engine.post_recv(wr.clone());
         }
-        let txs = self.drain(&mut inner, now);
+        let out = self.drain(&mut inner, now);
         drop(inner);
-        self.send_and_drive(txs);
+        self.emit(out);
         result
     }
 
@@ -662,9 +692,9 @@ impl Qp {
             }
             inner.engine.post_send(wr);
         }
-        let txs = self.drain(&mut inner, now);
+        let out = self.drain(&mut inner, now);
         drop(inner);
-        self.send_and_drive(txs);
+        self.emit(out);
         result
     }
 

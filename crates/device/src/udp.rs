@@ -25,13 +25,15 @@ use nix::errno::Errno;
 use nix::libc;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{
-    bind, recvmsg, sendmsg, setsockopt, socket, sockopt, AddressFamily, ControlMessage, ControlMessageOwned,
-    MsgFlags, SockFlag, SockType, SockaddrIn, SockaddrIn6, SockaddrStorage,
+    bind, getsockopt, recvmsg, sendmsg, setsockopt, socket, sockopt, AddressFamily, ControlMessage,
+    ControlMessageOwned, MsgFlags, SockFlag, SockType, SockaddrIn, SockaddrIn6, SockaddrStorage,
 };
 use parking_lot::Mutex;
 use softverbs_engine::transport::RxMeta;
 use softverbs_engine::types::Gid;
 use softverbs_wire::icrc;
+
+use crate::pace::Pacer;
 
 /// First bytes of a forwarded datagram. 0x53 is an RD opcode, which no valid packet here uses.
 const FORWARD_MAGIC: [u8; 4] = *b"SVFW";
@@ -140,6 +142,8 @@ pub(crate) struct Udp {
     rx: Mutex<RxBuffers>,
     /// Whether the kernel accepts UDP segmentation offload (GSO) sends.
     gso: std::sync::atomic::AtomicBool,
+    /// Holds back floods towards receivers on this host that cannot keep up.
+    pacer: Pacer,
 }
 
 #[derive(Debug)]
@@ -160,6 +164,7 @@ impl Udp {
             let port = base.checked_add(u16::from(k))?;
             Sockets::bind(port).ok().map(|s| (k, s))
         })?;
+        let rcvbuf = getsockopt(&own.v4, sockopt::RcvBuf).unwrap_or(0);
         let udp = Arc::new(Self {
             slot,
             base,
@@ -171,6 +176,7 @@ impl Udp {
                 cmsg: nix::cmsg_space!(libc::in6_pktinfo, i32),
             }),
             gso: std::sync::atomic::AtomicBool::new(true),
+            pacer: Pacer::new(rcvbuf),
         });
         tracing::debug!(
             slot,
@@ -226,6 +232,10 @@ impl Udp {
         for p in packets.iter_mut() {
             // Only a packet too short to hold a BTH fails here; it is dropped below.
             let _ = icrc::fill(src_sa, dst_sa, p);
+        }
+        if dst.is_loopback() {
+            let bytes = packets.iter().map(Vec::len).sum();
+            self.pacer.before_send(dst.is_ipv6(), port, bytes);
         }
         let mut sent = 0;
         let mut rest: &[Vec<u8>] = packets;
@@ -343,8 +353,28 @@ impl Udp {
         matches!(poll(&mut pfds, ms), Ok(n) if n > 0)
     }
 
-    /// Reads every datagram waiting, without blocking.
-    pub(crate) fn receive(&self) -> Vec<Datagram> {
+    /// Reads every datagram waiting, without blocking, and hands them to `deliver` before
+    /// another thread may read: datagrams reach the fabric in the order the socket had them
+    /// (two readers delivering their batches in the other order would reorder a QP's packets,
+    /// which UC cannot recover from).
+    pub(crate) fn receive(&self, deliver: impl FnOnce(Vec<Datagram>)) {
+        let mut rx = self.rx.lock();
+        let out = self.receive_locked(&mut rx);
+        deliver(out);
+    }
+
+    /// Like [`Udp::receive`] for a polling application thread; false (and nothing read) if
+    /// another thread is receiving.
+    pub(crate) fn try_receive(&self, deliver: impl FnOnce(Vec<Datagram>)) -> bool {
+        let Some(mut rx) = self.rx.try_lock() else {
+            return false;
+        };
+        let out = self.receive_locked(&mut rx);
+        deliver(out);
+        true
+    }
+
+    fn receive_locked(&self, rx: &mut RxBuffers) -> Vec<Datagram> {
         let fwd = self.forwarder.lock().clone();
         let mut fds: Vec<(&OwnedFd, bool)> = self.own.fds().map(|f| (f, false)).collect();
         if let Some(f) = fwd.as_ref() {
@@ -364,27 +394,18 @@ impl Udp {
             .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
             .collect();
         drop(pfds);
-        let mut rx = self.rx.lock();
         for ((fd, is_forwarder), ready) in fds.into_iter().zip(ready) {
             if !ready {
                 continue;
             }
             // Bounded, so one busy socket does not starve the others.
             for _ in 0..256 {
-                if !self.recv_one(fd, is_forwarder, &mut rx, &mut out) {
+                if !self.recv_one(fd, is_forwarder, rx, &mut out) {
                     break;
                 }
             }
         }
         out
-    }
-
-    /// Non-blocking receive for a polling application thread; `None` if another thread is
-    /// receiving.
-    pub(crate) fn try_receive(&self) -> Option<Vec<Datagram>> {
-        let rx = self.rx.try_lock()?;
-        drop(rx);
-        Some(self.receive())
     }
 
     /// Reads one datagram, or one GRO batch of them, into `out`; false when the socket is empty.

@@ -285,12 +285,6 @@ pub fn check_ah_attr(ah: &AhAttr, limits: &PortLimits<'_>, attr: QpAttrMask) -> 
     if ah.grh.dgid.is_zero() {
         return Err(invalid(attr, "ah_attr.grh.dgid is all zeros"));
     }
-    if ah.grh.flow_label > 0xF_FFFF {
-        return Err(invalid(
-            attr,
-            format_args!("ah_attr.grh.flow_label {:#x} exceeds 20 bits", ah.grh.flow_label),
-        ));
-    }
     if crate::rate::rate_to_mbps(i32::from(ah.static_rate)) < 0 && ah.static_rate != 0 {
         return Err(invalid(
             attr,
@@ -491,7 +485,7 @@ pub fn apply_modify(qp_attr: &mut QpAttr, attr: &QpAttr, mask: QpAttrMask, next:
         qp_attr.qkey = attr.qkey;
     }
     if set(M::AV) {
-        qp_attr.ah_attr = attr.ah_attr;
+        qp_attr.ah_attr = attr.ah_attr.masked();
     }
     if set(M::PATH_MTU) {
         qp_attr.path_mtu = attr.path_mtu;

@@ -631,7 +631,7 @@ impl fmt::Debug for Gid {
 pub struct GlobalRoute {
     /// Destination GID or MGID.
     pub dgid: Gid,
-    /// Flow label (20 bits).
+    /// Flow label: 20 bits; a QP or AH keeps only those (see [`AhAttr::masked`]).
     pub flow_label: u32,
     /// Index of the source GID in the port's table.
     pub sgid_index: u8,
@@ -658,6 +658,21 @@ pub struct AhAttr {
     pub is_global: bool,
     /// Port number.
     pub port_num: u8,
+}
+
+impl GlobalRoute {
+    /// The flow label's width: an IPv6 flow label is 20 bits.
+    pub const FLOW_LABEL_MASK: u32 = 0xF_FFFF;
+}
+
+impl AhAttr {
+    /// The address vector as a QP or AH keeps it: the flow label cut to its 20 bits. The kernel
+    /// passes the field through unchecked and hardware masks it, and UCX sets all 32 bits on
+    /// RoCE, so wider values are accepted rather than refused.
+    pub fn masked(mut self) -> Self {
+        self.grh.flow_label &= GlobalRoute::FLOW_LABEL_MASK;
+        self
+    }
 }
 
 /// `struct ibv_qp_cap`.

@@ -4,7 +4,8 @@
 //!
 //! Work requests are translated into the core's [`SendRequest`]/[`RecvWr`]; inline data is
 //! copied from the caller's addresses at post time. Failures set `*bad_wr` to the first work
-//! request that was not posted and return its errno, as `ibv_post_send(3)` says.
+//! request that was not posted and return its errno, as `ibv_post_send(3)` says, leaving it in
+//! `errno` as well.
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr::null_mut;
@@ -18,7 +19,7 @@ use softverbs_engine::Errno;
 use crate::abi::*;
 use crate::memory::copy_in;
 use crate::verbs::{self, outer, NewQp, SvAh, SvCq, SvQp, SvSrq, WrBatch};
-use crate::{fail_null, set_errno};
+use crate::{fail, fail_null, set_errno};
 
 const EINVAL: c_int = Errno::EINVAL as c_int;
 const EOPNOTSUPP: c_int = Errno::EOPNOTSUPP as c_int;
@@ -172,7 +173,7 @@ pub(crate) unsafe extern "C" fn post_send(
 ) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(q) = (unsafe { outer::<SvQp, _>(qp) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     let qp_type = q.core.qp_type();
     let mut ptrs = Vec::new();
@@ -206,7 +207,7 @@ pub(crate) unsafe extern "C" fn post_send(
         // SAFETY: `bad` is writable.
         unsafe { *bad = bad_wr };
     }
-    err
+    fail(err)
 }
 
 /// Translates a receive list; returns the WRs, their pointers, and the first untranslatable
@@ -256,7 +257,7 @@ unsafe fn finish_recv(
         // SAFETY: `bad` is writable.
         unsafe { *bad = bad_wr };
     }
-    err
+    fail(err)
 }
 
 /// The `post_recv` op.
@@ -267,7 +268,7 @@ pub(crate) unsafe extern "C" fn post_recv(
 ) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(q) = (unsafe { outer::<SvQp, _>(qp) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     let (reqs, ptrs, conv_err) = unsafe { recv_list(wr) };
@@ -284,7 +285,7 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
 ) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(s) = (unsafe { outer::<SvSrq, _>(srq) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     let (reqs, ptrs, conv_err) = unsafe { recv_list(wr) };
@@ -297,10 +298,10 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
 pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(c) = (unsafe { outer::<SvCq, _>(cq) }) else {
-        return -EINVAL;
+        return -fail(EINVAL);
     };
     if n < 0 || (n > 0 && wc.is_null()) {
-        return -EINVAL;
+        return -fail(EINVAL);
     }
     let n = n as usize;
     let mut buf = [WorkCompletion::default(); 32];
@@ -326,9 +327,9 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
     match unsafe { outer::<SvCq, _>(cq) } {
         Some(c) => match c.core.req_notify(solicited_only != 0) {
             Ok(()) => 0,
-            Err(e) => e.errno(),
+            Err(e) => fail(e.errno()),
         },
-        None => EINVAL,
+        None => fail(EINVAL),
     }
 }
 
@@ -560,16 +561,16 @@ unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
 unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
     // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     let Some((q, mut b)) = (unsafe { batch(qpx) }) else {
-        return EINVAL;
+        return fail(EINVAL);
     };
     let WrBatch { reqs, error } = std::mem::take(&mut *b);
     drop(b);
     if let Some(e) = error {
-        return e;
+        return fail(e);
     }
     match q.core.post_send(&reqs) {
         Ok(()) => 0,
-        Err(e) => e.error.errno(),
+        Err(e) => fail(e.error.errno()),
     }
 }
 

@@ -9,8 +9,9 @@
 //! - `symbols`: the export table. Every entry point is an internal Rust function; `global_asm!`
 //!   gives it a versioned name (`ibv_alloc_pd@@IBVERBS_1.1`) with `.symver`, and `build.rs`
 //!   passes a version script that declares the nodes, the soname and `-z now`.
-//! - `verbs`: devices, contexts and the control verbs; `datapath`: posting, polling, the
-//!   extended CQ (`ibv_cq_ex`) and the extended QP work-request API (`ibv_wr_*`).
+//! - `verbs`: devices, contexts and the control verbs, a module per subject, with the pure
+//!   struct conversions in `verbs::convert`; `datapath`: posting, polling, the extended CQ
+//!   (`ibv_cq_ex`) and the extended QP work-request API (`ibv_wr_*`).
 //!
 //! Each C object is the first field of a Rust-owned `repr(C)` box that also holds the `Arc` of
 //! its core object, so a C pointer converts back to its box by a cast. The `ibv_context` is the
@@ -42,6 +43,14 @@ use softverbs_engine::types::{EventType, WcStatus};
 pub(crate) fn set_errno(e: c_int) {
     // SAFETY: `__errno_location` returns the calling thread's errno slot, always valid.
     unsafe { *libc::__errno_location() = e };
+}
+
+/// Sets `errno` to `e` and returns it: the failure convention of the verbs that return an
+/// errno value. rdma-core leaves the same value in `errno` on every failing verb and programs
+/// print `strerror(errno)`, so every such failure return goes through here.
+pub(crate) fn fail(e: c_int) -> c_int {
+    set_errno(e);
+    e
 }
 
 /// Sets `errno` and returns NULL: the failure convention of the verbs that return objects.

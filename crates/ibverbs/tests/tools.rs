@@ -229,6 +229,34 @@ fn ib_send_bw() {
     perftest("/usr/bin/ib_send_bw", true);
 }
 
+/// A UC flood of 64 KiB messages between two processes on loopback: nothing may be lost on the
+/// way (the server waits for every message), so this hangs if the receiver's socket overflows or
+/// the packets of a message are reordered on the host.
+#[test]
+fn ib_send_bw_uc_flood_loses_nothing() {
+    let gid = gid_index();
+    let (c, s) = pair(
+        "/usr/bin/ib_send_bw",
+        &[
+            "-d",
+            "sv_lo",
+            "-x",
+            gid.as_str(),
+            "-c",
+            "UC",
+            "-s",
+            "65536",
+            "-n",
+            "2000",
+            "-F",
+        ],
+    );
+    for o in [&c, &s] {
+        let (out, _) = text(o);
+        assert!(out.contains(" 65536      2000 "), "{out}");
+    }
+}
+
 #[test]
 fn ib_send_lat() {
     perftest("/usr/bin/ib_send_lat", true);

@@ -330,9 +330,8 @@ impl Report {
 #[derive(Debug)]
 pub struct PingPong {
     // Fields drop in declaration order, and the order matters: the QPs must go before the MR,
-    // as in the C programs' teardown. The peer may still have a send in flight when this side
-    // is done (see `linger`); a live QP whose receive buffer was already deregistered would NAK
-    // it and fail the peer's run.
+    // as in the C programs' teardown: a live QP whose receive buffer was already deregistered
+    // would NAK a late packet of the peer and fail its run.
     qps: Vec<QueuePair>,
     ah: Option<AddressHandle>,
     srq: Option<SharedReceiveQueue>,
@@ -516,31 +515,12 @@ impl PingPong {
         }
         let mut report = self.ping_pong(role, &remote)?;
         report.remote = remote;
-        if self.cfg.transport == Transport::Srq {
-            self.linger();
-        }
         writeln!(out, "{}", report.summary()).or_fail("write")?;
         for page in &report.invalid_pages {
             writeln!(out, "invalid data in page {page}").or_fail("write")?;
         }
         out.flush().or_fail("write")?;
         Ok(report)
-    }
-
-    /// With several QPs the peer may still have sends in flight when this side has counted all
-    /// its iterations (as with rdma-core's srq_pingpong). Keep the QPs up until the traffic stops
-    /// (at most 2 s), so those sends are acknowledged instead of retried into an error.
-    fn linger(&self) {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
-        let mut seen = self.ctx.counters().rx_packets;
-        while std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            let now = self.ctx.counters().rx_packets;
-            if now == seen {
-                return;
-            }
-            seen = now;
-        }
     }
 
     fn send_dests<S: Write>(&self, stream: &mut S) -> Result<(), ToolError> {

@@ -744,6 +744,36 @@ mod ibv_modify_qp {
         assert_eq!(qp.state(), QpState::Rtr);
     }
 
+    /// The kernel passes the flow label through unchecked and hardware keeps its low 20 bits;
+    /// UCX sets all 32 on RoCE.
+    #[test]
+    fn a_wide_flow_label_is_kept_as_its_low_20_bits() {
+        let ctx = lo();
+        let cq = ctx.create_cq(16, None, 0).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap();
+        to_init(&qp);
+        let mut attr = QpAttr {
+            qp_state: QpState::Rtr,
+            ah_attr: ah_attr(&ctx),
+            path_mtu: Mtu::Mtu1024,
+            dest_qp_num: 5,
+            max_dest_rd_atomic: 1,
+            ..Default::default()
+        };
+        attr.ah_attr.grh.flow_label = 0xFFFF_FFFF;
+        let mask = QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER;
+        qp.modify(&attr, mask).unwrap();
+        assert_eq!(qp.state(), QpState::Rtr);
+        assert_eq!(qp.query().ah_attr.grh.flow_label, 0xF_FFFF);
+    }
+
     #[test]
     fn sqd_with_notification_raises_sq_drained() {
         let ctx = lo();
@@ -1431,6 +1461,17 @@ mod ibv_create_ah {
         let mut bad = ah_attr(&ctx);
         bad.grh.dgid = Gid::ZERO;
         assert_eq!(pd.create_ah(&bad).unwrap_err().errno(), EINVAL);
+    }
+
+    /// As with `ibv_modify_qp`, a flow label is kept as its low 20 bits, not refused.
+    #[test]
+    fn a_wide_flow_label_is_kept_as_its_low_20_bits() {
+        let ctx = lo();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut attr = ah_attr(&ctx);
+        attr.grh.flow_label = 0xFFFF_FFFF;
+        let ah = pd.create_ah(&attr).unwrap();
+        assert_eq!(ah.attr().grh.flow_label, 0xF_FFFF);
     }
 }
 

@@ -461,15 +461,16 @@ fn ud_to_peer(ip: IpAddr) {
     );
 }
 
-/// A standard peer (one that knows nothing of slots) sends to port 4791; the process holding
-/// that port forwards the packet to the slot that owns the destination QP.
+/// A standard peer (one that knows nothing of slots) sends to the base port (4791 unless
+/// configured; here a private one); the process holding that port forwards the packet to the
+/// slot that owns the destination QP.
 fn standard_port_forwarding() {
     use softverbs_wire::{BthRepr, DethRepr, Opcode, PacketRepr, Psn};
     let s = side(QpType::Ud);
     let (slot, _, holds_standard_port) = s.ctx.udp_status().expect("the UDP driver runs");
     assert!(
         holds_standard_port,
-        "this process (slot {slot}) must hold UDP port 4791 for the test"
+        "this process (slot {slot}) holds the base port, which nobody else uses"
     );
     let (mut p, peer) = Peer::spawn("ud", s.info());
     assert_ne!(peer.qpn >> 16, u32::from(slot), "the peer has its own slot");
@@ -486,7 +487,8 @@ fn standard_port_forwarding() {
     };
     let mut pkt = vec![0u8; repr.buffer_len()];
     repr.emit_with_payload(&mut pkt, b"hello").unwrap();
-    let dst: std::net::SocketAddr = "127.0.0.1:4791".parse().unwrap();
+    let base: u16 = std::env::var("SOFTVERBS_UDP_PORT").unwrap().parse().unwrap();
+    let dst = std::net::SocketAddr::from((Ipv4Addr::LOCALHOST, base));
     softverbs_wire::icrc::fill(sock.local_addr().unwrap(), dst, &mut pkt).unwrap();
     sock.send_to(&pkt, dst).unwrap();
     assert_eq!(
@@ -496,11 +498,28 @@ fn standard_port_forwarding() {
     );
 }
 
+/// A base port whose first slots are free now, so that the test does not depend on which other
+/// softverbs processes run on the host (they use the standard 4791 range).
+fn free_base_port() -> u16 {
+    let free = |port: u16| {
+        std::net::UdpSocket::bind(("0.0.0.0", port)).is_ok()
+            && std::net::UdpSocket::bind(("::", port)).is_ok()
+    };
+    let seed = std::process::id() as u16;
+    (0..1000u16)
+        .map(|i| 20_000 + (seed.wrapping_add(i.wrapping_mul(97)) % 40_000))
+        .find(|&base| (base..base + 8).all(free))
+        .expect("a free range of UDP ports")
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--peer") {
         peer();
         return;
     }
+    // Before any device exists, so that this process and its peers (which inherit the
+    // environment) use the same private base port.
+    std::env::set_var("SOFTVERBS_UDP_PORT", free_base_port().to_string());
     let tests: [(&str, fn()); 5] = [
         ("standard_port_forwarding", standard_port_forwarding),
         ("rc_between_processes", rc_between_processes),

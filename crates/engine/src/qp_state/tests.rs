@@ -315,6 +315,21 @@ fn psns_are_truncated_to_24_bits() {
     assert_eq!((attr.sq_psn, attr.rq_psn), (0x12_3456, 1));
 }
 
+/// A flow label wider than 20 bits is accepted and kept as its low 20 bits, as hardware does.
+#[test]
+fn flow_labels_are_truncated_to_20_bits() {
+    let rtr = man_page_required(QpType::Rc, QpState::Rtr);
+    let mut req = good_attr(QpState::Rtr);
+    req.ah_attr.grh.flow_label = 0xFFFF_FFFF;
+    let next = validate_modify(QpType::Rc, QpState::Init, &req, rtr, &limits()).unwrap();
+    let mut attr = good_attr(QpState::Init);
+    apply_modify(&mut attr, &req, rtr, next);
+    assert_eq!(attr.ah_attr.grh.flow_label, 0xF_FFFF);
+    req.ah_attr.grh.flow_label = 0x12_3456;
+    apply_modify(&mut attr, &req, rtr, next);
+    assert_eq!(attr.ah_attr.grh.flow_label, 0x2_3456);
+}
+
 fn arb_state() -> impl Strategy<Value = QpState> {
     prop::sample::select(QpState::ALL.to_vec())
 }

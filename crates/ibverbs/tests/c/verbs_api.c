@@ -43,6 +43,28 @@ static int check_(int ok, int line, const char *fmt, ...)
 	return ok;
 }
 
+/*
+ * A verb that returns an errno value failed with `want` and left the same value in errno, as
+ * rdma-core does; errno is set to a sentinel first so that a stale value cannot pass.
+ */
+#define ERRNO_SENTINEL 12345
+#define CHECK_ERR(call, want, what)                                                             \
+	do {                                                                                    \
+		errno = ERRNO_SENTINEL;                                                         \
+		int r_ = (call);                                                                \
+		int e_ = errno;                                                                 \
+		CHECK(r_ == (want) && e_ == (want), "%s: returns %d and errno %d (want %d)", what, r_, \
+		      e_, (want));                                                              \
+	} while (0)
+/* A verb that returns NULL (or -1) failed and left `want` in errno. */
+#define CHECK_NULL_ERR(call, want, what)                                                        \
+	do {                                                                                    \
+		errno = ERRNO_SENTINEL;                                                         \
+		int null_ = (call) == NULL;                                                     \
+		int e_ = errno;                                                                 \
+		CHECK(null_ && e_ == (want), "%s: NULL and errno %d (want %d)", what, e_, (want)); \
+	} while (0)
+
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;
 static int gid_index = -1;
@@ -476,6 +498,151 @@ static void test_ud(void)
 	free(mem);
 }
 
+/* Every failing verb leaves its error in errno, the value it returns when it returns one. */
+static void test_errno(void)
+{
+	struct ibv_port_attr pa;
+	CHECK_ERR(ibv_query_port(ctx, 2, &pa), EINVAL, "ibv_query_port on port 2");
+	struct ibv_gid_entry ge;
+	CHECK_ERR(ibv_query_gid_ex(ctx, 1, gid_index, &ge, 1), EINVAL, "ibv_query_gid_ex with flags");
+	errno = ERRNO_SENTINEL;
+	CHECK(ibv_query_gid_table(ctx, &ge, 1, 1) == -EINVAL && errno == EINVAL,
+	      "ibv_query_gid_table with flags: -EINVAL and errno EINVAL");
+
+	char *mem = calloc(1, 4096);
+	struct ibv_mr *mr = ibv_reg_mr(pd, mem, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, ch, 0);
+	REQUIRE(mr && ch && cq, "errno checks: MR, channel and CQ");
+	CHECK_ERR(ibv_resize_cq(cq, 0), EINVAL, "ibv_resize_cq to 0 entries");
+	CHECK_ERR(ibv_resize_cq(cq, 1 << 30), EINVAL, "ibv_resize_cq beyond max_cqe");
+	CHECK_ERR(ibv_destroy_comp_channel(ch), EBUSY, "ibv_destroy_comp_channel while a CQ uses it");
+	struct ibv_wc wc;
+	errno = ERRNO_SENTINEL;
+	CHECK(ibv_poll_cq(cq, -1, &wc) == -EINVAL && errno == EINVAL,
+	      "ibv_poll_cq of -1 entries: -EINVAL and errno EINVAL");
+
+	struct ibv_srq_init_attr si = { .attr = { .max_wr = 4, .max_sge = 1 } };
+	struct ibv_srq *srq = ibv_create_srq(pd, &si);
+	struct ibv_qp *qp = make_qp(cq, IBV_QPT_RC, NULL);
+	struct ibv_qp_init_attr sqa = { .send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = IBV_QPT_RC,
+					.cap = { .max_send_wr = 4, .max_send_sge = 1 } };
+	struct ibv_qp *sqp = ibv_create_qp(pd, &sqa);
+	REQUIRE(srq && qp && sqp, "errno checks: SRQ and QPs");
+	CHECK_ERR(ibv_destroy_cq(cq), EBUSY, "ibv_destroy_cq while a QP uses it");
+	CHECK_ERR(ibv_destroy_srq(srq), EBUSY, "ibv_destroy_srq while a QP uses it");
+	CHECK_ERR(ibv_dealloc_pd(pd), EBUSY, "ibv_dealloc_pd while used");
+	struct ibv_srq_attr sa = { .srq_limit = 100 };
+	CHECK_ERR(ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT), EINVAL, "ibv_modify_srq with a limit above max_wr");
+	uint32_t srqn;
+	CHECK_ERR(ibv_get_srq_num(srq, &srqn), EOPNOTSUPP, "ibv_get_srq_num of a basic SRQ");
+
+	struct ibv_qp_attr qa = { .qp_state = IBV_QPS_RTS };
+	CHECK_ERR(ibv_modify_qp(qp, &qa, IBV_QP_STATE), EINVAL, "ibv_modify_qp RESET to RTS");
+	qa.qp_state = IBV_QPS_INIT;
+	CHECK_ERR(ibv_modify_qp(qp, &qa, IBV_QP_STATE), EINVAL,
+		  "ibv_modify_qp RESET to INIT without the required attributes");
+	qa.qp_state = 99;
+	CHECK_ERR(ibv_modify_qp(qp, &qa, IBV_QP_STATE), EINVAL, "ibv_modify_qp to state 99");
+	qa.qp_state = IBV_QPS_INIT;
+	CHECK_ERR(ibv_modify_qp(qp, &qa, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS |
+						 IBV_QP_QKEY),
+		  EINVAL, "ibv_modify_qp RESET to INIT with an attribute RC does not take (QKEY)");
+	CHECK(qp->state == IBV_QPS_RESET, "a failed ibv_modify_qp leaves the QP in RESET");
+	struct ibv_qp_init_attr qi;
+	CHECK_ERR(ibv_query_qp(qp, &qa, IBV_QP_STATE, NULL), EINVAL, "ibv_query_qp without init_attr");
+
+	struct ibv_sge sge = { .addr = (uintptr_t)mem, .length = 8, .lkey = mr->lkey };
+	struct ibv_send_wr swr = { .wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND },
+			   *bad_s = NULL;
+	CHECK_ERR(ibv_post_send(qp, &swr, &bad_s), EINVAL, "ibv_post_send on a RESET QP");
+	CHECK(bad_s == &swr, "... names the work request in bad_wr");
+	struct ibv_recv_wr rwr = { .wr_id = 2, .sg_list = &sge, .num_sge = 1 }, *bad_r = NULL;
+	CHECK_ERR(ibv_post_recv(qp, &rwr, &bad_r), EINVAL, "ibv_post_recv on a RESET QP");
+	CHECK(bad_r == &rwr, "... names the work request in bad_wr");
+	bad_r = NULL;
+	CHECK_ERR(ibv_post_recv(sqp, &rwr, &bad_r), EINVAL, "ibv_post_recv on a QP with an SRQ");
+	rwr.num_sge = 2;
+	bad_r = NULL;
+	CHECK_ERR(ibv_post_srq_recv(srq, &rwr, &bad_r), EINVAL, "ibv_post_srq_recv with too many SGEs");
+	CHECK(bad_r == &rwr, "... names the work request in bad_wr");
+	rwr.num_sge = 1;
+	for (int i = 0; i < 4; i++)
+		ibv_post_srq_recv(srq, &rwr, &bad_r);
+	CHECK_ERR(ibv_post_srq_recv(srq, &rwr, &bad_r), ENOMEM, "ibv_post_srq_recv on a full SRQ");
+
+	CHECK(ibv_query_qp(qp, &qa, IBV_QP_STATE, &qi) == 0 && qa.qp_state == IBV_QPS_RESET, "ibv_query_qp");
+
+	union ibv_gid ucast = gid;
+	CHECK_ERR(ibv_attach_mcast(qp, &ucast, 0), EINVAL, "ibv_attach_mcast of a unicast GID");
+	union ibv_gid mgid = { .raw = { 0xff, 0x0e, [15] = 2 } };
+	CHECK_ERR(ibv_detach_mcast(qp, &mgid, 0), EINVAL, "ibv_detach_mcast of a group not attached");
+
+	struct ibv_ah_attr bad_ah = { .is_global = 1, .port_num = 1,
+				      .grh = { .dgid = gid, .sgid_index = 200, .hop_limit = 1 } };
+	CHECK_NULL_ERR(ibv_create_ah(pd, &bad_ah), EINVAL, "ibv_create_ah with an SGID index out of range");
+	bad_ah.grh.sgid_index = gid_index;
+	bad_ah.port_num = 2;
+	CHECK_NULL_ERR(ibv_create_ah(pd, &bad_ah), EINVAL, "ibv_create_ah on port 2");
+	uint8_t mac[6];
+	uint16_t vid;
+	CHECK_ERR(ibv_resolve_eth_l2_from_gid(ctx, &bad_ah, mac, &vid), EOPNOTSUPP, "ibv_resolve_eth_l2_from_gid");
+
+	struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(qp);
+	ibv_wr_start(qx);
+	ibv_wr_send(qx);
+	ibv_wr_set_xrc_srqn(qx, 5);
+	CHECK_ERR(ibv_wr_complete(qx), EOPNOTSUPP, "ibv_wr_complete after ibv_wr_set_xrc_srqn");
+	ibv_wr_start(qx);
+	ibv_wr_send(qx);
+	ibv_wr_set_sge(qx, mr->lkey, (uintptr_t)mem, 8);
+	CHECK_ERR(ibv_wr_complete(qx), EINVAL, "ibv_wr_complete on a RESET QP");
+
+	CHECK(ibv_destroy_qp(sqp) == 0 && ibv_destroy_qp(qp) == 0 && ibv_destroy_srq(srq) == 0 &&
+		      ibv_destroy_cq(cq) == 0 && ibv_destroy_comp_channel(ch) == 0 && ibv_dereg_mr(mr) == 0,
+	      "errno checks: teardown");
+	free(mem);
+}
+
+/* A flow label wider than 20 bits is kept as its low 20 bits (UCX passes ~0 on RoCE). */
+static void test_flow_label(void)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_qp *qp = make_qp(cq, IBV_QPT_RC, NULL);
+	REQUIRE(cq && qp, "flow label checks: CQ and QP");
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE };
+	REQUIRE(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
+		"flow label checks: QP to INIT");
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = qp->qp_num;
+	a.max_dest_rd_atomic = 1;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = gid;
+	a.ah_attr.grh.sgid_index = gid_index;
+	a.ah_attr.grh.hop_limit = 1;
+	a.ah_attr.grh.flow_label = 0xFFFFFFFF;
+	a.ah_attr.port_num = 1;
+	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+					    IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) == 0,
+	      "ibv_modify_qp accepts flow_label 0xFFFFFFFF");
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	memset(&qa, 0, sizeof(qa));
+	int qr = ibv_query_qp(qp, &qa, IBV_QP_AV, &qi);
+	CHECK(qr == 0 && qa.ah_attr.grh.flow_label == 0xFFFFF, "ibv_query_qp gives it back as 0xFFFFF (got %#x)",
+	      qa.ah_attr.grh.flow_label);
+	struct ibv_ah_attr aa = { .is_global = 1, .port_num = 1,
+				  .grh = { .dgid = gid, .sgid_index = gid_index, .hop_limit = 1,
+					   .flow_label = 0xFFFFFFFF } };
+	struct ibv_ah *ah = ibv_create_ah(pd, &aa);
+	CHECK(ah != NULL, "ibv_create_ah accepts flow_label 0xFFFFFFFF");
+	CHECK((!ah || ibv_destroy_ah(ah) == 0) && ibv_destroy_qp(qp) == 0 && ibv_destroy_cq(cq) == 0,
+	      "flow label checks: teardown");
+}
+
 int main(void)
 {
 	setvbuf(stdout, NULL, _IONBF, 0);
@@ -483,6 +650,8 @@ int main(void)
 	test_rc_and_events();
 	test_extended_apis();
 	test_ud();
+	test_errno();
+	test_flow_label();
 	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
 	printf("%d failed\n", failures);

@@ -1,0 +1,108 @@
+//! Completions held back until the packets produced with them have left.
+//!
+//! An HCA makes a completion visible only after the responses its packet caused (ACKs, read
+//! responses) are on the wire: a program that sees its last receive and exits must not leave the
+//! peer without the ACK. The engine produces packets and completions together; the device sends
+//! packets in batches, possibly on another thread than the one that will next touch the QP. So
+//! each engine drain takes a ticket, its completions wait under that ticket, and they go to the
+//! CQ once every ticket up to theirs was released, that is, once all packets produced before
+//! them were handed to the fabric. Completions stay in the order the engine produced them.
+
+use std::collections::{BTreeSet, VecDeque};
+
+use softverbs_engine::transport::Completion;
+
+/// The held completions of one QP (kept under the QP's lock).
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    next: u64,
+    /// Every ticket below this one was released.
+    watermark: u64,
+    /// Released tickets at or above the watermark.
+    released: BTreeSet<u64>,
+    queue: VecDeque<(u64, Completion)>,
+}
+
+impl Held {
+    /// A new ticket for one batch of engine outputs.
+    pub(crate) fn issue(&mut self) -> u64 {
+        let t = self.next;
+        self.next += 1;
+        t
+    }
+
+    /// Holds `c`, produced with the packets of `ticket`.
+    pub(crate) fn hold(&mut self, ticket: u64, c: Completion) {
+        self.queue.push_back((ticket, c));
+    }
+
+    /// Marks `ticket`'s packets as sent and returns the completions that may now be seen.
+    pub(crate) fn release(&mut self, ticket: u64) -> Vec<Completion> {
+        self.released.insert(ticket);
+        while self.released.remove(&self.watermark) {
+            self.watermark += 1;
+        }
+        let mut ready = Vec::new();
+        while self.queue.front().is_some_and(|(t, _)| *t < self.watermark) {
+            if let Some((_, c)) = self.queue.pop_front() {
+                ready.push(c);
+            }
+        }
+        ready
+    }
+
+    /// Whether nothing is waiting.
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use softverbs_engine::transport::WorkQueue;
+    use softverbs_engine::types::WorkCompletion;
+
+    fn c(id: u64) -> Completion {
+        Completion {
+            queue: WorkQueue::Send,
+            wc: WorkCompletion {
+                wr_id: id,
+                ..WorkCompletion::default()
+            },
+        }
+    }
+
+    fn ids(v: Vec<Completion>) -> Vec<u64> {
+        v.into_iter().map(|c| c.wc.wr_id).collect()
+    }
+
+    #[test]
+    fn completions_wait_for_their_own_and_earlier_tickets() {
+        let mut h = Held::default();
+        let a = h.issue();
+        h.hold(a, c(1));
+        let b = h.issue();
+        h.hold(b, c(2));
+        h.hold(b, c(3));
+        // The later batch left first: nothing of it may pass the earlier, unsent one.
+        assert!(h.release(b).is_empty());
+        assert_eq!(ids(h.release(a)), [1, 2, 3]);
+        assert!(h.is_empty());
+    }
+
+    #[test]
+    fn a_released_ticket_frees_only_its_own_completions() {
+        let mut h = Held::default();
+        let a = h.issue();
+        h.hold(a, c(1));
+        assert_eq!(ids(h.release(a)), [1]);
+        let b = h.issue();
+        h.hold(b, c(2));
+        let d = h.issue();
+        h.hold(d, c(3));
+        assert_eq!(ids(h.release(b)), [2]);
+        assert_eq!(ids(h.release(d)), [3]);
+    }
+}

@@ -1,0 +1,86 @@
+//! Memory registration: `ibv_reg_mr` and its iova variants, `ibv_dereg_mr`.
+
+use std::ffi::{c_int, c_uint, c_void};
+use std::sync::{Arc, Mutex};
+
+use softverbs_device::Mr;
+
+use super::{destroy_boxed, errno_of, outer, SvMr, SvPd, EINVAL};
+use crate::abi::*;
+use crate::fail_null;
+use crate::memory::RawMemory;
+
+pub(crate) unsafe fn reg(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
+    let Some(p) = (unsafe { outer::<SvPd, _>(pd) }) else {
+        return fail_null(EINVAL);
+    };
+    let backing = Arc::new(RawMemory::new(addr.cast(), length as u64));
+    match Mr::register_iova(&p.core, backing, addr as u64, iova, access as u32) {
+        Ok(core) => {
+            let mr = ibv_mr {
+                // SAFETY: `pd` is live (checked above); read its context pointer.
+                context: unsafe { (*pd).context },
+                pd,
+                addr,
+                length,
+                handle: core.handle(),
+                lkey: core.lkey(),
+                rkey: core.rkey(),
+            };
+            Box::into_raw(Box::new(SvMr {
+                mr,
+                core: Mutex::new(core),
+            }))
+            .cast()
+        }
+        Err(e) => fail_null(errno_of(&e)),
+    }
+}
+
+/// `ibv_reg_mr`.
+pub(crate) unsafe extern "C" fn reg_mr(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+    unsafe { reg(pd, addr, length, addr as u64, access) }
+}
+
+/// `ibv_reg_mr_iova`.
+pub(crate) unsafe extern "C" fn reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+    unsafe { reg(pd, addr, length, iova, access) }
+}
+
+/// `ibv_reg_mr_iova2`.
+pub(crate) unsafe extern "C" fn reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_uint,
+) -> *mut ibv_mr {
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+    unsafe { reg(pd, addr, length, iova, access as c_int) }
+}
+
+/// `ibv_dereg_mr`.
+pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut ibv_mr) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
+    unsafe { destroy_boxed::<SvMr, _>(mr, |m| m.core.lock().unwrap_or_else(|p| p.into_inner()).dereg()) }
+}

@@ -1,0 +1,139 @@
+//! Shared receive queues.
+
+use std::ffi::{c_int, c_void};
+use std::ptr::addr_of_mut;
+
+use softverbs_device::Srq;
+
+use super::{destroy_boxed, errno_of, outer, srq_attr_c, srq_attr_core, SvPd, SvSrq, EINVAL, EOPNOTSUPP};
+use crate::abi::*;
+use crate::{fail, fail_null};
+
+/// Creates an SRQ box and writes the actual sizes back into `attr`; shared by
+/// `ibv_create_srq` and the `create_srq_ex` op.
+pub(crate) unsafe fn new_srq(
+    pd: *mut ibv_pd,
+    srq_context: *mut c_void,
+    attr: *mut ibv_srq_attr,
+) -> Result<*mut SvSrq, c_int> {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
+    let p = unsafe { outer::<SvPd, _>(pd) }.ok_or(EINVAL)?;
+    if attr.is_null() {
+        return Err(EINVAL);
+    }
+    // SAFETY: `attr` is a readable and writable `struct ibv_srq_attr`.
+    let a = unsafe { *attr };
+    let core = Srq::create(&p.core, &srq_attr_core(&a)).map_err(|e| errno_of(&e))?;
+    let actual = core.query();
+    // SAFETY: as above; ibv_create_srq(3) returns the actual sizes in the caller's attributes.
+    unsafe {
+        (*attr).max_wr = actual.max_wr;
+        (*attr).max_sge = actual.max_sge;
+    }
+    let srq = ibv_srq {
+        // SAFETY: `pd` is live.
+        context: unsafe { (*pd).context },
+        srq_context,
+        pd,
+        handle: core.handle(),
+        mutex: pthread_mutex_t([0; 40]),
+        cond: pthread_cond_t([0; 48]),
+        events_completed: 0,
+    };
+    let b = Box::into_raw(Box::new(SvSrq { srq, core }));
+    // SAFETY: `b` is live.
+    unsafe { (*b).core.set_user_data(b as u64) };
+    Ok(b)
+}
+
+/// `ibv_create_srq`.
+pub(crate) unsafe extern "C" fn create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
+    if init.is_null() {
+        return fail_null(EINVAL);
+    }
+    // SAFETY: `init` is a live `struct ibv_srq_init_attr`.
+    let (ctx, attr) = unsafe { ((*init).srq_context, addr_of_mut!((*init).attr)) };
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+    match unsafe { new_srq(pd, ctx, attr) } {
+        Ok(b) => b.cast(),
+        Err(e) => fail_null(e),
+    }
+}
+
+/// The `create_srq_ex` op: basic SRQs only (XRC and tag-matching SRQs are EOPNOTSUPP).
+pub(crate) unsafe extern "C" fn create_srq_ex(
+    _ctx: *mut ibv_context,
+    init: *mut ibv_srq_init_attr_ex,
+) -> *mut ibv_srq {
+    if init.is_null() {
+        return fail_null(EINVAL);
+    }
+    // SAFETY: `init` is a live `struct ibv_srq_init_attr_ex`.
+    let (mask, ty, pd, srq_ctx, attr) = unsafe {
+        (
+            (*init).comp_mask,
+            (*init).srq_type,
+            (*init).pd,
+            (*init).srq_context,
+            addr_of_mut!((*init).attr),
+        )
+    };
+    if mask & IBV_SRQ_INIT_ATTR_PD == 0 {
+        return fail_null(EINVAL);
+    }
+    if mask & !(IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_TYPE) != 0
+        || (mask & IBV_SRQ_INIT_ATTR_TYPE != 0 && ty != IBV_SRQT_BASIC)
+    {
+        return fail_null(EOPNOTSUPP);
+    }
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+    match unsafe { new_srq(pd, srq_ctx, attr) } {
+        Ok(b) => b.cast(),
+        Err(e) => fail_null(e),
+    }
+}
+
+/// `ibv_modify_srq`.
+pub(crate) unsafe extern "C" fn modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
+    let Some(s) = (unsafe { outer::<SvSrq, _>(srq) }) else {
+        return fail(EINVAL);
+    };
+    if attr.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: `attr` is readable.
+    let a = unsafe { *attr };
+    match s.core.modify(&srq_attr_core(&a), mask as u32) {
+        Ok(()) => 0,
+        Err(e) => fail(errno_of(&e)),
+    }
+}
+
+/// `ibv_query_srq`.
+pub(crate) unsafe extern "C" fn query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
+    let Some(s) = (unsafe { outer::<SvSrq, _>(srq) }) else {
+        return fail(EINVAL);
+    };
+    if attr.is_null() {
+        return fail(EINVAL);
+    }
+    let a = s.core.query();
+    // SAFETY: `attr` is writable.
+    unsafe {
+        attr.write(srq_attr_c(&a));
+    };
+    0
+}
+
+/// `ibv_destroy_srq`.
+pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
+    unsafe { destroy_boxed::<SvSrq, _>(srq, |s| s.core.destroy()) }
+}
+
+/// The `get_srq_num` op: XRC SRQs are not offered.
+pub(crate) unsafe extern "C" fn get_srq_num(_srq: *mut ibv_srq, _num: *mut u32) -> c_int {
+    fail(EOPNOTSUPP)
+}
