@@ -224,6 +224,42 @@ fn ibv_srq_pingpong() {
     pingpong("/usr/bin/ibv_srq_pingpong", &[]);
 }
 
+/// rdma-core's XRC ping-pong: each process opens the XRC domain of `/tmp/xrc_domain`, creates
+/// an XRC SRQ, an XRC_RECV and an XRC_SEND QP, and exchanges SRQ numbers over TCP.
+fn xsrq_pingpong(extra: &[&str]) {
+    let gid = gid_index();
+    let mut args = vec!["-d", "sv_lo", "-g", gid.as_str(), "-n", "50"];
+    args.extend_from_slice(extra);
+    let (c, s) = pair("/usr/bin/ibv_xsrq_pingpong", &args);
+    let (cout, _) = text(&c);
+    let (sout, _) = text(&s);
+    for out in [&cout, &sout] {
+        assert!(out.contains("success"), "{out}");
+        assert!(out.contains("GID ::ffff:127.0.0.1"), "{out}");
+    }
+    // Each side printed its own SRQ number, and the other side saw the same one.
+    let srqn = |out: &str, who: &str| {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(who))
+            .and_then(|l| l.split("SRQN ").nth(1))
+            .and_then(|l| l.split(',').next())
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no {who} SRQN in {out}"))
+    };
+    assert_eq!(srqn(&cout, "local:"), srqn(&sout, "remote:"));
+    assert_eq!(srqn(&sout, "local:"), srqn(&cout, "remote:"));
+}
+
+#[test]
+fn ibv_xsrq_pingpong() {
+    xsrq_pingpong(&[]);
+}
+
+#[test]
+fn ibv_xsrq_pingpong_events_and_small_mtu() {
+    xsrq_pingpong(&["-e", "-m", "256", "-s", "3000"]);
+}
+
 #[test]
 fn ib_send_bw() {
     perftest("/usr/bin/ib_send_bw", true);
