@@ -905,8 +905,6 @@ pub enum SrqKind {
         xrcd: Arc<Xrcd>,
         /// Every completion of its WQEs goes here.
         cq: Arc<Cq>,
-        /// The number initiators put in the XRCETH; unique on the host.
-        srqn: u32,
     },
 }
 
@@ -916,6 +914,9 @@ pub struct Srq {
     me: Weak<Self>,
     pd: Arc<Pd>,
     kind: SrqKind,
+    /// The SRQ number: what XRC initiators put in the XRCETH, unique on the host (the QP number
+    /// scheme: the process's slot in bits 16..24). Basic SRQs have one too, as on ConnectX.
+    srqn: u32,
     handle: u32,
     inner: Mutex<SrqInner>,
     uses: UseCount,
@@ -978,9 +979,9 @@ impl Srq {
             Some((xrcd, cq)) => SrqKind::Xrc {
                 xrcd: xrcd.clone(),
                 cq: cq.clone(),
-                srqn: ctx.device().alloc_qpn(),
             },
         };
+        let srqn = ctx.device().alloc_qpn();
         let actual = SrqAttr {
             max_wr: round_depth(attr.max_wr).min(limits.max_srq_wr),
             max_sge: attr.max_sge.max(1),
@@ -990,6 +991,7 @@ impl Srq {
             me: me.clone(),
             pd: pd.clone(),
             kind,
+            srqn,
             handle: ctx.next_handle(),
             inner: Mutex::new(SrqInner {
                 attr: actual,
@@ -999,8 +1001,8 @@ impl Srq {
             async_acks: AckCounter::default(),
             user_data: AtomicU64::new(0),
         });
-        if let SrqKind::Xrc { xrcd, srqn, .. } = &srq.kind {
-            xrcd.domain().add_srq(*srqn, &srq);
+        if let SrqKind::Xrc { xrcd, .. } = &srq.kind {
+            xrcd.domain().add_srq(srqn, &srq);
         }
         Ok(srq)
     }
@@ -1036,13 +1038,9 @@ impl Srq {
         }
     }
 
-    /// `ibv_get_srq_num`: the 24-bit number of an XRC SRQ; EINVAL for a basic SRQ, which has
-    /// none.
-    pub fn srq_num(&self) -> Result<u32> {
-        match &self.kind {
-            SrqKind::Xrc { srqn, .. } => Ok(*srqn),
-            SrqKind::Basic => Err(Error::invalid("only XRC SRQs have an SRQ number")),
-        }
+    /// `ibv_get_srq_num`: the 24-bit SRQ number (XRC initiators address XRC SRQs by it).
+    pub fn srq_num(&self) -> u32 {
+        self.srqn
     }
 
     /// Handle (`ibv_srq.handle`).
@@ -1170,12 +1168,12 @@ impl Srq {
 
     fn teardown(&self) {
         let device = self.pd.context().device();
-        if let SrqKind::Xrc { xrcd, cq, srqn } = &self.kind {
-            xrcd.domain().remove_srq(*srqn);
-            device.free_qpn(*srqn);
+        if let SrqKind::Xrc { xrcd, cq } = &self.kind {
+            xrcd.domain().remove_srq(self.srqn);
             cq.uses().release();
             xrcd.uses().release();
         }
+        device.free_qpn(self.srqn);
         device.release(Resource::Srq);
         self.pd.uses().release();
     }

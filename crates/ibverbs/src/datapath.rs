@@ -751,11 +751,15 @@ unsafe extern "C" fn wr_set_ud_addr(qpx: *mut ibv_qp_ex, ah: *mut ibv_ah, remote
 unsafe extern "C" fn wr_set_xrc_srqn(qpx: *mut ibv_qp_ex, srqn: u32) {
     // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe {
-        last(qpx, |_, req| {
+        last(qpx, |q, req| {
+            // Only an XRC initiator addresses SRQs.
+            if q.core.qp_type() != QpType::XrcSend {
+                return Err(EINVAL);
+            }
             req.xrc_srqn = Some(srqn);
             Ok(())
-        })
-    };
+        });
+    }
 }
 
 /// The `create_qp_ex` op: RC, UC, UD and XRC_SEND QPs with the `ibv_wr_*` operations of

@@ -572,7 +572,14 @@ fn checks() -> Checks {
     );
     layout!(v, ibv_ah { context, pd, handle });
     layout!(v, ibv_xrcd { context });
-    layout!(v, ibv_xrcd_init_attr { comp_mask, fd, oflags });
+    layout!(
+        v,
+        ibv_xrcd_init_attr {
+            comp_mask,
+            fd,
+            oflags
+        }
+    );
     layout!(
         v,
         ibv_qp_open_attr {

@@ -260,9 +260,9 @@ impl SharedReceiveQueue {
         Self(inner)
     }
 
-    /// `ibv_get_srq_num`: the number XRC initiators address this SRQ by (EINVAL for a basic
-    /// SRQ).
-    pub fn srq_num(&self) -> Result<u32> {
+    /// `ibv_get_srq_num`: the 24-bit SRQ number, unique on the host; XRC initiators address
+    /// XRC SRQs by it.
+    pub fn srq_num(&self) -> u32 {
         self.0.core.srq_num()
     }
 

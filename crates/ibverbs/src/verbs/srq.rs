@@ -140,8 +140,7 @@ pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
     unsafe { destroy_boxed::<SvSrq, _>(srq, |s| s.core.destroy()) }
 }
 
-/// The `get_srq_num` op (`ibv_get_srq_num`): the 24-bit number of an XRC SRQ; EINVAL for a
-/// basic SRQ, which has none.
+/// The `get_srq_num` op (`ibv_get_srq_num`): the 24-bit SRQ number.
 pub(crate) unsafe extern "C" fn get_srq_num(srq: *mut ibv_srq, num: *mut u32) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let Some(s) = (unsafe { outer::<SvSrq, _>(srq) }) else {
@@ -150,12 +149,7 @@ pub(crate) unsafe extern "C" fn get_srq_num(srq: *mut ibv_srq, num: *mut u32) ->
     if num.is_null() {
         return fail(EINVAL);
     }
-    match s.core.srq_num() {
-        // SAFETY: `num` is writable.
-        Ok(n) => unsafe {
-            num.write(n);
-            0
-        },
-        Err(e) => fail(errno_of(&e)),
-    }
+    // SAFETY: `num` is writable.
+    unsafe { num.write(s.core.srq_num()) };
+    0
 }

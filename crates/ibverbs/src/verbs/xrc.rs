@@ -20,7 +20,10 @@ pub(crate) struct SvXrcd {
 
 /// The `open_xrcd` op (`ibv_open_xrcd`): `FD` and `OFLAGS` are both required (EINVAL), unknown
 /// mask bits are EOPNOTSUPP; `fd = -1` makes an anonymous domain.
-pub(crate) unsafe extern "C" fn open_xrcd(ctx: *mut ibv_context, attr: *mut ibv_xrcd_init_attr) -> *mut ibv_xrcd {
+pub(crate) unsafe extern "C" fn open_xrcd(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_xrcd_init_attr,
+) -> *mut ibv_xrcd {
     // SAFETY: the caller passes NULL or a context of this library (the verbs API contract).
     let Some(c) = (unsafe { context(ctx) }) else {
         return fail_null(EINVAL);
@@ -60,7 +63,8 @@ pub(crate) unsafe extern "C" fn close_xrcd(xrcd: *mut ibv_xrcd) -> c_int {
 pub(crate) unsafe fn new_xrc_srq(init: *mut ibv_srq_init_attr_ex) -> Result<*mut SvSrq, c_int> {
     // SAFETY: `init` is a live `struct ibv_srq_init_attr_ex` (checked non-NULL by the caller).
     let i = unsafe { &mut *init };
-    let needed = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+    let needed =
+        IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
     if i.comp_mask & !needed != 0 {
         return Err(EOPNOTSUPP);
     }
@@ -75,7 +79,8 @@ pub(crate) unsafe fn new_xrc_srq(init: *mut ibv_srq_init_attr_ex) -> Result<*mut
             outer::<SvCq, _>(i.cq.cast::<ibv_cq_ex>()).ok_or(EINVAL)?,
         )
     };
-    let core = Srq::create_xrc(&pd.core, &x.core, &cq.core, &srq_attr_core(&i.attr)).map_err(|e| errno_of(&e))?;
+    let core =
+        Srq::create_xrc(&pd.core, &x.core, &cq.core, &srq_attr_core(&i.attr)).map_err(|e| errno_of(&e))?;
     let actual = core.query();
     i.attr.max_wr = actual.max_wr;
     i.attr.max_sge = actual.max_sge;
@@ -136,7 +141,10 @@ fn box_xrc_recv(
 
 /// An XRC_RECV QP for `create_qp_ex`: the mask names an XRC domain (EINVAL without one); the
 /// capabilities written back are all zero.
-pub(crate) unsafe fn new_xrc_recv_qp(ctx: *mut ibv_context, a: &mut ibv_qp_init_attr_ex) -> Result<*mut SvQp, c_int> {
+pub(crate) unsafe fn new_xrc_recv_qp(
+    ctx: *mut ibv_context,
+    a: &mut ibv_qp_init_attr_ex,
+) -> Result<*mut SvQp, c_int> {
     if a.comp_mask & IBV_QP_INIT_ATTR_XRCD == 0 {
         return Err(EINVAL);
     }
