@@ -169,9 +169,17 @@ fn ibv_devinfo_verbose() {
         "link_layer:\t\tEthernet",
         "::ffff:127.0.0.1, RoCE v2",
         "max_qp:",
+        // IBV_DEVICE_XRC in device_cap_flags, and the SRQ limits XRC SRQs count against.
+        "\t\t\t\t\tXRC\n",
     ] {
         assert!(out.contains(want), "missing {want:?} in:\n{out}");
     }
+    let max_srq: u32 = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("max_srq:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no max_srq in:\n{out}"));
+    assert!(max_srq > 0, "{out}");
     assert!(!err.contains("version information"), "{err}");
 }
 
@@ -367,4 +375,31 @@ fn c_server_rust_client_rc_pingpong() {
 #[test]
 fn rust_server_c_client_rc_pingpong() {
     c_and_rust_rc_pingpong(false);
+}
+
+/// rdma-core's C ibv_xsrq_pingpong and softverbs' Rust one, in both roles.
+fn c_and_rust_xsrq_pingpong(c_is_server: bool) {
+    let gid = gid_index();
+    let rust = rust_tool("ibv_xsrq_pingpong");
+    let args = ["-d", "sv_lo", "-g", gid.as_str(), "-n", "100", "-s", "6000"];
+    let (server, client) = if c_is_server {
+        ("/usr/bin/ibv_xsrq_pingpong", rust.as_str())
+    } else {
+        (rust.as_str(), "/usr/bin/ibv_xsrq_pingpong")
+    };
+    let (c, s) = pair_of(server, client, &args);
+    for o in [&c, &s] {
+        let (out, _) = text(o);
+        assert!(out.contains("SRQN") && out.contains("success"), "{out}");
+    }
+}
+
+#[test]
+fn c_server_rust_client_xsrq_pingpong() {
+    c_and_rust_xsrq_pingpong(true);
+}
+
+#[test]
+fn rust_server_c_client_xsrq_pingpong() {
+    c_and_rust_xsrq_pingpong(false);
 }
