@@ -127,6 +127,9 @@ pub struct Qp {
     /// XRC target: open handles (the creator's and `ibv_open_qp`'s); the QP dies with the last.
     /// The flag says whether the creator's handle is still open.
     xrc_handles: Mutex<(u32, bool)>,
+    /// `ibv_open_qp` handles: the context each was opened on and the front end's token for it.
+    /// Async events reach every opener.
+    openers: Mutex<Vec<(Weak<Context>, u64)>>,
     init: QpInitAttr,
     qpn: u32,
     handle: u32,
@@ -326,6 +329,7 @@ impl Qp {
             pd: pd.cloned(),
             xrcd: xrcd.cloned(),
             xrc_handles: Mutex::new((1, true)),
+            openers: Mutex::new(Vec::new()),
             init: QpInitAttr { cap, ..init.clone() },
             qpn,
             handle: ctx.next_handle(),
@@ -413,8 +417,15 @@ impl Qp {
     }
 
     fn raise(&self, event: EventType) {
-        if let Some(me) = self.me.upgrade() {
-            self.context().raise(EventElement::Qp(me), event);
+        let Some(me) = self.me.upgrade() else { return };
+        let creator_open = self.xrc_handles.lock().1;
+        if creator_open {
+            self.context().raise(EventElement::Qp(me.clone()), event);
+        }
+        for (ctx, token) in self.openers.lock().iter() {
+            if let Some(ctx) = ctx.upgrade() {
+                ctx.raise(EventElement::OpenedQp(me.clone(), *token), event);
+            }
         }
     }
 
@@ -807,7 +818,8 @@ impl Qp {
     /// `ibv_open_qp`: another handle on the XRC target numbered `qpn` of the domain of `xrcd`.
     /// EINVAL unless `qp_type` is XRC_RECV and such a QP exists in that domain. The QP lives
     /// until its last handle is closed ([`Qp::close_opened`] or [`Qp::destroy`]).
-    pub fn open(xrcd: &Arc<Xrcd>, qpn: u32, qp_type: QpType) -> Result<Arc<Self>> {
+    /// `token` names the new handle in its async events ([`EventElement::OpenedQp`]).
+    pub fn open(xrcd: &Arc<Xrcd>, qpn: u32, qp_type: QpType, token: u64) -> Result<Arc<Self>> {
         if qp_type != QpType::XrcRecv {
             return Err(Error::invalid("ibv_open_qp opens XRC_RECV QPs only"));
         }
@@ -825,11 +837,18 @@ impl Qp {
         xrcd.uses().acquire("XRC domain")?;
         handles.0 += 1;
         drop(handles);
+        qp.openers.lock().push((Arc::downgrade(xrcd.context()), token));
         Ok(qp)
     }
 
-    /// Closes a handle [`Qp::open`] returned through `xrcd`; the last handle destroys the QP.
-    pub fn close_opened(&self, xrcd: &Arc<Xrcd>) -> Result<()> {
+    /// Closes the handle [`Qp::open`] returned through `xrcd` with `token`: its undelivered
+    /// events are dropped; the last handle destroys the QP.
+    pub fn close_opened(&self, xrcd: &Arc<Xrcd>, token: u64) -> Result<()> {
+        self.openers.lock().retain(|(_, t)| *t != token);
+        xrcd.context().forget_events(|e| {
+            matches!(&e.element, EventElement::OpenedQp(q, t)
+                if std::ptr::eq(Arc::as_ptr(q), self) && *t == token)
+        });
         let last = {
             let mut handles = self.xrc_handles.lock();
             if handles.0 <= 1 {

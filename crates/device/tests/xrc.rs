@@ -74,17 +74,20 @@ fn an_opened_qp_holds_the_opening_handle_and_the_qp_dies_with_its_last_handle() 
     let x2 = Xrcd::open(&ctx, Some(f.as_raw_fd()), 0).unwrap();
     let tgt = Qp::create_xrc_recv(&x1).unwrap();
     let qpn = tgt.qpn();
-    let opened = Qp::open(&x2, qpn, QpType::XrcRecv).unwrap();
+    let opened = Qp::open(&x2, qpn, QpType::XrcRecv, 1).unwrap();
     assert!(Arc::ptr_eq(&tgt, &opened));
     assert_eq!(x2.close().unwrap_err().errno(), EBUSY);
     // Destroying the creator's handle closes only it: x1 is free, the QP lives on.
     tgt.destroy().unwrap();
     x1.close().unwrap();
     assert_eq!(opened.state(), QpState::Reset);
-    let again = Qp::open(&x2, qpn, QpType::XrcRecv).unwrap();
-    opened.close_opened(&x2).unwrap();
-    again.close_opened(&x2).unwrap();
-    assert_eq!(Qp::open(&x2, qpn, QpType::XrcRecv).unwrap_err().errno(), EINVAL);
+    let again = Qp::open(&x2, qpn, QpType::XrcRecv, 2).unwrap();
+    opened.close_opened(&x2, 1).unwrap();
+    again.close_opened(&x2, 2).unwrap();
+    assert_eq!(
+        Qp::open(&x2, qpn, QpType::XrcRecv, 3).unwrap_err().errno(),
+        EINVAL
+    );
     x2.close().unwrap();
     std::fs::remove_file(dir).unwrap();
 }

@@ -58,15 +58,23 @@ pub(crate) struct QpInner {
     _send_cq: Option<CompletionQueue>,
     _recv_cq: Option<CompletionQueue>,
     _srq: Option<SharedReceiveQueue>,
-    /// XRC target: the domain it was created in, and whether this handle came from
-    /// `ibv_open_qp` (closing it then closes only the handle).
-    xrcd: Option<(XrcDomain, bool)>,
+    /// XRC target: the domain handle it was created or opened through, and for an
+    /// `ibv_open_qp` handle its event token (closing it then closes only the handle).
+    xrcd: Option<(XrcDomain, Option<u64>)>,
+}
+
+/// A fresh token for an `ibv_open_qp` handle: its key among the context's event targets. The
+/// top bit keeps it apart from the object addresses the other targets are keyed by.
+pub(crate) fn opener_token() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    (1 << 63) | NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Drop for QpInner {
     fn drop(&mut self) {
-        if let Some((xrcd, true)) = &self.xrcd {
-            let r = self.core.close_opened(xrcd.core());
+        if let Some((xrcd, Some(token))) = &self.xrcd {
+            self.ctx.unregister_target(*token as usize);
+            let r = self.core.close_opened(xrcd.core(), *token);
             debug_assert!(r.is_ok(), "{r:?}");
             return;
         }
@@ -107,8 +115,9 @@ impl QueuePair {
         }))
     }
 
-    /// An XRC_RECV QP of `xrcd`'s domain, created (`opened` false) or opened (`ibv_open_qp`).
-    pub(crate) fn xrc_recv(xrcd: &XrcDomain, core: Arc<core::Qp>, opened: bool) -> Self {
+    /// An XRC_RECV QP of `xrcd`'s domain, created (`opened` None) or opened (`ibv_open_qp`,
+    /// with the handle's event token).
+    pub(crate) fn xrc_recv(xrcd: &XrcDomain, core: Arc<core::Qp>, opened: Option<u64>) -> Self {
         let inner = QpInner {
             core,
             ctx: xrcd.context().clone(),
@@ -118,9 +127,13 @@ impl QueuePair {
             _srq: None,
             xrcd: Some((xrcd.clone(), opened)),
         };
-        if opened {
-            // Async events name the QP through its creator's handle.
-            Self(Arc::new(inner))
+        if let Some(token) = opened {
+            // Events for this handle carry its token.
+            let inner = Arc::new(inner);
+            inner
+                .ctx
+                .register_target(token as usize, Target::Qp(Arc::downgrade(&inner)));
+            Self(inner)
         } else {
             Self::wrap(inner)
         }

@@ -72,15 +72,16 @@ impl XrcDomain {
     /// queues; requests from an XRC_SEND peer reach the domain's SRQs through it.
     pub fn create_recv_qp(&self) -> Result<QueuePair> {
         let core = core::Qp::create_xrc_recv(&self.0.core)?;
-        Ok(QueuePair::xrc_recv(self, core, false))
+        Ok(QueuePair::xrc_recv(self, core, None))
     }
 
     /// `ibv_open_qp`: another handle on this domain's XRC_RECV QP numbered `qp_num`. EINVAL
     /// for any other `qp_type` or QP. Dropping the handle closes only it; the QP lives until its
     /// last handle is gone.
     pub fn open_qp(&self, qp_num: u32, qp_type: QpType) -> Result<QueuePair> {
-        let core = core::Qp::open(&self.0.core, qp_num, qp_type)?;
-        Ok(QueuePair::xrc_recv(self, core, true))
+        let token = crate::qp::opener_token();
+        let core = core::Qp::open(&self.0.core, qp_num, qp_type, token)?;
+        Ok(QueuePair::xrc_recv(self, core, Some(token)))
     }
 }
 

@@ -315,6 +315,51 @@ mod ibv_open_qp {
 mod traffic {
     use super::*;
 
+    /// A target's async events reach its creator and every `ibv_open_qp` handle, each in its
+    /// own context and naming its own handle.
+    #[test]
+    fn async_events_reach_every_opener() {
+        let (ca, cb, cc) = (lo(), lo(), lo());
+        let (f, path) = tmp_file("events");
+        let xb = cb.open_xrcd(Some(f.as_fd()), O_CREAT).unwrap();
+        let xc = cc.open_xrcd(Some(f.as_fd()), 0).unwrap();
+        let tgt = xb.create_recv_qp().unwrap();
+        let opened = xc.open_qp(tgt.qp_num(), QpType::XrcRecv).unwrap();
+        let pa = ca.alloc_pd().unwrap();
+        let cq = ca.create_cq(4, None, 0).unwrap();
+        let ini = pa.create_qp(&QpInit::new(QpType::XrcSend, &cq)).unwrap();
+        xrc_up(&ca, &ini, tgt.qp_num());
+        xrc_up(&cb, &opened, ini.qp_num());
+        // A request for an SRQ the domain does not have: the target goes to ERR with an
+        // access error, which both handles hear about.
+        let req = SendRequest {
+            wr_id: 1,
+            op: SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+            flags: SendFlags::SIGNALED,
+            payload: Payload::Sges(vec![]),
+            ud: None,
+            xrc_srqn: Some(0xAB_CDEF),
+        };
+        ini.post_send(&[req]).unwrap();
+        assert_eq!(wait(&cq, 1)[0].status, WcStatus::RemAccessErr);
+        for (ctx, handle) in [(&cb, &tgt), (&cc, &opened)] {
+            let ev = ctx
+                .get_async_event_timeout(Some(Duration::from_secs(10)))
+                .unwrap();
+            assert_eq!(ev.event_type(), EventType::QpAccessErr);
+            match ev.target() {
+                AsyncEventTarget::Qp(q) => assert!(q.same_as(handle)),
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(tgt.state(), QpState::Err);
+        drop((opened, tgt, xb, xc));
+        std::fs::remove_file(path).unwrap();
+    }
+
     /// An initiator on one context sends to the SRQs of a target's domain on another (both on
     /// the loopback device): every receive completes on its SRQ's CQ with the target's QPN;
     /// WRITE, READ and atomics use keys of the SRQ's PD.

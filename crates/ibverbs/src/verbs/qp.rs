@@ -179,7 +179,7 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     unsafe {
         destroy_boxed::<SvQp, _>(qp, |q| match &q.opened_via {
             // A handle from `ibv_open_qp` closes only itself.
-            Some(x) => q.core.close_opened(x),
+            Some(x) => q.core.close_opened(x, q as *const SvQp as u64),
             None => q.core.destroy(),
         })
     }

@@ -100,14 +100,14 @@ pub(crate) unsafe fn new_xrc_srq(init: *mut ibv_srq_init_attr_ex) -> Result<*mut
     Ok(b)
 }
 
-/// Boxes an XRC_RECV QP handle: no PD, CQs or SRQ.
-fn box_xrc_recv(
+/// The value of an XRC_RECV QP handle: no PD, CQs or SRQ.
+fn xrc_recv_box(
     ctx: *mut ibv_context,
     core: Arc<Qp>,
     qp_context: *mut std::ffi::c_void,
     state: u32,
     opened_via: Option<Arc<Xrcd>>,
-) -> *mut SvQp {
+) -> SvQp {
     let qp = ibv_qp {
         context: ctx,
         qp_context,
@@ -123,20 +123,13 @@ fn box_xrc_recv(
         cond: pthread_cond_t([0; 48]),
         events_completed: 0,
     };
-    let opened = opened_via.is_some();
-    let b = Box::into_raw(Box::new(SvQp {
+    SvQp {
         qp: datapath::qp_ex(qp),
         core,
         sq_sig_all: false,
         batch: Mutex::new(WrBatch::default()),
         opened_via,
-    }));
-    if !opened {
-        // Async events about the QP name the creator's handle.
-        // SAFETY: `b` is live.
-        unsafe { (*b).core.set_user_data(b as u64) };
     }
-    b
 }
 
 /// An XRC_RECV QP for `create_qp_ex`: the mask names an XRC domain (EINVAL without one); the
@@ -153,7 +146,17 @@ pub(crate) unsafe fn new_xrc_recv_qp(
     let core = Qp::create_xrc_recv(&x.core).map_err(|e| errno_of(&e))?;
     a.cap = super::cap_c(&core.cap());
     let ctx = if ctx.is_null() { x.xrcd.context } else { ctx };
-    Ok(box_xrc_recv(ctx, core, a.qp_context, QpState::Reset.raw(), None))
+    let b = Box::into_raw(Box::new(xrc_recv_box(
+        ctx,
+        core,
+        a.qp_context,
+        QpState::Reset.raw(),
+        None,
+    )));
+    // Async events about the QP name the creator's handle.
+    // SAFETY: `b` is live.
+    unsafe { (*b).core.set_user_data(b as u64) };
+    Ok(b)
 }
 
 /// The `open_qp` op (`ibv_open_qp`): `NUM|XRCD|TYPE` are required (EINVAL); the handle's state
@@ -175,7 +178,10 @@ pub(crate) unsafe extern "C" fn open_qp(ctx: *mut ibv_context, attr: *mut ibv_qp
     let Some(qp_type) = QpType::from_raw(a.qp_type) else {
         return fail_null(EINVAL);
     };
-    match Qp::open(&x.core, a.qp_num, qp_type) {
+    // The handle's async events carry its address as their token, so the box is allocated
+    // before the QP is opened.
+    let slot = Box::into_raw(Box::<SvQp>::new_uninit());
+    match Qp::open(&x.core, a.qp_num, qp_type, slot as u64) {
         Ok(core) => {
             let qp_context = if a.comp_mask & IBV_QP_OPEN_ATTR_CONTEXT != 0 {
                 a.qp_context
@@ -183,9 +189,17 @@ pub(crate) unsafe extern "C" fn open_qp(ctx: *mut ibv_context, attr: *mut ibv_qp
                 std::ptr::null_mut()
             };
             let ctx = if ctx.is_null() { x.xrcd.context } else { ctx };
-            box_xrc_recv(ctx, core, qp_context, IBV_QPS_UNKNOWN, Some(x.core.clone())).cast()
+            let value = xrc_recv_box(ctx, core, qp_context, IBV_QPS_UNKNOWN, Some(x.core.clone()));
+            // SAFETY: `slot` is a fresh, suitably aligned allocation for an `SvQp`; writing it
+            // initialises it, after which it is an ordinary boxed `SvQp`.
+            unsafe { (*slot).write(value) };
+            slot.cast()
         }
-        Err(e) => fail_null(errno_of(&e)),
+        Err(e) => {
+            // SAFETY: `slot` came from `Box::into_raw` above and was never initialised or shared.
+            drop(unsafe { Box::from_raw(slot) });
+            fail_null(errno_of(&e))
+        }
     }
 }
 

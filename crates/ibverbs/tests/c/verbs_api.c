@@ -799,6 +799,25 @@ static void test_xrc(void)
 	CHECK(poll_one(rcq, &wc) && wc.wr_id == 8 && wc.qp_num == tgt2->qp_num && wc.byte_len == 4,
 	      "... and lands in the SRQ through the second XRC_RECV QP");
 
+	/* A request for an SRQ outside the domain: the target reports an access error to every
+	 * handle (the creator's and the opened one). */
+	sw.qp_type.xrc.remote_srqn = 0xABCDEF;
+	sw.wr_id = 3;
+	CHECK(ibv_post_send(ini, &sw, &bad_s) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_REM_ACCESS_ERR &&
+		      wc.wr_id == 3,
+	      "an SRQ number outside the target's domain: IBV_WC_REM_ACCESS_ERR");
+	int seen_tgt = 0, seen_opened = 0;
+	for (int i = 0; i < 2; i++) {
+		struct ibv_async_event ev;
+		if (ibv_get_async_event(ctx, &ev))
+			break;
+		if (ev.event_type == IBV_EVENT_QP_ACCESS_ERR) {
+			seen_tgt += ev.element.qp == tgt;
+			seen_opened += ev.element.qp == opened;
+		}
+		ibv_ack_async_event(&ev);
+	}
+	CHECK(seen_tgt == 1 && seen_opened == 1, "IBV_EVENT_QP_ACCESS_ERR reaches the creator and the opener");
 	CHECK(ibv_destroy_cq(rcq) == EBUSY, "ibv_destroy_cq while an XRC SRQ uses it: EBUSY");
 	CHECK(ibv_destroy_qp(tgt) == 0 && ibv_close_xrcd(x2) == EBUSY, "destroying the creator's handle of an opened QP");
 	CHECK(ibv_destroy_qp(opened) == 0 && ibv_close_xrcd(x2) == 0, "the last handle goes, and its domain handle is free");
