@@ -85,6 +85,11 @@ impl Context {
         self.device.attr().clone()
     }
 
+    /// `ibv_query_device_ex`: the extended attributes.
+    pub fn query_device_ex(&self) -> crate::DeviceAttrEx {
+        crate::DeviceAttrEx::new(self.device.attr().device_cap_flags)
+    }
+
     fn check_port(&self, port: u8) -> Result<()> {
         if port == 0 || port > self.device.attr().phys_port_cnt {
             return Err(Error::invalid(format!(

@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{BorrowedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -93,6 +93,18 @@ pub struct Cq {
     comp_acks: AckCounter,
     async_acks: AckCounter,
     user_data: AtomicU64,
+    /// Which clocks stamp each completion ([`Timestamps`] bits).
+    stamps: AtomicU8,
+}
+
+/// Which clocks a CQ records in its completions (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP` and
+/// `_WALLCLOCK`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Timestamps {
+    /// The device's free-running completion clock ([`crate::attr_ex::raw_clock`]).
+    pub raw: bool,
+    /// The wall clock, in nanoseconds.
+    pub wallclock: bool,
 }
 
 /// The size a CQ of `cqe` entries gets: the next 2^n - 1 (as ring buffers round), capped by the
@@ -153,6 +165,7 @@ impl Cq {
             comp_acks: AckCounter::default(),
             async_acks: AckCounter::default(),
             user_data: AtomicU64::new(0),
+            stamps: AtomicU8::new(0),
         }))
     }
 
@@ -199,6 +212,24 @@ impl Cq {
     /// Sets [`Cq::user_data`].
     pub fn set_user_data(&self, v: u64) {
         self.user_data.store(v, Ordering::Relaxed);
+    }
+
+    /// Makes every later completion carry the clocks in `ts` (set when the CQ is created with
+    /// timestamp fields, before it has completions).
+    pub fn set_timestamps(&self, ts: Timestamps) {
+        self.stamps.store(
+            u8::from(ts.raw) | (u8::from(ts.wallclock) << 1),
+            Ordering::Relaxed,
+        );
+    }
+
+    /// The clocks completions carry.
+    pub fn timestamps(&self) -> Timestamps {
+        let bits = self.stamps.load(Ordering::Relaxed);
+        Timestamps {
+            raw: bits & 1 != 0,
+            wallclock: bits & 2 != 0,
+        }
     }
 
     pub(crate) fn uses(&self) -> &UseCount {
@@ -288,7 +319,14 @@ impl Cq {
 
     /// Queues a completion. On overrun the completion is lost, the CQ is in error and
     /// `IBV_EVENT_CQ_ERR` is raised; the caller must move the QP to the error state.
-    pub fn push(&self, wc: WorkCompletion) -> Result<(), CqOverrun> {
+    pub fn push(&self, mut wc: WorkCompletion) -> Result<(), CqOverrun> {
+        let stamps = self.stamps.load(Ordering::Relaxed);
+        if stamps & 1 != 0 {
+            wc.timestamp = crate::attr_ex::raw_clock();
+        }
+        if stamps & 2 != 0 {
+            wc.wallclock_ns = crate::attr_ex::wall_clock();
+        }
         let notify = {
             let mut st = self.state.lock();
             if st.overrun || st.entries.len() >= st.cqe as usize {

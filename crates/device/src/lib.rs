@@ -9,6 +9,7 @@
 //! Devices are discovered from the host's network interfaces ([`device_list`]); see [`config`]
 //! for the environment variables that override the defaults.
 
+pub mod attr_ex;
 pub mod config;
 pub mod context;
 pub mod cq;
@@ -24,12 +25,13 @@ mod sync;
 mod udp;
 pub mod xrc;
 
+pub use attr_ex::{DeviceAttrEx, OdpCaps};
 pub use config::{Config, Limits};
 pub use context::{AsyncEvent, Context, EventElement};
-pub use cq::{CompChannel, Cq, CqOverrun};
+pub use cq::{CompChannel, Cq, CqOverrun, Timestamps};
 pub use device::{device_list, discover, Device, DeviceAttr, PortAttr};
 pub use fabric::CounterSnapshot;
-pub use mem::{AtomicBuffer, MemoryBacking};
+pub use mem::{AtomicBuffer, MemoryBacking, Unmapped};
 pub use pd::{Ah, Mr, Pd};
 pub use qp::{PostError, Qp, QpInitAttr, Srq, SrqKind};
 pub use xrc::{XrcDomain, Xrcd};

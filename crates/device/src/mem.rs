@@ -11,16 +11,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::RwLock;
-use softverbs_engine::memory::{Access, AtomicOp, KeyRef, MemError, Memory};
-use softverbs_engine::types::AccessFlags;
+use softverbs_engine::memory::{AtomicOp, KeyRef, MemError, Memory};
 
 use crate::pd::Mr;
+
+/// An access reached memory that is not mapped (or not with the needed protection) in the
+/// process: possible for on-demand-paging regions, which are not pinned and may cover memory
+/// the application never mapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unmapped;
 
 /// The bytes of a memory region, addressed by offset from its start.
 ///
 /// Implementations must tolerate concurrent calls: the device accesses a region from its
 /// progress thread while the application may access it too. Offsets passed in are always
-/// within `len()`.
+/// within `len()`. An access to memory that is not there fails with [`Unmapped`] rather than
+/// faulting.
 pub trait MemoryBacking: Send + Sync + std::fmt::Debug {
     /// Length in bytes.
     fn len(&self) -> u64;
@@ -29,12 +35,19 @@ pub trait MemoryBacking: Send + Sync + std::fmt::Debug {
         self.len() == 0
     }
     /// Copies bytes at `offset` into `dst`.
-    fn read(&self, offset: u64, dst: &mut [u8]);
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), Unmapped>;
     /// Copies `src` to `offset`.
-    fn write(&self, offset: u64, src: &[u8]);
+    fn write(&self, offset: u64, src: &[u8]) -> Result<(), Unmapped>;
     /// Atomically applies `op` to the 8-byte word at `offset` (8-byte aligned); returns the old
     /// value.
-    fn atomic(&self, offset: u64, op: AtomicOp) -> u64;
+    fn atomic(&self, offset: u64, op: AtomicOp) -> Result<u64, Unmapped>;
+    /// Makes `len` bytes at `offset` present, for writing too if `write` (`ibv_advise_mr`
+    /// prefetch); fails if part of the range is not mapped. Memory that is always present has
+    /// nothing to do.
+    fn prefetch(&self, offset: u64, len: u64, write: bool) -> Result<(), Unmapped> {
+        let _ = (offset, len, write);
+        Ok(())
+    }
 }
 
 /// Memory made of atomic 64-bit words: safe to share between the application and the device.
@@ -181,24 +194,27 @@ impl MemoryBacking for AtomicBuffer {
         self.len as u64
     }
 
-    fn read(&self, offset: u64, dst: &mut [u8]) {
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), Unmapped> {
         self.read_bytes(offset as usize, dst);
+        Ok(())
     }
 
-    fn write(&self, offset: u64, src: &[u8]) {
+    fn write(&self, offset: u64, src: &[u8]) -> Result<(), Unmapped> {
         self.write_bytes(offset as usize, src);
+        Ok(())
     }
 
-    fn atomic(&self, offset: u64, op: AtomicOp) -> u64 {
+    fn atomic(&self, offset: u64, op: AtomicOp) -> Result<u64, Unmapped> {
         let w = &self.words[offset as usize / 8];
-        match op {
+        Ok(match op {
             AtomicOp::FetchAdd { add } => w.fetch_add(add, Ordering::SeqCst),
+            AtomicOp::Store { value } => w.swap(value, Ordering::SeqCst),
             AtomicOp::CompareSwap { compare, swap } => {
                 match w.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
                     Ok(v) | Err(v) => v,
                 }
             }
-        }
+        })
     }
 }
 
@@ -220,6 +236,11 @@ impl KeyTable {
         self.rkeys.write().remove(&rkey);
     }
 
+    /// The live region with local key `lkey`.
+    pub(crate) fn by_lkey(&self, lkey: u32) -> Option<Arc<Mr>> {
+        self.lkeys.read().get(&lkey).and_then(Weak::upgrade)
+    }
+
     fn lookup(&self, key: KeyRef) -> Result<Arc<Mr>, MemError> {
         let table = if key.access.is_remote() {
             &self.rkeys
@@ -239,14 +260,7 @@ impl KeyTable {
         if mr.pd().handle() != key.pd {
             return Err(MemError::WrongPd);
         }
-        let needed = match key.access {
-            Access::LocalRead => AccessFlags::empty(),
-            Access::LocalWrite => AccessFlags::LOCAL_WRITE,
-            Access::RemoteRead => AccessFlags::REMOTE_READ,
-            Access::RemoteWrite => AccessFlags::REMOTE_WRITE,
-            Access::RemoteAtomic => AccessFlags::REMOTE_ATOMIC,
-        };
-        if !mr.access().contains(needed) {
+        if !mr.access().contains(key.access.required_flags()) {
             return Err(MemError::NoAccess);
         }
         // Local keys use virtual addresses, remote keys the region's I/O virtual address.
@@ -266,14 +280,12 @@ impl KeyTable {
 impl Memory for KeyTable {
     fn read(&self, key: KeyRef, addr: u64, dst: &mut [u8]) -> Result<(), MemError> {
         let (mr, offset) = self.resolve(key, addr, dst.len() as u64)?;
-        mr.backing().read(offset, dst);
-        Ok(())
+        mr.backing().read(offset, dst).map_err(|_| MemError::Unmapped)
     }
 
     fn write(&self, key: KeyRef, addr: u64, src: &[u8]) -> Result<(), MemError> {
         let (mr, offset) = self.resolve(key, addr, src.len() as u64)?;
-        mr.backing().write(offset, src);
-        Ok(())
+        mr.backing().write(offset, src).map_err(|_| MemError::Unmapped)
     }
 
     fn check(&self, key: KeyRef, addr: u64, len: u64) -> Result<(), MemError> {
@@ -286,7 +298,26 @@ impl Memory for KeyTable {
         if (mr.addr() + offset) % 8 != 0 {
             return Err(MemError::Misaligned);
         }
-        Ok(mr.backing().atomic(offset, op))
+        mr.backing().atomic(offset, op).map_err(|_| MemError::Unmapped)
+    }
+
+    fn flush(&self, key: KeyRef, addr: u64, len: u64, whole_region: bool) -> Result<(), MemError> {
+        if whole_region {
+            let mr = self.lookup(key)?;
+            if mr.pd().handle() != key.pd {
+                return Err(MemError::WrongPd);
+            }
+            if !mr.access().contains(key.access.required_flags()) {
+                return Err(MemError::NoAccess);
+            }
+        } else {
+            self.resolve(key, addr, len)?;
+        }
+        // The device's stores are plain stores into ordinary memory: making them globally
+        // visible (and, for memory that is not persistent, "persistent" as far as it can be)
+        // is a full fence.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        Ok(())
     }
 }
 
@@ -354,7 +385,7 @@ mod tests {
                 let b = b.clone();
                 std::thread::spawn(move || {
                     for _ in 0..1000 {
-                        b.atomic(8, AtomicOp::FetchAdd { add: 1 });
+                        b.atomic(8, AtomicOp::FetchAdd { add: 1 }).unwrap();
                     }
                 })
             })
@@ -369,9 +400,9 @@ mod tests {
                     swap: 7
                 }
             ),
-            4000
+            Ok(4000)
         );
-        assert_eq!(b.atomic(8, AtomicOp::CompareSwap { compare: 1, swap: 9 }), 7);
+        assert_eq!(b.atomic(8, AtomicOp::CompareSwap { compare: 1, swap: 9 }), Ok(7));
         assert_eq!(b.load_u64(8), 7);
     }
 }

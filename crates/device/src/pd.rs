@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use softverbs_engine::qp_state::check_ah_attr;
-use softverbs_engine::types::{AccessFlags, AhAttr, QpAttrMask, ACCESS_OPTIONAL_RANGE};
+use softverbs_engine::types::{AccessFlags, AhAttr, QpAttrMask, Sge, ACCESS_OPTIONAL_RANGE};
 use softverbs_engine::{Error, Result};
 
 use crate::context::Context;
@@ -44,6 +44,64 @@ impl Pd {
         &self.uses
     }
 
+    /// `ibv_advise_mr`: prefetches the ranges of `sges`, which must lie in on-demand-paging
+    /// regions of this PD. `advice` is `IBV_ADVISE_MR_ADVICE_PREFETCH` (0), `_PREFETCH_WRITE` (1)
+    /// or `_PREFETCH_NO_FAULT` (2); `flags` may hold `IBV_ADVISE_MR_FLAG_FLUSH` (1). Errors as
+    /// ibv_advise_mr(3): EOPNOTSUPP for an unknown advice; EINVAL for bad flags, an empty list or
+    /// a region without ODP; ENOENT for an unknown lkey; EPERM for another PD's region or a
+    /// write prefetch of a region without local write; EFAULT for a range outside its region or
+    /// not mapped. Prefetching is synchronous here, so the flush flag changes nothing.
+    pub fn advise_mr(&self, advice: u32, flags: u32, sges: &[Sge]) -> Result<()> {
+        const FLAG_FLUSH: u32 = 1;
+        const PREFETCH_WRITE: u32 = 1;
+        const PREFETCH_NO_FAULT: u32 = 2;
+        if advice > PREFETCH_NO_FAULT {
+            return Err(Error::not_supported(format!("advice {advice} is not supported")));
+        }
+        if flags & !FLAG_FLUSH != 0 {
+            return Err(Error::invalid(format!("flags {flags:#x} has unknown bits")));
+        }
+        if sges.is_empty() {
+            return Err(Error::invalid("the scatter/gather list is empty"));
+        }
+        let keys = &self.ctx.device().node().keys;
+        let mut ranges = Vec::with_capacity(sges.len());
+        for sge in sges {
+            let mr = keys
+                .by_lkey(sge.lkey)
+                .ok_or_else(|| os_error(libc_errno::ENOENT))?;
+            if mr.pd().handle() != self.handle {
+                return Err(os_error(libc_errno::EPERM));
+            }
+            if !mr.access().contains(AccessFlags::ON_DEMAND) {
+                return Err(Error::invalid(
+                    "the lkey does not name an on-demand-paging region",
+                ));
+            }
+            if advice == PREFETCH_WRITE && !mr.access().contains(AccessFlags::LOCAL_WRITE) {
+                return Err(os_error(libc_errno::EPERM));
+            }
+            let offset = sge
+                .addr
+                .checked_sub(mr.addr())
+                .filter(|o| {
+                    o.checked_add(u64::from(sge.length))
+                        .is_some_and(|end| end <= mr.length())
+                })
+                .ok_or_else(|| os_error(libc_errno::EFAULT))?;
+            ranges.push((mr, offset, u64::from(sge.length)));
+        }
+        // NO_FAULT only maps what is already present: nothing for a device without page tables.
+        if advice != PREFETCH_NO_FAULT {
+            for (mr, offset, len) in ranges {
+                mr.backing()
+                    .prefetch(offset, len, advice == PREFETCH_WRITE)
+                    .map_err(|_| os_error(libc_errno::EFAULT))?;
+            }
+        }
+        Ok(())
+    }
+
     /// `ibv_dealloc_pd`: fails with EBUSY, changing nothing, while an MR, QP, SRQ or AH uses it.
     pub fn dealloc(&self) -> Result<()> {
         self.uses.retire("protection domain")?;
@@ -81,7 +139,7 @@ impl Mr {
     ///
     /// `access` is the raw `ibv_access_flags` value. Remote write or atomic access without local
     /// write is EINVAL (`ibv_reg_mr(3)`); unknown flags are EINVAL, bits in the optional range are
-    /// ignored, and on-demand paging is EOPNOTSUPP.
+    /// ignored; on-demand paging is accepted (`IBV_ACCESS_HUGETLB` only with it).
     pub fn register(
         pd: &Arc<Pd>,
         backing: Arc<dyn MemoryBacking>,
@@ -114,6 +172,41 @@ impl Mr {
         if addr.checked_add(length).is_none() || iova.checked_add(length).is_none() {
             return Err(Error::invalid("the region wraps around the address space"));
         }
+        Self::insert(pd, backing, addr, iova, access)
+    }
+
+    /// Implicit on-demand paging (`ibv_reg_mr(pd, NULL, SIZE_MAX, ...|IBV_ACCESS_ON_DEMAND)`):
+    /// one region over the whole address space, addressed by absolute virtual address.
+    /// `backing` must span all of it (`len() == u64::MAX`) and fail accesses to memory that is
+    /// not mapped; `access` must include `IBV_ACCESS_ON_DEMAND` (EINVAL otherwise).
+    pub fn register_implicit_odp(
+        pd: &Arc<Pd>,
+        backing: Arc<dyn MemoryBacking>,
+        access: u32,
+    ) -> Result<Arc<Self>> {
+        let flags = check_mr_access(access)?;
+        if !flags.contains(AccessFlags::ON_DEMAND) || backing.len() != u64::MAX {
+            return Err(Error::invalid(
+                "an implicit ODP region needs IBV_ACCESS_ON_DEMAND and covers the whole address space",
+            ));
+        }
+        if flags.contains(AccessFlags::HUGETLB) {
+            return Err(Error::invalid(
+                "IBV_ACCESS_HUGETLB is only valid with explicit ODP",
+            ));
+        }
+        Self::insert(pd, backing, 0, 0, flags)
+    }
+
+    fn insert(
+        pd: &Arc<Pd>,
+        backing: Arc<dyn MemoryBacking>,
+        addr: u64,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Arc<Self>> {
+        let device = pd.context().device();
+        let length = backing.len();
         pd.uses.acquire("protection domain")?;
         if let Err(e) = device.acquire(Resource::Mr) {
             pd.uses.release();
@@ -207,6 +300,18 @@ impl Drop for Mr {
     }
 }
 
+/// The errnos `ibv_advise_mr` returns beyond the common ones.
+mod libc_errno {
+    pub(super) const EPERM: i32 = 1;
+    pub(super) const ENOENT: i32 = 2;
+    pub(super) const EFAULT: i32 = 14;
+}
+
+/// An error carrying a specific errno.
+fn os_error(errno: i32) -> Error {
+    Error::Io(std::io::Error::from_raw_os_error(errno))
+}
+
 /// Validates raw `ibv_access_flags` for a memory region.
 pub fn check_mr_access(raw: u32) -> Result<AccessFlags> {
     let unknown = raw & !AccessFlags::all().bits() & !ACCESS_OPTIONAL_RANGE;
@@ -222,9 +327,11 @@ pub fn check_mr_access(raw: u32) -> Result<AccessFlags> {
             "IBV_ACCESS_REMOTE_WRITE or IBV_ACCESS_REMOTE_ATOMIC requires IBV_ACCESS_LOCAL_WRITE",
         ));
     }
-    if access.contains(AccessFlags::ON_DEMAND) {
-        return Err(Error::not_supported(
-            "IBV_ACCESS_ON_DEMAND: on-demand paging is not supported",
+    // On-demand paging is accepted: the device never pins, it reaches memory through the
+    // current mapping on each access. The huge-page hint only means something for ODP.
+    if access.contains(AccessFlags::HUGETLB) && !access.contains(AccessFlags::ON_DEMAND) {
+        return Err(Error::invalid(
+            "IBV_ACCESS_HUGETLB is only valid with IBV_ACCESS_ON_DEMAND",
         ));
     }
     Ok(access)

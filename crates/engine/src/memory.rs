@@ -2,7 +2,7 @@
 //! implements over its memory-region table. Keys, protection domains, bounds and access rights
 //! are checked there, for every access, as an HCA checks them.
 
-use crate::types::WcStatus;
+use crate::types::{AccessFlags, WcStatus};
 
 /// The right an access needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,12 +17,39 @@ pub enum Access {
     RemoteWrite,
     /// Remote atomic (rkey, `IBV_ACCESS_REMOTE_ATOMIC`).
     RemoteAtomic,
+    /// Remote FLUSH with these placement type bits (rkey; `IBV_ACCESS_FLUSH_GLOBAL` for bit 0,
+    /// `IBV_ACCESS_FLUSH_PERSISTENT` for bit 1).
+    Flush(u8),
 }
 
 impl Access {
     /// Whether the key is an rkey (remote access) rather than an lkey.
     pub fn is_remote(self) -> bool {
-        matches!(self, Self::RemoteRead | Self::RemoteWrite | Self::RemoteAtomic)
+        matches!(
+            self,
+            Self::RemoteRead | Self::RemoteWrite | Self::RemoteAtomic | Self::Flush(_)
+        )
+    }
+
+    /// The region access flags this access needs.
+    pub fn required_flags(self) -> AccessFlags {
+        match self {
+            Self::LocalRead => AccessFlags::empty(),
+            Self::LocalWrite => AccessFlags::LOCAL_WRITE,
+            Self::RemoteRead => AccessFlags::REMOTE_READ,
+            Self::RemoteWrite => AccessFlags::REMOTE_WRITE,
+            Self::RemoteAtomic => AccessFlags::REMOTE_ATOMIC,
+            Self::Flush(placement) => {
+                let mut f = AccessFlags::empty();
+                if placement & crate::wr::FLUSH_GLOBAL != 0 {
+                    f |= AccessFlags::FLUSH_GLOBAL;
+                }
+                if placement & crate::wr::FLUSH_PERSISTENT != 0 {
+                    f |= AccessFlags::FLUSH_PERSISTENT;
+                }
+                f
+            }
+        }
     }
 }
 
@@ -50,6 +77,9 @@ pub enum MemError {
     NoAccess,
     /// An atomic address is not 8-byte aligned.
     Misaligned,
+    /// The range is in the region but not mapped in memory (an on-demand-paging region over
+    /// addresses the application never mapped): a protection error, never a crash.
+    Unmapped,
 }
 
 impl MemError {
@@ -77,6 +107,11 @@ pub enum AtomicOp {
         /// Addend.
         add: u64,
     },
+    /// An 8-byte store (ATOMIC WRITE); the word is replaced as a whole.
+    Store {
+        /// The new value, as the bytes in memory read in host order.
+        value: u64,
+    },
 }
 
 impl AtomicOp {
@@ -91,6 +126,7 @@ impl AtomicOp {
                 }
             }
             Self::FetchAdd { add } => old.wrapping_add(add),
+            Self::Store { value } => value,
         }
     }
 }
@@ -105,4 +141,8 @@ pub trait Memory {
     fn check(&self, key: KeyRef, addr: u64, len: u64) -> Result<(), MemError>;
     /// Performs `op` atomically on the 8-byte word at `addr`; returns the original value.
     fn atomic(&self, key: KeyRef, addr: u64, op: AtomicOp) -> Result<u64, MemError>;
+    /// FLUSH: checks the key and its right (`key.access` is [`Access::Flush`]) and, unless
+    /// `whole_region`, that `len` bytes at `addr` lie in the region; then makes every earlier
+    /// store to the region visible (a store fence).
+    fn flush(&self, key: KeyRef, addr: u64, len: u64, whole_region: bool) -> Result<(), MemError>;
 }

@@ -238,7 +238,9 @@ pub const QP_ACCESS_ALLOWED: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
     .union(AccessFlags::REMOTE_READ)
     .union(AccessFlags::REMOTE_ATOMIC)
-    .union(AccessFlags::MW_BIND);
+    .union(AccessFlags::MW_BIND)
+    .union(AccessFlags::FLUSH_GLOBAL)
+    .union(AccessFlags::FLUSH_PERSISTENT);
 
 fn invalid(attr: QpAttrMask, reason: impl fmt::Display) -> ModifyQpError {
     ModifyQpError::InvalidValue {

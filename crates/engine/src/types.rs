@@ -224,6 +224,10 @@ bitflags! {
         const ON_DEMAND = 1 << 6;
         /// Huge pages hint.
         const HUGETLB = 1 << 7;
+        /// Remote FLUSH with the global-visibility placement type.
+        const FLUSH_GLOBAL = 1 << 8;
+        /// Remote FLUSH with the persistence placement type.
+        const FLUSH_PERSISTENT = 1 << 9;
         /// Relaxed ordering (an optional flag: devices may ignore it).
         const RELAXED_ORDERING = 1 << 20;
     }
@@ -439,6 +443,10 @@ c_enum! {
         BindMw = 5,
         /// Local invalidate.
         LocalInv = 6,
+        /// FLUSH (memory-placement extension).
+        Flush = 8,
+        /// ATOMIC WRITE (memory-placement extension).
+        AtomicWrite = 9,
         /// Receive.
         Recv = 128,
         /// Receive of an RDMA write with immediate.
@@ -469,6 +477,10 @@ c_enum! {
         BindMw = 8,
         /// Send with invalidate.
         SendWithInv = 9,
+        /// FLUSH (memory-placement extension; no `ibv_send_wr` form).
+        Flush = 14,
+        /// ATOMIC WRITE (memory-placement extension; no `ibv_send_wr` form).
+        AtomicWrite = 15,
     }
 }
 
@@ -842,6 +854,12 @@ pub struct WorkCompletion {
     pub dlid_path_bits: u8,
     /// Whether the message carried the solicited-event bit (for solicited-only notification).
     pub solicited: bool,
+    /// When the completion was queued, in ticks of the device's completion clock
+    /// (`ibv_wc_read_completion_ts`); 0 unless the CQ records timestamps.
+    pub timestamp: u64,
+    /// When the completion was queued, in wall-clock nanoseconds since the epoch
+    /// (`ibv_wc_read_completion_wallclock_ns`); 0 unless the CQ records them.
+    pub wallclock_ns: u64,
 }
 
 impl Default for WorkCompletion {
@@ -868,6 +886,8 @@ impl WorkCompletion {
             sl: 0,
             dlid_path_bits: 0,
             solicited: false,
+            timestamp: 0,
+            wallclock_ns: 0,
         }
     }
 

@@ -50,6 +50,39 @@ pub enum SendOp {
         /// Addend.
         add: u64,
     },
+    /// ATOMIC WRITE: stores 8 bytes at an aligned remote address as one atomic store.
+    AtomicWrite {
+        /// Target word.
+        remote: RemoteAddr,
+        /// The bytes to store, in memory order (`ibv_wr_atomic_write`'s `atomic_wr`).
+        value: [u8; 8],
+    },
+    /// FLUSH: makes earlier writes to a remote range (or the whole region) globally visible
+    /// and/or persistent.
+    Flush {
+        /// Start of the range (any address of the region for [`FlushSelect::Mr`]).
+        remote: RemoteAddr,
+        /// Length of the range.
+        len: u32,
+        /// Placement type bits: [`FLUSH_GLOBAL`] and/or [`FLUSH_PERSISTENT`].
+        placement: u8,
+        /// The range or the whole region.
+        select: FlushSelect,
+    },
+}
+
+/// `IBV_FLUSH_GLOBAL`: the placement type asking for global visibility.
+pub const FLUSH_GLOBAL: u8 = 1;
+/// `IBV_FLUSH_PERSISTENT`: the placement type asking for persistence.
+pub const FLUSH_PERSISTENT: u8 = 2;
+
+/// `enum ibv_selectivity_level`: what a FLUSH covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlushSelect {
+    /// `IBV_FLUSH_RANGE`: the given range, which must lie in the region.
+    Range = 0,
+    /// `IBV_FLUSH_MR`: the whole region the R_Key names.
+    Mr = 1,
 }
 
 impl SendOp {
@@ -66,6 +99,8 @@ impl SendOp {
             Self::Read { .. } => WrOpcode::RdmaRead,
             Self::CompareSwap { .. } => WrOpcode::AtomicCmpAndSwp,
             Self::FetchAdd { .. } => WrOpcode::AtomicFetchAndAdd,
+            Self::AtomicWrite { .. } => WrOpcode::AtomicWrite,
+            Self::Flush { .. } => WrOpcode::Flush,
         }
     }
 
@@ -77,15 +112,27 @@ impl SendOp {
             Self::Read { .. } => WcOpcode::RdmaRead,
             Self::CompareSwap { .. } => WcOpcode::CompSwap,
             Self::FetchAdd { .. } => WcOpcode::FetchAdd,
+            Self::AtomicWrite { .. } => WcOpcode::AtomicWrite,
+            Self::Flush { .. } => WcOpcode::Flush,
         }
     }
 
-    /// READ or atomic: needs a responder resource and a response.
+    /// READ, atomic, ATOMIC WRITE or FLUSH: needs a responder resource and a response, and
+    /// counts against `max_rd_atomic`.
     pub fn is_read_or_atomic(&self) -> bool {
         matches!(
             self,
-            Self::Read { .. } | Self::CompareSwap { .. } | Self::FetchAdd { .. }
+            Self::Read { .. }
+                | Self::CompareSwap { .. }
+                | Self::FetchAdd { .. }
+                | Self::AtomicWrite { .. }
+                | Self::Flush { .. }
         )
+    }
+
+    /// ATOMIC WRITE or FLUSH: answered by a zero-length READ RESPONSE.
+    pub fn is_placement(&self) -> bool {
+        matches!(self, Self::AtomicWrite { .. } | Self::Flush { .. })
     }
 
     /// Atomic.
@@ -183,8 +230,10 @@ impl SendWr {
                 opcode,
                 WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm
             ),
-            // An XRC initiator has the RC operations (ibv_post_send(3)); the target sends none.
-            QpType::Rc | QpType::XrcSend => true,
+            QpType::Rc => true,
+            // An XRC initiator has the RC operations of ibv_post_send(3), not the RC-only
+            // ATOMIC WRITE and FLUSH extensions; the target sends nothing.
+            QpType::XrcSend => !matches!(self.op, SendOp::AtomicWrite { .. } | SendOp::Flush { .. }),
             QpType::XrcRecv => false,
         };
         if !legal {
@@ -250,6 +299,25 @@ impl SendWr {
                 }
                 Some(_) => {}
             }
+        }
+        match self.op {
+            SendOp::AtomicWrite { remote, .. } if remote.addr % 8 != 0 => {
+                return Err(Error::invalid(format!(
+                    "atomic write remote_addr {:#x} is not 8-byte aligned",
+                    remote.addr
+                )));
+            }
+            SendOp::AtomicWrite { .. } | SendOp::Flush { .. } if len != 0 => {
+                return Err(Error::invalid("ATOMIC WRITE and FLUSH take no local buffer"));
+            }
+            SendOp::Flush { placement, .. }
+                if placement == 0 || placement & !(FLUSH_GLOBAL | FLUSH_PERSISTENT) != 0 =>
+            {
+                return Err(Error::invalid(format!(
+                    "flush type {placement:#x} is not IBV_FLUSH_GLOBAL and/or IBV_FLUSH_PERSISTENT"
+                )));
+            }
+            _ => {}
         }
         if l.qp_type == QpType::Ud {
             if self.ud.is_none() {

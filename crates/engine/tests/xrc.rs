@@ -280,6 +280,17 @@ fn the_initiator_needs_a_remote_srqn_and_the_target_sends_nothing() {
         Payload::Inline(vec![1; 8]),
     );
     assert!(to_srq(inline, 1).check(&limits(QpType::XrcSend)).is_ok());
+    // ATOMIC WRITE is an RC-only extension: XRC has no opcode for it.
+    let aw = wr(
+        3,
+        SendOp::AtomicWrite {
+            remote: softverbs_engine::wr::RemoteAddr { addr: 0, rkey: 1 },
+            value: [0; 8],
+        },
+        Payload::Sges(vec![]),
+    );
+    assert!(to_srq(aw.clone(), 1).check(&limits(QpType::XrcSend)).is_err());
+    assert!(aw.check(&limits(QpType::Rc)).is_ok());
     let _ = (sim, ini, tgt);
     let ids: BTreeSet<u32> = [QpType::XrcSend.raw(), QpType::XrcRecv.raw()].into();
     assert_eq!(ids, [9, 10].into());

@@ -105,11 +105,30 @@ pub type CreateSrqExFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_ini
 pub type OpenXrcdFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut ibv_xrcd;
 pub type CloseXrcdFn = unsafe extern "C" fn(*mut ibv_xrcd) -> c_int;
 pub type OpenQpFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_open_attr) -> *mut ibv_qp;
+pub type WrAtomicWriteFn = unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, *const c_void);
+pub type AdviseMrFn = unsafe extern "C" fn(*mut ibv_pd, u32, u32, *mut ibv_sge, u32) -> c_int;
+pub type QueryRtValuesFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int;
+
+/// `struct timespec` (64-bit Linux).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct timespec {
+    pub tv_sec: i64,
+    pub tv_nsec: i64,
+}
+
+/// `struct ibv_values_ex` (`ibv_query_rt_values_ex`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ibv_values_ex {
+    pub comp_mask: u32,
+    pub raw_clock: timespec,
+}
 
 #[repr(C)]
 pub struct verbs_context {
     pub query_port: Option<QueryPortFn>,
-    pub advise_mr: *const c_void,
+    pub advise_mr: Option<AdviseMrFn>,
     pub alloc_null_mr: *const c_void,
     pub read_counters: *const c_void,
     pub attach_counters_point_flow: *const c_void,
@@ -132,7 +151,7 @@ pub struct verbs_context {
     pub destroy_wq: *const c_void,
     pub modify_wq: *const c_void,
     pub create_wq: *const c_void,
-    pub query_rt_values: *const c_void,
+    pub query_rt_values: Option<QueryRtValuesFn>,
     pub create_cq_ex: Option<CreateCqExFn>,
     pub priv_: *mut c_void,
     pub query_device_ex: Option<QueryDeviceExFn>,
@@ -739,7 +758,7 @@ pub struct ibv_qp_ex {
     pub wr_start: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
     pub wr_complete: Option<unsafe extern "C" fn(*mut ibv_qp_ex) -> c_int>,
     pub wr_abort: Option<unsafe extern "C" fn(*mut ibv_qp_ex)>,
-    pub wr_atomic_write: *const c_void,
+    pub wr_atomic_write: Option<WrAtomicWriteFn>,
 }
 
 #[repr(C)]

@@ -29,8 +29,10 @@ const ENOENT: c_int = Errno::ENOENT as c_int;
 const WC_STANDARD_FLAGS: u64 = 0x7f;
 /// `IBV_CQ_INIT_ATTR_MASK_FLAGS`.
 const CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
-/// The `IBV_QP_EX_WITH_*` operations the `ibv_wr_*` API offers here.
-const SUPPORTED_SEND_OPS: u64 = 0x7f | (1 << 9);
+/// The `IBV_QP_EX_WITH_*` operations the `ibv_wr_*` API offers here (ATOMIC WRITE is 1 << 12).
+const SUPPORTED_SEND_OPS: u64 = 0x7f | (1 << 9) | (1 << 12);
+/// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP` and `_WALLCLOCK`.
+const WC_TIMESTAMP_FLAGS: u64 = (1 << 7) | (1 << 11);
 
 fn wc_c(w: &WorkCompletion) -> ibv_wc {
     ibv_wc {
@@ -196,12 +198,18 @@ pub(crate) unsafe extern "C" fn post_send(
         }
         p = w.next;
     }
-    let (bad_wr, err) = match q.core.post_send(&reqs) {
+    // Nothing translatable (the first WR is bad): post nothing, report that WR.
+    let posted = if reqs.is_empty() {
+        Ok(())
+    } else {
+        q.core.post_send(&reqs)
+    };
+    let (bad_wr, err) = match posted {
         Ok(()) => match conv_err {
             Some((p, e)) => (p, e),
             None => return 0,
         },
-        Err(e) => (ptrs[e.index], e.error.errno()),
+        Err(e) => (ptrs.get(e.index).copied().unwrap_or(wr), e.error.errno()),
     };
     if !bad.is_null() {
         // SAFETY: `bad` is writable.
@@ -251,7 +259,13 @@ unsafe fn finish_recv(
             Some(x) => x,
             None => return 0,
         },
-        Err(e) => (ptrs[e.index], e.error.errno()),
+        Err(e) => (
+            ptrs.get(e.index)
+                .copied()
+                .or(conv_err.map(|c| c.0))
+                .unwrap_or(std::ptr::null_mut()),
+            e.error.errno(),
+        ),
     };
     if !bad.is_null() {
         // SAFETY: `bad` is writable.
@@ -372,6 +386,12 @@ unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
 
 unsafe extern "C" fn end_poll(_cq: *mut ibv_cq_ex) {}
 
+/// The completion the extended CQ's readers report.
+pub(crate) unsafe fn current(cq: *mut ibv_cq_ex) -> WorkCompletion {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
+    unsafe { cur(cq) }
+}
+
 unsafe fn cur(cq: *mut ibv_cq_ex) -> WorkCompletion {
     // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { cq_ex(cq) }.cur.get()
@@ -435,10 +455,12 @@ pub(crate) fn install_cq_ex_ops(b: *mut SvCq) {
     cq.read_slid = Some(read_slid);
     cq.read_sl = Some(read_sl);
     cq.read_dlid_path_bits = Some(read_dlid_path_bits);
+    cq.read_completion_ts = Some(crate::clock::read_completion_ts);
+    cq.read_completion_wallclock_ns = Some(crate::clock::read_completion_wallclock_ns);
 }
 
-/// The `create_cq_ex` op: the standard completion fields only (no timestamps, flow tags or
-/// parent domains: EOPNOTSUPP).
+/// The `create_cq_ex` op: the standard completion fields and the completion timestamps (raw
+/// and wall clock); flow tags, tag matching and parent domains are EOPNOTSUPP.
 pub(crate) unsafe extern "C" fn create_cq_ex(
     ctx: *mut ibv_context,
     attr: *mut ibv_cq_init_attr_ex,
@@ -448,7 +470,9 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     }
     // SAFETY: `attr` is a readable `struct ibv_cq_init_attr_ex`.
     let a = unsafe { &*attr };
-    if a.comp_mask & !CQ_INIT_ATTR_MASK_FLAGS != 0 || a.wc_flags & !WC_STANDARD_FLAGS != 0 {
+    if a.comp_mask & !CQ_INIT_ATTR_MASK_FLAGS != 0
+        || a.wc_flags & !(WC_STANDARD_FLAGS | WC_TIMESTAMP_FLAGS) != 0
+    {
         return fail_null(EOPNOTSUPP);
     }
     let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
@@ -458,6 +482,11 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         Ok(b) => {
             // SAFETY: `b` is live; record which fields the caller asked for.
             unsafe { (*b).cq.comp_mask = a.comp_mask };
+            // SAFETY: `b` is live and not yet shared.
+            unsafe { &(*b).core }.set_timestamps(softverbs_device::Timestamps {
+                raw: a.wc_flags & (1 << 7) != 0,
+                wallclock: a.wc_flags & (1 << 11) != 0,
+            });
             b.cast()
         }
         Err(e) => fail_null(e),
@@ -494,7 +523,7 @@ pub(crate) fn qp_ex(qp: ibv_qp) -> ibv_qp_ex {
         wr_start: Some(wr_start),
         wr_complete: Some(wr_complete),
         wr_abort: Some(wr_abort),
-        wr_atomic_write: std::ptr::null(),
+        wr_atomic_write: Some(wr_atomic_write),
     }
 }
 
@@ -676,6 +705,29 @@ unsafe extern "C" fn wr_atomic_fetch_add(qpx: *mut ibv_qp_ex, rkey: u32, addr: u
             },
         );
     };
+}
+
+/// `ibv_wr_atomic_write`: stores the 8 bytes at `value` at the remote address, atomically.
+unsafe extern "C" fn wr_atomic_write(qpx: *mut ibv_qp_ex, rkey: u32, addr: u64, value: *const c_void) {
+    let mut bytes = [0u8; 8];
+    if !value.is_null() {
+        // SAFETY: `value` points at the caller's 8 readable bytes (ibv_wr_post(3)).
+        unsafe { std::ptr::copy_nonoverlapping(value.cast::<u8>(), bytes.as_mut_ptr(), 8) };
+    }
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+    unsafe {
+        push(
+            qpx,
+            SendOp::AtomicWrite {
+                remote: RemoteAddr { addr, rkey },
+                value: bytes,
+            },
+        );
+    };
+    if value.is_null() {
+        // SAFETY: as above.
+        unsafe { last(qpx, |_, _| Err(EINVAL)) };
+    }
 }
 
 unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {

@@ -630,6 +630,8 @@ fn checks() -> Checks {
             comp_mask
         }
     );
+    layout!(v, ibv_values_ex { comp_mask, raw_clock });
+    v.push(("sizeof(struct timespec)".into(), size_of::<timespec>()));
     v.push(("sizeof(pthread_mutex_t)".into(), size_of::<pthread_mutex_t>()));
     v.push(("sizeof(pthread_cond_t)".into(), size_of::<pthread_cond_t>()));
     v.push((

@@ -26,8 +26,10 @@
 #![cfg_attr(test, allow(dead_code))]
 
 pub mod abi;
+mod clock;
 mod datapath;
 mod memory;
+mod odp;
 mod symbols;
 mod verbs;
 

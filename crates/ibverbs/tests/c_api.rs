@@ -1,6 +1,9 @@
-//! The man-page conventions through the real `<infiniband/verbs.h>`: `tests/c/verbs_api.c` is
-//! compiled with gcc against the system header and linked against our library, then run; it
-//! prints one line per check (see the file for the list) and fails if any check fails.
+//! The man-page conventions through the real `<infiniband/verbs.h>`: each program in `tests/c`
+//! is compiled with gcc against the system header and linked against our library, then run; it
+//! prints one line per check (see each file for the list) and fails if any check fails.
+//!
+//! - `verbs_api.c`: the verbs of rdma-core 44 and their return/errno conventions;
+//! - `extensions.c`: ATOMIC WRITE, completion timestamps and on-demand paging.
 
 mod common;
 
@@ -9,11 +12,12 @@ use std::time::Duration;
 
 use common::*;
 
-#[test]
-fn verbs_api_conformance() {
+/// Compiles `tests/c/<name>.c`, runs it, and checks that at least `min_checks` checks ran and
+/// none failed.
+fn run_c_program(name: &str, min_checks: usize) {
     require("gcc");
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/verbs_api.c");
-    let exe = lib_dir().join("verbs_api");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let exe = lib_dir().join(name);
     let out = Command::new("gcc")
         .args(["-Wall", "-Werror", "-O1", "-o"])
         .arg(&exe)
@@ -34,5 +38,15 @@ fn verbs_api_conformance() {
     assert!(o.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("\n0 failed"), "{stdout}");
     let checks = stdout.lines().filter(|l| l.starts_with("ok - ")).count();
-    assert!(checks >= 80, "only {checks} checks ran:\n{stdout}");
+    assert!(checks >= min_checks, "only {checks} checks ran:\n{stdout}");
+}
+
+#[test]
+fn verbs_api_conformance() {
+    run_c_program("verbs_api", 80);
+}
+
+#[test]
+fn atomic_write_timestamps_and_odp() {
+    run_c_program("extensions", 55);
 }

@@ -13,7 +13,7 @@ use crate::cq::{CompletionChannel, CompletionQueue, CqInner};
 use crate::device::Device;
 use crate::pd::ProtectionDomain;
 use crate::qp::{QpInner, QueuePair, SharedReceiveQueue, SrqInner};
-use crate::{DeviceAttr, PortAttr};
+use crate::{DeviceAttr, DeviceAttrEx, PortAttr, Timestamps};
 
 /// Objects async events can be about, so an event can hand back the caller's own handle.
 #[derive(Debug)]
@@ -159,6 +159,34 @@ impl Context {
         comp_vector: i32,
     ) -> Result<CompletionQueue> {
         CompletionQueue::create(self, cqe, channel, comp_vector)
+    }
+
+    /// `ibv_create_cq_ex` with `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP` and/or `_WALLCLOCK`: as
+    /// [`Context::create_cq`], and every completion carries the clocks in `ts`
+    /// ([`WorkCompletion::timestamp`] in ticks of [`DeviceAttrEx::hca_core_clock`] kHz,
+    /// [`WorkCompletion::wallclock_ns`]).
+    pub fn create_cq_with_timestamps(
+        &self,
+        cqe: i32,
+        channel: Option<&CompletionChannel>,
+        comp_vector: i32,
+        ts: Timestamps,
+    ) -> Result<CompletionQueue> {
+        let cq = CompletionQueue::create(self, cqe, channel, comp_vector)?;
+        cq.core().set_timestamps(ts);
+        Ok(cq)
+    }
+
+    /// `ibv_query_device_ex`: capability bits beyond `ibv_device_attr`, on-demand paging and the
+    /// completion clock.
+    pub fn query_device_ex(&self) -> DeviceAttrEx {
+        self.0.core.query_device_ex()
+    }
+
+    /// `ibv_query_rt_values_ex` with `IBV_VALUES_MASK_RAW_CLOCK`: the completion clock now, in
+    /// the ticks completion timestamps use.
+    pub fn query_raw_clock(&self) -> u64 {
+        softverbs_device::attr_ex::raw_clock()
     }
 
     /// `ibv_init_ah_from_wc`: the address vector answering the sender of a UD receive.

@@ -34,10 +34,11 @@ pub use pd::{AddressHandle, MemoryRegion, ProtectionDomain};
 pub use qp::{QpInit, QueuePair, SharedReceiveQueue};
 pub use xrc::{XrcDomain, O_CREAT, O_EXCL};
 
+pub use softverbs_device::attr_ex::{cap_flags_ex, odp, HCA_CORE_CLOCK_KHZ};
 pub use softverbs_device::config::{Config, Limits};
 pub use softverbs_device::device::{DeviceAttr, PortAttr};
 pub use softverbs_device::qp::{PostError, SendRequest, UdAddress};
-pub use softverbs_device::CounterSnapshot;
+pub use softverbs_device::{CounterSnapshot, DeviceAttrEx, OdpCaps, Timestamps};
 pub use softverbs_engine::rate::{mbps_to_rate, mult_to_rate, rate_to_mbps, rate_to_mult};
 pub use softverbs_engine::transport::QpCounters;
 pub use softverbs_engine::types::{
@@ -45,5 +46,5 @@ pub use softverbs_engine::types::{
     QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, Sge, SrqAttr, SrqAttrMask, WcFlags, WcOpcode,
     WcStatus, WorkCompletion,
 };
-pub use softverbs_engine::wr::{Payload, RemoteAddr, SendOp};
+pub use softverbs_engine::wr::{FlushSelect, Payload, RemoteAddr, SendOp, FLUSH_GLOBAL, FLUSH_PERSISTENT};
 pub use softverbs_engine::{Error, Result};

@@ -79,6 +79,13 @@ impl ProtectionDomain {
         SharedReceiveQueue::create(self, attr)
     }
 
+    /// `ibv_advise_mr`: prefetches ranges of on-demand-paging regions of this PD (`advice`
+    /// `IBV_ADVISE_MR_ADVICE_PREFETCH` 0, `_PREFETCH_WRITE` 1, `_PREFETCH_NO_FAULT` 2; `flags`
+    /// `IBV_ADVISE_MR_FLAG_FLUSH` 1), with the errnos of ibv_advise_mr(3).
+    pub fn advise_mr(&self, advice: u32, flags: u32, sges: &[Sge]) -> Result<()> {
+        self.0.core.advise_mr(advice, flags, sges)
+    }
+
     /// `ibv_create_ah`.
     pub fn create_ah(&self, attr: &AhAttr) -> Result<AddressHandle> {
         Ok(AddressHandle {

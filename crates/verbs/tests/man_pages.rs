@@ -379,11 +379,23 @@ mod ibv_reg_mr {
     }
 
     #[test]
-    fn unknown_flags_are_einval_and_odp_is_unsupported() {
+    fn unknown_flags_are_einval_and_odp_is_accepted() {
         let pd = lo().alloc_pd().unwrap();
         let unknown = AccessFlags::LOCAL_WRITE | AccessFlags::from_bits_retain(1 << 15);
         assert_eq!(pd.register(64, unknown).unwrap_err().errno(), EINVAL);
-        assert_eq!(pd.register(64, AccessFlags::ON_DEMAND).unwrap_err().errno(), 95);
+        let odp = pd
+            .register(64, AccessFlags::ON_DEMAND | AccessFlags::LOCAL_WRITE)
+            .unwrap();
+        assert!(odp.access().contains(AccessFlags::ON_DEMAND));
+        let huge = AccessFlags::ON_DEMAND | AccessFlags::HUGETLB | AccessFlags::LOCAL_WRITE;
+        assert!(pd.register(64, huge).is_ok());
+        // The huge-page hint only applies to explicit ODP.
+        assert_eq!(
+            pd.register(64, AccessFlags::HUGETLB | AccessFlags::LOCAL_WRITE)
+                .unwrap_err()
+                .errno(),
+            EINVAL
+        );
     }
 
     #[test]

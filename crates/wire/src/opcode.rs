@@ -7,7 +7,7 @@
 use core::fmt;
 use core::ops::BitOr;
 
-use crate::{aeth, atomic, bth, deth, imm, reth, Error};
+use crate::{aeth, atomic, bth, deth, feth, imm, reth, Error};
 
 /// Size of the XRC extended transport header (XRC SRQ number).
 pub const XRCETH_LEN: usize = crate::xrceth::HEADER_LEN;
@@ -22,6 +22,8 @@ pub enum Header {
     Deth,
     /// XRC ETH (every XRC request).
     XrcEth,
+    /// FLUSH ETH (FLUSH requests).
+    Feth,
     /// RDMA ETH (WRITE FIRST/ONLY, READ REQUEST).
     Reth,
     /// Atomic ETH (COMPARE_SWAP, FETCH_ADD).
@@ -43,9 +45,10 @@ impl Header {
     ///
     /// No opcode carries two headers whose relative order this merges
     /// ambiguously (e.g. AETH and ImmDt never meet).
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Deth,
         Self::XrcEth,
+        Self::Feth,
         Self::Reth,
         Self::AtomicEth,
         Self::Aeth,
@@ -60,6 +63,7 @@ impl Header {
         match self {
             Self::Deth => deth::HEADER_LEN,
             Self::XrcEth => XRCETH_LEN,
+            Self::Feth => feth::HEADER_LEN,
             Self::Reth => reth::HEADER_LEN,
             Self::AtomicEth => atomic::ATOMIC_ETH_LEN,
             Self::Aeth => aeth::HEADER_LEN,
@@ -171,6 +175,10 @@ impl OpFlags {
     /// Carries a payload (possibly empty); packets without this flag must
     /// have neither payload nor pad.
     pub const PAYLOAD: Self = Self(1 << 12);
+    /// An ATOMIC WRITE request.
+    pub const ATOMIC_WRITE: Self = Self(1 << 13);
+    /// A FLUSH request.
+    pub const FLUSH: Self = Self(1 << 14);
 
     /// Both sets together.
     pub const fn union(self, other: Self) -> Self {
@@ -382,6 +390,12 @@ opcodes! {
     RcSendLastWithInv = 0x16, Rc, [Ieth], [REQ SEND LAST INV PAYLOAD];
     /// RC SEND ONLY with invalidate.
     RcSendOnlyWithInv = 0x17, Rc, [Ieth], [REQ SEND ONLY INV PAYLOAD];
+    /// RC FLUSH (memory-placement extension): FETH and RETH, no payload; answered by a
+    /// zero-length READ RESPONSE ONLY.
+    RcFlush = 0x1C, Rc, [Feth Reth], [REQ FLUSH ONLY];
+    /// RC ATOMIC WRITE (memory-placement extension): RETH and exactly 8 bytes of payload;
+    /// answered by a zero-length READ RESPONSE ONLY.
+    RcAtomicWrite = 0x1D, Rc, [Reth], [REQ ATOMIC_WRITE ONLY PAYLOAD];
     /// UC SEND FIRST.
     UcSendFirst = 0x20, Uc, [], [REQ SEND FIRST PAYLOAD];
     /// UC SEND MIDDLE.
@@ -568,6 +582,25 @@ impl Opcode {
     pub const fn is_atomic(self) -> bool {
         self.has(OpFlags::ATOMIC)
     }
+    /// An ATOMIC WRITE request.
+    pub const fn is_atomic_write(self) -> bool {
+        self.has(OpFlags::ATOMIC_WRITE)
+    }
+    /// A FLUSH request.
+    pub const fn is_flush(self) -> bool {
+        self.has(OpFlags::FLUSH)
+    }
+    /// A request that takes a responder resource and is answered by a response rather than an
+    /// ACK: READ, the atomics, ATOMIC WRITE and FLUSH.
+    pub const fn uses_responder_resource(self) -> bool {
+        self.is_request()
+            && self.has(
+                OpFlags::READ
+                    .union(OpFlags::ATOMIC)
+                    .union(OpFlags::ATOMIC_WRITE)
+                    .union(OpFlags::FLUSH),
+            )
+    }
     /// Carries ImmDt.
     pub const fn has_imm(self) -> bool {
         self.has(OpFlags::IMM)
@@ -744,6 +777,8 @@ mod tests {
             (RcAtomicAcknowledge, 24),
             (RcCompareSwap, 40),
             (RcSendOnlyWithInv, 16),
+            (RcFlush, 32),
+            (RcAtomicWrite, 28),
             (UdSendOnly, 20),
             (UdSendOnlyWithImm, 24),
             (Cnp, 28),
@@ -753,6 +788,13 @@ mod tests {
         assert_eq!(UdSendOnlyWithImm.offset(Header::ImmDt), Some(20));
         assert_eq!(RcWriteOnlyWithImm.offset(Header::ImmDt), Some(28));
         assert_eq!(RcAtomicAcknowledge.offset(Header::AtomicAckEth), Some(16));
+        // rxe: the FETH comes first, then the RETH.
+        assert_eq!(RcFlush.offset(Header::Feth), Some(12));
+        assert_eq!(RcFlush.offset(Header::Reth), Some(16));
+        assert!(RcAtomicWrite.has_payload() && !RcFlush.has_payload());
+        assert!(RcFlush.uses_responder_resource() && RcAtomicWrite.uses_responder_resource());
+        assert!(RcReadRequest.uses_responder_resource() && RcFetchAdd.uses_responder_resource());
+        assert!(!RcReadResponseOnly.uses_responder_resource() && !RcWriteOnly.uses_responder_resource());
     }
 
     #[test]
@@ -770,7 +812,7 @@ mod tests {
             }
         }
         assert_eq!(known, Opcode::COUNT);
-        assert_eq!(Opcode::COUNT, 38 + 23);
+        assert_eq!(Opcode::COUNT, 40 + 23);
         assert!(OPCODE_TABLE.windows(2).all(|w| w[0].opcode < w[1].opcode));
         assert_eq!(std::format!("{}", Opcode::RcSendOnlyWithInv), "RcSendOnlyWithInv");
     }
@@ -791,14 +833,18 @@ mod tests {
                 assert_eq!(op.offset(Header::XrcEth), Some(12), "{op}");
             }
         }
-        // Every RC opcode has its XRC twin (0xA0-0xB4, 0xB6, 0xB7).
+        // Every RC opcode up to SEND with invalidate has its XRC twin (0xA0-0xB4, 0xB6,
+        // 0xB7); FLUSH and ATOMIC WRITE are RC-only extensions.
         assert_eq!(
             xrc,
             OPCODE_TABLE
                 .iter()
-                .filter(|i| i.transport == Transport::Rc)
+                .filter(|i| i.transport == Transport::Rc
+                    && !i.opcode.is_flush()
+                    && !i.opcode.is_atomic_write())
                 .count()
         );
+        assert_eq!(Opcode::RcFlush.on_transport(Transport::Xrc), None);
         assert_eq!(Opcode::XrcAcknowledge.as_u8(), 0xB1);
         assert_eq!(Opcode::XrcSendOnlyWithInv.as_u8(), 0xB7);
         assert_eq!(Opcode::XrcCompareSwap.header_len(), 12 + 4 + 28);
@@ -835,7 +881,14 @@ mod tests {
                 info.transport == Transport::Xrc && op.is_request(),
                 "{op}"
             );
-            let kinds = [op.is_send(), op.is_write(), op.is_read(), op.is_atomic()];
+            let kinds = [
+                op.is_send(),
+                op.is_write(),
+                op.is_read(),
+                op.is_atomic(),
+                op.is_atomic_write(),
+                op.is_flush(),
+            ];
             assert!(kinds.iter().filter(|&&k| k).count() <= 1, "{op}");
             assert_eq!(op.starts_message(), op.is_first() || op.is_only());
             assert_eq!(op.ends_message(), op.is_last() || op.is_only());

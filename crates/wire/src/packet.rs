@@ -4,8 +4,8 @@ use crate::bth::{self, BthPacket, BthRepr};
 use crate::icrc::ICRC_LEN;
 use crate::{
     AethPacket, AethRepr, AtomicAckEthPacket, AtomicAckEthRepr, AtomicEthPacket, AtomicEthRepr, DethPacket,
-    DethRepr, Error, Header, IethPacket, IethRepr, ImmDtPacket, ImmDtRepr, Opcode, Result, RethPacket,
-    RethRepr, XrcEthPacket, XrcEthRepr,
+    DethRepr, Error, FethPacket, FethRepr, Header, IethPacket, IethRepr, ImmDtPacket, ImmDtRepr, Opcode,
+    Result, RethPacket, RethRepr, XrcEthPacket, XrcEthRepr,
 };
 
 /// The pad count that rounds `payload_len` up to a multiple of 4.
@@ -159,6 +159,8 @@ pub struct PacketRepr {
     pub deth: Option<DethRepr>,
     /// XRCETH (XRC requests).
     pub xrceth: Option<XrcEthRepr>,
+    /// FETH (FLUSH).
+    pub feth: Option<FethRepr>,
     /// RETH.
     pub reth: Option<RethRepr>,
     /// Atomic ETH.
@@ -184,6 +186,7 @@ impl PacketRepr {
             bth,
             deth: None,
             xrceth: None,
+            feth: None,
             reth: None,
             atomic_eth: None,
             aeth: None,
@@ -206,6 +209,7 @@ impl PacketRepr {
             let bytes = packet.header(header).ok_or(Error)?;
             match header {
                 Header::Deth => repr.deth = Some(DethRepr::parse(&DethPacket::new_unchecked(bytes))?),
+                Header::Feth => repr.feth = Some(FethRepr::parse(&FethPacket::new_unchecked(bytes))?),
                 Header::Reth => repr.reth = Some(RethRepr::parse(&RethPacket::new_unchecked(bytes))?),
                 Header::AtomicEth => {
                     repr.atomic_eth = Some(AtomicEthRepr::parse(&AtomicEthPacket::new_unchecked(bytes))?);
@@ -246,6 +250,7 @@ impl PacketRepr {
     fn has(&self, header: Header) -> bool {
         match header {
             Header::Deth => self.deth.is_some(),
+            Header::Feth => self.feth.is_some(),
             Header::Reth => self.reth.is_some(),
             Header::AtomicEth => self.atomic_eth.is_some(),
             Header::Aeth => self.aeth.is_some(),
@@ -290,6 +295,7 @@ impl PacketRepr {
             // `check` guarantees each `Option` matching the opcode is `Some`.
             match header {
                 Header::Deth => self.deth.ok_or(Error)?.emit(&mut DethPacket::new_unchecked(slot)),
+                Header::Feth => self.feth.ok_or(Error)?.emit(&mut FethPacket::new_unchecked(slot)),
                 Header::Reth => self.reth.ok_or(Error)?.emit(&mut RethPacket::new_unchecked(slot)),
                 Header::AtomicEth => {
                     self.atomic_eth
@@ -498,6 +504,45 @@ mod tests {
     }
 
     #[test]
+    fn flush_and_atomic_write_layouts() {
+        // FLUSH: BTH, FETH, RETH, no payload; bytes as rxe lays them out.
+        let mut flush = PacketRepr::new(BthRepr::new(Opcode::RcFlush, 0x11, Psn::new(5)), 0);
+        flush.feth = Some(FethRepr {
+            placement: crate::feth::PLACEMENT_GLOBAL,
+            selectivity: crate::feth::SELECT_MR,
+        });
+        flush.reth = Some(RethRepr {
+            va: 0x1000,
+            rkey: 0xabcd,
+            dma_len: 64,
+        });
+        let mut buf = vec![0u8; flush.buffer_len()];
+        assert_eq!(flush.emit(&mut buf), Ok(36));
+        assert_eq!(buf[0], 0x1C);
+        assert_eq!(buf[12..16], [0, 0, 0, 0x11]);
+        assert_eq!(buf[16..24], 0x1000u64.to_be_bytes());
+        let parsed = RocePacket::parse(&buf).unwrap();
+        assert_eq!(parsed.repr, flush);
+        // A FLUSH carrying payload is malformed.
+        let mut longer = buf.clone();
+        longer.splice(32..32, [0u8; 4]);
+        assert_eq!(RocePacket::parse(&longer), Err(Error));
+
+        // ATOMIC WRITE: BTH, RETH, 8 bytes of payload.
+        let mut aw = PacketRepr::new(BthRepr::new(Opcode::RcAtomicWrite, 0x11, Psn::new(6)), 8);
+        aw.reth = Some(RethRepr {
+            va: 0x2000,
+            rkey: 7,
+            dma_len: 8,
+        });
+        let mut buf = vec![0u8; aw.buffer_len()];
+        assert_eq!(aw.emit_with_payload(&mut buf, b"12345678"), Ok(12 + 16 + 8 + 4));
+        assert_eq!(buf[0], 0x1D);
+        let parsed = RocePacket::parse(&buf).unwrap();
+        assert_eq!((parsed.repr, parsed.payload), (aw, &b"12345678"[..]));
+    }
+
+    #[test]
     fn view_mutation() {
         let repr = PacketRepr::new(BthRepr::new(Opcode::RcSendOnly, 1, Psn::ZERO), 3);
         let mut buf = vec![0u8; repr.buffer_len()];
@@ -521,6 +566,7 @@ mod tests {
             let mut repr = PacketRepr::new(BthRepr::new(info.opcode, 7, Psn::new(1)), 0);
             repr.deth = info.headers.contains(Header::Deth).then(DethRepr::default);
             repr.xrceth = info.headers.contains(Header::XrcEth).then(XrcEthRepr::default);
+            repr.feth = info.headers.contains(Header::Feth).then(FethRepr::default);
             repr.reth = info.headers.contains(Header::Reth).then(RethRepr::default);
             repr.atomic_eth = info
                 .headers

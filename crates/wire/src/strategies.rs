@@ -5,8 +5,8 @@ use std::vec::Vec;
 
 use crate::opcode::OPCODE_TABLE;
 use crate::{
-    AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Header, IethRepr, ImmDtRepr,
-    NakCode, Opcode, PacketRepr, Psn, RethRepr, XrcEthRepr,
+    AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr, Header, IethRepr,
+    ImmDtRepr, NakCode, Opcode, PacketRepr, Psn, RethRepr, XrcEthRepr,
 };
 
 pub(crate) fn opcode() -> impl Strategy<Value = Opcode> {
@@ -73,11 +73,19 @@ pub(crate) fn packet() -> impl Strategy<Value = (PacketRepr, Vec<u8>)> {
         reth(),
         atomic_eth(),
         aeth(),
-        (any::<(u64, u32, u32)>(), 0..1u32 << 24),
+        (any::<(u64, u32, u32)>(), 0..16u8, 0..4u8, 0..1u32 << 24),
         proptest::collection::vec(any::<u8>(), 0..80),
     )
         .prop_map(
-            |(mut bth, deth, reth, atomic_eth, aeth, ((orig, imm_data, rkey), srqn), mut payload)| {
+            |(
+                mut bth,
+                deth,
+                reth,
+                atomic_eth,
+                aeth,
+                ((orig, imm_data, rkey), placement, selectivity, srqn),
+                mut payload,
+            )| {
                 let op = bth.opcode;
                 if !op.has_payload() {
                     payload.clear();
@@ -88,6 +96,10 @@ pub(crate) fn packet() -> impl Strategy<Value = (PacketRepr, Vec<u8>)> {
                     bth,
                     deth: has(Header::Deth).then_some(deth),
                     xrceth: has(Header::XrcEth).then_some(XrcEthRepr { srqn }),
+                    feth: has(Header::Feth).then_some(FethRepr {
+                        placement,
+                        selectivity,
+                    }),
                     reth: has(Header::Reth).then_some(reth),
                     atomic_eth: has(Header::AtomicEth).then_some(atomic_eth),
                     aeth: has(Header::Aeth).then_some(aeth),

@@ -346,7 +346,9 @@ impl QpEngine {
         let psn = pkt.repr.bth.psn;
         let find = |sq: &std::collections::VecDeque<SendWqe>| {
             sq.iter().position(|w| {
-                w.started && matches!(w.wr.op, SendOp::Read { .. }) && psn.in_range(w.first_psn, w.last_psn())
+                w.started
+                    && (matches!(w.wr.op, SendOp::Read { .. }) || w.wr.op.is_placement())
+                    && psn.in_range(w.first_psn, w.last_psn())
             })
         };
         let Some(idx) = find(&self.sq) else {

@@ -1,15 +1,15 @@
 //! The requester: turns send WQEs into request packets, segmented at the path MTU.
 
 use softverbs_wire::{
-    AtomicEthRepr, BthRepr, DethRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, Position, Psn, RethRepr,
-    Transport, XrcEthRepr,
+    AtomicEthRepr, BthRepr, DethRepr, FethRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, Position, Psn,
+    RethRepr, Transport, XrcEthRepr,
 };
 
 use super::{ack_timeout, Dest, QpEngine, Transmit, WorkQueue, ACK_REQ_EVERY, WINDOW};
 use crate::memory::{Access, KeyRef, MemError, Memory};
 use crate::time::Instant;
 use crate::types::{QpState, QpType, SendFlags, WcStatus, WorkCompletion};
-use crate::wr::{Payload, SendOp};
+use crate::wr::{FlushSelect, Payload, SendOp};
 
 /// Requester and completer state of a QP.
 #[derive(Debug, Default)]
@@ -298,6 +298,9 @@ impl QpEngine {
             SendOp::Read { .. } => (Opcode::RcReadRequest.on_transport(transport), 0),
             SendOp::CompareSwap { .. } => (Opcode::RcCompareSwap.on_transport(transport), 0),
             SendOp::FetchAdd { .. } => (Opcode::RcFetchAdd.on_transport(transport), 0),
+            // RC only (checked at post time): XRC has no twin of these extensions.
+            SendOp::AtomicWrite { .. } => (Opcode::RcAtomicWrite.on_transport(transport), 8),
+            SendOp::Flush { .. } => (Opcode::RcFlush.on_transport(transport), 0),
         };
         let Some(opcode) = opcode else {
             // Unreachable for checked WRs (the opcode table covers every legal combination).
@@ -366,6 +369,32 @@ impl QpEngine {
                     compare: 0,
                 });
             }
+            SendOp::AtomicWrite { remote, .. } => {
+                repr.reth = Some(RethRepr {
+                    va: remote.addr,
+                    rkey: remote.rkey,
+                    dma_len: 8,
+                });
+            }
+            SendOp::Flush {
+                remote,
+                len,
+                placement,
+                select,
+            } => {
+                repr.feth = Some(FethRepr {
+                    placement,
+                    selectivity: match select {
+                        FlushSelect::Range => softverbs_wire::feth::SELECT_RANGE,
+                        FlushSelect::Mr => softverbs_wire::feth::SELECT_MR,
+                    },
+                });
+                repr.reth = Some(RethRepr {
+                    va: remote.addr,
+                    rkey: remote.rkey,
+                    dma_len: len,
+                });
+            }
         }
         let dest = match (self.cfg.qp_type, &w.wr.ud) {
             (QpType::Ud, Some(ud)) => {
@@ -395,8 +424,13 @@ impl QpEngine {
                 self.req.since_ackreq = 0;
             }
         }
-        let built = build(&repr, dest, |buf| {
-            gather(mem, self.cfg.pd, &w.wr.payload, offset, buf)
+        let built = build(&repr, dest, |buf| match w.wr.op {
+            // The value travels in the WQE, as rxe keeps it: no local key is involved.
+            SendOp::AtomicWrite { value, .. } => {
+                buf.copy_from_slice(&value);
+                Ok(())
+            }
+            _ => gather(mem, self.cfg.pd, &w.wr.payload, offset, buf),
         });
         let tx = match built {
             Ok(tx) => tx,

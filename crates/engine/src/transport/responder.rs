@@ -17,6 +17,7 @@ use crate::time::Instant;
 use crate::types::{
     AccessFlags, EventType, QpState, QpType, RecvWr, WcFlags, WcOpcode, WcStatus, WorkCompletion,
 };
+use crate::wr::{FLUSH_GLOBAL, FLUSH_PERSISTENT};
 
 /// A message being received.
 #[derive(Debug, Default)]
@@ -50,6 +51,11 @@ pub(crate) enum RdResource {
     Atomic {
         psn: Psn,
         orig: u64,
+    },
+    /// An ATOMIC WRITE or FLUSH: answered again by an empty READ RESPONSE, never re-executed.
+    Placement {
+        psn: Psn,
+        opcode: Opcode,
     },
 }
 
@@ -359,12 +365,14 @@ impl QpEngine {
             self.execute_read(pkt, mem)
         } else if opcode.is_atomic() {
             self.execute_atomic(pkt, mem)
+        } else if opcode.is_atomic_write() || opcode.is_flush() {
+            self.execute_placement(pkt, mem)
         } else {
             self.execute(pkt, mem, srq)
         };
         match outcome {
             Ok(()) => {
-                if !opcode.is_read() && !opcode.is_atomic() {
+                if !opcode.uses_responder_resource() {
                     self.resp.epsn = psn + 1;
                     if pkt.repr.bth.ack_req {
                         self.send_ack(AethSyndrome::ACK_UNLIMITED, psn);
@@ -650,6 +658,70 @@ impl QpEngine {
         Ok(())
     }
 
+    /// ATOMIC WRITE or FLUSH (IBTA memory-placement extensions, as rxe executes them): both
+    /// take a responder resource and are answered by a zero-length READ RESPONSE ONLY.
+    fn execute_placement(&mut self, pkt: &ParsedPacket<'_>, mem: &dyn Memory) -> Result<(), Outcome> {
+        if !matches!(self.resp.progress, Progress::Idle) {
+            return Err(Outcome::Sequence);
+        }
+        if self.resp.max_resources == 0 {
+            return Err(Outcome::Fatal(INVALID_REQUEST));
+        }
+        let opcode = pkt.opcode();
+        let reth = pkt.repr.reth.ok_or(Outcome::Fatal(INVALID_REQUEST))?;
+        if opcode.is_atomic_write() {
+            if !self.attr.qp_access_flags.contains(AccessFlags::REMOTE_WRITE) {
+                return Err(Outcome::Fatal(INVALID_REQUEST));
+            }
+            // Exactly one aligned 8-byte word (oA19-28).
+            let Ok(bytes) = <[u8; 8]>::try_from(pkt.payload) else {
+                return Err(Outcome::Fatal(INVALID_REQUEST));
+            };
+            if reth.dma_len != 8 || pkt.repr.bth.pad_count != 0 || reth.va % 8 != 0 {
+                return Err(Outcome::Fatal(INVALID_REQUEST));
+            }
+            let key = KeyRef {
+                key: reth.rkey,
+                pd: self.resp_pd(),
+                access: Access::RemoteWrite,
+            };
+            let op = AtomicOp::Store {
+                value: u64::from_ne_bytes(bytes),
+            };
+            match mem.atomic(key, reth.va, op) {
+                Ok(_) => {}
+                Err(MemError::Misaligned) => return Err(Outcome::Fatal(INVALID_REQUEST)),
+                Err(_) => return Err(Outcome::Fatal(ACCESS_ERROR)),
+            }
+        } else {
+            let feth = pkt.repr.feth.ok_or(Outcome::Fatal(INVALID_REQUEST))?;
+            let placement = feth.placement;
+            let known = FLUSH_GLOBAL | FLUSH_PERSISTENT;
+            if placement == 0 || placement & !known != 0 || feth.selectivity > 1 {
+                return Err(Outcome::Fatal(INVALID_REQUEST));
+            }
+            // The QP must allow each placement type asked for, as it must allow RDMA WRITE.
+            let needed = Access::Flush(placement).required_flags();
+            if !self.attr.qp_access_flags.contains(needed) {
+                return Err(Outcome::Fatal(INVALID_REQUEST));
+            }
+            let key = KeyRef {
+                key: reth.rkey,
+                pd: self.resp_pd(),
+                access: Access::Flush(placement),
+            };
+            let whole = feth.selectivity == softverbs_wire::feth::SELECT_MR;
+            mem.flush(key, reth.va, u64::from(reth.dma_len), whole)
+                .map_err(|_| Outcome::Fatal(ACCESS_ERROR))?;
+        }
+        let psn = pkt.repr.bth.psn;
+        self.push_resource(RdResource::Placement { psn, opcode });
+        self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
+        self.resp.epsn = psn + 1;
+        self.send_read_responses(psn, 0, 0, 0, 0, mem);
+        Ok(())
+    }
+
     fn push_resource(&mut self, r: RdResource) {
         if self.resp.resources.len() >= self.resp.max_resources.max(1) {
             self.resp.resources.pop_front();
@@ -697,6 +769,17 @@ impl QpEngine {
             };
             // Replayed from the cache, never executed twice.
             self.send_atomic_ack(psn, orig);
+            return Ok(());
+        }
+        if opcode.is_atomic_write() || opcode.is_flush() {
+            let found = self.resp.resources.iter().any(
+                |r| matches!(*r, RdResource::Placement { psn: p, opcode: o } if p == psn && o == opcode),
+            );
+            if !found {
+                return Err(DropReason::BadPsn);
+            }
+            // Answered again, not executed again: a later write to the word must not be undone.
+            self.send_read_responses(psn, 0, 0, 0, 0, mem);
             return Ok(());
         }
         // SEND or WRITE: acknowledge again what was already received. rxe answers every

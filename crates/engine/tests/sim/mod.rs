@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use softverbs_engine::memory::{Access, AtomicOp, KeyRef, MemError, Memory};
+use softverbs_engine::memory::{AtomicOp, KeyRef, MemError, Memory};
 use softverbs_engine::qp_state::{self, PortLimits};
 use softverbs_engine::time::Instant;
 use softverbs_engine::transport::{
@@ -170,6 +170,8 @@ pub struct SimMemory {
     pub refused: RefCell<Vec<MemError>>,
     /// Atomics executed.
     pub atomics: Cell<u64>,
+    /// FLUSHes executed.
+    pub flushes: Cell<u64>,
 }
 
 impl SimMemory {
@@ -182,6 +184,7 @@ impl SimMemory {
             key_salt: 0x5A00_0000 ^ ((node as u32) << 16),
             refused: RefCell::new(Vec::new()),
             atomics: Cell::new(0),
+            flushes: Cell::new(0),
         }
     }
 
@@ -271,15 +274,11 @@ impl SimMemory {
             if r.mr.pd != key.pd {
                 return Err(MemError::WrongPd);
             }
-            let needed = match key.access {
-                Access::LocalRead => AccessFlags::empty(),
-                Access::LocalWrite => AccessFlags::LOCAL_WRITE,
-                Access::RemoteRead => AccessFlags::REMOTE_READ,
-                Access::RemoteWrite => AccessFlags::REMOTE_WRITE,
-                Access::RemoteAtomic => AccessFlags::REMOTE_ATOMIC,
-            };
-            if !r.mr.access.contains(needed) {
+            if !r.mr.access.contains(key.access.required_flags()) {
                 return Err(MemError::NoAccess);
+            }
+            if len == WHOLE_REGION {
+                return Ok((r.mr.addr - self.base) as usize);
             }
             let end = addr.checked_add(len).ok_or(MemError::OutOfRange)?;
             if addr < r.mr.addr || end > r.mr.addr + r.mr.len {
@@ -323,7 +322,16 @@ impl Memory for SimMemory {
         self.atomics.set(self.atomics.get() + 1);
         Ok(old)
     }
+
+    fn flush(&self, key: KeyRef, addr: u64, len: u64, whole_region: bool) -> Result<(), MemError> {
+        self.resolve(key, addr, if whole_region { WHOLE_REGION } else { len })?;
+        self.flushes.set(self.flushes.get() + 1);
+        Ok(())
+    }
 }
+
+/// A length `resolve` takes as "the whole region, any address" (a FLUSH of the whole MR).
+const WHOLE_REGION: u64 = u64::MAX;
 
 // ---------------------------------------------------------------------------------------------
 // Queues

@@ -277,7 +277,7 @@ pub(crate) fn wc_core(wc: &ibv_wc) -> WorkCompletion {
         slid: wc.slid,
         sl: wc.sl,
         dlid_path_bits: wc.dlid_path_bits,
-        solicited: false,
+        ..WorkCompletion::default()
     }
 }
 

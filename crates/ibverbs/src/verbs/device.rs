@@ -165,7 +165,7 @@ pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_co
     let null = std::ptr::null();
     let vctx = verbs_context {
         query_port: Some(query_port_ex),
-        advise_mr: null,
+        advise_mr: Some(crate::odp::advise_mr),
         alloc_null_mr: null,
         read_counters: null,
         attach_counters_point_flow: null,
@@ -188,7 +188,7 @@ pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_co
         destroy_wq: null,
         modify_wq: null,
         create_wq: null,
-        query_rt_values: null,
+        query_rt_values: Some(crate::clock::query_rt_values),
         create_cq_ex: Some(datapath::create_cq_ex),
         priv_: null_mut(),
         query_device_ex: Some(query_device_ex),

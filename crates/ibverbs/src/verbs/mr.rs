@@ -1,14 +1,11 @@
 //! Memory registration: `ibv_reg_mr` and its iova variants, `ibv_dereg_mr`.
 
 use std::ffi::{c_int, c_uint, c_void};
-use std::sync::{Arc, Mutex};
-
-use softverbs_device::Mr;
+use std::sync::Mutex;
 
 use super::{destroy_boxed, errno_of, outer, SvMr, SvPd, EINVAL};
 use crate::abi::*;
 use crate::fail_null;
-use crate::memory::RawMemory;
 
 pub(crate) unsafe fn reg(
     pd: *mut ibv_pd,
@@ -21,8 +18,7 @@ pub(crate) unsafe fn reg(
     let Some(p) = (unsafe { outer::<SvPd, _>(pd) }) else {
         return fail_null(EINVAL);
     };
-    let backing = Arc::new(RawMemory::new(addr.cast(), length as u64));
-    match Mr::register_iova(&p.core, backing, addr as u64, iova, access as u32) {
+    match crate::odp::register(&p.core, addr, length, iova, access as u32) {
         Ok(core) => {
             let mr = ibv_mr {
                 // SAFETY: `pd` is live (checked above); read its context pointer.

@@ -50,7 +50,7 @@ pub(crate) unsafe extern "C" fn query_device_ex(
     // SAFETY: all-zero is a valid `ibv_device_attr_ex` (integers and plain structs only).
     let mut ex: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
     ex.orig_attr = orig;
-    ex.device_cap_flags_ex = u64::from(orig.device_cap_flags);
+    crate::clock::fill_device_attr_ex(&mut ex, &c.core.query_device_ex());
     ex.phys_port_cnt_ex = u32::from(orig.phys_port_cnt);
     let n = attr_size.min(size_of::<ibv_device_attr_ex>());
     // SAFETY: the caller's buffer holds `attr_size` bytes; we copy at most that many.

@@ -7,7 +7,6 @@ use softverbs_device::Mr;
 
 use super::{errno_of, outer, SvMr, SvPd, EINVAL};
 use crate::abi::*;
-use crate::memory::RawMemory;
 use crate::{fail_minus_one, set_errno};
 
 /// `ibv_rereg_mr`: registers the region again with a new translation, PD and/or access
@@ -49,21 +48,21 @@ pub(crate) unsafe extern "C" fn rereg_mr(
         return ERR_INPUT;
     };
     let mut core = m.core.lock().unwrap_or_else(|p| p.into_inner());
+    let access = if flags & CHANGE_ACCESS != 0 {
+        access as u32
+    } else {
+        core.access().bits()
+    };
     let (backing, base, iova): (Arc<dyn softverbs_device::MemoryBacking>, u64, u64) =
         if flags & CHANGE_TRANSLATION != 0 {
             (
-                Arc::new(RawMemory::new(addr.cast(), length as u64)),
+                crate::odp::backing(addr, length as u64, access),
                 addr as u64,
                 addr as u64,
             )
         } else {
             (core.backing().clone(), core.addr(), core.iova())
         };
-    let access = if flags & CHANGE_ACCESS != 0 {
-        access as u32
-    } else {
-        core.access().bits()
-    };
     let new = match Mr::register_iova(&new_pd.core, backing, base, iova, access) {
         Ok(n) => n,
         Err(e) => {

@@ -301,9 +301,9 @@ static void test_extended_apis(void)
 	struct ibv_cq_init_attr_ex cqa = { .cqe = 64, .wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM };
 	struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &cqa);
 	REQUIRE(cqx, "ibv_create_cq_ex");
-	struct ibv_cq_init_attr_ex bad_cqa = { .cqe = 4, .wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP };
+	struct ibv_cq_init_attr_ex bad_cqa = { .cqe = 4, .wc_flags = IBV_WC_EX_WITH_FLOW_TAG };
 	errno = 0;
-	CHECK(!ibv_create_cq_ex(ctx, &bad_cqa) && errno == EOPNOTSUPP, "completion timestamps: EOPNOTSUPP");
+	CHECK(!ibv_create_cq_ex(ctx, &bad_cqa) && errno == EOPNOTSUPP, "flow tags: EOPNOTSUPP");
 	struct ibv_cq *cq = ibv_cq_ex_to_cq(cqx);
 
 	struct ibv_qp_init_attr_ex qa = {
