@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
-use softverbs_engine::qp_state::{apply_modify, validate_modify};
+use softverbs_engine::qp_state::{apply_modify, effective_mask, validate_modify};
 use softverbs_engine::time::Instant;
 use softverbs_engine::transport::{
     DropReason, QpConfig, QpCounters, QpEngine, RecvSource, RxMeta, Transmit, WorkQueue,
@@ -567,6 +567,7 @@ impl Qp {
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
         let ctx = self.context();
         let now = fabric().now();
+        let mask = effective_mask(self.qp_type(), mask);
         let out = {
             let mut inner = self.inner.lock();
             let from = inner.attr.qp_state;

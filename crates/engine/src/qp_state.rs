@@ -157,6 +157,20 @@ pub fn transition_masks(qp_type: QpType, from: QpState, to: QpState) -> Option<T
     }
 }
 
+/// The mask the state table is checked against for an `ibv_modify_qp` with `mask`: as the
+/// kernel's `modify_qp_mask` does, an XRC initiator ignores the responder attributes
+/// (`MAX_DEST_RD_ATOMIC`, `MIN_RNR_TIMER`) and an XRC target the requester ones
+/// (`MAX_QP_RD_ATOMIC`, `RETRY_CNT`, `RNR_RETRY`), so programs that pass the RC set to both
+/// (perftest does) work.
+pub fn effective_mask(qp_type: QpType, mask: QpAttrMask) -> QpAttrMask {
+    use QpAttrMask as M;
+    match qp_type {
+        QpType::XrcSend => mask - (M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER),
+        QpType::XrcRecv => mask - (M::MAX_QP_RD_ATOMIC | M::RETRY_CNT | M::RNR_RETRY),
+        _ => mask,
+    }
+}
+
 /// Why `ibv_modify_qp` rejected a request. Every variant is EINVAL and names what was wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

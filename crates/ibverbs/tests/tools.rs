@@ -125,8 +125,15 @@ fn pingpong(program: &str, extra: &[&str]) {
 /// A perftest run: the client prints the results table (and so does the server of the send and
 /// write tests).
 fn perftest(program: &str, server_prints_table: bool) {
+    perftest_with(program, server_prints_table, &[]);
+}
+
+/// A perftest run with extra options (e.g. `-c XRC`).
+fn perftest_with(program: &str, server_prints_table: bool, extra: &[&str]) {
     let gid = gid_index();
-    let (c, s) = pair(program, &["-d", "sv_lo", "-x", gid.as_str(), "-n", "50", "-F"]);
+    let mut args = vec!["-d", "sv_lo", "-x", gid.as_str(), "-n", "50", "-F"];
+    args.extend_from_slice(extra);
+    let (c, s) = pair(program, &args);
     let has_table = |o: &Output| {
         let (out, _) = text(o);
         let mut lines = out.lines().skip_while(|l| !l.trim_start().starts_with("#bytes"));
@@ -469,4 +476,29 @@ fn c_server_rust_client_xsrq_pingpong() {
 #[test]
 fn rust_server_c_client_xsrq_pingpong() {
     c_and_rust_xsrq_pingpong(false);
+}
+
+/// perftest over XRC (`-c XRC`): XRC domains from files, XRC SRQs, XRC_SEND and XRC_RECV QPs,
+/// and, in its default mode, `ibv_wr_set_xrc_srqn`.
+#[test]
+fn perftest_over_xrc() {
+    for (program, server_table) in [
+        ("/usr/bin/ib_send_bw", true),
+        ("/usr/bin/ib_write_bw", true),
+        ("/usr/bin/ib_read_bw", true),
+        ("/usr/bin/ib_atomic_bw", false),
+        ("/usr/bin/ib_send_lat", true),
+    ] {
+        perftest_with(program, server_table, &["-c", "XRC"]);
+    }
+}
+
+/// As [`perftest_over_xrc`], through `ibv_post_send` with `qp_type.xrc.remote_srqn`.
+#[test]
+fn perftest_over_xrc_old_post_send() {
+    perftest_with(
+        "/usr/bin/ib_write_bw",
+        true,
+        &["-c", "XRC", "--use_old_post_send"],
+    );
 }

@@ -254,6 +254,50 @@ mod ibv_create_qp_ex {
         assert!(e.to_string().contains("IBV_QP_ACCESS_FLAGS"), "{e}");
         xrc_up(&ctx, &tgt, 0x11);
         assert_eq!(tgt.state(), QpState::Rts);
+        // The other half's attributes are ignored, as the kernel does (perftest passes the RC
+        // sets): the initiator takes the responder ones at RTR.
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(4, None, 0).unwrap();
+        let ini = pd.create_qp(&QpInit::new(QpType::XrcSend, &cq)).unwrap();
+        ini.modify(
+            &QpAttr {
+                qp_state: QpState::Init,
+                port_num: 1,
+                ..Default::default()
+            },
+            QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+        )
+        .unwrap();
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            ah_attr: ah_attr(&ctx),
+            path_mtu: Mtu::Mtu1024,
+            dest_qp_num: tgt.qp_num(),
+            max_dest_rd_atomic: 4,
+            min_rnr_timer: 12,
+            ..Default::default()
+        };
+        let rc_rtr = QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER;
+        ini.modify(&rtr, rc_rtr).unwrap();
+        assert_eq!(ini.state(), QpState::Rtr);
+        // Attributes no half takes are still refused.
+        let e = ini
+            .modify(
+                &QpAttr {
+                    qp_state: QpState::Rtr,
+                    qkey: 1,
+                    ..Default::default()
+                },
+                QpAttrMask::STATE | QpAttrMask::QKEY,
+            )
+            .unwrap_err();
+        assert_eq!(e.errno(), EINVAL);
         // The target sends nothing.
         let req = SendRequest {
             wr_id: 1,

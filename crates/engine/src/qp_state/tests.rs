@@ -436,6 +436,12 @@ fn xrc_initiator_and_target_have_their_own_required_sets() {
     );
     let e = validate_modify(QpType::XrcSend, QpState::Rtr, &rts, tgt_rts, &limits()).unwrap_err();
     assert!(matches!(e, ModifyQpError::MissingAttributes { .. }), "{e}");
+    // The kernel drops the other half's attributes before checking, as callers pass RC sets.
+    let rc_rtr = man_page_required(QpType::Rc, QpState::Rtr);
+    assert_eq!(effective_mask(QpType::XrcSend, rc_rtr), ini_rtr);
+    let rc_rts = man_page_required(QpType::Rc, QpState::Rts);
+    assert_eq!(effective_mask(QpType::XrcRecv, rc_rts), tgt_rts);
+    assert_eq!(effective_mask(QpType::Rc, rc_rts), rc_rts);
     // Like RC, neither half has an SQE state.
     for t in [QpType::XrcSend, QpType::XrcRecv] {
         assert!(transition_masks(t, QpState::Sqe, QpState::Rts).is_none());
