@@ -295,3 +295,59 @@ fn the_initiator_needs_a_remote_srqn_and_the_target_sends_nothing() {
     let ids: BTreeSet<u32> = [QpType::XrcSend.raw(), QpType::XrcRecv.raw()].into();
     assert_eq!(ids, [9, 10].into());
 }
+
+#[test]
+fn several_targets_feed_one_srq_under_loss() {
+    for seed in seeds(&[81, 82]) {
+        let mut sim = Sim::new(seed, 3).with_net(NetConfig::lossy(8.0));
+        let cq = sim.create_cq(2);
+        let (srq, srqn) = sim.create_xrc_srq(2, XRCD, 1, cq);
+        let o = ConnOpts {
+            timeout: 8,
+            ..ConnOpts::default()
+        };
+        // One initiator per node, each with its own target in the same domain.
+        let pairs: Vec<(QpId, QpId)> = (0..2)
+            .map(|n| {
+                let ini = sim.create_qp(n, QpType::XrcSend);
+                let tgt = sim.create_xrc_tgt(2, XRCD);
+                sim.connect(ini, tgt, &o);
+                (ini, tgt)
+            })
+            .collect();
+        let slot = 4096u64;
+        let buf = sim.mem(2).alloc_mr(1, 80 * slot, AccessFlags::LOCAL_WRITE);
+        for i in 0..80 {
+            sim.post_srq_recv(2, srq, recv(i, vec![buf.sge(i * slot, slot as u32)]));
+        }
+        for (n, &(ini, _)) in pairs.iter().enumerate() {
+            let src = sim.mem(n).alloc_mr(1, slot, AccessFlags::empty());
+            sim.mem(n).poke(src.addr, &[n as u8 + 1; 4096]);
+            for m in 0..30 {
+                sim.post_send(ini, to_srq(send(m, vec![src.sge(0, 2000 + m as u32)]), srqn));
+            }
+        }
+        sim.run();
+        for &(ini, _) in &pairs {
+            assert_ok_in_order(&sim.take_send_cq(ini), &(0..30).collect::<Vec<_>>());
+        }
+        let wcs = sim.take_cq(2, cq);
+        assert_eq!(wcs.len(), 60, "seed {seed}");
+        let ids: BTreeSet<u64> = wcs.iter().map(|w| w.wr_id).collect();
+        assert_eq!(ids, (0..60).collect(), "seed {seed}: each WQE once");
+        for (n, &(ini, tgt)) in pairs.iter().enumerate() {
+            let mine: Vec<_> = wcs.iter().filter(|w| w.qp_num == tgt.qpn).collect();
+            assert_eq!(mine.len(), 30, "seed {seed}");
+            // In order per target, from its initiator, with its data.
+            let lens: Vec<u32> = mine.iter().map(|w| w.byte_len).collect();
+            assert_eq!(lens, (0..30).map(|m| 2000 + m).collect::<Vec<_>>());
+            for w in mine {
+                assert_eq!(w.src_qp, ini.qpn);
+                let got = sim.mem(2).peek(buf.addr + w.wr_id * slot, w.byte_len as usize);
+                assert!(got.iter().all(|&b| b == n as u8 + 1), "seed {seed}");
+            }
+        }
+        assert_eq!(sim.nodes[2].srqs[srq].taken, 60);
+        assert!(sim.stats.lost > 0);
+    }
+}
