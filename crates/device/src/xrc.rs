@@ -85,8 +85,10 @@ fn registry_dir() -> PathBuf {
     }
 }
 
-/// Opens the registry file of `key` on `device`, readable and writable by every user (so
-/// domains can be shared between users, as files can).
+/// Opens the registry file of `key` on `device`, created readable and writable by every user
+/// (so domains can be shared between users, as files can). The files are never removed: removing
+/// one could split a domain between a process that still has the old file and one that creates a
+/// new one; each is empty.
 fn registry_file(device: &str, key: InodeKey) -> Result<File> {
     let path = registry_dir().join(format!("softverbs-xrcd-{device}-{}-{}", key.0, key.1));
     OpenOptions::new()
@@ -96,6 +98,8 @@ fn registry_file(device: &str, key: InodeKey) -> Result<File> {
         .truncate(false)
         .mode(0o666)
         .open(&path)
+        // Another user's umask may have left it read-only to us; a lock needs no write access.
+        .or_else(|_| File::open(&path))
         .map_err(Error::Io)
 }
 
