@@ -53,6 +53,8 @@ pub struct Limits {
     pub max_total_mcast_qp_attach: u32,
     /// Maximum inline data per send WR.
     pub max_inline_data: u32,
+    /// Total device memory (`ibv_alloc_dm`) per device, in bytes (`max_dm_size`); 0 offers none.
+    pub max_dm_size: u64,
 }
 
 impl Default for Limits {
@@ -76,6 +78,7 @@ impl Default for Limits {
             max_mcast_qp_attach: 56,
             max_total_mcast_qp_attach: 8192 * 56,
             max_inline_data: 512,
+            max_dm_size: 256 * 1024,
         }
     }
 }
@@ -114,6 +117,7 @@ impl Limits {
             "max_mcast_qp_attach" => self.max_mcast_qp_attach = u32v()?,
             "max_total_mcast_qp_attach" => self.max_total_mcast_qp_attach = u32v()?,
             "max_inline_data" => self.max_inline_data = u32v()?,
+            "max_dm_size" => self.max_dm_size = v,
             _ => {
                 return Err(Error::invalid(format!(
                     "SOFTVERBS_LIMITS: unknown limit {name:?}"

@@ -1,8 +1,8 @@
 //! An opened device (`ibv_open_device`): queries, async events and address resolution.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{BorrowedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,8 +14,11 @@ use softverbs_engine::{Error, Result};
 
 use crate::cq::Cq;
 use crate::device::{Device, DeviceAttr, PortAttr, DEFAULT_PKEY};
+use crate::dm::Dm;
+use crate::pd::Pd;
 use crate::qp::{Qp, Srq};
 use crate::sync::EventQueue;
+use crate::ufile::{UObject, Ufile};
 
 /// Bytes at the start of a UD receive buffer reserved for the network header.
 pub const GRH_LEN: usize = 40;
@@ -53,19 +56,93 @@ pub struct AsyncEvent {
 pub struct Context {
     device: Device,
     events: EventQueue<AsyncEvent>,
-    next_handle: AtomicU32,
+    ufile: Arc<Ufile>,
+    /// Closed by [`Context::close`], as `ibv_close_device` closes the command fd.
+    cmd_fd: parking_lot::Mutex<Option<OwnedFd>>,
     closed: AtomicBool,
 }
 
 impl Context {
     /// Opens the device (`ibv_open_device`).
     pub fn open(device: &Device) -> Result<Arc<Self>> {
+        let (ufile, cmd_fd) = Ufile::create(device)?;
         Ok(Arc::new(Self {
             device: device.clone(),
             events: EventQueue::new()?,
-            next_handle: AtomicU32::new(1),
+            ufile,
+            cmd_fd: parking_lot::Mutex::new(Some(cmd_fd)),
             closed: AtomicBool::new(false),
         }))
+    }
+
+    /// `ibv_import_device`: a second context over the objects of the context whose command fd
+    /// `fd` duplicates (see [`Context::cmd_fd`]). The new context owns `fd`; on failure it is
+    /// handed back. EINVAL if `fd` is not a command fd of this library, ENODEV if its objects
+    /// live in another process.
+    pub fn import(fd: OwnedFd) -> std::result::Result<Arc<Self>, (Error, OwnedFd)> {
+        let ufile = match Ufile::find(fd.as_fd()) {
+            Ok(u) => u,
+            Err(e) => return Err((e, fd)),
+        };
+        let events = match EventQueue::new() {
+            Ok(q) => q,
+            Err(e) => return Err((e, fd)),
+        };
+        Ok(Arc::new(Self {
+            device: ufile.device().clone(),
+            events,
+            ufile,
+            cmd_fd: parking_lot::Mutex::new(Some(fd)),
+            closed: AtomicBool::new(false),
+        }))
+    }
+
+    /// The command file descriptor (`ibv_context.cmd_fd`): a descriptor this context owns whose
+    /// duplicates [`Context::import`] accepts; -1 once the context is closed.
+    pub fn cmd_fd(&self) -> RawFd {
+        self.cmd_fd.lock().as_ref().map_or(-1, |f| f.as_raw_fd())
+    }
+
+    /// A duplicate of the command file descriptor, for [`Context::import`] (in this process;
+    /// the objects it names are this process's).
+    pub fn dup_cmd_fd(&self) -> Result<OwnedFd> {
+        match self.cmd_fd.lock().as_ref() {
+            Some(f) => Ok(f.try_clone()?),
+            None => Err(Error::invalid("the context is closed")),
+        }
+    }
+
+    /// Whether two contexts share one object table (one was imported from the other's fd).
+    pub fn shares_objects_with(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.ufile, &other.ufile)
+    }
+
+    /// `ibv_import_pd`: the PD `handle` names among this context's shared objects. EINVAL if
+    /// there is none (or it was deallocated).
+    pub fn import_pd(&self, handle: u32) -> Result<Arc<Pd>> {
+        match self.ufile.lookup(handle) {
+            Some(UObject::Pd(w)) => w.upgrade().filter(|p| !p.uses().is_retired()),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "handle {handle} names no protection domain of this context"
+            ))
+        })
+    }
+
+    /// `ibv_import_dm`: the device memory `handle` names among this context's shared objects.
+    /// EINVAL if there is none (or it was freed).
+    pub fn import_dm(&self, handle: u32) -> Result<Arc<Dm>> {
+        match self.ufile.lookup(handle) {
+            Some(UObject::Dm(w)) => w.upgrade().filter(|d| !d.uses().is_retired()),
+            _ => None,
+        }
+        .ok_or_else(|| Error::invalid(format!("handle {handle} names no device memory of this context")))
+    }
+
+    pub(crate) fn ufile(&self) -> &Ufile {
+        &self.ufile
     }
 
     /// Closes the context (`ibv_close_device`): drops undelivered async events. Objects created on
@@ -73,6 +150,7 @@ impl Context {
     pub fn close(&self) {
         self.closed.store(true, Ordering::Release);
         self.events.clear();
+        self.cmd_fd.lock().take();
     }
 
     /// The device.
@@ -218,7 +296,7 @@ impl Context {
 
     /// A handle number for a new object (`ibv_*.handle`).
     pub(crate) fn next_handle(&self) -> u32 {
-        self.next_handle.fetch_add(1, Ordering::Relaxed)
+        self.ufile.next_handle()
     }
 
     /// `ibv_init_ah_from_wc`: the address vector that answers the sender of a UD receive

@@ -136,7 +136,7 @@ impl Cq {
                 ))
             })?;
         if let Some(ch) = channel {
-            if !Arc::ptr_eq(ch.context(), ctx) {
+            if !ch.context().shares_objects_with(ctx) {
                 return Err(Error::invalid(
                     "the completion channel belongs to another context",
                 ));

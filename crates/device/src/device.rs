@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -46,6 +46,8 @@ pub mod cap_flags {
     pub const SRQ_RESIZE: u32 = 1 << 13;
     /// XRC domains, XRC SRQs and XRC_SEND/XRC_RECV QPs.
     pub const XRC: u32 = 1 << 20;
+    /// `IBV_DEVICE_MANAGED_FLOW_STEERING`: `ibv_create_flow` works (raw packet QPs).
+    pub const MANAGED_FLOW_STEERING: u32 = 1 << 29;
 }
 
 /// `IBV_PORT_IP_BASED_GIDS`.
@@ -173,8 +175,14 @@ pub(crate) struct McastTable {
 #[derive(Debug)]
 pub(crate) struct Shared {
     counts: [AtomicU32; Resource::COUNT],
+    /// Bytes of device memory allocated.
+    dm_bytes: AtomicU64,
     keys: Mutex<HashSet<u32>>,
     pub(crate) node: Arc<Node>,
+    /// The packet socket of raw QPs, while one exists.
+    pub(crate) raw: crate::raw::RawSlot,
+    /// Live RSS indirection tables.
+    pub(crate) ind_tables: AtomicU32,
     xrc_domains: crate::xrc::DomainTable,
 }
 
@@ -182,8 +190,11 @@ impl Shared {
     fn new(gids: &[Gid], ifindex: u32) -> Self {
         Self {
             counts: Default::default(),
+            dm_bytes: AtomicU64::new(0),
             keys: Mutex::new(HashSet::new()),
             node: Node::new(gids, ifindex),
+            raw: Default::default(),
+            ind_tables: AtomicU32::new(0),
             xrc_domains: Default::default(),
         }
     }
@@ -239,7 +250,8 @@ impl Device {
                 | cap_flags::RC_RNR_NAK_GEN
                 | cap_flags::SRQ_RESIZE
                 | cap_flags::XRC
-                | cap_flags::UD_AV_PORT_ENFORCE,
+                | cap_flags::UD_AV_PORT_ENFORCE
+                | cap_flags::MANAGED_FLOW_STEERING,
             max_sge: limits.max_sge,
             max_sge_rd: limits.max_sge,
             max_cq: limits.max_cq,
@@ -384,6 +396,28 @@ impl Device {
     /// Returns one unit of `r`.
     pub(crate) fn release(&self, r: Resource) {
         self.shared().counts[r as usize].fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Takes `len` bytes of device memory, or fails with ENOMEM when `max_dm_size` would be
+    /// exceeded.
+    pub(crate) fn acquire_dm_bytes(&self, len: u64) -> Result<()> {
+        let limit = self.limits().max_dm_size;
+        self.shared()
+            .dm_bytes
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                n.checked_add(len).filter(|&t| t <= limit)
+            })
+            .map(drop)
+            .map_err(|n| {
+                Error::no_resources(format!(
+                    "max_dm_size ({limit}) reached: {n} bytes in use, {len} more requested"
+                ))
+            })
+    }
+
+    /// Returns `len` bytes of device memory.
+    pub(crate) fn release_dm_bytes(&self, len: u64) {
+        self.shared().dm_bytes.fetch_sub(len, Ordering::AcqRel);
     }
 
     /// How many of `r` are in use.

@@ -295,7 +295,7 @@ impl Memory for KeyTable {
     fn atomic(&self, key: KeyRef, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
         let (mr, offset) = self.resolve(key, addr, 8)?;
         // Alignment is of the address in the region's own memory.
-        if (mr.addr() + offset) % 8 != 0 {
+        if (mr.align_base() + offset) % 8 != 0 {
             return Err(MemError::Misaligned);
         }
         mr.backing().atomic(offset, op).map_err(|_| MemError::Unmapped)

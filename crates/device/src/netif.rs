@@ -60,7 +60,7 @@ pub fn interfaces() -> Result<Vec<Interface>> {
 }
 
 /// The interface MTU from sysfs; 1500 if it cannot be read (the Ethernet default).
-fn read_mtu(name: &str) -> u32 {
+pub(crate) fn read_mtu(name: &str) -> u32 {
     std::fs::read_to_string(format!("/sys/class/net/{name}/mtu"))
         .ok()
         .and_then(|s| s.trim().parse().ok())

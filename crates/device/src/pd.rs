@@ -8,8 +8,10 @@ use softverbs_engine::{Error, Result};
 
 use crate::context::Context;
 use crate::device::Resource;
+use crate::dm::{Dm, DmRange};
 use crate::mem::MemoryBacking;
 use crate::sync::UseCount;
+use crate::ufile::UObject;
 
 /// A protection domain (`ibv_alloc_pd`).
 #[derive(Debug)]
@@ -23,11 +25,25 @@ impl Pd {
     /// `ibv_alloc_pd`.
     pub fn alloc(ctx: &Arc<Context>) -> Result<Arc<Self>> {
         ctx.device().acquire(Resource::Pd)?;
-        Ok(Arc::new(Self {
+        let pd = Arc::new(Self {
             ctx: ctx.clone(),
             handle: ctx.next_handle(),
             uses: UseCount::default(),
-        }))
+        });
+        ctx.ufile().publish(pd.handle, UObject::Pd(Arc::downgrade(&pd)));
+        Ok(pd)
+    }
+
+    /// `ibv_import_mr`: the MR `handle` names among the shared objects of this PD's context; it
+    /// must have been registered on this PD. EINVAL otherwise (or if it was deregistered).
+    pub fn import_mr(self: &Arc<Self>, handle: u32) -> Result<Arc<Mr>> {
+        match self.ctx.ufile().lookup(handle) {
+            Some(UObject::Mr(w)) => w
+                .upgrade()
+                .filter(|m| !m.uses.is_retired() && Arc::ptr_eq(&m.pd, self)),
+            _ => None,
+        }
+        .ok_or_else(|| Error::invalid(format!("handle {handle} names no memory region of this PD")))
     }
 
     /// The context.
@@ -105,6 +121,7 @@ impl Pd {
     /// `ibv_dealloc_pd`: fails with EBUSY, changing nothing, while an MR, QP, SRQ or AH uses it.
     pub fn dealloc(&self) -> Result<()> {
         self.uses.retire("protection domain")?;
+        self.ctx.ufile().withdraw(self.handle);
         self.ctx.device().release(Resource::Pd);
         Ok(())
     }
@@ -123,6 +140,8 @@ impl Drop for Pd {
 pub struct Mr {
     pd: Arc<Pd>,
     backing: Arc<dyn MemoryBacking>,
+    /// The device memory a region of `ibv_reg_dm_mr` lies in, and its offset there.
+    dm: Option<(Arc<Dm>, u64)>,
     addr: u64,
     length: u64,
     iova: u64,
@@ -157,7 +176,52 @@ impl Mr {
         iova: u64,
         access: u32,
     ) -> Result<Arc<Self>> {
+        Self::register_inner(pd, backing, None, addr, iova, check_mr_access(access)?)
+    }
+
+    /// `ibv_reg_dm_mr`: registers `length` bytes of `dm` from `offset`. The region is zero
+    /// based (local and remote addresses are byte offsets into it), so `access` must contain
+    /// `IBV_ACCESS_ZERO_BASED`; EINVAL otherwise, or if the range is outside the DM or the DM
+    /// was freed.
+    pub fn register_dm(
+        pd: &Arc<Pd>,
+        dm: &Arc<Dm>,
+        offset: u64,
+        length: u64,
+        access: u32,
+    ) -> Result<Arc<Self>> {
         let access = check_mr_access(access)?;
+        if !access.contains(AccessFlags::ZERO_BASED) {
+            return Err(Error::invalid(
+                "device memory registrations are zero based: IBV_ACCESS_ZERO_BASED is required",
+            ));
+        }
+        if !pd.context().device().eq(dm.context().device()) {
+            return Err(Error::invalid("the device memory belongs to another device"));
+        }
+        if offset.checked_add(length).is_none_or(|end| end > dm.length()) {
+            return Err(Error::invalid(format!(
+                "{length} bytes at offset {offset} are outside the {}-byte device memory",
+                dm.length()
+            )));
+        }
+        dm.uses().acquire("device memory")?;
+        let backing = Arc::new(DmRange::new(dm.clone(), offset, length));
+        let r = Self::register_inner(pd, backing, Some((dm.clone(), offset)), 0, 0, access);
+        if r.is_err() {
+            dm.uses().release();
+        }
+        r
+    }
+
+    fn register_inner(
+        pd: &Arc<Pd>,
+        backing: Arc<dyn MemoryBacking>,
+        dm: Option<(Arc<Dm>, u64)>,
+        addr: u64,
+        iova: u64,
+        access: AccessFlags,
+    ) -> Result<Arc<Self>> {
         let length = backing.len();
         let device = pd.context().device();
         if length == 0 {
@@ -172,7 +236,7 @@ impl Mr {
         if addr.checked_add(length).is_none() || iova.checked_add(length).is_none() {
             return Err(Error::invalid("the region wraps around the address space"));
         }
-        Self::insert(pd, backing, addr, iova, access)
+        Self::insert(pd, backing, dm, addr, iova, access)
     }
 
     /// Implicit on-demand paging (`ibv_reg_mr(pd, NULL, SIZE_MAX, ...|IBV_ACCESS_ON_DEMAND)`):
@@ -195,12 +259,13 @@ impl Mr {
                 "IBV_ACCESS_HUGETLB is only valid with explicit ODP",
             ));
         }
-        Self::insert(pd, backing, 0, 0, flags)
+        Self::insert(pd, backing, None, 0, 0, flags)
     }
 
     fn insert(
         pd: &Arc<Pd>,
         backing: Arc<dyn MemoryBacking>,
+        dm: Option<(Arc<Dm>, u64)>,
         addr: u64,
         iova: u64,
         access: AccessFlags,
@@ -217,6 +282,7 @@ impl Mr {
         let mr = Arc::new(Self {
             pd: pd.clone(),
             backing,
+            dm,
             addr,
             length,
             iova,
@@ -227,6 +293,9 @@ impl Mr {
             uses: UseCount::default(),
         });
         device.node().keys.insert(&mr);
+        pd.context()
+            .ufile()
+            .publish(mr.handle, UObject::Mr(Arc::downgrade(&mr)));
         Ok(mr)
     }
 
@@ -275,6 +344,17 @@ impl Mr {
         self.handle
     }
 
+    /// The device memory the region lies in (`ibv_reg_dm_mr`), if any.
+    pub fn dm(&self) -> Option<&Arc<Dm>> {
+        self.dm.as_ref().map(|(d, _)| d)
+    }
+
+    /// Where the region's first byte is for alignment purposes (atomics need 8-byte aligned
+    /// memory): its address, or for device memory its offset in the DM.
+    pub fn align_base(&self) -> u64 {
+        self.dm.as_ref().map_or(self.addr, |(_, off)| *off)
+    }
+
     fn teardown(&self) {
         let device = self.pd.context().device();
         device.node().keys.remove(self.lkey, self.rkey);
@@ -282,11 +362,15 @@ impl Mr {
         device.free_key(self.rkey);
         device.release(Resource::Mr);
         self.pd.uses.release();
+        if let Some((dm, _)) = &self.dm {
+            dm.uses().release();
+        }
     }
 
     /// `ibv_dereg_mr`. (Memory windows, which would make it fail with EBUSY, are not offered.)
     pub fn dereg(&self) -> Result<()> {
         self.uses.retire("memory region")?;
+        self.pd.context().ufile().withdraw(self.handle);
         self.teardown();
         Ok(())
     }

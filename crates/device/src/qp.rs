@@ -23,7 +23,9 @@ use crate::device::{cap_flags, Resource};
 use crate::fabric::{fabric, Node};
 use crate::held::Held;
 use crate::pd::{Ah, Pd};
+use crate::raw::{require_cap_net_raw, RawPort};
 use crate::sync::{AckCounter, UseCount};
+use crate::wq::{Rss, RwqIndTable, RxHashConf};
 use crate::xrc::{XrcDomain, Xrcd};
 
 /// Rounds a queue depth up to a power of two, as ring-based hardware does; 0 stays 0.
@@ -67,6 +69,8 @@ pub struct QpInitAttr {
     pub cap: QpCap,
     /// Every send WR generates a completion.
     pub sq_sig_all: bool,
+    /// Largest `IBV_WR_TSO` header (`max_tso_header`, raw packet QPs only); 0 for no TSO.
+    pub max_tso_header: u16,
 }
 
 /// How a UD send is addressed (`ibv_send_wr.wr.ud`).
@@ -119,6 +123,8 @@ pub(crate) struct Outputs {
 #[derive(Debug)]
 pub struct Qp {
     me: Weak<Self>,
+    /// The context it was created in (its async events go there); the PD's, unless the PD was
+    /// imported from a context sharing its objects.
     ctx: Arc<Context>,
     /// None for an XRC target, which uses the PD of each SRQ it serves.
     pd: Option<Arc<Pd>>,
@@ -139,6 +145,10 @@ pub struct Qp {
     uses: UseCount,
     async_acks: AckCounter,
     user_data: AtomicU64,
+    /// The packet socket of a raw packet QP.
+    raw: Option<Arc<RawPort>>,
+    /// The indirection table and hash of an RSS QP.
+    rss: Option<Rss>,
 }
 
 /// Receive WQEs from a shared receive queue, for the engine.
@@ -183,7 +193,15 @@ impl Qp {
     /// `ibv_create_qp`. The returned QP's [`Qp::cap`] holds the actual capabilities, each at
     /// least what was asked for.
     pub fn create(pd: &Arc<Pd>, init: &QpInitAttr) -> Result<Arc<Self>> {
-        let ctx = pd.context();
+        Self::create_in(pd.context(), pd, init)
+    }
+
+    /// `ibv_create_qp` in `ctx`, which must share its objects with the PD's context (it is that
+    /// context, or one imported from it or it from): the QP's async events go to `ctx`.
+    pub fn create_in(ctx: &Arc<Context>, pd: &Arc<Pd>, init: &QpInitAttr) -> Result<Arc<Self>> {
+        if !ctx.shares_objects_with(pd.context()) {
+            return Err(Error::invalid("the PD belongs to another context"));
+        }
         let mut init = init.clone();
         match init.qp_type {
             QpType::XrcRecv => {
@@ -203,7 +221,7 @@ impl Qp {
         if init.send_cq.is_none() {
             return Err(Error::invalid("send_cq is required"));
         }
-        Self::build(ctx, Some(pd), None, &init)
+        Self::create_inner(ctx, Some(pd), None, &init, None)
     }
 
     /// `ibv_create_qp_ex` of an `IBV_QPT_XRC_RECV` QP: it belongs to the XRC domain of `xrcd`
@@ -216,19 +234,89 @@ impl Qp {
             srq: None,
             cap: QpCap::default(),
             sq_sig_all: false,
+            max_tso_header: 0,
         };
-        Self::build(xrcd.context(), None, Some(xrcd), &init)
+        Self::create_inner(xrcd.context(), None, Some(xrcd), &init, None)
     }
 
-    fn build(
+    /// `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_IND_TABLE | IBV_QP_INIT_ATTR_RX_HASH`: a
+    /// receive-only raw packet QP that spreads the frames its flows steer to it over the WQs
+    /// of `table` by the hash. It has no queues or state of its own.
+    pub fn create_rss(pd: &Arc<Pd>, table: &Arc<RwqIndTable>, hash: RxHashConf) -> Result<Arc<Self>> {
+        if !Arc::ptr_eq(table.context(), pd.context()) {
+            return Err(Error::invalid("the indirection table belongs to another context"));
+        }
+        // The QP's invariants want CQs; it names the first WQ's, which it never writes to
+        // (the WQs complete on their own CQs).
+        let cq = table.wqs()[0].cq().clone();
+        let init = QpInitAttr {
+            qp_type: QpType::RawPacket,
+            send_cq: Some(cq.clone()),
+            recv_cq: Some(cq),
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+            max_tso_header: 0,
+        };
+        table.uses().acquire("indirection table")?;
+        let rss = Rss {
+            table: table.clone(),
+            hash,
+        };
+        Self::create_inner(pd.context(), Some(pd), None, &init, Some(rss))
+    }
+
+    fn create_inner(
         ctx: &Arc<Context>,
         pd: Option<&Arc<Pd>>,
         xrcd: Option<&Arc<Xrcd>>,
         init: &QpInitAttr,
+        rss: Option<Rss>,
     ) -> Result<Arc<Self>> {
+        let release_table = |rss: &Option<Rss>| {
+            if let Some(r) = rss {
+                r.table.uses().release();
+            }
+        };
+        let raw = match init.qp_type {
+            QpType::RawPacket => {
+                let port = require_cap_net_raw("a raw packet QP").and_then(|()| {
+                    let device = ctx.device();
+                    device.shared().raw.get_or_open(device.netdev())
+                });
+                match port {
+                    Ok(p) => Some(p),
+                    Err(e) => {
+                        release_table(&rss);
+                        return Err(e);
+                    }
+                }
+            }
+            _ => None,
+        };
+        let cap = match Self::validate_and_acquire(ctx, pd, xrcd, init) {
+            Ok(cap) => cap,
+            Err(e) => {
+                release_table(&rss);
+                return Err(e);
+            }
+        };
+        Ok(Self::build(ctx, pd, xrcd, init, cap, raw, rss))
+    }
+
+    fn validate_and_acquire(
+        ctx: &Arc<Context>,
+        pd: Option<&Arc<Pd>>,
+        xrcd: Option<&Arc<Xrcd>>,
+        init: &QpInitAttr,
+    ) -> Result<QpCap> {
         let limits = *ctx.device().limits();
         for (cq, which) in [(&init.send_cq, "send_cq"), (&init.recv_cq, "recv_cq")] {
-            if cq.as_ref().is_some_and(|cq| !Arc::ptr_eq(cq.context(), ctx)) {
+            // Contexts imported from one another share their objects, as one kernel ufile does.
+            if cq
+                .as_ref()
+                .is_some_and(|cq| !cq.context().shares_objects_with(ctx))
+            {
                 return Err(Error::invalid(format!("{which} belongs to another context")));
             }
         }
@@ -241,7 +329,7 @@ impl Qp {
                     "an XRC SRQ is reached through XRC QPs, not attached to a QP",
                 ));
             }
-            if !Arc::ptr_eq(srq.pd().context(), ctx) {
+            if !srq.pd().context().shares_objects_with(ctx) {
                 return Err(Error::invalid("srq belongs to another context"));
             }
         }
@@ -258,6 +346,14 @@ impl Qp {
         check(c.max_send_wr, limits.max_qp_wr, "max_send_wr")?;
         check(c.max_send_sge, limits.max_sge, "max_send_sge")?;
         check(c.max_inline_data, limits.max_inline_data, "max_inline_data")?;
+        if init.max_tso_header != 0 && init.qp_type != QpType::RawPacket {
+            return Err(Error::invalid("max_tso_header is for raw packet QPs only"));
+        }
+        check(
+            u32::from(init.max_tso_header),
+            softverbs_engine::tso::MAX_TSO_HEADER,
+            "max_tso_header",
+        )?;
         // With an SRQ the receive capabilities are ignored (ibv_create_qp(3)).
         let cap = if init.srq.is_some() || init.qp_type.is_xrc() {
             QpCap {
@@ -310,7 +406,18 @@ impl Qp {
             taken.iter().for_each(|u| u.release());
             return Err(e);
         }
+        Ok(cap)
+    }
 
+    fn build(
+        ctx: &Arc<Context>,
+        pd: Option<&Arc<Pd>>,
+        xrcd: Option<&Arc<Xrcd>>,
+        init: &QpInitAttr,
+        cap: QpCap,
+        raw: Option<Arc<RawPort>>,
+        rss: Option<Rss>,
+    ) -> Arc<Self> {
         let qpn = ctx.device().alloc_qpn();
         let attr = QpAttr {
             cap,
@@ -343,9 +450,47 @@ impl Qp {
             uses: UseCount::default(),
             async_acks: AckCounter::default(),
             user_data: AtomicU64::new(0),
+            raw,
+            rss,
         });
         ctx.device().node().add_qp(&qp);
-        Ok(qp)
+        qp
+    }
+
+    /// The packet socket of a raw packet QP.
+    pub(crate) fn raw_port(&self) -> Option<&Arc<RawPort>> {
+        self.raw.as_ref()
+    }
+
+    /// Whether this is an RSS QP (created with an indirection table).
+    pub fn is_rss(&self) -> bool {
+        self.rss.is_some()
+    }
+
+    pub(crate) fn uses(&self) -> &UseCount {
+        &self.uses
+    }
+
+    /// Handles a frame a flow steered to this raw packet QP: into its next receive WQE, or,
+    /// for an RSS QP, to the WQ the hash selects.
+    pub(crate) fn handle_frame(&self, frame: &[u8], flow_tag: u32) {
+        if let Some(rss) = &self.rss {
+            rss.deliver(frame, flow_tag);
+            return;
+        }
+        let now = fabric().now();
+        let mut inner = self.inner.lock();
+        let node = self.node();
+        let _ = match &self.init.srq {
+            Some(srq) => inner
+                .engine
+                .handle_frame(frame, flow_tag, &node.keys, Some(&mut SrqRecv(srq))),
+            None => inner.engine.handle_frame(frame, flow_tag, &node.keys, None),
+        };
+        let out = self.drain(&mut inner, now);
+        drop(inner);
+        debug_assert!(out.txs.is_empty());
+        self.release(out.ticket);
     }
 
     /// The PD (none for an XRC target).
@@ -507,7 +652,17 @@ impl Qp {
     /// quiet.
     fn emit(&self, out: Outputs) {
         let f = fabric();
-        f.send_all(self.node(), out.txs);
+        match &self.raw {
+            // A raw QP's frames go out of its packet socket, not over the fabric.
+            Some(port) => {
+                for tx in &out.txs {
+                    if let Err(e) = port.send(&tx.data) {
+                        tracing::warn!(qpn = self.qpn, "raw frame not sent: {e}");
+                    }
+                }
+            }
+            None => f.send_all(self.node(), out.txs),
+        }
         self.release(out.ticket);
         f.drive(f.now());
     }
@@ -565,6 +720,11 @@ impl Qp {
     /// `ibv_modify_qp`: validates against the IBTA state table and the device limits; on any
     /// error nothing changes and the error names the offending attribute.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        if self.rss.is_some() {
+            return Err(Error::not_supported(
+                "an RSS QP has no state of its own: its WQs' states apply",
+            ));
+        }
         let ctx = self.context();
         let now = fabric().now();
         let mask = effective_mask(self.qp_type(), mask);
@@ -596,6 +756,9 @@ impl Qp {
                 0,
                 Error::invalid("XRC QPs have no receive queue: receives are posted to XRC SRQs"),
             );
+        }
+        if self.rss.is_some() {
+            return fail(0, Error::invalid("an RSS QP receives through its WQs"));
         }
         let now = fabric().now();
         let mut inner = self.inner.lock();
@@ -638,6 +801,12 @@ impl Qp {
     /// be posted, then starts sending. A QP in the error state completes them at once with
     /// `IBV_WC_WR_FLUSH_ERR`.
     pub fn post_send(&self, wrs: &[SendRequest]) -> Result<(), PostError> {
+        if self.rss.is_some() {
+            return Err(PostError {
+                index: 0,
+                error: Error::invalid("an RSS QP is receive-only"),
+            });
+        }
         let now = fabric().now();
         let mut inner = self.inner.lock();
         let state = inner.attr.qp_state;
@@ -653,8 +822,12 @@ impl Qp {
             max_send_sge: self.init.cap.max_send_sge,
             max_inline_data: self.init.cap.max_inline_data,
             max_msg_sz: u64::from(port.max_msg_sz),
-            ud_mtu: port.active_mtu.bytes(),
+            ud_mtu: match &self.raw {
+                Some(p) => p.max_frame(),
+                None => port.active_mtu.bytes(),
+            },
             max_rd_atomic: inner.attr.max_rd_atomic,
+            max_tso_header: u32::from(self.init.max_tso_header),
         };
         let mut result = Ok(());
         for (index, req) in wrs.iter().enumerate() {
@@ -813,6 +986,9 @@ impl Qp {
         }
         if let Some(srq) = &self.init.srq {
             srq.uses.release();
+        }
+        if let Some(rss) = &self.rss {
+            rss.table.uses().release();
         }
     }
 

@@ -39,6 +39,7 @@ fn qp_init(cq: &Arc<Cq>, qp_type: QpType, srq: Option<&Arc<Srq>>) -> QpInitAttr 
             max_inline_data: 0,
         },
         sq_sig_all: false,
+        max_tso_header: 0,
     }
 }
 

@@ -57,6 +57,9 @@ pub enum Error {
     /// The device does not implement this (EOPNOTSUPP).
     #[error("operation not supported: {0}")]
     NotSupported(Cow<'static, str>),
+    /// The caller lacks a needed capability, such as CAP_NET_RAW for raw packet QPs (EPERM).
+    #[error("operation not permitted: {0}")]
+    PermissionDenied(Cow<'static, str>),
     /// A non-blocking call found nothing to return (EAGAIN).
     #[error("would block")]
     WouldBlock,
@@ -96,6 +99,7 @@ impl Error {
             Self::Busy(_) => Errno::EBUSY.raw(),
             Self::NoResources(_) => Errno::ENOMEM.raw(),
             Self::NotSupported(_) => Errno::EOPNOTSUPP.raw(),
+            Self::PermissionDenied(_) => Errno::EPERM.raw(),
             Self::WouldBlock => Errno::EAGAIN.raw(),
             Self::NoDevice(_) => Errno::ENODEV.raw(),
             Self::Io(e) => e.raw_os_error().unwrap_or(Errno::EINVAL.raw()),

@@ -15,8 +15,10 @@ pub mod error;
 pub mod memory;
 pub mod qp_state;
 pub mod rate;
+pub mod steering;
 pub mod time;
 pub mod transport;
+pub mod tso;
 pub mod types;
 pub mod wr;
 

@@ -26,12 +26,15 @@ pub fn transition_masks(qp_type: QpType, from: QpState, to: QpState) -> Option<T
 
     let none = M::empty();
     let masks = |required: M, optional: M| Some(TransitionMasks { required, optional });
+    if qp_type == RawPacket {
+        return raw_transition_masks(from, to);
+    }
     // XRC follows RC except where the kernel's `qp_state_table` gives the initiator or the
     // target its own set (`xrc` below).
     let by_type = |ud: M, uc: M, rc: M| match qp_type {
         Ud => ud,
         Uc => uc,
-        Rc | XrcSend | XrcRecv => rc,
+        Rc | RawPacket | XrcSend | XrcRecv => rc,
     };
     let xrc = |rc: M, ini: M, tgt: M| match qp_type {
         XrcSend => ini,
@@ -151,7 +154,7 @@ pub fn transition_masks(qp_type: QpType, from: QpState, to: QpState) -> Option<T
         (Sqe, Rts) => match qp_type {
             Ud => masks(none, M::CUR_STATE | M::QKEY),
             Uc => masks(none, M::CUR_STATE | M::ACCESS_FLAGS),
-            Rc | XrcSend | XrcRecv => None,
+            Rc | RawPacket | XrcSend | XrcRecv => None,
         },
         _ => None,
     }
@@ -168,6 +171,22 @@ pub fn effective_mask(qp_type: QpType, mask: QpAttrMask) -> QpAttrMask {
         QpType::XrcSend => mask - (M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER),
         QpType::XrcRecv => mask - (M::MAX_QP_RD_ATOMIC | M::RETRY_CNT | M::RNR_RETRY),
         _ => mask,
+    }
+}
+
+/// The raw packet rows of the kernel's table: RESET->INIT names the port, the other steps only
+/// the state (a rate limit may be set from RTR on); a raw QP has no SQD or SQE.
+fn raw_transition_masks(from: QpState, to: QpState) -> Option<TransitionMasks> {
+    use QpAttrMask as M;
+    use QpState::*;
+    let masks = |required: M, optional: M| Some(TransitionMasks { required, optional });
+    match (from, to) {
+        (_, Reset) | (_, Err) => masks(M::empty(), M::empty()),
+        (Reset, Init) => masks(M::PORT, M::empty()),
+        (Init, Init) => masks(M::empty(), M::PORT),
+        (Init, Rtr) => masks(M::empty(), M::empty()),
+        (Rtr, Rts) | (Rts, Rts) => masks(M::empty(), M::RATE_LIMIT),
+        _ => None,
     }
 }
 

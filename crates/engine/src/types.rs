@@ -40,6 +40,8 @@ c_enum! {
         Uc = 3,
         /// Unreliable datagram.
         Ud = 4,
+        /// Raw Ethernet frames (`IBV_QPT_RAW_PACKET`).
+        RawPacket = 8,
         /// XRC initiator (`IBV_QPT_XRC_SEND`): sends to XRC SRQs of a peer, receives nothing.
         XrcSend = 9,
         /// XRC target (`IBV_QPT_XRC_RECV`): executes requests for the SRQs of its XRC domain;
@@ -107,6 +109,7 @@ impl fmt::Display for QpType {
             Self::Rc => "RC",
             Self::Uc => "UC",
             Self::Ud => "UD",
+            Self::RawPacket => "RAW_PACKET",
             Self::XrcSend => "XRC_SEND",
             Self::XrcRecv => "XRC_RECV",
         })
@@ -443,6 +446,8 @@ c_enum! {
         BindMw = 5,
         /// Local invalidate.
         LocalInv = 6,
+        /// TCP segmentation offload send.
+        Tso = 7,
         /// FLUSH (memory-placement extension).
         Flush = 8,
         /// ATOMIC WRITE (memory-placement extension).
@@ -477,6 +482,8 @@ c_enum! {
         BindMw = 8,
         /// Send with invalidate.
         SendWithInv = 9,
+        /// TCP segmentation offload (raw packet QPs).
+        Tso = 10,
         /// FLUSH (memory-placement extension; no `ibv_send_wr` form).
         Flush = 14,
         /// ATOMIC WRITE (memory-placement extension; no `ibv_send_wr` form).
@@ -854,6 +861,8 @@ pub struct WorkCompletion {
     pub dlid_path_bits: u8,
     /// Whether the message carried the solicited-event bit (for solicited-only notification).
     pub solicited: bool,
+    /// The tag of the flow that steered a received frame (`ibv_wc_read_flow_tag`); 0 if none.
+    pub flow_tag: u32,
     /// When the completion was queued, in ticks of the device's completion clock
     /// (`ibv_wc_read_completion_ts`); 0 unless the CQ records timestamps.
     pub timestamp: u64,
@@ -886,6 +895,7 @@ impl WorkCompletion {
             sl: 0,
             dlid_path_bits: 0,
             solicited: false,
+            flow_tag: 0,
             timestamp: 0,
             wallclock_ns: 0,
         }

@@ -50,6 +50,12 @@ pub enum SendOp {
         /// Addend.
         add: u64,
     },
+    /// TCP segmentation offload (raw packet QPs): the payload is [`Payload::Headed`], whose
+    /// data is cut into segments of `mss` bytes behind copies of its header.
+    Tso {
+        /// Largest TCP payload per segment.
+        mss: u16,
+    },
     /// ATOMIC WRITE: stores 8 bytes at an aligned remote address as one atomic store.
     AtomicWrite {
         /// Target word.
@@ -99,6 +105,7 @@ impl SendOp {
             Self::Read { .. } => WrOpcode::RdmaRead,
             Self::CompareSwap { .. } => WrOpcode::AtomicCmpAndSwp,
             Self::FetchAdd { .. } => WrOpcode::AtomicFetchAndAdd,
+            Self::Tso { .. } => WrOpcode::Tso,
             Self::AtomicWrite { .. } => WrOpcode::AtomicWrite,
             Self::Flush { .. } => WrOpcode::Flush,
         }
@@ -112,6 +119,7 @@ impl SendOp {
             Self::Read { .. } => WcOpcode::RdmaRead,
             Self::CompareSwap { .. } => WcOpcode::CompSwap,
             Self::FetchAdd { .. } => WcOpcode::FetchAdd,
+            Self::Tso { .. } => WcOpcode::Tso,
             Self::AtomicWrite { .. } => WcOpcode::AtomicWrite,
             Self::Flush { .. } => WcOpcode::Flush,
         }
@@ -167,6 +175,13 @@ pub enum Payload {
     Sges(Vec<Sge>),
     /// Inline bytes (`IBV_SEND_INLINE`): no key is checked.
     Inline(Vec<u8>),
+    /// A header copied in at post time, then a gather list (`IBV_WR_TSO`'s `wr.tso.hdr`).
+    Headed {
+        /// The header bytes.
+        header: Vec<u8>,
+        /// The data after it.
+        sges: Vec<Sge>,
+    },
 }
 
 impl Payload {
@@ -175,6 +190,9 @@ impl Payload {
         match self {
             Self::Sges(s) => s.iter().map(|s| u64::from(s.length)).sum(),
             Self::Inline(b) => b.len() as u64,
+            Self::Headed { header, sges } => {
+                header.len() as u64 + sges.iter().map(|s| u64::from(s.length)).sum::<u64>()
+            }
         }
     }
 
@@ -212,13 +230,46 @@ pub struct SendLimits {
     pub max_inline_data: u32,
     /// Largest message.
     pub max_msg_sz: u64,
-    /// Largest UD message (the path MTU).
+    /// Largest UD message (the path MTU); for a raw QP, the largest frame.
     pub ud_mtu: u32,
     /// `max_rd_atomic` of the QP.
     pub max_rd_atomic: u8,
+    /// `max_tso_header` of the QP; 0 if it cannot send TSO.
+    pub max_tso_header: u32,
 }
 
 impl SendWr {
+    /// `IBV_WR_TSO`: a header within `max_tso_header` that is exactly Ethernet/IP/TCP, a
+    /// non-zero MSS whose segments fit the largest frame, at most `MAX_TSO` data bytes.
+    fn check_tso(&self, l: &SendLimits, mss: u16) -> Result<()> {
+        let Payload::Headed { header, .. } = &self.payload else {
+            return Err(Error::invalid("IBV_WR_TSO needs a header (wr.tso.hdr)"));
+        };
+        if header.len() > l.max_tso_header as usize {
+            return Err(Error::invalid(format!(
+                "hdr_sz {} exceeds the QP's max_tso_header {}",
+                header.len(),
+                l.max_tso_header
+            )));
+        }
+        crate::tso::parse_header(header).map_err(Error::invalid)?;
+        if mss == 0 || header.len() + usize::from(mss) > l.ud_mtu as usize {
+            return Err(Error::invalid(format!(
+                "mss {mss} behind a {}-byte header does not fit a {}-byte frame",
+                header.len(),
+                l.ud_mtu
+            )));
+        }
+        let data = self.payload.len() - header.len() as u64;
+        if data > u64::from(crate::tso::MAX_TSO) {
+            return Err(Error::invalid(format!(
+                "{data} bytes exceed max_tso {}",
+                crate::tso::MAX_TSO
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks what `ibv_post_send` can check at once: the opcode is legal on the QP type
     /// (ibv_post_send(3) table), the SGE count and inline size fit, atomics target one aligned
     /// 8-byte word into an 8-byte buffer, and UD sends have a destination and fit one packet.
@@ -231,6 +282,7 @@ impl SendWr {
                 WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm
             ),
             QpType::Rc => true,
+            QpType::RawPacket => matches!(opcode, WrOpcode::Send | WrOpcode::Tso),
             // An XRC initiator has the RC operations of ibv_post_send(3), not the RC-only
             // ATOMIC WRITE and FLUSH extensions; the target sends nothing.
             QpType::XrcSend => !matches!(self.op, SendOp::AtomicWrite { .. } | SendOp::Flush { .. }),
@@ -264,7 +316,20 @@ impl SendWr {
                     ));
                 }
             }
-            Payload::Sges(_) => {}
+            Payload::Headed { sges, .. } if sges.len() > l.max_send_sge as usize => {
+                return Err(Error::invalid(format!(
+                    "num_sge {} exceeds max_send_sge {}",
+                    sges.len(),
+                    l.max_send_sge
+                )))
+            }
+            Payload::Sges(_) | Payload::Headed { .. } => {}
+        }
+        if let SendOp::Tso { mss } = self.op {
+            return self.check_tso(l, mss);
+        }
+        if matches!(self.payload, Payload::Headed { .. }) {
+            return Err(Error::invalid("only IBV_WR_TSO carries a header"));
         }
         let len = self.payload.len();
         if len > l.max_msg_sz {
@@ -299,6 +364,15 @@ impl SendWr {
                 }
                 Some(_) => {}
             }
+        }
+        if l.qp_type == QpType::RawPacket
+            && !matches!(self.op, SendOp::Tso { .. })
+            && !(14..=u64::from(l.ud_mtu)).contains(&len)
+        {
+            return Err(Error::invalid(format!(
+                "a raw frame of {len} bytes is outside 14..={} (an Ethernet header up to the MTU)",
+                l.ud_mtu
+            )));
         }
         match self.op {
             SendOp::AtomicWrite { remote, .. } if remote.addr % 8 != 0 => {

@@ -404,6 +404,7 @@ fn post_send_checks_placement_requests() {
         max_msg_sz: 1 << 31,
         ud_mtu: 1024,
         max_rd_atomic: 4,
+        max_tso_header: 0,
     };
     let remote = RemoteAddr {
         addr: 0x1000,

@@ -261,6 +261,7 @@ fn the_initiator_needs_a_remote_srqn_and_the_target_sends_nothing() {
         max_msg_sz: 1 << 31,
         ud_mtu: 4096,
         max_rd_atomic: 4,
+        max_tso_header: 0,
     };
     let w = send(1, vec![]);
     assert!(w.check(&limits(QpType::XrcSend)).is_err(), "no remote_srqn");

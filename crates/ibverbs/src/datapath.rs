@@ -27,8 +27,14 @@ const ENOENT: c_int = Errno::ENOENT as c_int;
 
 /// `IBV_WC_STANDARD_FLAGS`: the `ibv_cq_ex` fields this device fills.
 const WC_STANDARD_FLAGS: u64 = 0x7f;
+/// `IBV_WC_EX_WITH_FLOW_TAG`.
+const WC_EX_WITH_FLOW_TAG: u64 = 1 << 9;
 /// `IBV_CQ_INIT_ATTR_MASK_FLAGS`.
 const CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
+/// `IBV_CQ_INIT_ATTR_MASK_PD`: `parent_domain` is set.
+const CQ_INIT_ATTR_MASK_PD: u32 = 2;
+/// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`.
+const CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1;
 /// The `IBV_QP_EX_WITH_*` operations the `ibv_wr_*` API offers here (ATOMIC WRITE is 1 << 12).
 const SUPPORTED_SEND_OPS: u64 = 0x7f | (1 << 9) | (1 << 12);
 /// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP` and `_WALLCLOCK`.
@@ -136,8 +142,25 @@ unsafe fn send_request(wr: &ibv_send_wr, qp_type: QpType) -> Result<SendRequest,
             imm: None,
             invalidate: Some(wr.imm_data),
         },
-        // LOCAL_INV, BIND_MW, TSO, DRIVER1 and atomic write need memory windows or raw QPs.
-        7 | 8 | 10 | 11 | 15 => return Err(EOPNOTSUPP),
+        10 => {
+            // SAFETY: `tso` is plain integers and a pointer, valid for any bits.
+            let tso = unsafe { wr.ext.tso };
+            if tso.hdr.is_null() && tso.hdr_sz != 0 {
+                return Err(EINVAL);
+            }
+            // SAFETY: ibv_post_send(3): `wr.tso.hdr` names `hdr_sz` readable bytes.
+            let header = unsafe { copy_in(tso.hdr as u64, usize::from(tso.hdr_sz)) };
+            return Ok(SendRequest {
+                wr_id: wr.wr_id,
+                op: SendOp::Tso { mss: tso.mss },
+                flags,
+                payload: Payload::Headed { header, sges: list },
+                ud: None,
+                xrc_srqn: None,
+            });
+        }
+        // LOCAL_INV, BIND_MW, DRIVER1 and atomic write need memory windows.
+        7 | 8 | 11 | 15 => return Err(EOPNOTSUPP),
         _ => return Err(EINVAL),
     };
     let payload = if flags.contains(SendFlags::INLINE) && !op.is_read_or_atomic() {
@@ -220,7 +243,7 @@ pub(crate) unsafe extern "C" fn post_send(
 
 /// Translates a receive list; returns the WRs, their pointers, and the first untranslatable
 /// WR with its errno.
-unsafe fn recv_list(
+pub(crate) unsafe fn recv_list(
     wr: *mut ibv_recv_wr,
 ) -> (
     Vec<RecvWr>,
@@ -248,7 +271,7 @@ unsafe fn recv_list(
     (reqs, ptrs, None)
 }
 
-unsafe fn finish_recv(
+pub(crate) unsafe fn finish_recv(
     result: Result<(), softverbs_device::PostError>,
     ptrs: &[*mut ibv_recv_wr],
     conv_err: Option<(*mut ibv_recv_wr, c_int)>,
@@ -318,6 +341,12 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
         return -fail(EINVAL);
     }
     let n = n as usize;
+    if let Some(ring) = &c.ring {
+        return crate::domain::poll_through_ring(c, ring, n, |i, w| {
+            // SAFETY: the caller's array holds `n` entries and `i < n`.
+            unsafe { wc.add(i).write(wc_c(w)) }
+        }) as c_int;
+    }
     let mut buf = [WorkCompletion::default(); 32];
     let mut total = 0;
     while total < n {
@@ -437,6 +466,10 @@ unsafe extern "C" fn read_dlid_path_bits(cq: *mut ibv_cq_ex) -> u8 {
     // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { cur(cq) }.dlid_path_bits
 }
+unsafe extern "C" fn read_flow_tag(cq: *mut ibv_cq_ex) -> u32 {
+    // SAFETY: the pointer is a live object of this library, as the verbs API requires.
+    unsafe { cur(cq) }.flow_tag
+}
 
 /// Fills the extended pollers of a new CQ.
 pub(crate) fn install_cq_ex_ops(b: *mut SvCq) {
@@ -455,12 +488,13 @@ pub(crate) fn install_cq_ex_ops(b: *mut SvCq) {
     cq.read_slid = Some(read_slid);
     cq.read_sl = Some(read_sl);
     cq.read_dlid_path_bits = Some(read_dlid_path_bits);
+    cq.read_flow_tag = Some(read_flow_tag);
     cq.read_completion_ts = Some(crate::clock::read_completion_ts);
     cq.read_completion_wallclock_ns = Some(crate::clock::read_completion_wallclock_ns);
 }
 
 /// The `create_cq_ex` op: the standard completion fields and the completion timestamps (raw
-/// and wall clock); flow tags, tag matching and parent domains are EOPNOTSUPP.
+/// and wall clock) and flow tags; tag matching and parent domains are EOPNOTSUPP.
 pub(crate) unsafe extern "C" fn create_cq_ex(
     ctx: *mut ibv_context,
     attr: *mut ibv_cq_init_attr_ex,
@@ -470,18 +504,35 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     }
     // SAFETY: `attr` is a readable `struct ibv_cq_init_attr_ex`.
     let a = unsafe { &*attr };
-    if a.comp_mask & !CQ_INIT_ATTR_MASK_FLAGS != 0
-        || a.wc_flags & !(WC_STANDARD_FLAGS | WC_TIMESTAMP_FLAGS) != 0
+    if a.comp_mask & !(CQ_INIT_ATTR_MASK_FLAGS | CQ_INIT_ATTR_MASK_PD) != 0
+        || a.wc_flags & !(WC_STANDARD_FLAGS | WC_TIMESTAMP_FLAGS | WC_EX_WITH_FLOW_TAG) != 0
     {
         return fail_null(EOPNOTSUPP);
     }
     let cqe = c_int::try_from(a.cqe).unwrap_or(c_int::MAX);
     let vector = c_int::try_from(a.comp_vector).unwrap_or(c_int::MAX);
+    let ring = if a.comp_mask & CQ_INIT_ATTR_MASK_PD != 0 {
+        let single =
+            a.comp_mask & CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags & CREATE_CQ_ATTR_SINGLE_THREADED != 0;
+        // SAFETY: the caller passes NULL or a live PD of this library (the verbs API contract).
+        let made = unsafe { crate::domain::parent_of(a.parent_domain) }
+            // SAFETY: `parent_domain` is the live parent domain just found.
+            .and_then(|p| unsafe { crate::domain::cq_ring(ctx, a.parent_domain, p, a.cqe, single) });
+        match made {
+            Ok(r) => Some(r),
+            Err(e) => return fail_null(e),
+        }
+    } else {
+        None
+    };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     match unsafe { verbs::new_cq(ctx, cqe, a.cq_context, a.channel, vector) } {
         Ok(b) => {
-            // SAFETY: `b` is live; record which fields the caller asked for.
-            unsafe { (*b).cq.comp_mask = a.comp_mask };
+            // SAFETY: `b` is live; record which fields the caller asked for, and its poll ring.
+            unsafe {
+                (*b).cq.comp_mask = a.comp_mask;
+                (*b).ring = ring;
+            }
             // SAFETY: `b` is live and not yet shared.
             unsafe { &(*b).core }.set_timestamps(softverbs_device::Timestamps {
                 raw: a.wc_flags & (1 << 7) != 0,
@@ -840,6 +891,12 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
         return fail_null(EINVAL);
     }
+    if a.comp_mask & (crate::raw::QP_INIT_ATTR_IND_TABLE | crate::raw::QP_INIT_ATTR_RX_HASH) != 0 {
+        // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+        return unsafe { crate::raw::create_rss_qp(a) };
+    }
+    const MAX_TSO_HEADER: u32 = 1 << 3;
+    let known = known | MAX_TSO_HEADER;
     if a.comp_mask & !known != 0
         || (a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
         || (a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 && a.send_ops_flags & !SUPPORTED_SEND_OPS != 0)
@@ -855,6 +912,11 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         cap: &mut a.cap,
         qp_type: a.qp_type,
         sq_sig_all: a.sq_sig_all != 0,
+        max_tso_header: if a.comp_mask & MAX_TSO_HEADER != 0 {
+            a.max_tso_header
+        } else {
+            0
+        },
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     match unsafe { verbs::new_qp(&n) } {

@@ -7,6 +7,8 @@ use std::mem::{offset_of, size_of};
 use std::process::Command;
 
 use crate::abi::*;
+use crate::dm::ibv_alloc_dm_attr;
+use crate::domain::{ibv_parent_domain_init_attr, ibv_td, ibv_td_init_attr};
 
 /// (C expression, Rust value) pairs: `sizeof(struct x)` and `offsetof(struct x, f)`.
 type Checks = Vec<(String, usize)>;
@@ -610,6 +612,27 @@ fn checks() -> Checks {
             memcpy_from_dm,
             comp_mask,
             handle
+        }
+    );
+    layout!(
+        v,
+        ibv_alloc_dm_attr {
+            length,
+            log_align_req,
+            comp_mask
+        }
+    );
+    layout!(v, ibv_td { context });
+    layout!(v, ibv_td_init_attr { comp_mask });
+    layout!(
+        v,
+        ibv_parent_domain_init_attr {
+            pd,
+            td,
+            comp_mask,
+            alloc,
+            free,
+            pd_context
         }
     );
     layout!(

@@ -28,8 +28,12 @@
 pub mod abi;
 mod clock;
 mod datapath;
+mod dm;
+mod domain;
+mod import;
 mod memory;
 mod odp;
+mod raw;
 mod symbols;
 mod verbs;
 

@@ -183,19 +183,19 @@ exports! {
     "ibv_reg_mr_iova" "@@" "IBVERBS_1.7" => v::reg_mr_iova;
     "ibv_reg_mr_iova2" "@@" "IBVERBS_1.8" => v::reg_mr_iova2;
     "ibv_get_device_index" "@@" "IBVERBS_1.9" => v::get_device_index;
-    "ibv_import_device" "@@" "IBVERBS_1.10" => v::null_eopnotsupp;
-    "ibv_import_mr" "@@" "IBVERBS_1.10" => v::null_eopnotsupp;
-    "ibv_import_pd" "@@" "IBVERBS_1.10" => v::null_eopnotsupp;
+    "ibv_import_device" "@@" "IBVERBS_1.10" => crate::import::import_device;
+    "ibv_import_mr" "@@" "IBVERBS_1.10" => crate::import::import_mr;
+    "ibv_import_pd" "@@" "IBVERBS_1.10" => crate::import::import_pd;
     "ibv_query_ece" "@@" "IBVERBS_1.10" => v::eopnotsupp;
     "ibv_set_ece" "@@" "IBVERBS_1.10" => v::eopnotsupp;
-    "ibv_unimport_mr" "@@" "IBVERBS_1.10" => v::nothing;
-    "ibv_unimport_pd" "@@" "IBVERBS_1.10" => v::nothing;
+    "ibv_unimport_mr" "@@" "IBVERBS_1.10" => crate::import::unimport_mr;
+    "ibv_unimport_pd" "@@" "IBVERBS_1.10" => crate::import::unimport_pd;
     "_ibv_query_gid_ex" "@@" "IBVERBS_1.11" => v::query_gid_ex;
     "_ibv_query_gid_table" "@@" "IBVERBS_1.11" => v::query_gid_table;
     "ibv_reg_dmabuf_mr" "@@" "IBVERBS_1.12" => v::null_eopnotsupp;
-    "ibv_import_dm" "@@" "IBVERBS_1.13" => v::null_eopnotsupp;
+    "ibv_import_dm" "@@" "IBVERBS_1.13" => crate::dm::import_dm;
     "ibv_is_fork_initialized" "@@" "IBVERBS_1.13" => crate::ibv_is_fork_initialized;
-    "ibv_unimport_dm" "@@" "IBVERBS_1.13" => v::nothing;
+    "ibv_unimport_dm" "@@" "IBVERBS_1.13" => crate::dm::unimport_dm;
     "ibv_query_qp_data_in_order" "@@" "IBVERBS_1.14" => v::query_qp_data_in_order;
 }
 

@@ -50,3 +50,59 @@ fn verbs_api_conformance() {
 fn atomic_write_timestamps_and_odp() {
     run_c_program("extensions", 55);
 }
+
+/// Raw packet QPs, flows, WQs and RSS through the header's inline wrappers
+/// (`tests/c/raw_packet.c`), then the same program without CAP_NET_RAW (`setpriv`), where raw
+/// and RSS QPs are EPERM.
+#[test]
+fn raw_packet_conformance() {
+    require("gcc");
+    require("setpriv");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/raw_packet.c");
+    let exe = lib_dir().join("raw_packet");
+    let out = Command::new("gcc")
+        .args(["-Wall", "-Werror", "-O1", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-L")
+        .arg(lib_dir())
+        .arg("-libverbs")
+        .output()
+        .expect("gcc runs");
+    assert!(
+        out.status.success(),
+        "gcc failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // In a network namespace of its own, whose loopback carries only this program's frames
+    // (the host's is shared with everything else that runs).
+    require("unshare");
+    let mut isolated = command("unshare");
+    isolated
+        .args(["-n", "sh", "-c", "ip link set lo up && exec \"$0\""])
+        .arg(&exe);
+    let o = run_bounded(isolated, Duration::from_secs(120));
+    let (stdout, stderr) = text(&o);
+    println!("{stdout}");
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("\n0 failed"), "{stdout}");
+    let checks = stdout.lines().filter(|l| l.starts_with("ok - ")).count();
+    assert!(checks >= 40, "only {checks} checks ran:\n{stdout}");
+
+    let mut noperm = command("setpriv");
+    noperm
+        .args(["--inh-caps=-all", "--bounding-set=-net_raw"])
+        .arg(&exe)
+        .arg("noperm");
+    let o = run_bounded(noperm, Duration::from_secs(60));
+    let (stdout, stderr) = text(&o);
+    println!("{stdout}");
+    assert!(o.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("\n0 failed"), "{stdout}");
+    for check in [
+        "raw QP without CAP_NET_RAW: NULL, EPERM",
+        "RSS QP without CAP_NET_RAW: NULL, EPERM",
+    ] {
+        assert!(stdout.contains(&format!("ok - {check}")), "{stdout}");
+    }
+}

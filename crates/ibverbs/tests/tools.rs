@@ -291,6 +291,13 @@ fn ibv_srq_pingpong_odp() {
     pingpong("/usr/bin/ibv_srq_pingpong", &["-o"]);
 }
 
+/// `-j`: the buffers are device memory (`ibv_alloc_dm`, `ibv_reg_dm_mr`, zero-based SGEs), and
+/// `-c` checks the received bytes through `ibv_memcpy_from_dm`.
+#[test]
+fn ibv_rc_pingpong_device_memory() {
+    pingpong("/usr/bin/ibv_rc_pingpong", &["-j"]);
+}
+
 #[test]
 fn ibv_uc_pingpong() {
     pingpong("/usr/bin/ibv_uc_pingpong", &[]);
@@ -501,4 +508,98 @@ fn perftest_over_xrc_old_post_send() {
         true,
         &["-c", "XRC", "--use_old_post_send"],
     );
+}
+
+/// A network namespace with only its loopback up; removed on drop.
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Self {
+        let name = format!("sv{tag}{}", std::process::id());
+        for args in [
+            vec!["netns", "add", &name],
+            vec!["-n", &name, "link", "set", "lo", "up"],
+        ] {
+            let o = std::process::Command::new("ip").args(&args).output().unwrap();
+            assert!(
+                o.status.success(),
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        Self(name)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .status();
+    }
+}
+
+/// perftest's raw Ethernet bandwidth test between two processes on sv_lo: the client's raw QP
+/// sends UDP frames out of the loopback interface, the server's flow (destination MAC, IPs and
+/// UDP ports) steers them to its raw QP. Both report a non-empty table of iterations. They run
+/// in a namespace of their own, whose loopback carries nothing else.
+#[test]
+fn raw_ethernet_bw() {
+    let _serial = serial();
+    require("/usr/bin/raw_ethernet_bw");
+    let ns = Netns::new("rawbw");
+    let program = "ip";
+    let (sport, dport) = (free_port().to_string(), free_port().to_string());
+    let args = |role: &str, secs: &str| -> Vec<String> {
+        [
+            "netns",
+            "exec",
+            &ns.0,
+            "/usr/bin/raw_ethernet_bw",
+            "-d",
+            "sv_lo",
+            role,
+            "-B",
+            "00:00:00:00:00:00",
+            "-E",
+            "00:00:00:00:00:00",
+            "-J",
+            "127.0.0.1",
+            "-j",
+            "127.0.0.1",
+            "-K",
+            &dport,
+            "-k",
+            &sport,
+            "-D",
+            secs,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let server = spawn(program, &args("--server", "6"));
+    // The server receives for six seconds; the client starts well inside them.
+    std::thread::sleep(Duration::from_secs(1));
+    let client = spawn(program, &args("--client", "2"));
+    let c = wait_bounded(client, LIMIT);
+    let s = wait_bounded(server, LIMIT);
+    let iterations = |o: &Output| {
+        let (out, err) = text(o);
+        assert!(o.status.success(), "{out}\n{err}");
+        let mut lines = out.lines().skip_while(|l| !l.trim_start().starts_with("#bytes"));
+        lines.next();
+        let row: Vec<u64> = lines
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .take(2)
+            .filter_map(|n| n.parse().ok())
+            .collect();
+        assert_eq!(row.len(), 2, "no results row:\n{out}");
+        row[1]
+    };
+    let (sent, received) = (iterations(&c), iterations(&s));
+    assert!(sent > 0 && received > 0, "sent {sent}, received {received}");
+    assert!(received <= sent, "sent {sent}, received {received}");
 }

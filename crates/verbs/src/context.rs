@@ -1,7 +1,7 @@
 //! Contexts and asynchronous events.
 
 use std::collections::HashMap;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -11,6 +11,8 @@ use softverbs_engine::Result;
 
 use crate::cq::{CompletionChannel, CompletionQueue, CqInner};
 use crate::device::Device;
+use crate::dm::DeviceMemory;
+use crate::domain::ThreadDomain;
 use crate::pd::ProtectionDomain;
 use crate::qp::{QpInner, QueuePair, SharedReceiveQueue, SrqInner};
 use crate::{DeviceAttr, DeviceAttrEx, PortAttr, Timestamps};
@@ -144,6 +146,59 @@ impl Context {
     /// `ibv_alloc_pd`.
     pub fn alloc_pd(&self) -> Result<ProtectionDomain> {
         ProtectionDomain::alloc(self)
+    }
+
+    /// `ibv_alloc_dm`: `length` bytes of device memory, zeroed. EINVAL for 0 bytes, more than
+    /// `max_dm_size` or `log_align_req` above 12; ENOMEM when the device's device memory is
+    /// used up.
+    pub fn alloc_dm(&self, length: u64, log_align_req: u32) -> Result<DeviceMemory> {
+        DeviceMemory::alloc(self, length, log_align_req)
+    }
+
+    /// `max_dm_size` of `ibv_query_device_ex`: the device memory of the whole device.
+    pub fn max_dm_size(&self) -> u64 {
+        self.0.core.device().limits().max_dm_size
+    }
+
+    /// `ibv_alloc_td`.
+    pub fn alloc_td(&self) -> Result<ThreadDomain> {
+        ThreadDomain::alloc(self)
+    }
+
+    /// The command file descriptor (`ibv_context.cmd_fd`), owned by the context.
+    pub fn cmd_fd(&self) -> RawFd {
+        self.0.core.cmd_fd()
+    }
+
+    /// `ibv_import_device(dup(cmd_fd))`: a second context over this context's objects, in
+    /// which [`Context::import_pd`], [`Context::import_dm`] and
+    /// [`ProtectionDomain::import_mr`] find them by handle.
+    pub fn import_shared(&self) -> Result<Self> {
+        Self::import_device(self.0.core.dup_cmd_fd()?)
+    }
+
+    /// `ibv_import_device`: a context over the objects of the context whose command fd `fd`
+    /// duplicates; the new context owns `fd` (it is closed on failure too). EINVAL if `fd` is
+    /// not such a descriptor, ENODEV if its objects live in another process.
+    pub fn import_device(fd: OwnedFd) -> Result<Self> {
+        let core = core::Context::import(fd).map_err(|(e, _fd)| e)?;
+        Ok(Self(Arc::new(CtxInner {
+            core,
+            targets: Default::default(),
+        })))
+    }
+
+    /// `ibv_import_pd`: the PD `handle` names in this context's shared objects. Dropping the
+    /// returned handle only unimports it; the PD lives until its owner drops it. EINVAL if
+    /// there is no such PD.
+    pub fn import_pd(&self, handle: u32) -> Result<ProtectionDomain> {
+        ProtectionDomain::import(self, handle)
+    }
+
+    /// `ibv_import_dm`: the device memory `handle` names in this context's shared objects.
+    /// Dropping the returned handle only unimports it. EINVAL if there is none.
+    pub fn import_dm(&self, handle: u32) -> Result<DeviceMemory> {
+        DeviceMemory::import(self, handle)
     }
 
     /// `ibv_create_comp_channel`.

@@ -23,23 +23,35 @@
 mod context;
 mod cq;
 mod device;
+mod dm;
+mod domain;
 mod pd;
 mod qp;
+mod raw;
 mod xrc;
 
 pub use context::{AsyncEvent, AsyncEventTarget, Context};
 pub use cq::{CompletionChannel, CompletionQueue, CqEvent};
 pub use device::{devices, fork_init, is_fork_initialized, Device, ForkStatus};
+pub use dm::DeviceMemory;
+pub use domain::ThreadDomain;
 pub use pd::{AddressHandle, MemoryRegion, ProtectionDomain};
 pub use qp::{QpInit, QueuePair, SharedReceiveQueue};
+pub use raw::{Flow, RssQueuePair, RwqIndTable, WorkQueue};
 pub use xrc::{XrcDomain, O_CREAT, O_EXCL};
 
 pub use softverbs_device::attr_ex::{cap_flags_ex, odp, HCA_CORE_CLOCK_KHZ};
 pub use softverbs_device::config::{Config, Limits};
 pub use softverbs_device::device::{DeviceAttr, PortAttr};
+pub use softverbs_device::flow::{FlowAttr, FlowType, FLOW_FLAG_DONT_TRAP, FLOW_FLAG_EGRESS};
 pub use softverbs_device::qp::{PostError, SendRequest, UdAddress};
-pub use softverbs_device::{CounterSnapshot, DeviceAttrEx, OdpCaps, Timestamps};
+pub use softverbs_device::wq::{RssCaps, RxHashConf, WqState};
+pub use softverbs_device::{has_cap_net_raw, CounterSnapshot, DeviceAttrEx, OdpCaps, Timestamps, TsoCaps};
 pub use softverbs_engine::rate::{mbps_to_rate, mult_to_rate, rate_to_mbps, rate_to_mult};
+pub use softverbs_engine::steering::{
+    toeplitz, EthFilter, FlowSpec, FrameHeaders, Ipv4Filter, Ipv6Filter, PortFilter, RxHashFields,
+    RX_HASH_FUNC_TOEPLITZ,
+};
 pub use softverbs_engine::transport::QpCounters;
 pub use softverbs_engine::types::{
     AccessFlags, AhAttr, AtomicCap, EventType, Gid, GlobalRoute, MigState, Mtu, PortState, QpAttr,

@@ -4,25 +4,53 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use softverbs_device as core;
-use softverbs_device::mem::AtomicBuffer;
+use softverbs_device::mem::{AtomicBuffer, MemoryBacking};
 use softverbs_device::qp::UdAddress;
+use softverbs_engine::memory::AtomicOp;
 use softverbs_engine::types::{AccessFlags, AhAttr, Sge, SrqAttr, WorkCompletion};
 use softverbs_engine::wr::RemoteAddr;
 use softverbs_engine::{Error, Result};
 
 use crate::context::Context;
+use crate::dm::DeviceMemory;
+use crate::domain::ThreadDomain;
 use crate::qp::{QpInit, QueuePair, SharedReceiveQueue};
+
+/// What a [`ProtectionDomain`] handle is.
+#[derive(Debug)]
+pub(crate) enum PdKind {
+    /// Allocated here: deallocated with the last handle.
+    Own,
+    /// Imported from another context's handle (`ibv_import_pd`): dropping only unimports.
+    Imported,
+    /// A parent domain over `inner` (and a thread domain).
+    Parent {
+        core: Arc<core::ParentDomain>,
+        _inner: ProtectionDomain,
+        td: Option<ThreadDomain>,
+    },
+}
 
 #[derive(Debug)]
 pub(crate) struct PdInner {
     pub(crate) core: Arc<core::Pd>,
     pub(crate) ctx: Context,
+    pub(crate) kind: PdKind,
 }
 
 impl Drop for PdInner {
     fn drop(&mut self) {
-        // Every MR, QP, SRQ and AH holds a handle to its PD, so none is left.
-        let r = self.core.dealloc();
+        let r = match &self.kind {
+            // Every MR, QP, SRQ and AH holds a handle to its PD, so none is left, except in
+            // another context that imported it: then the core frees it with the last user.
+            PdKind::Own => match self.core.dealloc() {
+                Err(e) if e.errno() == 16 => Ok(()),
+                r => r,
+            },
+            PdKind::Imported => Ok(()),
+            // Its QPs hold handles to it too.
+            PdKind::Parent { core, .. } => core.dealloc(),
+        };
         debug_assert!(r.is_ok(), "{r:?}");
     }
 }
@@ -36,7 +64,105 @@ impl ProtectionDomain {
         Ok(Self(Arc::new(PdInner {
             core: core::Pd::alloc(ctx.core())?,
             ctx: ctx.clone(),
+            kind: PdKind::Own,
         })))
+    }
+
+    pub(crate) fn import(ctx: &Context, handle: u32) -> Result<Self> {
+        Ok(Self(Arc::new(PdInner {
+            core: ctx.core().import_pd(handle)?,
+            ctx: ctx.clone(),
+            kind: PdKind::Imported,
+        })))
+    }
+
+    /// `ibv_alloc_parent_domain`: a PD handle over this PD (and `td`), usable wherever a PD is.
+    /// QPs created through it record the parent domain, and it stays alive while they exist;
+    /// with a thread domain, they are meant for one thread at a time. The safe API manages
+    /// queue memory itself, so there are no allocator callbacks. EINVAL on a parent domain or
+    /// a thread domain of another context.
+    pub fn alloc_parent_domain(&self, td: Option<&ThreadDomain>) -> Result<Self> {
+        if matches!(self.0.kind, PdKind::Parent { .. }) {
+            return Err(softverbs_engine::Error::invalid(
+                "a parent domain cannot be the PD of another parent domain",
+            ));
+        }
+        let core = core::ParentDomain::alloc(self.0.ctx.core(), &self.0.core, td.map(|t| t.core()))?;
+        Ok(Self(Arc::new(PdInner {
+            core: self.0.core.clone(),
+            ctx: self.0.ctx.clone(),
+            kind: PdKind::Parent {
+                core,
+                _inner: self.clone(),
+                td: td.cloned(),
+            },
+        })))
+    }
+
+    /// Whether this handle is a parent domain.
+    pub fn is_parent_domain(&self) -> bool {
+        matches!(self.0.kind, PdKind::Parent { .. })
+    }
+
+    /// The thread domain of a parent domain.
+    pub fn thread_domain(&self) -> Option<&ThreadDomain> {
+        match &self.0.kind {
+            PdKind::Parent { td, .. } => td.as_ref(),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn parent_core(&self) -> Option<&Arc<core::ParentDomain>> {
+        match &self.0.kind {
+            PdKind::Parent { core, .. } => Some(core),
+            _ => None,
+        }
+    }
+
+    /// Whether this handle was imported from another context (`ibv_import_pd`); dropping it
+    /// then leaves the PD to its owner.
+    pub fn is_imported(&self) -> bool {
+        matches!(self.0.kind, PdKind::Imported)
+    }
+
+    /// The handle (`ibv_pd.handle`), which [`Context::import_pd`] takes in a context imported
+    /// from this one; a parent domain has its inner PD's.
+    pub fn handle(&self) -> u32 {
+        self.0.core.handle()
+    }
+
+    /// `ibv_import_mr`: the MR `handle` names, registered on this PD in a context sharing this
+    /// one's objects. Dropping the returned region only unimports it. EINVAL if there is no
+    /// such region.
+    pub fn import_mr(&self, handle: u32) -> Result<MemoryRegion> {
+        let core = self.0.core.import_mr(handle)?;
+        Ok(MemoryRegion {
+            mem: core.backing().clone(),
+            core,
+            imported: true,
+            _dm: None,
+            _pd: self.clone(),
+        })
+    }
+
+    /// `ibv_reg_dm_mr`: registers `length` bytes of `dm` from `offset`. The region is zero
+    /// based, so `access` must contain [`AccessFlags::ZERO_BASED`] (EINVAL otherwise), and its
+    /// [`MemoryRegion::addr`] is 0.
+    pub fn register_dm(
+        &self,
+        dm: &DeviceMemory,
+        offset: u64,
+        length: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion> {
+        let core = core::Mr::register_dm(&self.0.core, dm.core(), offset, length, access.bits())?;
+        Ok(MemoryRegion {
+            mem: core.backing().clone(),
+            core,
+            imported: false,
+            _dm: Some(dm.clone()),
+            _pd: self.clone(),
+        })
     }
 
     pub(crate) fn core(&self) -> &Arc<core::Pd> {
@@ -64,7 +190,9 @@ impl ProtectionDomain {
         let core = core::Mr::register(&self.0.core, buf.clone(), addr, access.bits())?;
         Ok(MemoryRegion {
             core,
-            buf,
+            mem: buf,
+            imported: false,
+            _dm: None,
             _pd: self.clone(),
         })
     }
@@ -110,7 +238,11 @@ impl ProtectionDomain {
 #[derive(Debug)]
 pub struct MemoryRegion {
     core: Arc<core::Mr>,
-    buf: Arc<AtomicBuffer>,
+    mem: Arc<dyn MemoryBacking>,
+    /// Imported (`ibv_import_mr`): dropping only unimports.
+    imported: bool,
+    /// The device memory of a DM region, freed after the region.
+    _dm: Option<DeviceMemory>,
     _pd: ProtectionDomain,
 }
 
@@ -132,7 +264,17 @@ impl MemoryRegion {
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        self.buf.byte_len()
+        self.mem.len() as usize
+    }
+
+    /// The handle (`ibv_mr.handle`), which [`ProtectionDomain::import_mr`] takes.
+    pub fn handle(&self) -> u32 {
+        self.core.handle()
+    }
+
+    /// Whether this region was imported from another context (`ibv_import_mr`).
+    pub fn is_imported(&self) -> bool {
+        self.imported
     }
 
     /// Whether the region is empty (never: empty regions cannot be registered).
@@ -158,34 +300,45 @@ impl MemoryRegion {
     /// Copies bytes at `offset` into `dst`; EINVAL if out of bounds.
     pub fn read(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         self.check(offset, dst.len())?;
-        self.buf.read_bytes(offset, dst);
-        Ok(())
+        self.mem.read(offset as u64, dst).map_err(unmapped)
     }
 
     /// Copies `src` to `offset`; EINVAL if out of bounds.
     pub fn write(&self, offset: usize, src: &[u8]) -> Result<()> {
         self.check(offset, src.len())?;
-        self.buf.write_bytes(offset, src);
-        Ok(())
+        self.mem.write(offset as u64, src).map_err(unmapped)
     }
 
-    /// A copy of the whole region.
+    /// A copy of the whole region (memory the safe API registers is always present; bytes of
+    /// an imported on-demand region that are not mapped read as zero).
     pub fn to_vec(&self) -> Vec<u8> {
-        self.buf.to_vec()
+        let mut v = vec![0u8; self.len()];
+        let _ = self.mem.read(0, &mut v);
+        v
     }
 
-    /// Sets every byte to `value`.
+    /// Sets every byte to `value` (unmapped pages of an imported on-demand region stay so).
     pub fn fill(&self, value: u8) {
-        self.buf.fill(value);
+        // In bounded chunks, so a large region needs no copy of its size.
+        let chunk = vec![value; self.len().min(1 << 16)];
+        let mut off = 0;
+        while off < self.len() {
+            let n = chunk.len().min(self.len() - off);
+            let _ = self.mem.write(off as u64, &chunk[..n]);
+            off += n;
+        }
     }
 
     /// The 8-byte word at `offset` (8-byte aligned) in host order, as atomics see it.
     pub fn read_u64(&self, offset: usize) -> Result<u64> {
         self.check(offset, 8)?;
-        if offset % 8 != 0 {
+        if (self.core.align_base() + offset as u64) % 8 != 0 {
             return Err(Error::invalid(format!("offset {offset} is not 8-byte aligned")));
         }
-        Ok(self.buf.load_u64(offset))
+        // Adding 0 atomically reads the word as the device's atomics see it.
+        self.mem
+            .atomic(offset as u64, AtomicOp::FetchAdd { add: 0 })
+            .map_err(unmapped)
     }
 
     /// A scatter/gather element for `range` of this region; EINVAL if it is out of bounds.
@@ -215,8 +368,10 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        let r = self.core.dereg();
-        debug_assert!(r.is_ok(), "{r:?}");
+        if !self.imported {
+            let r = self.core.dereg();
+            debug_assert!(r.is_ok(), "{r:?}");
+        }
     }
 }
 
@@ -248,4 +403,9 @@ impl Drop for AddressHandle {
         let r = self.core.destroy();
         debug_assert!(r.is_ok(), "{r:?}");
     }
+}
+
+/// The error for an access to memory that is not mapped (only imported on-demand regions).
+fn unmapped(_: softverbs_device::mem::Unmapped) -> Error {
+    Error::invalid("the memory is not mapped")
 }

@@ -58,6 +58,8 @@ pub(crate) struct QpInner {
     _send_cq: Option<CompletionQueue>,
     _recv_cq: Option<CompletionQueue>,
     _srq: Option<SharedReceiveQueue>,
+    /// Created through a parent domain: keeps it busy.
+    _domain: Option<core::DomainUse>,
     /// XRC target: the domain handle it was created or opened through, and for an
     /// `ibv_open_qp` handle its event token (closing it then closes only the handle).
     xrcd: Option<(XrcDomain, Option<u64>)>,
@@ -94,6 +96,11 @@ pub struct QueuePair(pub(crate) Arc<QpInner>);
 
 impl QueuePair {
     pub(crate) fn create(pd: &ProtectionDomain, init: &QpInit<'_>) -> Result<Self> {
+        Self::create_with(pd, init, 0)
+    }
+
+    /// [`QueuePair::create`] with a `max_tso_header` (raw packet QPs).
+    pub(crate) fn create_with(pd: &ProtectionDomain, init: &QpInit<'_>, max_tso_header: u16) -> Result<Self> {
         let xrc_send = init.qp_type == QpType::XrcSend;
         let core_init = core::QpInitAttr {
             qp_type: init.qp_type,
@@ -102,9 +109,12 @@ impl QueuePair {
             srq: init.srq.map(|s| s.0.core.clone()),
             cap: init.cap,
             sq_sig_all: init.sq_sig_all,
+            max_tso_header,
         };
-        let core = core::Qp::create(pd.core(), &core_init)?;
+        let domain = pd.parent_core().map(|d| d.hold()).transpose()?;
+        let core = core::Qp::create_in(pd.context().core(), pd.core(), &core_init)?;
         Ok(Self::wrap(QpInner {
+            _domain: domain,
             core,
             ctx: pd.context().clone(),
             _pd: Some(pd.clone()),
@@ -119,6 +129,7 @@ impl QueuePair {
     /// with the handle's event token).
     pub(crate) fn xrc_recv(xrcd: &XrcDomain, core: Arc<core::Qp>, opened: Option<u64>) -> Self {
         let inner = QpInner {
+            _domain: None,
             core,
             ctx: xrcd.context().clone(),
             _pd: None,

@@ -55,6 +55,13 @@ fn good_attr(next: QpState) -> QpAttr {
 /// The IBTA transition graph, written independently of `transition_masks`.
 fn ibta_allows(t: QpType, from: QpState, to: QpState) -> bool {
     use QpState::*;
+    if t == QpType::RawPacket {
+        // The kernel's table has no SQD or SQE rows for raw packet QPs.
+        return matches!(
+            (from, to),
+            (_, Reset) | (_, Err) | (Reset, Init) | (Init, Init) | (Init, Rtr) | (Rtr, Rts) | (Rts, Rts)
+        );
+    }
     matches!(
         (from, to),
         (_, Reset)
@@ -106,6 +113,8 @@ fn man_page_required(t: QpType, to: QpState) -> QpAttrMask {
                 | M::MIN_RNR_TIMER
         }
         (QpType::Uc, QpState::Rts) => M::STATE | M::SQ_PSN,
+        (QpType::RawPacket, QpState::Init) => M::STATE | M::PORT,
+        (QpType::RawPacket, _) => M::STATE,
         (QpType::Rc, QpState::Rts) => {
             M::STATE | M::SQ_PSN | M::MAX_QP_RD_ATOMIC | M::RETRY_CNT | M::RNR_RETRY | M::TIMEOUT
         }
@@ -454,4 +463,33 @@ fn xrc_initiator_and_target_have_their_own_required_sets() {
             }
         );
     }
+}
+
+#[test]
+fn raw_packet_rows_need_only_the_port_then_the_state() {
+    use QpAttrMask as M;
+    let t = QpType::RawPacket;
+    let mut attr = good_attr(QpState::Init);
+    let e = validate_modify(t, QpState::Reset, &attr, M::STATE, &limits()).unwrap_err();
+    assert!(matches!(e, ModifyQpError::MissingAttributes { missing, .. } if missing == M::PORT));
+    let e = validate_modify(t, QpState::Reset, &attr, M::STATE | M::PORT | M::QKEY, &limits()).unwrap_err();
+    assert!(matches!(e, ModifyQpError::UnexpectedAttributes { unexpected, .. } if unexpected == M::QKEY));
+    assert_eq!(
+        validate_modify(t, QpState::Reset, &attr, M::STATE | M::PORT, &limits()).unwrap(),
+        QpState::Init
+    );
+    attr.qp_state = QpState::Rtr;
+    assert_eq!(
+        validate_modify(t, QpState::Init, &attr, M::STATE, &limits()).unwrap(),
+        QpState::Rtr
+    );
+    assert!(validate_modify(t, QpState::Init, &attr, M::STATE | M::AV, &limits()).is_err());
+    attr.qp_state = QpState::Rts;
+    assert_eq!(
+        validate_modify(t, QpState::Rtr, &attr, M::STATE, &limits()).unwrap(),
+        QpState::Rts
+    );
+    assert!(validate_modify(t, QpState::Rtr, &attr, M::STATE | M::SQ_PSN, &limits()).is_err());
+    attr.qp_state = QpState::Sqd;
+    assert!(validate_modify(t, QpState::Rts, &attr, M::STATE, &limits()).is_err());
 }

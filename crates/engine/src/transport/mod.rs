@@ -34,6 +34,7 @@
 
 mod completer;
 mod grh;
+mod raw;
 mod requester;
 mod responder;
 
@@ -48,6 +49,7 @@ use crate::types::{EventType, Gid, QpAttr, QpState, QpType, RecvWr, WcOpcode, Wc
 use crate::wr::SendWr;
 
 pub use grh::write_grh;
+pub use raw::receive_frame;
 
 /// Unacknowledged PSNs a requester may have in flight (as rxe).
 pub const WINDOW: u32 = 128;

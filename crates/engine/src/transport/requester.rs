@@ -92,6 +92,14 @@ pub(crate) fn gather(
             dst.copy_from_slice(&b[start..start + dst.len()]);
             Ok(())
         }
+        Payload::Headed { header, sges } => {
+            // The header, then the gather list, as one byte stream.
+            let start = (offset as usize).min(header.len());
+            let n = (header.len() - start).min(dst.len());
+            dst[..n].copy_from_slice(&header[start..start + n]);
+            let rest = offset.saturating_sub(header.len() as u64);
+            gather(mem, pd, &Payload::Sges(sges.clone()), rest, &mut dst[n..])
+        }
         Payload::Sges(sges) => {
             let mut skip = offset;
             let mut done = 0;
@@ -152,7 +160,8 @@ impl QpEngine {
         match self.cfg.qp_type {
             QpType::Rc => Transport::Rc,
             QpType::Uc => Transport::Uc,
-            QpType::Ud => Transport::Ud,
+            // Raw QPs build no transport headers (see `generate_raw`).
+            QpType::Ud | QpType::RawPacket => Transport::Ud,
             QpType::XrcSend | QpType::XrcRecv => Transport::Xrc,
         }
     }
@@ -229,6 +238,9 @@ impl QpEngine {
 
     /// Generates at most one request packet into `out`.
     pub(crate) fn generate(&mut self, now: Instant, mem: &dyn Memory) {
+        if self.cfg.qp_type == QpType::RawPacket {
+            return self.generate_raw(mem);
+        }
         let (idx, rerequest) = match self.pending_rerequest() {
             Some(idx) => (idx, true),
             None if self.can_start_or_continue() => (self.next_send_index(), false),
@@ -298,6 +310,8 @@ impl QpEngine {
             SendOp::Read { .. } => (Opcode::RcReadRequest.on_transport(transport), 0),
             SendOp::CompareSwap { .. } => (Opcode::RcCompareSwap.on_transport(transport), 0),
             SendOp::FetchAdd { .. } => (Opcode::RcFetchAdd.on_transport(transport), 0),
+            // Raw packet QPs only, which never get here (`generate_raw`).
+            SendOp::Tso { .. } => (None, 0),
             // RC only (checked at post time): XRC has no twin of these extensions.
             SendOp::AtomicWrite { .. } => (Opcode::RcAtomicWrite.on_transport(transport), 8),
             SendOp::Flush { .. } => (Opcode::RcFlush.on_transport(transport), 0),
@@ -369,6 +383,7 @@ impl QpEngine {
                     compare: 0,
                 });
             }
+            SendOp::Tso { .. } => {}
             SendOp::AtomicWrite { remote, .. } => {
                 repr.reth = Some(RethRepr {
                     va: remote.addr,
@@ -460,7 +475,7 @@ impl QpEngine {
                 }
             }
             // Unreliable: the WQE is done once its last packet is out.
-            QpType::Uc | QpType::Ud => {
+            QpType::Uc | QpType::Ud | QpType::RawPacket => {
                 if fully_sent {
                     let w = self.sq.pop_front().expect("sending the front WQE");
                     self.req.unacked = self.req.next_psn;

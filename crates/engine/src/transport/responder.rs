@@ -195,6 +195,7 @@ impl QpEngine {
             QpType::Rc | QpType::XrcRecv => self.rc_request(now, pkt, mem, &mut srq),
             // Unreachable: an initiator accepts no request (transport check above).
             QpType::XrcSend => Err(DropReason::WrongTransport),
+            QpType::RawPacket => Err(DropReason::WrongTransport),
         };
         if result.is_ok() && self.state == QpState::Rtr && !self.resp.comm_est_sent {
             self.resp.comm_est_sent = true;

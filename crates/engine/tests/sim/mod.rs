@@ -942,6 +942,7 @@ impl Sim {
                 .attr
                 .max_rd_atomic
                 .max(u8::from(!qp.engine.config().qp_type.is_reliable())),
+            max_tso_header: 0,
         };
         wr.check(&limits)
             .unwrap_or_else(|e| panic!("post_send {id:?}: {e}"));

@@ -95,6 +95,7 @@ pub(crate) unsafe fn new_cq(
         cq,
         core,
         cur: Cell::new(WorkCompletion::default()),
+        ring: None,
     }));
     if !channel.is_null() {
         // SAFETY: `channel` is a live channel (its core object was found above); `refcnt` counts

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
 use std::mem::size_of;
 use std::ptr::{addr_of_mut, null_mut};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use softverbs_device::{device_list, Context, Device};
 
@@ -124,10 +124,15 @@ pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_co
     let Some(d) = (unsafe { outer::<SvDevice, _>(dev) }) else {
         return fail_null(EINVAL);
     };
-    let core = match Context::open(&d.core) {
-        Ok(c) => c,
-        Err(e) => return fail_null(errno_of(&e)),
-    };
+    match Context::open(&d.core) {
+        Ok(core) => new_context(dev, core),
+        Err(e) => fail_null(errno_of(&e)),
+    }
+}
+
+/// Boxes a `verbs_context` with every op this library offers around a core context; used by
+/// `ibv_open_device` and `ibv_import_device`.
+pub(crate) fn new_context(dev: *mut ibv_device, core: Arc<Context>) -> *mut ibv_context {
     let ops = ibv_context_ops {
         _compat_query_device: Some(query_device),
         _compat_query_port: Some(query_port_compat),
@@ -171,30 +176,30 @@ pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_co
         attach_counters_point_flow: null,
         create_counters: null,
         destroy_counters: null,
-        reg_dm_mr: null,
-        alloc_dm: null,
-        free_dm: null,
+        reg_dm_mr: crate::dm::REG_DM_MR,
+        alloc_dm: crate::dm::ALLOC_DM,
+        free_dm: crate::dm::FREE_DM,
         modify_flow_action_esp: null,
         destroy_flow_action: null,
         create_flow_action_esp: null,
         modify_qp_rate_limit: null,
-        alloc_parent_domain: null,
-        dealloc_td: null,
-        alloc_td: null,
+        alloc_parent_domain: crate::domain::ALLOC_PARENT_DOMAIN,
+        dealloc_td: crate::domain::DEALLOC_TD,
+        alloc_td: crate::domain::ALLOC_TD,
         modify_cq: null,
         post_srq_ops: null,
-        destroy_rwq_ind_table: null,
-        create_rwq_ind_table: null,
-        destroy_wq: null,
-        modify_wq: null,
-        create_wq: null,
+        destroy_rwq_ind_table: crate::raw::destroy_rwq_ind_table as *const c_void,
+        create_rwq_ind_table: crate::raw::create_rwq_ind_table as *const c_void,
+        destroy_wq: crate::raw::destroy_wq as *const c_void,
+        modify_wq: crate::raw::modify_wq as *const c_void,
+        create_wq: crate::raw::create_wq as *const c_void,
         query_rt_values: Some(crate::clock::query_rt_values),
         create_cq_ex: Some(datapath::create_cq_ex),
         priv_: null_mut(),
         query_device_ex: Some(query_device_ex),
-        ibv_destroy_flow: null,
+        ibv_destroy_flow: crate::raw::destroy_flow as *const c_void,
         ABI_placeholder2: null,
-        ibv_create_flow: null,
+        ibv_create_flow: crate::raw::create_flow as *const c_void,
         ABI_placeholder1: null,
         open_qp: Some(open_qp),
         create_qp_ex: Some(datapath::create_qp_ex),
@@ -207,7 +212,7 @@ pub(crate) unsafe extern "C" fn open_device(dev: *mut ibv_device) -> *mut ibv_co
         context: ibv_context {
             device: dev,
             ops,
-            cmd_fd: -1,
+            cmd_fd: core.cmd_fd(),
             async_fd: core.async_fd(),
             num_comp_vectors: softverbs_device::cq::NUM_COMP_VECTORS as c_int,
             mutex: pthread_mutex_t([0; 40]),

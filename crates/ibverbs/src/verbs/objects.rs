@@ -35,10 +35,12 @@ pub(crate) struct SvContext {
     pub(crate) core: Arc<Context>,
 }
 
+/// A PD, or a parent domain (then `core` is its inner PD and `parent` says how to allocate).
 #[repr(C)]
 pub(crate) struct SvPd {
     pub(crate) pd: ibv_pd,
     pub(crate) core: Arc<Pd>,
+    pub(crate) parent: Option<crate::domain::Parent>,
 }
 
 #[repr(C)]
@@ -62,6 +64,8 @@ pub(crate) struct SvCq {
     pub(crate) core: Arc<Cq>,
     /// The completion `start_poll`/`next_poll` fetched, read by the `read_*` accessors.
     pub(crate) cur: Cell<WorkCompletion>,
+    /// For a CQ created through a parent domain: its poll ring, from the domain's allocator.
+    pub(crate) ring: Option<crate::domain::CqRing>,
 }
 
 #[repr(C)]
@@ -80,6 +84,8 @@ pub(crate) struct SvQp {
     pub(crate) batch: Mutex<WrBatch>,
     /// A handle from `ibv_open_qp`: the XRC domain handle it was opened through.
     pub(crate) opened_via: Option<Arc<softverbs_device::Xrcd>>,
+    /// For a QP created through a parent domain: its queue buffers, from the domain's allocator.
+    pub(crate) queues: Option<crate::domain::QpQueues>,
 }
 
 /// The extended work-request API's pending list.

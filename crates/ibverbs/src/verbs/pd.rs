@@ -22,6 +22,7 @@ pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
                     handle: core.handle(),
                 },
                 core,
+                parent: None,
             });
             Box::into_raw(b).cast()
         }
@@ -29,8 +30,14 @@ pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
     }
 }
 
-/// `ibv_dealloc_pd`: EBUSY while anything uses the PD.
+/// `ibv_dealloc_pd`: EBUSY while anything uses the PD. On a parent domain it deallocates the
+/// parent domain (EBUSY while its CQs or QPs exist), not the inner PD.
 pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut ibv_pd) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
-    unsafe { destroy_boxed::<SvPd, _>(pd, |p| p.core.dealloc()) }
+    unsafe {
+        destroy_boxed::<SvPd, _>(pd, |p| match &p.parent {
+            Some(parent) => parent.core.dealloc(),
+            None => p.core.dealloc(),
+        })
+    }
 }

@@ -2,15 +2,15 @@
 
 use std::ffi::{c_int, c_uint, c_void};
 use std::ptr::addr_of_mut;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use softverbs_device::qp::QpInitAttr;
 use softverbs_device::Qp;
 use softverbs_engine::types::{Gid, QpAttrMask, QpState, QpType};
 
 use super::{
-    cap_c, cap_core, destroy_boxed, errno_of, outer, qp_attr_c, qp_attr_core, SvCq, SvPd, SvQp, SvSrq,
-    WrBatch, EINVAL, EOPNOTSUPP,
+    cap_c, cap_core, context, destroy_boxed, errno_of, outer, qp_attr_c, qp_attr_core, SvCq, SvPd, SvQp,
+    SvSrq, WrBatch, EINVAL, EOPNOTSUPP,
 };
 use crate::abi::*;
 use crate::{datapath, fail, fail_null};
@@ -25,6 +25,8 @@ pub(crate) struct NewQp {
     pub(crate) cap: *mut ibv_qp_cap,
     pub(crate) qp_type: c_uint,
     pub(crate) sq_sig_all: bool,
+    /// `max_tso_header` (from `ibv_create_qp_ex`), 0 otherwise.
+    pub(crate) max_tso_header: u16,
 }
 
 /// Creates a QP box and writes the actual capabilities back into `n.cap`.
@@ -52,6 +54,11 @@ pub(crate) unsafe fn new_qp(n: &NewQp) -> Result<*mut SvQp, c_int> {
     }
     // SAFETY: `cap` is a readable and writable `struct ibv_qp_cap` inside the init attributes.
     let cap = cap_core(unsafe { &*n.cap });
+    let queues = match &pd.parent {
+        // SAFETY: `n.pd` is the live parent domain `parent` belongs to.
+        Some(parent) => Some(unsafe { crate::domain::qp_queues(n.pd, parent, &cap) }?),
+        None => None,
+    };
     let init = QpInitAttr {
         qp_type,
         send_cq: Some(send_cq.core.clone()),
@@ -59,8 +66,22 @@ pub(crate) unsafe fn new_qp(n: &NewQp) -> Result<*mut SvQp, c_int> {
         srq: srq.map(|s| s.core.clone()),
         cap,
         sq_sig_all: n.sq_sig_all,
+        max_tso_header: n.max_tso_header,
     };
-    let core = Qp::create(&pd.core, &init).map_err(|e| errno_of(&e))?;
+    // The QP belongs to the context the C PD handle is in (an imported PD's is the importer's).
+    // SAFETY: `pd` is live, and so is the context it names.
+    let ctx = unsafe { context(pd.pd.context) }.ok_or(EINVAL)?;
+    let core = Qp::create_in(&ctx.core, &pd.core, &init).map_err(|e| errno_of(&e))?;
+    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+    Ok(unsafe { box_qp(n, core, queues) })
+}
+
+/// Boxes a created core QP for C and writes its actual capabilities into `n.cap`; `queues` are
+/// its buffers from a parent domain's allocator, if any.
+///
+/// # Safety
+/// `n.pd` is a live PD of this library and `n.cap` a writable `struct ibv_qp_cap`.
+pub(crate) unsafe fn box_qp(n: &NewQp, core: Arc<Qp>, queues: Option<crate::domain::QpQueues>) -> *mut SvQp {
     // SAFETY: as above.
     unsafe { n.cap.write(cap_c(&core.cap())) };
     let qp = ibv_qp {
@@ -85,10 +106,11 @@ pub(crate) unsafe fn new_qp(n: &NewQp) -> Result<*mut SvQp, c_int> {
         sq_sig_all: n.sq_sig_all,
         batch: Mutex::new(WrBatch::default()),
         opened_via: None,
+        queues,
     }));
     // SAFETY: `b` is live.
     unsafe { (*b).core.set_user_data(b as u64) };
-    Ok(b)
+    b
 }
 
 /// `ibv_create_qp`.
@@ -107,6 +129,7 @@ pub(crate) unsafe extern "C" fn create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_ini
             cap: addr_of_mut!((*init).cap),
             qp_type: (*init).qp_type,
             sq_sig_all: (*init).sq_sig_all != 0,
+            max_tso_header: 0,
         }
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.

@@ -129,6 +129,7 @@ fn xrc_recv_box(
         sq_sig_all: false,
         batch: Mutex::new(WrBatch::default()),
         opened_via,
+        queues: None,
     }
 }
 

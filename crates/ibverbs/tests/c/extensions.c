@@ -249,9 +249,9 @@ static void test_atomic_write_and_timestamps(void)
 	CHECK(c && ibv_post_send(c, &wr, &bad) == EOPNOTSUPP, "IBV_WR_ATOMIC_WRITE through ibv_post_send: EOPNOTSUPP");
 	ibv_destroy_qp(c);
 
-	struct ibv_cq_init_attr_ex flow = { .cqe = 4, .wc_flags = IBV_WC_EX_WITH_FLOW_TAG };
+	struct ibv_cq_init_attr_ex tm = { .cqe = 4, .wc_flags = IBV_WC_EX_WITH_TM_INFO };
 	errno = 0;
-	CHECK(!ibv_create_cq_ex(ctx, &flow) && errno == EOPNOTSUPP, "flow tags stay EOPNOTSUPP");
+	CHECK(!ibv_create_cq_ex(ctx, &tm) && errno == EOPNOTSUPP, "tag-matching info stays EOPNOTSUPP");
 	ibv_destroy_qp(a);
 	ibv_destroy_qp(b);
 	ibv_destroy_cq(cq);

@@ -8,6 +8,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <infiniband/verbs.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -165,7 +166,7 @@ static void test_device_and_queries(void)
 		      buf[48] == 0xAB && buf[49] == 0xAB && buf[50] == 0xAB && buf[51] == 0xAB,
 	      "exported ibv_query_port writes at most 48 bytes");
 
-	struct ibv_device_attr_ex dx;
+	struct ibv_device_attr_ex dx = { 0 };
 	CHECK(ibv_query_device_ex(ctx, NULL, &dx) == 0 && dx.orig_attr.phys_port_cnt == 1 &&
 		      dx.orig_attr.max_qp > 0, "ibv_query_device_ex");
 	struct ibv_query_device_ex_input in = { .comp_mask = 1 };
@@ -301,9 +302,9 @@ static void test_extended_apis(void)
 	struct ibv_cq_init_attr_ex cqa = { .cqe = 64, .wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM };
 	struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &cqa);
 	REQUIRE(cqx, "ibv_create_cq_ex");
-	struct ibv_cq_init_attr_ex bad_cqa = { .cqe = 4, .wc_flags = IBV_WC_EX_WITH_FLOW_TAG };
+	struct ibv_cq_init_attr_ex bad_cqa = { .cqe = 4, .wc_flags = IBV_WC_EX_WITH_TM_INFO };
 	errno = 0;
-	CHECK(!ibv_create_cq_ex(ctx, &bad_cqa) && errno == EOPNOTSUPP, "flow tags: EOPNOTSUPP");
+	CHECK(!ibv_create_cq_ex(ctx, &bad_cqa) && errno == EOPNOTSUPP, "tag-matching info: EOPNOTSUPP");
 	struct ibv_cq *cq = ibv_cq_ex_to_cq(cqx);
 
 	struct ibv_qp_init_attr_ex qa = {
@@ -490,6 +491,345 @@ static void test_ud(void)
 	ibv_destroy_cq(cq);
 	ibv_dereg_mr(mr);
 	free(mem);
+}
+
+static struct ibv_qp *make_qp_on(struct ibv_pd *on, struct ibv_cq *cq)
+{
+	struct ibv_qp_init_attr a = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 2,
+			 .max_recv_sge = 2, .max_inline_data = 64 },
+	};
+	return ibv_create_qp(on, &a);
+}
+
+/* Posts a receive of `rlen` bytes at `raddr` on b and a send of `slen` bytes at `saddr` from a;
+ * returns the receive completion's byte count, or -1. */
+static int send_recv(struct ibv_qp *a, struct ibv_qp *b, struct ibv_cq *cq, uint64_t saddr, uint32_t slen,
+		     uint32_t slkey, uint64_t raddr, uint32_t rlen, uint32_t rlkey)
+{
+	struct ibv_sge rs = { .addr = raddr, .length = rlen, .lkey = rlkey };
+	struct ibv_recv_wr rwr = { .wr_id = 1, .sg_list = &rs, .num_sge = 1 }, *bad_r;
+	struct ibv_sge ss = { .addr = saddr, .length = slen, .lkey = slkey };
+	struct ibv_send_wr swr = { .wr_id = 2, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
+				   .send_flags = IBV_SEND_SIGNALED }, *bad_s;
+	if (ibv_post_recv(b, &rwr, &bad_r) || ibv_post_send(a, &swr, &bad_s))
+		return -1;
+	struct ibv_wc wc;
+	int len = -1;
+	for (int i = 0; i < 2; i++) {
+		if (!poll_one(cq, &wc) || wc.status != IBV_WC_SUCCESS)
+			return -1;
+		if (wc.opcode == IBV_WC_RECV)
+			len = wc.byte_len;
+	}
+	return len;
+}
+
+static void test_device_memory(void)
+{
+	struct ibv_device_attr_ex dx = { 0 };
+	REQUIRE(ibv_query_device_ex(ctx, NULL, &dx) == 0 && dx.max_dm_size > 0, "max_dm_size %llu advertised",
+		(unsigned long long)dx.max_dm_size);
+	struct ibv_alloc_dm_attr da = { .length = 4096, .log_align_req = 3 };
+	struct ibv_dm *dm = ibv_alloc_dm(ctx, &da);
+	REQUIRE(dm && dm->context == ctx && (dm->comp_mask & IBV_DM_MASK_HANDLE), "ibv_alloc_dm");
+	struct ibv_alloc_dm_attr bad = { .length = 0 };
+	errno = 0;
+	CHECK(!ibv_alloc_dm(ctx, &bad) && errno == EINVAL, "ibv_alloc_dm of 0 bytes: NULL, EINVAL");
+	bad.length = dx.max_dm_size + 1;
+	errno = 0;
+	CHECK(!ibv_alloc_dm(ctx, &bad) && errno == EINVAL, "ibv_alloc_dm above max_dm_size: NULL, EINVAL");
+	bad.length = 64;
+	bad.comp_mask = 1;
+	errno = 0;
+	CHECK(!ibv_alloc_dm(ctx, &bad) && errno == EINVAL, "ibv_alloc_dm with unknown comp_mask: NULL, EINVAL");
+	bad.comp_mask = 0;
+	bad.log_align_req = 40;
+	errno = 0;
+	CHECK(!ibv_alloc_dm(ctx, &bad) && errno == EINVAL, "ibv_alloc_dm with a 2^40 alignment: NULL, EINVAL");
+	struct ibv_alloc_dm_attr rest = { .length = dx.max_dm_size - 4096 + 1 };
+	errno = 0;
+	CHECK(!ibv_alloc_dm(ctx, &rest) && errno == ENOMEM, "the total is limited by max_dm_size: NULL, ENOMEM");
+	rest.length = dx.max_dm_size - 4096;
+	struct ibv_dm *dm2 = ibv_alloc_dm(ctx, &rest);
+	CHECK(dm2 && ibv_free_dm(dm2) == 0, "the remaining device memory can be allocated and freed");
+
+	char out[64] = "device memory", in[64] = { 0 };
+	CHECK(ibv_memcpy_to_dm(dm, 100, out, 14) == 0, "ibv_memcpy_to_dm");
+	CHECK(ibv_memcpy_from_dm(in, dm, 100, 14) == 0 && !strcmp(in, "device memory"), "ibv_memcpy_from_dm");
+	CHECK(ibv_memcpy_to_dm(dm, 4090, out, 7) == EINVAL, "ibv_memcpy_to_dm past the end: EINVAL");
+	CHECK(ibv_memcpy_from_dm(in, dm, 4096, 1) == EINVAL, "ibv_memcpy_from_dm past the end: EINVAL");
+
+	errno = 0;
+	CHECK(!ibv_reg_dm_mr(pd, dm, 0, 4096, IBV_ACCESS_LOCAL_WRITE) && errno == EINVAL,
+	      "ibv_reg_dm_mr without IBV_ACCESS_ZERO_BASED: NULL, EINVAL");
+	errno = 0;
+	CHECK(!ibv_reg_dm_mr(pd, dm, 2048, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ZERO_BASED) && errno == EINVAL,
+	      "ibv_reg_dm_mr past the end: NULL, EINVAL");
+	int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+		  IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_ZERO_BASED;
+	struct ibv_mr *dmr = ibv_reg_dm_mr(pd, dm, 1024, 2048, acc);
+	REQUIRE(dmr && dmr->length == 2048 && dmr->pd == pd, "ibv_reg_dm_mr");
+	CHECK(ibv_free_dm(dm) == EBUSY, "ibv_free_dm while an MR uses it: EBUSY");
+
+	char *mem = calloc(1, 4096);
+	struct ibv_mr *mr = ibv_reg_mr(pd, mem, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+				      IBV_ACCESS_REMOTE_READ);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_qp *a = make_qp_on(pd, cq), *b = make_qp_on(pd, cq);
+	REQUIRE(mr && cq && a && b && connect_qp(a, b->qp_num) == 0 && connect_qp(b, a->qp_num) == 0,
+		"RC QPs for device memory traffic");
+	/* Local: receive into the DM region at offset 16 (zero based: DM byte 1024 + 16). */
+	strcpy(mem, "into the dm");
+	CHECK(send_recv(a, b, cq, (uintptr_t)mem, 12, mr->lkey, 16, 64, dmr->lkey) == 12,
+	      "a receive scatters into a DM region addressed by offset");
+	memset(in, 0, sizeof(in));
+	CHECK(ibv_memcpy_from_dm(in, dm, 1024 + 16, 12) == 0 && !strcmp(in, "into the dm"),
+	      "the received bytes are in device memory");
+	/* Gather from the DM. */
+	CHECK(send_recv(b, a, cq, 16, 12, dmr->lkey, (uintptr_t)mem + 512, 64, mr->lkey) == 12 &&
+		      !strcmp(mem + 512, "into the dm"), "a send gathers from a DM region");
+	/* Remote: RDMA WRITE and READ to the DM region by rkey and offset. */
+	strcpy(mem + 1024, "remote write");
+	struct ibv_sge ws = { .addr = (uintptr_t)mem + 1024, .length = 13, .lkey = mr->lkey };
+	struct ibv_send_wr wwr = { .wr_id = 3, .sg_list = &ws, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+				   .send_flags = IBV_SEND_SIGNALED,
+				   .wr.rdma = { .remote_addr = 256, .rkey = dmr->rkey } }, *bad_s;
+	struct ibv_wc wc;
+	CHECK(ibv_post_send(a, &wwr, &bad_s) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS,
+	      "RDMA WRITE into a DM region");
+	memset(in, 0, sizeof(in));
+	CHECK(ibv_memcpy_from_dm(in, dm, 1024 + 256, 13) == 0 && !strcmp(in, "remote write"),
+	      "the written bytes are in device memory");
+	struct ibv_sge rds = { .addr = (uintptr_t)mem + 2048, .length = 13, .lkey = mr->lkey };
+	struct ibv_send_wr rwr = { .wr_id = 4, .sg_list = &rds, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
+				   .send_flags = IBV_SEND_SIGNALED,
+				   .wr.rdma = { .remote_addr = 256, .rkey = dmr->rkey } };
+	CHECK(ibv_post_send(b, &rwr, &bad_s) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS &&
+		      !strcmp(mem + 2048, "remote write"), "RDMA READ from a DM region");
+	wwr.wr.rdma.remote_addr = 2048 - 4;
+	CHECK(ibv_post_send(a, &wwr, &bad_s) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_REM_ACCESS_ERR,
+	      "RDMA WRITE past the end of a DM region: remote access error");
+
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_destroy_cq(cq);
+	ibv_dereg_mr(mr);
+	free(mem);
+	CHECK(ibv_dereg_mr(dmr) == 0 && ibv_free_dm(dm) == 0, "ibv_free_dm once its MRs are gone");
+}
+
+/* A parent domain's allocator: records what it was asked for. */
+struct alloc_log {
+	int allocs, frees, defaults, bad_size;
+	uint64_t types[16];
+	void *live[16];
+};
+
+static void *pd_alloc(struct ibv_pd *on, void *pd_context, size_t size, size_t alignment, uint64_t type)
+{
+	struct alloc_log *log = pd_context;
+	if (size == 0 || size > (64 << 20) || alignment == 0 || (alignment & (alignment - 1)))
+		log->bad_size++;
+	if (log->allocs < 16)
+		log->types[log->allocs] = type;
+	/* Every third request asks for the library's default allocator. */
+	if (++log->allocs % 3 == 0) {
+		log->defaults++;
+		return IBV_ALLOCATOR_USE_DEFAULT;
+	}
+	void *p = NULL;
+	if (posix_memalign(&p, alignment, size))
+		return NULL;
+	memset(p, 0, size);
+	for (int i = 0; i < 16; i++)
+		if (!log->live[i]) {
+			log->live[i] = p;
+			break;
+		}
+	return p;
+}
+
+static void pd_free(struct ibv_pd *on, void *pd_context, void *ptr, uint64_t type)
+{
+	struct alloc_log *log = pd_context;
+	for (int i = 0; i < 16; i++)
+		if (log->live[i] == ptr) {
+			log->live[i] = NULL;
+			log->frees++;
+			free(ptr);
+			return;
+		}
+	log->bad_size += 1000; /* freeing something we did not hand out */
+}
+
+static void test_parent_domain(void)
+{
+	struct ibv_td_init_attr ta = { .comp_mask = 1 };
+	errno = 0;
+	CHECK(!ibv_alloc_td(ctx, &ta) && errno == EINVAL, "ibv_alloc_td with unknown comp_mask: NULL, EINVAL");
+	ta.comp_mask = 0;
+	struct ibv_td *td = ibv_alloc_td(ctx, &ta);
+	REQUIRE(td && td->context == ctx, "ibv_alloc_td");
+	struct ibv_pd *inner = ibv_alloc_pd(ctx);
+	struct alloc_log log = { 0 };
+	struct ibv_parent_domain_init_attr pa = { .pd = NULL, .td = td };
+	errno = 0;
+	CHECK(!ibv_alloc_parent_domain(ctx, &pa) && errno == EINVAL, "ibv_alloc_parent_domain without a PD: NULL, EINVAL");
+	pa.pd = inner;
+	pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS;
+	errno = 0;
+	CHECK(!ibv_alloc_parent_domain(ctx, &pa) && errno == EINVAL, "ALLOCATORS with NULL callbacks: NULL, EINVAL");
+	pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+	pa.alloc = pd_alloc;
+	pa.free = pd_free;
+	pa.pd_context = &log;
+	struct ibv_pd *par = ibv_alloc_parent_domain(ctx, &pa);
+	REQUIRE(par && par != inner && par->handle == inner->handle && par->context == ctx,
+		"ibv_alloc_parent_domain: a PD with the inner PD's handle");
+	CHECK(ibv_dealloc_pd(inner) == EBUSY, "the inner PD is busy while the parent domain exists");
+	CHECK(ibv_dealloc_td(td) == EBUSY, "the thread domain is busy while the parent domain uses it");
+
+	struct ibv_cq_init_attr_ex ca = { .cqe = 16, .comp_mask = IBV_CQ_INIT_ATTR_MASK_PD, .parent_domain = inner };
+	errno = 0;
+	CHECK(!ibv_create_cq_ex(ctx, &ca) && errno == EINVAL, "IBV_CQ_INIT_ATTR_MASK_PD with a plain PD: NULL, EINVAL");
+	ca.parent_domain = par;
+	struct ibv_context *other = ibv_open_device(ctx->device);
+	errno = 0;
+	CHECK(other && !ibv_create_cq_ex(other, &ca) && errno == EINVAL && log.allocs == 0,
+	      "a CQ in another context through this parent domain: NULL, EINVAL");
+	struct ibv_parent_domain_init_attr foreign = { .pd = inner };
+	errno = 0;
+	CHECK(other && !ibv_alloc_parent_domain(other, &foreign) && errno == EINVAL,
+	      "a parent domain over another context's PD: NULL, EINVAL");
+	ibv_close_device(other);
+	struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &ca);
+	REQUIRE(cqx, "ibv_create_cq_ex on the parent domain");
+	struct ibv_cq *cq = ibv_cq_ex_to_cq(cqx);
+	CHECK(log.allocs == 1 && log.types[0] == 3 && log.bad_size == 0,
+	      "the CQ's poll ring comes from alloc (type %llu)", (unsigned long long)log.types[0]);
+	struct ibv_qp *a = make_qp_on(par, cq), *b = make_qp_on(par, cq);
+	REQUIRE(a && b && a->pd == par, "ibv_create_qp on the parent domain");
+	CHECK(log.allocs == 5 && log.types[1] == 1 && log.types[2] == 2 && log.types[3] == 1 && log.types[4] == 2 &&
+		      log.defaults == 1 && log.bad_size == 0,
+	      "each QP's send and receive queues come from alloc (%d calls, one answered USE_DEFAULT)", log.allocs);
+	CHECK(ibv_dealloc_pd(par) == EBUSY, "the parent domain is busy while its CQ and QPs exist");
+	char *mem = calloc(1, 4096);
+	struct ibv_mr *mr = ibv_reg_mr(par, mem, 4096, IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE(mr && mr->pd == par, "ibv_reg_mr on the parent domain");
+	REQUIRE(connect_qp(a, b->qp_num) == 0 && connect_qp(b, a->qp_num) == 0, "parent domain QPs to RTS");
+	strcpy(mem, "parent domain");
+	int ok = 1;
+	for (int i = 0; i < 40 && ok; i++)
+		ok = send_recv(a, b, cq, (uintptr_t)mem, 14, mr->lkey, (uintptr_t)mem + 1024, 64, mr->lkey) == 14;
+	CHECK(ok && !strcmp(mem + 1024, "parent domain"), "traffic on parent-domain QPs and CQ (40 round trips)");
+	struct ibv_wc wcs[4];
+	CHECK(ibv_poll_cq(cq, 4, wcs) == 0, "the CQ is empty afterwards");
+	ibv_dereg_mr(mr);
+	free(mem);
+	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0 && ibv_destroy_cq(cq) == 0, "parent domain teardown");
+	CHECK(log.frees == log.allocs - log.defaults && log.bad_size == 0,
+	      "free returns every buffer alloc gave (%d of %d)", log.frees, log.allocs);
+	CHECK(ibv_dealloc_pd(par) == 0, "ibv_dealloc_pd frees the parent domain");
+	CHECK(ibv_dealloc_td(td) == 0 && ibv_dealloc_pd(inner) == 0, "then the TD and the inner PD");
+
+	/* Without allocators the library allocates; the parent domain still works as a PD. */
+	inner = ibv_alloc_pd(ctx);
+	struct ibv_parent_domain_init_attr plain = { .pd = inner };
+	par = ibv_alloc_parent_domain(ctx, &plain);
+	struct ibv_cq *cq2 = ibv_create_cq(ctx, 8, NULL, NULL, 0);
+	struct ibv_qp *q = par && cq2 ? make_qp_on(par, cq2) : NULL;
+	CHECK(q != NULL, "a QP on a parent domain without allocators");
+	CHECK(ibv_destroy_qp(q) == 0 && ibv_destroy_cq(cq2) == 0 && ibv_dealloc_pd(par) == 0 && ibv_dealloc_pd(inner) == 0,
+	      "teardown without allocators");
+}
+
+static void test_import(void)
+{
+	CHECK(ctx->cmd_fd >= 0 && fcntl(ctx->cmd_fd, F_GETFD) >= 0, "cmd_fd is a real descriptor");
+	errno = 0;
+	CHECK(!ibv_import_device(ctx->async_fd) && errno == EINVAL, "ibv_import_device on another fd: NULL, EINVAL");
+	CHECK(fcntl(ctx->async_fd, F_GETFD) >= 0, "a refused fd stays open");
+	errno = 0;
+	CHECK(!ibv_import_device(-1) && errno == EINVAL, "ibv_import_device(-1): NULL, EINVAL");
+	int fd = dup(ctx->cmd_fd);
+	struct ibv_context *ctx2 = ibv_import_device(fd);
+	REQUIRE(ctx2 && ctx2 != ctx && ctx2->cmd_fd == fd && ctx2->device == ctx->device,
+		"ibv_import_device(dup(cmd_fd)) gives a second context");
+	errno = 0;
+	CHECK(!ibv_import_pd(ctx2, 0xdeadbeef) && errno == EINVAL, "ibv_import_pd of a bad handle: NULL, EINVAL");
+	struct ibv_pd *pd2 = ibv_import_pd(ctx2, pd->handle);
+	REQUIRE(pd2 && pd2 != pd && pd2->handle == pd->handle && pd2->context == ctx2, "ibv_import_pd");
+
+	char *mem = calloc(1, 8192);
+	struct ibv_mr *mr = ibv_reg_mr(pd, mem, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+				      IBV_ACCESS_REMOTE_READ);
+	REQUIRE(mr, "an MR to share");
+	errno = 0;
+	CHECK(!ibv_import_mr(pd2, pd->handle) && errno == EINVAL, "ibv_import_mr of a PD's handle: NULL, EINVAL");
+	struct ibv_mr *mr2 = ibv_import_mr(pd2, mr->handle);
+	REQUIRE(mr2 && mr2->addr == NULL && mr2->length == 8192 && mr2->lkey == mr->lkey && mr2->rkey == mr->rkey &&
+			mr2->pd == pd2 && mr2->context == ctx2, "ibv_import_mr: same keys and length, addr NULL");
+
+	/* Traffic between a QP of ctx and a QP of ctx2 built on the imported PD and MR. */
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0), *cq2 = ibv_create_cq(ctx2, 16, NULL, NULL, 0);
+	struct ibv_qp *a = make_qp_on(pd, cq), *b = make_qp_on(pd2, cq2);
+	REQUIRE(cq && cq2 && a && b && connect_qp(a, b->qp_num) == 0 && connect_qp(b, a->qp_num) == 0,
+		"a QP on the imported PD");
+	strcpy(mem + 4096, "through an imported MR");
+	struct ibv_sge ss = { .addr = (uintptr_t)mem + 4096, .length = 23, .lkey = mr2->lkey };
+	struct ibv_send_wr wr = { .wr_id = 9, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+				  .send_flags = IBV_SEND_SIGNALED,
+				  .wr.rdma = { .remote_addr = (uintptr_t)mem + 100, .rkey = mr->rkey } }, *bad;
+	struct ibv_wc wc;
+	CHECK(ibv_post_send(b, &wr, &bad) == 0 && poll_one(cq2, &wc) && wc.status == IBV_WC_SUCCESS &&
+		      !strcmp(mem + 100, "through an imported MR"), "RDMA WRITE with the imported MR's lkey");
+	struct ibv_qp_attr sqd = { .qp_state = IBV_QPS_SQD, .en_sqd_async_notify = 1 };
+	struct pollfd pfd = { .fd = ctx2->async_fd, .events = POLLIN };
+	struct ibv_async_event ev;
+	CHECK(ibv_modify_qp(b, &sqd, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY) == 0 && poll(&pfd, 1, 10000) == 1 &&
+		      ibv_get_async_event(ctx2, &ev) == 0 && ev.event_type == IBV_EVENT_SQ_DRAINED && ev.element.qp == b,
+	      "async events of a QP on an imported PD reach the importing context");
+	ibv_ack_async_event(&ev);
+
+	struct ibv_alloc_dm_attr da = { .length = 256 };
+	struct ibv_dm *dm = ibv_alloc_dm(ctx, &da);
+	struct ibv_dm *dm2 = dm ? ibv_import_dm(ctx2, dm->handle) : NULL;
+	char in[8] = { 0 };
+	CHECK(dm2 && dm2->handle == dm->handle && ibv_memcpy_to_dm(dm, 0, "shared", 7) == 0 &&
+		      ibv_memcpy_from_dm(in, dm2, 0, 7) == 0 && !strcmp(in, "shared"), "ibv_import_dm sees the same memory");
+	uint32_t dm_handle = dm ? dm->handle : 0;
+	ibv_unimport_dm(dm2);
+	CHECK(ibv_free_dm(dm) == 0, "ibv_free_dm after ibv_unimport_dm");
+	errno = 0;
+	CHECK(!ibv_import_dm(ctx2, dm_handle) && errno == EINVAL, "ibv_import_dm of a freed DM: NULL, EINVAL");
+
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_destroy_cq(cq);
+	ibv_destroy_cq(cq2);
+	ibv_unimport_mr(mr2);
+	CHECK(ibv_import_mr(pd2, mr->handle) != NULL, "after ibv_unimport_mr the MR lives on");
+	struct ibv_mr *again = ibv_import_mr(pd2, mr->handle);
+	uint32_t handle = mr->handle;
+	CHECK(ibv_dereg_mr(again) == 0, "ibv_dereg_mr through an imported MR");
+	errno = 0;
+	CHECK(!ibv_import_mr(pd2, handle) && errno == EINVAL, "dereg destroyed it for every sharer: EINVAL");
+	free(mem);
+
+	struct ibv_pd *extra = ibv_alloc_pd(ctx2);
+	REQUIRE(extra, "a PD allocated through the imported context");
+	struct ibv_pd *back = ibv_import_pd(ctx, extra->handle);
+	CHECK(back && back->handle == extra->handle, "is importable from the first context");
+	ibv_unimport_pd(pd2);
+	CHECK(ibv_dealloc_pd(back) == 0, "ibv_dealloc_pd through an imported PD");
+	errno = 0;
+	CHECK(!ibv_import_pd(ctx, extra->handle) && errno == EINVAL, "dealloc destroyed it for every sharer: EINVAL");
+	ibv_unimport_pd(extra);
+	CHECK(ibv_close_device(ctx2) == 0 && fcntl(fd, F_GETFD) == -1 && errno == EBADF,
+	      "ibv_close_device of the imported context closes its fd");
+	CHECK(fcntl(ctx->cmd_fd, F_GETFD) >= 0, "the first context's cmd_fd stays open");
 }
 
 /* Every failing verb leaves its error in errno, the value it returns when it returns one. */
@@ -841,6 +1181,9 @@ int main(void)
 	test_rc_and_events();
 	test_extended_apis();
 	test_ud();
+	test_device_memory();
+	test_parent_domain();
+	test_import();
 	test_errno();
 	test_flow_label();
 	test_xrc();

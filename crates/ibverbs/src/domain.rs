@@ -1,0 +1,393 @@
+//! Thread domains and parent domains: `ibv_alloc_td`, `ibv_dealloc_td`,
+//! `ibv_alloc_parent_domain` (freed with `ibv_dealloc_pd`), and the queue memory of CQs and QPs
+//! created through a parent domain.
+//!
+//! A parent domain is an `SvPd` whose `core` is the inner PD and whose `parent` holds the core
+//! parent domain and the application's allocator, so every verb that takes a PD accepts it.
+//! Queue memory of objects created through it comes from the allocator
+//! (`IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS`), or from the library when there is none or it
+//! answers `IBV_ALLOCATOR_USE_DEFAULT`:
+//! - a CQ's poll ring, the completions `ibv_poll_cq` and the `ibv_cq_ex` pollers stage before
+//!   translating them into the caller's array (resource type [`RES_CQ`]);
+//! - a QP's send and receive queue buffers ([`RES_QP_SQ`], [`RES_QP_RQ`]), sized as a HCA's
+//!   WQE rings (one 64-byte-aligned stride per work request).
+//!
+//! `resource_type` is `(rdma_driver_id << 32) | code`; this library is not in the kernel's
+//! driver list, so the upper half is `RDMA_DRIVER_UNKNOWN` (0). Under a thread domain the CQ's
+//! poll ring is used without a lock: the application promised one thread at a time.
+
+use std::ffi::{c_int, c_void};
+use std::mem::size_of;
+use std::sync::{Arc, Mutex};
+
+use softverbs_device::domain::{DomainUse, ParentDomain, Td};
+use softverbs_engine::types::{QpCap, WorkCompletion};
+use softverbs_engine::Errno;
+
+use crate::abi::*;
+use crate::fail_null;
+use crate::verbs::{context, destroy_boxed, errno_of, outer, SvCq, SvPd};
+
+const EINVAL: c_int = Errno::EINVAL as c_int;
+const ENOMEM: c_int = Errno::ENOMEM as c_int;
+
+/// `IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS`.
+const INIT_ATTR_ALLOCATORS: u32 = 1;
+/// `IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT`.
+const INIT_ATTR_PD_CONTEXT: u32 = 2;
+/// `IBV_ALLOCATOR_USE_DEFAULT`: `(void *)-1`.
+const ALLOCATOR_USE_DEFAULT: usize = usize::MAX;
+
+/// Resource type of a QP's send queue buffer.
+pub(crate) const RES_QP_SQ: u64 = 1;
+/// Resource type of a QP's receive queue buffer.
+pub(crate) const RES_QP_RQ: u64 = 2;
+/// Resource type of a CQ's poll ring.
+pub(crate) const RES_CQ: u64 = 3;
+
+/// Alignment of every queue buffer (a cache line, as WQE rings are).
+const QUEUE_ALIGN: usize = 64;
+/// Most completions a CQ's poll ring stages at once.
+const CQ_RING_MAX: usize = 256;
+
+/// `struct ibv_td`.
+#[repr(C)]
+pub(crate) struct ibv_td {
+    pub(crate) context: *mut ibv_context,
+}
+
+/// `struct ibv_td_init_attr`.
+#[repr(C)]
+pub(crate) struct ibv_td_init_attr {
+    pub(crate) comp_mask: u32,
+}
+
+/// The `alloc` callback of a parent domain.
+pub(crate) type AllocFn = unsafe extern "C" fn(*mut ibv_pd, *mut c_void, usize, usize, u64) -> *mut c_void;
+/// The `free` callback of a parent domain.
+pub(crate) type FreeFn = unsafe extern "C" fn(*mut ibv_pd, *mut c_void, *mut c_void, u64);
+
+/// `struct ibv_parent_domain_init_attr`.
+#[repr(C)]
+pub(crate) struct ibv_parent_domain_init_attr {
+    pub(crate) pd: *mut ibv_pd,
+    pub(crate) td: *mut ibv_td,
+    pub(crate) comp_mask: u32,
+    pub(crate) alloc: Option<AllocFn>,
+    pub(crate) free: Option<FreeFn>,
+    pub(crate) pd_context: *mut c_void,
+}
+
+#[repr(C)]
+struct SvTd {
+    td: ibv_td,
+    core: Arc<Td>,
+}
+
+/// What makes an `SvPd` a parent domain.
+pub(crate) struct Parent {
+    pub(crate) core: Arc<ParentDomain>,
+    allocators: Option<(AllocFn, FreeFn)>,
+    pd_context: *mut c_void,
+}
+
+/// `verbs_context.alloc_td`.
+pub(crate) const ALLOC_TD: *const c_void = alloc_td as *const c_void;
+/// `verbs_context.dealloc_td`.
+pub(crate) const DEALLOC_TD: *const c_void = dealloc_td as *const c_void;
+/// `verbs_context.alloc_parent_domain`.
+pub(crate) const ALLOC_PARENT_DOMAIN: *const c_void = alloc_parent_domain as *const c_void;
+
+/// `ibv_alloc_td`: EINVAL for a NULL attribute or a non-zero `comp_mask`.
+unsafe extern "C" fn alloc_td(ctx: *mut ibv_context, attr: *mut ibv_td_init_attr) -> *mut ibv_td {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
+    let Some(c) = (unsafe { context(ctx) }) else {
+        return fail_null(EINVAL);
+    };
+    // SAFETY: `attr` is NULL or a readable `struct ibv_td_init_attr`.
+    if attr.is_null() || unsafe { (*attr).comp_mask } != 0 {
+        return fail_null(EINVAL);
+    }
+    match Td::alloc(&c.core) {
+        Ok(core) => Box::into_raw(Box::new(SvTd {
+            td: ibv_td { context: ctx },
+            core,
+        }))
+        .cast(),
+        Err(e) => fail_null(errno_of(&e)),
+    }
+}
+
+/// `ibv_dealloc_td`: EBUSY while a parent domain uses it.
+unsafe extern "C" fn dealloc_td(td: *mut ibv_td) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
+    unsafe { destroy_boxed::<SvTd, _>(td, |t| t.core.dealloc()) }
+}
+
+/// `ibv_alloc_parent_domain`: EINVAL without a PD, with a PD that is itself a parent domain,
+/// with unknown `comp_mask` bits, or with `ALLOCATORS` but a NULL `alloc` or `free`.
+unsafe extern "C" fn alloc_parent_domain(
+    ctx: *mut ibv_context,
+    attr: *mut ibv_parent_domain_init_attr,
+) -> *mut ibv_pd {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
+    let Some(c) = (unsafe { context(ctx) }) else {
+        return fail_null(EINVAL);
+    };
+    if attr.is_null() {
+        return fail_null(EINVAL);
+    }
+    // SAFETY: `attr` is a readable `struct ibv_parent_domain_init_attr`.
+    let a = unsafe { &*attr };
+    if a.comp_mask & !(INIT_ATTR_ALLOCATORS | INIT_ATTR_PD_CONTEXT) != 0 {
+        return fail_null(EINVAL);
+    }
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
+    let Some(pd) = (unsafe { outer::<SvPd, _>(a.pd) }) else {
+        return fail_null(EINVAL);
+    };
+    if pd.parent.is_some() {
+        return fail_null(EINVAL);
+    }
+    // SAFETY: as above.
+    let td = unsafe { outer::<SvTd, _>(a.td) };
+    let allocators = if a.comp_mask & INIT_ATTR_ALLOCATORS != 0 {
+        match (a.alloc, a.free) {
+            (Some(al), Some(fr)) => Some((al, fr)),
+            _ => return fail_null(EINVAL),
+        }
+    } else {
+        None
+    };
+    let pd_context = if a.comp_mask & INIT_ATTR_PD_CONTEXT != 0 {
+        a.pd_context
+    } else {
+        std::ptr::null_mut()
+    };
+    match ParentDomain::alloc(&c.core, &pd.core, td.map(|t| &t.core)) {
+        Ok(core) => Box::into_raw(Box::new(SvPd {
+            pd: ibv_pd {
+                context: ctx,
+                handle: pd.core.handle(),
+            },
+            core: pd.core.clone(),
+            parent: Some(Parent {
+                core,
+                allocators,
+                pd_context,
+            }),
+        }))
+        .cast(),
+        Err(e) => fail_null(errno_of(&e)),
+    }
+}
+
+/// Who frees a queue buffer.
+enum Owner {
+    Library,
+    App {
+        free: FreeFn,
+        pd: *mut ibv_pd,
+        pd_context: *mut c_void,
+    },
+}
+
+/// Zeroed memory for a queue, from the parent domain's allocator or the library's.
+pub(crate) struct QueueBuf {
+    ptr: *mut u8,
+    resource_type: u64,
+    owner: Owner,
+}
+
+impl QueueBuf {
+    /// Allocates `size` bytes for `resource_type` through the parent domain `pd` (the pointer
+    /// the application knows it by).
+    ///
+    /// # Safety
+    /// `pd` must be the live parent domain `parent` belongs to.
+    unsafe fn alloc(
+        pd: *mut ibv_pd,
+        parent: &Parent,
+        size: usize,
+        resource_type: u64,
+    ) -> Result<Self, c_int> {
+        if let Some((alloc, free)) = parent.allocators {
+            // SAFETY: the application's callback, called with the arguments its contract names.
+            let p = unsafe { alloc(pd, parent.pd_context, size, QUEUE_ALIGN, resource_type) };
+            if p.is_null() {
+                return Err(ENOMEM);
+            }
+            if p as usize != ALLOCATOR_USE_DEFAULT {
+                if p as usize % QUEUE_ALIGN != 0 {
+                    // SAFETY: `p` came from this allocator; hand it back.
+                    unsafe { free(pd, parent.pd_context, p, resource_type) };
+                    return Err(EINVAL);
+                }
+                return Ok(Self {
+                    ptr: p.cast(),
+                    resource_type,
+                    owner: Owner::App {
+                        free,
+                        pd,
+                        pd_context: parent.pd_context,
+                    },
+                });
+            }
+        }
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: posix_memalign writes a pointer to `p`; the alignment is a power of two and a
+        // multiple of the pointer size.
+        if unsafe { libc::posix_memalign(&mut p, QUEUE_ALIGN, size.max(1)) } != 0 {
+            return Err(ENOMEM);
+        }
+        // SAFETY: `p` holds `size` writable bytes; zero them as the allocator contract requires.
+        unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, size) };
+        Ok(Self {
+            ptr: p.cast(),
+            resource_type,
+            owner: Owner::Library,
+        })
+    }
+}
+
+impl Drop for QueueBuf {
+    fn drop(&mut self) {
+        match self.owner {
+            // SAFETY: allocated by `posix_memalign` in `alloc`.
+            Owner::Library => unsafe { libc::free(self.ptr.cast()) },
+            // SAFETY: allocated by the application's `alloc`; the parent domain outlives every
+            // object created through it (its deallocation is EBUSY until then), so `pd` is live.
+            Owner::App { free, pd, pd_context } => unsafe {
+                free(pd, pd_context, self.ptr.cast(), self.resource_type);
+            },
+        }
+    }
+}
+
+/// A CQ's poll ring.
+pub(crate) struct CqRing {
+    buf: QueueBuf,
+    entries: usize,
+    /// `None` under a thread domain or for a single-threaded CQ.
+    lock: Option<Mutex<()>>,
+    _use: DomainUse,
+}
+
+/// A QP's queue buffers.
+pub(crate) struct QpQueues {
+    _sq: QueueBuf,
+    _rq: Option<QueueBuf>,
+    _use: DomainUse,
+}
+
+/// The parent domain behind `pd`: EINVAL unless it is one.
+///
+/// # Safety
+/// `pd` must be NULL or a live PD of this library.
+pub(crate) unsafe fn parent_of<'a>(pd: *mut ibv_pd) -> Result<&'a Parent, c_int> {
+    // SAFETY: per the contract.
+    unsafe { outer::<SvPd, _>(pd) }
+        .and_then(|p| p.parent.as_ref())
+        .ok_or(EINVAL)
+}
+
+/// The poll ring of a CQ created in `ctx` through the parent domain `pd`. EINVAL if the parent
+/// domain is of a context that does not share `ctx`'s objects.
+///
+/// # Safety
+/// `pd` must be the live parent domain `parent` belongs to; `ctx` NULL or a live context.
+pub(crate) unsafe fn cq_ring(
+    ctx: *mut ibv_context,
+    pd: *mut ibv_pd,
+    parent: &Parent,
+    cqe: u32,
+    single_threaded: bool,
+) -> Result<CqRing, c_int> {
+    // SAFETY: per the contract.
+    let c = unsafe { context(ctx) }.ok_or(EINVAL)?;
+    if !c.core.shares_objects_with(parent.core.pd().context()) {
+        return Err(EINVAL);
+    }
+    let hold = parent.core.hold().map_err(|e| errno_of(&e))?;
+    let entries = (cqe as usize).clamp(1, CQ_RING_MAX);
+    // SAFETY: per the contract.
+    let buf = unsafe { QueueBuf::alloc(pd, parent, entries * size_of::<WorkCompletion>(), RES_CQ) }?;
+    let slots = buf.ptr.cast::<WorkCompletion>();
+    for i in 0..entries {
+        // SAFETY: the buffer holds `entries` slots and is 64-byte aligned, more than a
+        // `WorkCompletion` needs; give every slot a valid value before slices are formed.
+        unsafe { slots.add(i).write(WorkCompletion::default()) };
+    }
+    Ok(CqRing {
+        buf,
+        entries,
+        lock: (!(single_threaded || parent.core.single_threaded())).then(Mutex::default),
+        _use: hold,
+    })
+}
+
+/// The queue buffers of a QP created through the parent domain `pd`: one 64-byte-aligned
+/// stride per work request, sized for its gather list and inline data (receive queue: scatter
+/// list); no receive buffer when the QP has no receive queue of its own.
+///
+/// # Safety
+/// `pd` must be the live parent domain `parent` belongs to.
+pub(crate) unsafe fn qp_queues(pd: *mut ibv_pd, parent: &Parent, cap: &QpCap) -> Result<QpQueues, c_int> {
+    let hold = parent.core.hold().map_err(|e| errno_of(&e))?;
+    let round = |n: usize| n.div_ceil(QUEUE_ALIGN) * QUEUE_ALIGN;
+    let send_stride =
+        round((64 + 16 * cap.max_send_sge.max(1) as usize).max(64 + cap.max_inline_data as usize));
+    let recv_stride = round(16 * cap.max_recv_sge.max(1) as usize);
+    // SAFETY: per the contract.
+    let sq = unsafe {
+        QueueBuf::alloc(
+            pd,
+            parent,
+            send_stride * cap.max_send_wr.max(1) as usize,
+            RES_QP_SQ,
+        )
+    }?;
+    let rq = if cap.max_recv_wr > 0 {
+        // SAFETY: per the contract.
+        Some(unsafe { QueueBuf::alloc(pd, parent, recv_stride * cap.max_recv_wr as usize, RES_QP_RQ) }?)
+    } else {
+        None
+    };
+    Ok(QpQueues {
+        _sq: sq,
+        _rq: rq,
+        _use: hold,
+    })
+}
+
+/// Polls up to `n` completions of `c` through its poll ring, handing each to `emit` with its
+/// index.
+pub(crate) fn poll_through_ring(
+    c: &SvCq,
+    ring: &CqRing,
+    n: usize,
+    mut emit: impl FnMut(usize, &WorkCompletion),
+) -> usize {
+    let _guard = ring
+        .lock
+        .as_ref()
+        .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()));
+    // SAFETY: the ring holds `entries` initialised slots. Access is exclusive: under the lock,
+    // or, without one, because the CQ belongs to a thread domain (or was created
+    // single-threaded), whose contract is that one thread at a time uses it.
+    let slots =
+        unsafe { std::slice::from_raw_parts_mut(ring.buf.ptr.cast::<WorkCompletion>(), ring.entries) };
+    let mut total = 0;
+    while total < n {
+        let want = (n - total).min(slots.len());
+        let got = c.core.poll(&mut slots[..want]);
+        for (i, w) in slots[..got].iter().enumerate() {
+            emit(total + i, w);
+        }
+        total += got;
+        if got < want {
+            break;
+        }
+    }
+    total
+}
