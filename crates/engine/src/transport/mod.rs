@@ -15,6 +15,14 @@
 //! Memory is reached only through the [`Memory`] trait, and shared
 //! receive queues through [`RecvSource`], both supplied by the caller for the duration of a call.
 //!
+//! # XRC
+//!
+//! An XRC_SEND QP is an RC requester whose packets use the XRC opcodes and carry an XRCETH with
+//! the WR's SRQ number; it has no responder. An XRC_RECV QP is an RC responder without a
+//! requester: for each request it asks its [`RecvSource`] to select the SRQ the XRCETH names
+//! ([`RecvSource::select_xrc_srq`]), checks keys against that SRQ's PD, takes the WQE from it,
+//! and tags the completion [`WorkQueue::XrcSrq`]. Responses use the XRC opcodes, with no XRCETH.
+//!
 //! # Loss recovery (RC)
 //!
 //! * A sequence-error NAK, or the local ACK timeout, makes the requester go back N: it resends
