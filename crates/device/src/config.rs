@@ -31,6 +31,8 @@ pub struct Limits {
     pub max_mr: u32,
     /// Largest MR in bytes.
     pub max_mr_size: u64,
+    /// Maximum number of memory windows.
+    pub max_mw: u32,
     /// Maximum number of PDs.
     pub max_pd: u32,
     /// Responder resources (incoming READ/atomic) per QP.
@@ -67,6 +69,7 @@ impl Default for Limits {
             max_cqe: (1 << 20) - 1,
             max_mr: 65536,
             max_mr_size: 1 << 40,
+            max_mw: 65536,
             max_pd: 65536,
             max_qp_rd_atom: 128,
             max_qp_init_rd_atom: 128,
@@ -106,6 +109,7 @@ impl Limits {
             "max_cqe" => self.max_cqe = u32v()?,
             "max_mr" => self.max_mr = u32v()?,
             "max_mr_size" => self.max_mr_size = v,
+            "max_mw" => self.max_mw = u32v()?,
             "max_pd" => self.max_pd = u32v()?,
             "max_qp_rd_atom" => self.max_qp_rd_atom = u8v()?,
             "max_qp_init_rd_atom" => self.max_qp_init_rd_atom = u8v()?,

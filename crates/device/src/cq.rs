@@ -78,6 +78,12 @@ struct CqState {
     /// `Some(solicited_only)` while a notification is requested.
     armed: Option<bool>,
     overrun: bool,
+    /// Completions ever queued and ever polled.
+    pushed: u64,
+    polled: u64,
+    /// Counters to raise when the completion with the given number is polled (see
+    /// [`Cq::push_with_release`]), oldest first.
+    releases: VecDeque<(u64, Arc<AtomicU64>, u64)>,
 }
 
 /// A completion queue (`ibv_create_cq`).
@@ -160,6 +166,9 @@ impl Cq {
                 cqe: round_cqe(cqe, max),
                 armed: None,
                 overrun: false,
+                pushed: 0,
+                polled: 0,
+                releases: VecDeque::new(),
             }),
             uses: UseCount::default(),
             comp_acks: AckCounter::default(),
@@ -271,6 +280,11 @@ impl Cq {
         for (slot, wc) in out.iter_mut().zip(st.entries.drain(..n)) {
             *slot = wc;
         }
+        st.polled += n as u64;
+        while st.releases.front().is_some_and(|r| r.0 < st.polled) {
+            let (_, counter, value) = st.releases.pop_front().expect("checked");
+            counter.fetch_max(value, Ordering::AcqRel);
+        }
         n
     }
 
@@ -319,7 +333,27 @@ impl Cq {
 
     /// Queues a completion. On overrun the completion is lost, the CQ is in error and
     /// `IBV_EVENT_CQ_ERR` is raised; the caller must move the QP to the error state.
-    pub fn push(&self, mut wc: WorkCompletion) -> Result<(), CqOverrun> {
+    pub fn push(&self, wc: WorkCompletion) -> Result<(), CqOverrun> {
+        self.push_inner(wc, None)
+    }
+
+    /// Queues a completion; once the application polls it, `counter` is raised to at least
+    /// `value`. This is how work that stays outstanding until its completion is reaped (the
+    /// tag-list operations of a tag-matching SRQ) learns that it was.
+    pub fn push_with_release(
+        &self,
+        wc: WorkCompletion,
+        counter: &Arc<AtomicU64>,
+        value: u64,
+    ) -> Result<(), CqOverrun> {
+        self.push_inner(wc, Some((counter.clone(), value)))
+    }
+
+    fn push_inner(
+        &self,
+        mut wc: WorkCompletion,
+        release: Option<(Arc<AtomicU64>, u64)>,
+    ) -> Result<(), CqOverrun> {
         let stamps = self.stamps.load(Ordering::Relaxed);
         if stamps & 1 != 0 {
             wc.timestamp = crate::attr_ex::raw_clock();
@@ -341,6 +375,11 @@ impl Cq {
                 return Err(CqOverrun);
             }
             st.entries.push_back(wc);
+            if let Some((counter, value)) = release {
+                let index = st.pushed;
+                st.releases.push_back((index, counter, value));
+            }
+            st.pushed += 1;
             match st.armed {
                 Some(solicited_only) if !solicited_only || wc.is_solicited() => {
                     st.armed = None;

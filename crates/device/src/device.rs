@@ -44,10 +44,21 @@ pub mod cap_flags {
     pub const RC_RNR_NAK_GEN: u32 = 1 << 12;
     /// SRQs can be resized.
     pub const SRQ_RESIZE: u32 = 1 << 13;
+    /// Memory windows.
+    pub const MEM_WINDOW: u32 = 1 << 17;
+    /// Type 2B memory windows (bound to a QP).
+    pub const MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
     /// XRC domains, XRC SRQs and XRC_SEND/XRC_RECV QPs.
     pub const XRC: u32 = 1 << 20;
     /// `IBV_DEVICE_MANAGED_FLOW_STEERING`: `ibv_create_flow` works (raw packet QPs).
     pub const MANAGED_FLOW_STEERING: u32 = 1 << 29;
+}
+
+/// Random bits from the kernel.
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    getrandom::getrandom(&mut b).expect("the kernel's random source is available");
+    u32::from_ne_bytes(b)
 }
 
 /// `IBV_PORT_IP_BASED_GIDS`.
@@ -136,10 +147,11 @@ pub(crate) enum Resource {
     Qp,
     Srq,
     Ah,
+    Mw,
 }
 
 impl Resource {
-    const COUNT: usize = 6;
+    const COUNT: usize = 7;
 
     fn limit(self, l: &Limits) -> u32 {
         match self {
@@ -149,6 +161,7 @@ impl Resource {
             Self::Qp => l.max_qp,
             Self::Srq => l.max_srq,
             Self::Ah => l.max_ah,
+            Self::Mw => l.max_mw,
         }
     }
 
@@ -160,6 +173,7 @@ impl Resource {
             Self::Qp => "max_qp",
             Self::Srq => "max_srq",
             Self::Ah => "max_ah",
+            Self::Mw => "max_mw",
         }
     }
 }
@@ -178,6 +192,7 @@ pub(crate) struct Shared {
     /// Bytes of device memory allocated.
     dm_bytes: AtomicU64,
     keys: Mutex<HashSet<u32>>,
+    mw_indices: Mutex<HashSet<u32>>,
     pub(crate) node: Arc<Node>,
     /// The packet socket of raw QPs, while one exists.
     pub(crate) raw: crate::raw::RawSlot,
@@ -192,6 +207,7 @@ impl Shared {
             counts: Default::default(),
             dm_bytes: AtomicU64::new(0),
             keys: Mutex::new(HashSet::new()),
+            mw_indices: Mutex::new(HashSet::new()),
             node: Node::new(gids, ifindex),
             raw: Default::default(),
             ind_tables: AtomicU32::new(0),
@@ -251,6 +267,8 @@ impl Device {
                 | cap_flags::SRQ_RESIZE
                 | cap_flags::XRC
                 | cap_flags::UD_AV_PORT_ENFORCE
+                | cap_flags::MEM_WINDOW
+                | cap_flags::MEM_WINDOW_TYPE_2B
                 | cap_flags::MANAGED_FLOW_STEERING,
             max_sge: limits.max_sge,
             max_sge_rd: limits.max_sge,
@@ -266,7 +284,7 @@ impl Device {
             atomic_cap: AtomicCap::Hca,
             max_ee: 0,
             max_rdd: 0,
-            max_mw: 0,
+            max_mw: limits.max_mw,
             max_raw_ipv6_qp: 0,
             max_raw_ethy_qp: 0,
             max_mcast_grp: limits.max_mcast_grp,
@@ -426,13 +444,13 @@ impl Device {
         self.shared().counts[r as usize].load(Ordering::Acquire)
     }
 
-    /// A fresh memory key: random (so a peer cannot guess one) and unique on this device.
+    /// A fresh memory-region key: random (so a peer cannot guess one) and unique on this
+    /// device. Region keys have the top bit clear and window keys have it set, so the two
+    /// never collide (as rxe keeps their index ranges apart).
     pub(crate) fn alloc_key(&self) -> u32 {
         let mut keys = self.shared().keys.lock();
         loop {
-            let mut b = [0u8; 4];
-            getrandom::getrandom(&mut b).expect("the kernel's random source is available");
-            let key = u32::from_ne_bytes(b);
+            let key = random_u32() & 0x7FFF_FFFF;
             // 0 and all-ones are reserved: they are what uninitialised or invalid keys look like.
             if key != 0 && key != u32::MAX && keys.insert(key) {
                 return key;
@@ -443,6 +461,24 @@ impl Device {
     /// Releases a memory key.
     pub(crate) fn free_key(&self, key: u32) {
         self.shared().keys.lock().remove(&key);
+    }
+
+    /// A fresh memory-window key: a random index (bits 8..32, top bit set), unique among the
+    /// device's windows, with a random tag.
+    pub(crate) fn alloc_mw_key(&self) -> u32 {
+        let mut indices = self.shared().mw_indices.lock();
+        loop {
+            let key = random_u32() | 0x8000_0000;
+            // All-ones is reserved, as for region keys.
+            if key | 0xFF != u32::MAX && indices.insert(key >> 8) {
+                return key;
+            }
+        }
+    }
+
+    /// Releases a memory-window key (any tag).
+    pub(crate) fn free_mw_key(&self, key: u32) {
+        self.shared().mw_indices.lock().remove(&(key >> 8));
     }
 
     /// A fresh QP number, unique among live QPs of this process.

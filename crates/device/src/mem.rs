@@ -12,8 +12,10 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::RwLock;
 use softverbs_engine::memory::{AtomicOp, KeyRef, MemError, Memory};
+use softverbs_engine::mw::{key_index, MwBind};
 
-use crate::pd::Mr;
+use crate::mw::Mw;
+use crate::pd::{Mapping, Mr};
 
 /// An access reached memory that is not mapped (or not with the needed protection) in the
 /// process: possible for on-demand-paging regions, which are not pinned and may cover memory
@@ -218,12 +220,18 @@ impl MemoryBacking for AtomicBuffer {
     }
 }
 
-/// The device's memory regions by key.
+/// The device's memory regions and windows by key.
 #[derive(Debug, Default)]
 pub(crate) struct KeyTable {
     lkeys: RwLock<HashMap<u32, Weak<Mr>>>,
     rkeys: RwLock<HashMap<u32, Weak<Mr>>>,
+    /// Windows by key index (bits 8..32): the tag changes with every bind.
+    windows: RwLock<HashMap<u32, Weak<Mw>>>,
 }
+
+/// Where an access lands: the region's memory, the offset into it, and where the region's first
+/// byte is for alignment purposes ([`Mr::align_base`]).
+type Place<'a> = (&'a dyn MemoryBacking, u64, u64);
 
 impl KeyTable {
     pub(crate) fn insert(&self, mr: &Arc<Mr>) {
@@ -236,88 +244,157 @@ impl KeyTable {
         self.rkeys.write().remove(&rkey);
     }
 
+    pub(crate) fn insert_mw(&self, rkey: u32, mw: &Arc<Mw>) {
+        self.windows.write().insert(key_index(rkey), Arc::downgrade(mw));
+    }
+
+    pub(crate) fn remove_mw(&self, rkey: u32) {
+        self.windows.write().remove(&key_index(rkey));
+    }
+
+    /// Invalidates the type 2 windows bound to QP `qpn`, which is being destroyed.
+    pub(crate) fn release_qp_windows(&self, qpn: u32) {
+        let windows: Vec<Arc<Mw>> = self.windows.read().values().filter_map(Weak::upgrade).collect();
+        for mw in windows {
+            mw.release_qp(qpn);
+        }
+    }
+
     /// The live region with local key `lkey`.
     pub(crate) fn by_lkey(&self, lkey: u32) -> Option<Arc<Mr>> {
         self.lkeys.read().get(&lkey).and_then(Weak::upgrade)
     }
 
-    fn lookup(&self, key: KeyRef) -> Result<Arc<Mr>, MemError> {
+    fn window(&self, rkey: u32) -> Option<Arc<Mw>> {
+        self.windows.read().get(&key_index(rkey)).and_then(Weak::upgrade)
+    }
+
+    /// Resolves an access and runs `f` on the memory it lands in, with the checks and the
+    /// access under the region's lock (and the window's, for a window key): a concurrent
+    /// re-registration or invalidation happens wholly before or after it.
+    fn with_place<R>(
+        &self,
+        key: KeyRef,
+        addr: u64,
+        len: u64,
+        f: impl FnOnce(Place<'_>) -> R,
+    ) -> Result<R, MemError> {
         let table = if key.access.is_remote() {
             &self.rkeys
         } else {
             &self.lkeys
         };
-        table
-            .read()
-            .get(&key.key)
-            .and_then(Weak::upgrade)
-            .ok_or(MemError::BadKey)
-    }
-
-    /// Resolves an access to (region, offset), checking PD, rights and bounds.
-    fn resolve(&self, key: KeyRef, addr: u64, len: u64) -> Result<(Arc<Mr>, u64), MemError> {
-        let mr = self.lookup(key)?;
-        if mr.pd().handle() != key.pd {
-            return Err(MemError::WrongPd);
+        let mr = table.read().get(&key.key).and_then(Weak::upgrade);
+        if let Some(mr) = mr {
+            let map = mr.mapping().read();
+            let offset = resolve_region(&map, key, addr, len)?;
+            let base = mr.align_base_in(&map);
+            return Ok(f((map.backing.as_ref(), offset, base)));
         }
-        if !mr.access().contains(key.access.required_flags()) {
-            return Err(MemError::NoAccess);
+        if !key.access.is_remote() {
+            return Err(MemError::BadKey);
         }
-        // Local keys use virtual addresses, remote keys the region's I/O virtual address.
-        let base = if key.access.is_remote() {
-            mr.iova()
-        } else {
-            mr.addr()
-        };
-        let offset = addr.checked_sub(base).ok_or(MemError::OutOfRange)?;
-        if offset.checked_add(len).is_none_or(|end| end > mr.length()) {
+        let mw = self.window(key.key).ok_or(MemError::BadKey)?;
+        let st = mw.lock();
+        let (_, iova) = st.window.resolve(key, addr, len)?;
+        // A bound window holds its region, which cannot be re-registered meanwhile.
+        let mr = st.mr.as_ref().ok_or(MemError::BadState)?;
+        let map = mr.mapping().read();
+        let offset = iova.checked_sub(map.iova).ok_or(MemError::OutOfRange)?;
+        if offset.checked_add(len).is_none_or(|end| end > map.length) {
             return Err(MemError::OutOfRange);
         }
-        Ok((mr, offset))
+        let base = mr.align_base_in(&map);
+        Ok(f((map.backing.as_ref(), offset, base)))
     }
+}
+
+/// Checks an access to a region: PD, right and bounds; returns the offset into it.
+fn resolve_region(map: &Mapping, key: KeyRef, addr: u64, len: u64) -> Result<u64, MemError> {
+    if map.pd.handle() != key.pd {
+        return Err(MemError::WrongPd);
+    }
+    if !map.access.contains(key.access.required_flags()) {
+        return Err(MemError::NoAccess);
+    }
+    // Local keys use virtual addresses, remote keys the region's I/O virtual address.
+    let base = if key.access.is_remote() {
+        map.iova
+    } else {
+        map.addr
+    };
+    let offset = addr.checked_sub(base).ok_or(MemError::OutOfRange)?;
+    if offset.checked_add(len).is_none_or(|end| end > map.length) {
+        return Err(MemError::OutOfRange);
+    }
+    Ok(offset)
 }
 
 impl Memory for KeyTable {
     fn read(&self, key: KeyRef, addr: u64, dst: &mut [u8]) -> Result<(), MemError> {
-        let (mr, offset) = self.resolve(key, addr, dst.len() as u64)?;
-        mr.backing().read(offset, dst).map_err(|_| MemError::Unmapped)
+        self.with_place(key, addr, dst.len() as u64, |(b, offset, _)| b.read(offset, dst))?
+            .map_err(|_| MemError::Unmapped)
     }
 
     fn write(&self, key: KeyRef, addr: u64, src: &[u8]) -> Result<(), MemError> {
-        let (mr, offset) = self.resolve(key, addr, src.len() as u64)?;
-        mr.backing().write(offset, src).map_err(|_| MemError::Unmapped)
+        self.with_place(key, addr, src.len() as u64, |(b, offset, _)| b.write(offset, src))?
+            .map_err(|_| MemError::Unmapped)
     }
 
     fn check(&self, key: KeyRef, addr: u64, len: u64) -> Result<(), MemError> {
-        self.resolve(key, addr, len).map(drop)
+        self.with_place(key, addr, len, |_| ())
     }
 
     fn atomic(&self, key: KeyRef, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
-        let (mr, offset) = self.resolve(key, addr, 8)?;
-        // Alignment is of the address in the region's own memory.
-        if (mr.align_base() + offset) % 8 != 0 {
-            return Err(MemError::Misaligned);
-        }
-        mr.backing().atomic(offset, op).map_err(|_| MemError::Unmapped)
+        self.with_place(key, addr, 8, |(b, offset, base)| {
+            // Alignment is of the address in the region's own memory.
+            if (base + offset) % 8 != 0 {
+                return Err(MemError::Misaligned);
+            }
+            b.atomic(offset, op).map_err(|_| MemError::Unmapped)
+        })?
     }
 
     fn flush(&self, key: KeyRef, addr: u64, len: u64, whole_region: bool) -> Result<(), MemError> {
         if whole_region {
-            let mr = self.lookup(key)?;
-            if mr.pd().handle() != key.pd {
-                return Err(MemError::WrongPd);
-            }
-            if !mr.access().contains(key.access.required_flags()) {
-                return Err(MemError::NoAccess);
+            let table = if key.access.is_remote() {
+                &self.rkeys
+            } else {
+                &self.lkeys
+            };
+            let mr = table.read().get(&key.key).and_then(Weak::upgrade);
+            match mr {
+                Some(mr) => {
+                    let map = mr.mapping().read();
+                    if map.pd.handle() != key.pd {
+                        return Err(MemError::WrongPd);
+                    }
+                    if !map.access.contains(key.access.required_flags()) {
+                        return Err(MemError::NoAccess);
+                    }
+                }
+                // Windows grant no FLUSH right.
+                None if self.window(key.key).is_some() => return Err(MemError::NoAccess),
+                None => return Err(MemError::BadKey),
             }
         } else {
-            self.resolve(key, addr, len)?;
+            self.with_place(key, addr, len, |_| ())?;
         }
         // The device's stores are plain stores into ordinary memory: making them globally
         // visible (and, for memory that is not persistent, "persistent" as far as it can be)
         // is a full fence.
         std::sync::atomic::fence(Ordering::SeqCst);
         Ok(())
+    }
+
+    fn bind_mw(&self, qpn: u32, pd: u32, bind: &MwBind) -> Result<(), MemError> {
+        let mw = self.window(bind.mw_rkey).ok_or(MemError::BadKey)?;
+        mw.execute_bind(self, qpn, pd, bind)
+    }
+
+    fn invalidate(&self, qpn: u32, pd: u32, rkey: u32) -> Result<(), MemError> {
+        let mw = self.window(rkey).ok_or(MemError::BadKey)?;
+        mw.execute_invalidate(qpn, pd, rkey)
     }
 }
 

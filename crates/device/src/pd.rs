@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use parking_lot::RwLock;
 use softverbs_engine::qp_state::check_ah_attr;
 use softverbs_engine::types::{AccessFlags, AhAttr, QpAttrMask, Sge, ACCESS_OPTIONAL_RANGE};
 use softverbs_engine::{Error, Result};
@@ -40,7 +41,7 @@ impl Pd {
         match self.ctx.ufile().lookup(handle) {
             Some(UObject::Mr(w)) => w
                 .upgrade()
-                .filter(|m| !m.uses.is_retired() && Arc::ptr_eq(&m.pd, self)),
+                .filter(|m| !m.uses.is_retired() && Arc::ptr_eq(&m.pd(), self)),
             _ => None,
         }
         .ok_or_else(|| Error::invalid(format!("handle {handle} names no memory region of this PD")))
@@ -135,20 +136,70 @@ impl Drop for Pd {
     }
 }
 
+/// `IBV_REREG_MR_CHANGE_TRANSLATION`.
+pub const REREG_CHANGE_TRANSLATION: u32 = 1;
+/// `IBV_REREG_MR_CHANGE_PD`.
+pub const REREG_CHANGE_PD: u32 = 1 << 1;
+/// `IBV_REREG_MR_CHANGE_ACCESS`.
+pub const REREG_CHANGE_ACCESS: u32 = 1 << 2;
+
+/// What a region maps: everything `ibv_rereg_mr` may change.
+#[derive(Debug, Clone)]
+pub(crate) struct Mapping {
+    pub(crate) pd: Arc<Pd>,
+    pub(crate) backing: Arc<dyn MemoryBacking>,
+    pub(crate) addr: u64,
+    pub(crate) length: u64,
+    pub(crate) iova: u64,
+    pub(crate) access: AccessFlags,
+}
+
+/// A new translation for [`Mr::rereg`]: the memory, the address local work requests use for its
+/// first byte, and the address remote peers use.
+#[derive(Debug, Clone)]
+pub struct Translation {
+    /// The memory.
+    pub backing: Arc<dyn MemoryBacking>,
+    /// Virtual address of the first byte.
+    pub addr: u64,
+    /// I/O virtual address of the first byte.
+    pub iova: u64,
+}
+
+/// Why `ibv_rereg_mr` failed, in the two classes its return value tells apart.
+#[derive(Debug, thiserror::Error)]
+pub enum ReregError {
+    /// The arguments were refused before anything was tried (`IBV_REREG_MR_ERR_INPUT`); the
+    /// region is unchanged.
+    #[error("{0}")]
+    Input(Error),
+    /// The re-registration itself failed (`IBV_REREG_MR_ERR_CMD`); here too the region is left
+    /// as it was.
+    #[error("{0}")]
+    Command(Error),
+}
+
+impl From<ReregError> for Error {
+    fn from(e: ReregError) -> Self {
+        match e {
+            ReregError::Input(e) | ReregError::Command(e) => e,
+        }
+    }
+}
+
 /// A registered memory region (`ibv_reg_mr`).
+///
+/// Its mapping sits behind a lock because `ibv_rereg_mr` changes it in place, keeping the keys;
+/// every access checks and copies under that lock, so an access never sees half a change.
 #[derive(Debug)]
 pub struct Mr {
-    pd: Arc<Pd>,
-    backing: Arc<dyn MemoryBacking>,
+    map: RwLock<Mapping>,
     /// The device memory a region of `ibv_reg_dm_mr` lies in, and its offset there.
     dm: Option<(Arc<Dm>, u64)>,
-    addr: u64,
-    length: u64,
-    iova: u64,
-    access: AccessFlags,
     lkey: u32,
     rkey: u32,
     handle: u32,
+    /// Memory windows bound to the region (dereg and rereg are EBUSY while any is).
     uses: UseCount,
 }
 
@@ -176,7 +227,10 @@ impl Mr {
         iova: u64,
         access: u32,
     ) -> Result<Arc<Self>> {
-        Self::register_inner(pd, backing, None, addr, iova, check_mr_access(access)?)
+        let access = check_mr_access(access)?;
+        let t = Translation { backing, addr, iova };
+        check_translation(pd, &t)?;
+        Self::insert(pd, t, None, access)
     }
 
     /// `ibv_reg_dm_mr`: registers `length` bytes of `dm` from `offset`. The region is zero
@@ -205,38 +259,18 @@ impl Mr {
                 dm.length()
             )));
         }
+        let t = Translation {
+            backing: Arc::new(DmRange::new(dm.clone(), offset, length)),
+            addr: 0,
+            iova: 0,
+        };
+        check_translation(pd, &t)?;
         dm.uses().acquire("device memory")?;
-        let backing = Arc::new(DmRange::new(dm.clone(), offset, length));
-        let r = Self::register_inner(pd, backing, Some((dm.clone(), offset)), 0, 0, access);
+        let r = Self::insert(pd, t, Some((dm.clone(), offset)), access);
         if r.is_err() {
             dm.uses().release();
         }
         r
-    }
-
-    fn register_inner(
-        pd: &Arc<Pd>,
-        backing: Arc<dyn MemoryBacking>,
-        dm: Option<(Arc<Dm>, u64)>,
-        addr: u64,
-        iova: u64,
-        access: AccessFlags,
-    ) -> Result<Arc<Self>> {
-        let length = backing.len();
-        let device = pd.context().device();
-        if length == 0 {
-            return Err(Error::invalid("length is 0"));
-        }
-        if length > device.limits().max_mr_size {
-            return Err(Error::invalid(format!(
-                "length {length} exceeds max_mr_size {}",
-                device.limits().max_mr_size
-            )));
-        }
-        if addr.checked_add(length).is_none() || iova.checked_add(length).is_none() {
-            return Err(Error::invalid("the region wraps around the address space"));
-        }
-        Self::insert(pd, backing, dm, addr, iova, access)
     }
 
     /// Implicit on-demand paging (`ibv_reg_mr(pd, NULL, SIZE_MAX, ...|IBV_ACCESS_ON_DEMAND)`):
@@ -259,19 +293,21 @@ impl Mr {
                 "IBV_ACCESS_HUGETLB is only valid with explicit ODP",
             ));
         }
-        Self::insert(pd, backing, None, 0, 0, flags)
+        let t = Translation {
+            backing,
+            addr: 0,
+            iova: 0,
+        };
+        Self::insert(pd, t, None, flags)
     }
 
     fn insert(
         pd: &Arc<Pd>,
-        backing: Arc<dyn MemoryBacking>,
+        t: Translation,
         dm: Option<(Arc<Dm>, u64)>,
-        addr: u64,
-        iova: u64,
         access: AccessFlags,
     ) -> Result<Arc<Self>> {
         let device = pd.context().device();
-        let length = backing.len();
         pd.uses.acquire("protection domain")?;
         if let Err(e) = device.acquire(Resource::Mr) {
             pd.uses.release();
@@ -280,13 +316,15 @@ impl Mr {
         let lkey = device.alloc_key();
         let rkey = device.alloc_key();
         let mr = Arc::new(Self {
-            pd: pd.clone(),
-            backing,
+            map: RwLock::new(Mapping {
+                pd: pd.clone(),
+                length: t.backing.len(),
+                backing: t.backing,
+                addr: t.addr,
+                iova: t.iova,
+                access,
+            }),
             dm,
-            addr,
-            length,
-            iova,
-            access,
             lkey,
             rkey,
             handle: pd.context().next_handle(),
@@ -300,33 +338,33 @@ impl Mr {
     }
 
     /// The PD.
-    pub fn pd(&self) -> &Arc<Pd> {
-        &self.pd
+    pub fn pd(&self) -> Arc<Pd> {
+        self.map.read().pd.clone()
     }
 
     /// The memory.
-    pub fn backing(&self) -> &Arc<dyn MemoryBacking> {
-        &self.backing
+    pub fn backing(&self) -> Arc<dyn MemoryBacking> {
+        self.map.read().backing.clone()
     }
 
     /// Start address.
     pub fn addr(&self) -> u64 {
-        self.addr
+        self.map.read().addr
     }
 
     /// Length in bytes.
     pub fn length(&self) -> u64 {
-        self.length
+        self.map.read().length
     }
 
     /// Address remote peers use for the first byte.
     pub fn iova(&self) -> u64 {
-        self.iova
+        self.map.read().iova
     }
 
     /// Access rights.
     pub fn access(&self) -> AccessFlags {
-        self.access
+        self.map.read().access
     }
 
     /// Local key.
@@ -352,25 +390,141 @@ impl Mr {
     /// Where the region's first byte is for alignment purposes (atomics need 8-byte aligned
     /// memory): its address, or for device memory its offset in the DM.
     pub fn align_base(&self) -> u64 {
-        self.dm.as_ref().map_or(self.addr, |(_, off)| *off)
+        self.align_base_in(&self.map.read())
+    }
+
+    /// [`Mr::align_base`] under a lock already held.
+    pub(crate) fn align_base_in(&self, map: &Mapping) -> u64 {
+        self.dm.as_ref().map_or(map.addr, |(_, off)| *off)
+    }
+
+    pub(crate) fn mapping(&self) -> &RwLock<Mapping> {
+        &self.map
+    }
+
+    pub(crate) fn uses(&self) -> &UseCount {
+        &self.uses
+    }
+
+    /// `ibv_rereg_mr`: changes the translation, PD and/or access rights of the region in place,
+    /// as `flags` (`IBV_REREG_MR_CHANGE_*`) say; the keys stay. `pd` and `translation` are
+    /// needed when their flag is set and ignored otherwise, as is `access`.
+    ///
+    /// Unknown or no flags, or a flag without its argument, are input errors (EINVAL).
+    /// Re-registering a deregistered region or with invalid access flags (`ibv_reg_mr(3)`
+    /// rules) or a PD of another device is EINVAL; turning on-demand paging on or off without a
+    /// new translation is EOPNOTSUPP; while memory windows are bound to the region it is EBUSY.
+    /// On any error the region is unchanged.
+    pub fn rereg(
+        &self,
+        flags: u32,
+        pd: Option<&Arc<Pd>>,
+        translation: Option<Translation>,
+        access: u32,
+    ) -> Result<(), ReregError> {
+        use ReregError::{Command, Input};
+        let known = REREG_CHANGE_TRANSLATION | REREG_CHANGE_PD | REREG_CHANGE_ACCESS;
+        if flags == 0 || flags & !known != 0 {
+            return Err(Input(Error::invalid(format!(
+                "flags {flags:#x}: none or unknown"
+            ))));
+        }
+        let new_pd = match (flags & REREG_CHANGE_PD != 0, pd) {
+            (true, None) => return Err(Input(Error::invalid("IBV_REREG_MR_CHANGE_PD without a PD"))),
+            (true, Some(p)) => Some(p),
+            (false, _) => None,
+        };
+        let translation = match (flags & REREG_CHANGE_TRANSLATION != 0, translation) {
+            (true, None) => {
+                return Err(Input(Error::invalid(
+                    "IBV_REREG_MR_CHANGE_TRANSLATION without an address and length",
+                )))
+            }
+            (true, Some(t)) if t.backing.is_empty() => {
+                return Err(Input(Error::invalid(
+                    "IBV_REREG_MR_CHANGE_TRANSLATION: length is 0",
+                )))
+            }
+            (true, t) => t,
+            (false, _) => None,
+        };
+        let new_access = if flags & REREG_CHANGE_ACCESS != 0 {
+            Some(check_mr_access(access).map_err(Command)?)
+        } else {
+            None
+        };
+        let mut map = self.map.write();
+        if self.uses.is_retired() {
+            return Err(Command(Error::invalid("the memory region has been deregistered")));
+        }
+        let bound = self.uses.count();
+        if bound > 0 {
+            return Err(Command(Error::busy(format!(
+                "{bound} memory window(s) are bound to the region"
+            ))));
+        }
+        if let Some(a) = new_access {
+            // Whether the memory is pinned or paged on demand is a property of the translation
+            // (the C library reaches the two differently): it changes only with a new one.
+            if a.contains(AccessFlags::ON_DEMAND) != map.access.contains(AccessFlags::ON_DEMAND)
+                && translation.is_none()
+            {
+                return Err(Command(Error::not_supported(
+                    "IBV_ACCESS_ON_DEMAND changes only together with the translation",
+                )));
+            }
+        }
+        if let Some(p) = new_pd {
+            if !Arc::ptr_eq(p.context().device().node(), map.pd.context().device().node()) {
+                return Err(Command(Error::invalid("the PD belongs to another device")));
+            }
+        }
+        if translation.is_some() && self.dm.is_some() {
+            return Err(Command(Error::not_supported(
+                "a region of device memory cannot be given another translation",
+            )));
+        }
+        let pd_for_checks = new_pd.unwrap_or(&map.pd).clone();
+        if let Some(t) = &translation {
+            check_translation(&pd_for_checks, t).map_err(Command)?;
+        }
+        if let Some(p) = new_pd {
+            if !Arc::ptr_eq(p, &map.pd) {
+                p.uses.acquire("protection domain").map_err(Command)?;
+                let old = std::mem::replace(&mut map.pd, p.clone());
+                old.uses.release();
+            }
+        }
+        if let Some(t) = translation {
+            map.length = t.backing.len();
+            map.backing = t.backing;
+            map.addr = t.addr;
+            map.iova = t.iova;
+        }
+        if let Some(a) = new_access {
+            map.access = a;
+        }
+        Ok(())
     }
 
     fn teardown(&self) {
-        let device = self.pd.context().device();
+        let map = self.map.read();
+        let device = map.pd.context().device();
         device.node().keys.remove(self.lkey, self.rkey);
         device.free_key(self.lkey);
         device.free_key(self.rkey);
         device.release(Resource::Mr);
-        self.pd.uses.release();
+        map.pd.uses.release();
         if let Some((dm, _)) = &self.dm {
             dm.uses().release();
         }
     }
 
-    /// `ibv_dereg_mr`. (Memory windows, which would make it fail with EBUSY, are not offered.)
+    /// `ibv_dereg_mr`: EBUSY, changing nothing, while memory windows are bound to the region
+    /// (`ibv_alloc_mw(3)`).
     pub fn dereg(&self) -> Result<()> {
         self.uses.retire("memory region")?;
-        self.pd.context().ufile().withdraw(self.handle);
+        self.pd().context().ufile().withdraw(self.handle);
         self.teardown();
         Ok(())
     }
@@ -382,6 +536,25 @@ impl Drop for Mr {
             self.teardown();
         }
     }
+}
+
+/// Checks a region's memory against the device limits.
+fn check_translation(pd: &Arc<Pd>, t: &Translation) -> Result<()> {
+    let length = t.backing.len();
+    let device = pd.context().device();
+    if length == 0 {
+        return Err(Error::invalid("length is 0"));
+    }
+    if length > device.limits().max_mr_size {
+        return Err(Error::invalid(format!(
+            "length {length} exceeds max_mr_size {}",
+            device.limits().max_mr_size
+        )));
+    }
+    if t.addr.checked_add(length).is_none() || t.iova.checked_add(length).is_none() {
+        return Err(Error::invalid("the region wraps around the address space"));
+    }
+    Ok(())
 }
 
 /// The errnos `ibv_advise_mr` returns beyond the common ones.

@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 use softverbs_engine::qp_state::{apply_modify, effective_mask, validate_modify};
 use softverbs_engine::time::Instant;
 use softverbs_engine::transport::{
-    DropReason, QpConfig, QpCounters, QpEngine, RecvSource, RxMeta, Transmit, WorkQueue,
+    Completion, DropReason, QpConfig, QpCounters, QpEngine, RecvSource, RxMeta, Transmit, WorkQueue,
 };
 use softverbs_engine::types::{
     EventType, Gid, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SrqAttr, SrqAttrMask,
@@ -25,6 +25,7 @@ use crate::held::Held;
 use crate::pd::{Ah, Pd};
 use crate::raw::{require_cap_net_raw, RawPort};
 use crate::sync::{AckCounter, UseCount};
+use crate::tm::{QpRendezvous, TmRecv, TmShared, TmState};
 use crate::wq::{Rss, RwqIndTable, RxHashConf};
 use crate::xrc::{XrcDomain, Xrcd};
 
@@ -106,6 +107,8 @@ struct QpInner {
     attr: QpAttr,
     engine: QpEngine,
     mcast: HashSet<Gid>,
+    /// Rendezvous transfers for a tag-matching SRQ.
+    tm: QpRendezvous,
     /// Completions waiting for the packets produced with them to leave.
     held: Held,
 }
@@ -332,6 +335,11 @@ impl Qp {
             if !srq.pd().context().shares_objects_with(ctx) {
                 return Err(Error::invalid("srq belongs to another context"));
             }
+            if srq.is_tm() && init.qp_type != QpType::Rc {
+                return Err(Error::invalid(
+                    "only RC QPs can be associated with a tag-matching SRQ",
+                ));
+            }
         }
         let c = init.cap;
         let check = |v: u32, max: u32, name: &str| {
@@ -444,6 +452,7 @@ impl Qp {
                 attr,
                 engine,
                 mcast: HashSet::new(),
+                tm: QpRendezvous::default(),
                 held: Held::default(),
             }),
             deadline: AtomicU64::new(u64::MAX),
@@ -587,11 +596,39 @@ impl Qp {
         let node = self.node();
         let mut txs = Vec::new();
         let ticket = inner.held.issue();
-        while let Some(tx) = inner.engine.poll_transmit(now, &node.keys) {
-            txs.push(tx);
-        }
-        while let Some(c) = inner.engine.poll_completion() {
-            inner.held.hold(ticket, c);
+        loop {
+            while let Some(tx) = inner.engine.poll_transmit(now, &node.keys) {
+                txs.push(tx);
+            }
+            let mut posted = false;
+            while let Some(c) = inner.engine.poll_completion() {
+                if c.queue == WorkQueue::Internal {
+                    // A step of a rendezvous: it may post the next one and report the tag.
+                    let QpInner {
+                        attr,
+                        engine,
+                        tm,
+                        held,
+                        ..
+                    } = &mut *inner;
+                    let (wcs, p) = tm.on_internal(engine, &c.wc, self.qpn, attr.dest_qp_num);
+                    posted |= p;
+                    for wc in wcs {
+                        held.hold(
+                            ticket,
+                            Completion {
+                                queue: WorkQueue::Recv,
+                                wc,
+                            },
+                        );
+                    }
+                    continue;
+                }
+                inner.held.hold(ticket, c);
+            }
+            if !posted {
+                break;
+            }
         }
         while let Some(ev) = inner.engine.poll_event() {
             self.raise(ev);
@@ -615,10 +652,12 @@ impl Qp {
         let mut ticket = ticket;
         loop {
             let mut overrun = false;
+            // A tag-matching SRQ receives the completions of its QPs on its own CQ.
+            let tm_cq = self.init.srq.as_ref().and_then(|s| s.tm_cq());
             for c in inner.held.release(ticket) {
                 let cq = match c.queue {
                     WorkQueue::Send => self.init.send_cq.clone(),
-                    WorkQueue::Recv => self.init.recv_cq.clone(),
+                    WorkQueue::Recv => tm_cq.or(self.init.recv_cq.as_ref()).cloned(),
                     // An XRC target completes on the CQ of the SRQ the WQE came from; if that
                     // SRQ is gone, so is its CQ's interest in the completion.
                     WorkQueue::XrcSrq(srqn) => self
@@ -626,6 +665,8 @@ impl Qp {
                         .as_ref()
                         .and_then(|x| x.domain().srq(srqn))
                         .and_then(|s| s.xrc_cq().cloned()),
+                    // Consumed by the drain, never held.
+                    WorkQueue::Internal => continue,
                 };
                 if let Some(cq) = cq {
                     overrun |= cq.push(c.wc).is_err();
@@ -688,6 +729,17 @@ impl Qp {
                     .handle_packet(now, pkt, meta, &node.keys, Some(&mut src))
                     .err()
             }
+            Some(srq) if srq.is_tm() => {
+                let QpInner { attr, engine, tm, .. } = &mut *inner;
+                let mut src = TmRecv {
+                    srq,
+                    rndv: tm,
+                    can_read: crate::tm::can_read(attr),
+                };
+                engine
+                    .handle_packet(now, pkt, meta, &node.keys, Some(&mut src))
+                    .err()
+            }
             Some(srq) => {
                 let mut src = SrqRecv(srq);
                 inner
@@ -735,6 +787,11 @@ impl Qp {
             apply_modify(&mut inner.attr, attr, mask, next);
             let new = inner.attr;
             inner.engine.set_attr(now, &new);
+            if new.qp_state == QpState::Reset {
+                if let Some(cq) = self.init.srq.as_ref().and_then(|s| s.tm_cq()) {
+                    inner.tm.flush(cq, self.qpn);
+                }
+            }
             self.drain(&mut inner, now)
         };
         self.emit(out);
@@ -957,6 +1014,8 @@ impl Qp {
 
     fn teardown(&self) {
         let device = self.context().device();
+        // Type 2 windows bound to this QP die with it, before its number can be reused.
+        device.node().keys.release_qp_windows(self.qpn);
         let groups: Vec<Gid> = self.inner.lock().mcast.drain().collect();
         if !groups.is_empty() {
             let mut table = device.node().mcast.lock();
@@ -1088,6 +1147,7 @@ impl Drop for Qp {
 struct SrqInner {
     attr: SrqAttr,
     queue: VecDeque<RecvWr>,
+    tm: Option<TmState>,
 }
 
 /// What kind of SRQ (`enum ibv_srq_type`) and what that kind adds.
@@ -1115,6 +1175,8 @@ pub struct Srq {
     srqn: u32,
     handle: u32,
     inner: Mutex<SrqInner>,
+    /// Tag-matching SRQs (`IBV_SRQT_TM`): their CQ and sizes.
+    tm: Option<TmShared>,
     uses: UseCount,
     async_acks: AckCounter,
     user_data: AtomicU64,
@@ -1124,16 +1186,29 @@ impl Srq {
     /// `ibv_create_srq`: [`Srq::query`] gives the actual `max_wr` and `max_sge`, each at least
     /// what was asked; `srq_limit` is ignored at creation.
     pub fn create(pd: &Arc<Pd>, attr: &SrqAttr) -> Result<Arc<Self>> {
-        Self::create_kind(pd, attr, None)
+        Self::create_with(pd, attr, None)
     }
 
     /// `ibv_create_srq_ex` with `IBV_SRQT_XRC`: an SRQ of the domain of `xrcd` whose
     /// completions all go to `cq`; [`Srq::srq_num`] is the number initiators address it by.
     pub fn create_xrc(pd: &Arc<Pd>, xrcd: &Arc<Xrcd>, cq: &Arc<Cq>, attr: &SrqAttr) -> Result<Arc<Self>> {
-        Self::create_kind(pd, attr, Some((xrcd, cq)))
+        Self::create_inner(pd, attr, None, Some((xrcd, cq)))
     }
 
-    fn create_kind(pd: &Arc<Pd>, attr: &SrqAttr, xrc: Option<(&Arc<Xrcd>, &Arc<Cq>)>) -> Result<Arc<Self>> {
+    pub(crate) fn create_with(
+        pd: &Arc<Pd>,
+        attr: &SrqAttr,
+        tm: Option<(TmShared, TmState)>,
+    ) -> Result<Arc<Self>> {
+        Self::create_inner(pd, attr, tm, None)
+    }
+
+    fn create_inner(
+        pd: &Arc<Pd>,
+        attr: &SrqAttr,
+        tm: Option<(TmShared, TmState)>,
+        xrc: Option<(&Arc<Xrcd>, &Arc<Cq>)>,
+    ) -> Result<Arc<Self>> {
         let ctx = pd.context();
         if let Some((xrcd, cq)) = xrc {
             if !Arc::ptr_eq(xrcd.context(), ctx) || !Arc::ptr_eq(cq.context(), ctx) {
@@ -1183,6 +1258,7 @@ impl Srq {
             max_sge: attr.max_sge.max(1),
             srq_limit: 0,
         };
+        let (tm, tm_state) = tm.unzip();
         let srq = Arc::new_cyclic(|me| Self {
             me: me.clone(),
             pd: pd.clone(),
@@ -1192,7 +1268,9 @@ impl Srq {
             inner: Mutex::new(SrqInner {
                 attr: actual,
                 queue: VecDeque::new(),
+                tm: tm_state,
             }),
+            tm,
             uses: UseCount::default(),
             async_acks: AckCounter::default(),
             user_data: AtomicU64::new(0),
@@ -1342,10 +1420,26 @@ impl Srq {
     /// Takes the oldest posted WR for an incoming message. When that leaves fewer WRs than an
     /// armed limit, raises `IBV_EVENT_SRQ_LIMIT_REACHED` once and disarms the limit.
     pub fn take(&self) -> Option<RecvWr> {
+        self.with_queue(|queue, _| queue.pop_front())
+    }
+
+    pub(crate) fn tm_shared(&self) -> Option<&TmShared> {
+        self.tm.as_ref()
+    }
+
+    /// Runs `f` on the posted WRs and the tag-matching state under the SRQ's lock. When `f`
+    /// takes WRs and leaves fewer than an armed limit, raises `IBV_EVENT_SRQ_LIMIT_REACHED`
+    /// once and disarms the limit.
+    pub(crate) fn with_queue<R>(
+        &self,
+        f: impl FnOnce(&mut VecDeque<RecvWr>, Option<&mut TmState>) -> R,
+    ) -> R {
         let mut inner = self.inner.lock();
-        let wr = inner.queue.pop_front()?;
+        let before = inner.queue.len();
+        let SrqInner { queue, tm, .. } = &mut *inner;
+        let r = f(queue, tm.as_mut());
         let limit = inner.attr.srq_limit;
-        if limit > 0 && (inner.queue.len() as u32) < limit {
+        if inner.queue.len() < before && limit > 0 && (inner.queue.len() as u32) < limit {
             inner.attr.srq_limit = 0;
             drop(inner);
             if let Some(me) = self.me.upgrade() {
@@ -1354,7 +1448,7 @@ impl Srq {
                     .raise(EventElement::Srq(me), EventType::SrqLimitReached);
             }
         }
-        Some(wr)
+        r
     }
 
     /// Returns a WQE taken for a message that was abandoned; it is the next one used.
@@ -1372,6 +1466,9 @@ impl Srq {
         device.free_qpn(self.srqn);
         device.release(Resource::Srq);
         self.pd.uses().release();
+        if let Some(cq) = self.tm_cq() {
+            cq.uses().release();
+        }
     }
 
     /// `ibv_destroy_srq`: EBUSY while a QP uses the SRQ.

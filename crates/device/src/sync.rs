@@ -48,6 +48,11 @@ impl UseCount {
         }
     }
 
+    /// How many dependents are registered.
+    pub(crate) fn count(&self) -> u32 {
+        self.0.load(Ordering::Acquire) & !RETIRED
+    }
+
     /// Whether the object was destroyed.
     pub(crate) fn is_retired(&self) -> bool {
         self.0.load(Ordering::Acquire) & RETIRED != 0

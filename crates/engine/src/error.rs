@@ -57,7 +57,8 @@ pub enum Error {
     /// The device does not implement this (EOPNOTSUPP).
     #[error("operation not supported: {0}")]
     NotSupported(Cow<'static, str>),
-    /// The caller lacks a needed capability, such as CAP_NET_RAW for raw packet QPs (EPERM).
+    /// The caller lacks a needed capability, such as CAP_NET_RAW for raw packet QPs, or combined
+    /// objects of different protection domains (EPERM).
     #[error("operation not permitted: {0}")]
     PermissionDenied(Cow<'static, str>),
     /// A non-blocking call found nothing to return (EAGAIN).
@@ -80,6 +81,11 @@ impl Error {
     /// Shorthand for [`Error::Busy`].
     pub fn busy(msg: impl Into<Cow<'static, str>>) -> Self {
         Self::Busy(msg.into())
+    }
+
+    /// Shorthand for [`Error::PermissionDenied`].
+    pub fn permission(msg: impl Into<Cow<'static, str>>) -> Self {
+        Self::PermissionDenied(msg.into())
     }
 
     /// Shorthand for [`Error::NoResources`].

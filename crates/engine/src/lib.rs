@@ -9,14 +9,18 @@
 //! * [`qp_state`]: the IBTA QP state machine with the required and optional attribute masks of
 //!   every transition for every QP type, and value checks for each attribute;
 //! * [`rate`]: the static-rate conversions of `ibv_rate_to_mult(3)`;
+//! * [`mw`]: memory windows and the rules of binding, using and invalidating them;
+//! * [`tm`]: tag matching: the tag list and unexpected-message phase of a tag-matching SRQ;
 //! * [`Error`]: caller errors, each mapping to the errno the man pages name.
 
 pub mod error;
 pub mod memory;
+pub mod mw;
 pub mod qp_state;
 pub mod rate;
 pub mod steering;
 pub mod time;
+pub mod tm;
 pub mod transport;
 pub mod tso;
 pub mod types;

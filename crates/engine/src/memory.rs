@@ -1,7 +1,13 @@
 //! How the engine reaches registered memory: through the [`Memory`] trait, which the device
 //! implements over its memory-region table. Keys, protection domains, bounds and access rights
 //! are checked there, for every access, as an HCA checks them.
+//!
+//! Memory windows are bound and invalidated by send-queue operations the requester executes in
+//! order, and by the responder for SEND with Invalidate; the trait carries those too, so the
+//! engine never holds key state itself. The rules of windows are pure functions of
+//! [`Window`], shared by every implementation of the trait.
 
+pub use crate::mw::{MwBind, MwType, Window, WindowTarget};
 use crate::types::{AccessFlags, WcStatus};
 
 /// The right an access needs.
@@ -60,6 +66,8 @@ pub struct KeyRef {
     pub key: u32,
     /// The protection domain of the QP making the access.
     pub pd: u32,
+    /// The number of the QP making the access (a type 2 window is only usable by its QP).
+    pub qpn: u32,
     /// The right needed.
     pub access: Access,
 }
@@ -77,6 +85,13 @@ pub enum MemError {
     NoAccess,
     /// An atomic address is not 8-byte aligned.
     Misaligned,
+    /// A type 2 window used by, or invalidated from, a QP it is not bound to.
+    WrongQp,
+    /// A window in the wrong state for the operation (bound when it must be free, a type 1
+    /// window invalidated, an rkey naming an older binding).
+    BadState,
+    /// A bind request that breaks a rule of the verbs (IBTA C10-72..75 and friends).
+    InvalidBind,
     /// The range is in the region but not mapped in memory (an on-demand-paging region over
     /// addresses the application never mapped): a protection error, never a crash.
     Unmapped,
@@ -141,6 +156,12 @@ pub trait Memory {
     fn check(&self, key: KeyRef, addr: u64, len: u64) -> Result<(), MemError>;
     /// Performs `op` atomically on the 8-byte word at `addr`; returns the original value.
     fn atomic(&self, key: KeyRef, addr: u64, op: AtomicOp) -> Result<u64, MemError>;
+    /// Executes a BIND_MW work request posted on QP `qpn` of protection domain `pd` (see
+    /// [`Window::check_bind`] for the rules).
+    fn bind_mw(&self, qpn: u32, pd: u32, bind: &MwBind) -> Result<(), MemError>;
+    /// Invalidates the type 2 window named by `rkey`, for a LOCAL_INV posted on QP `qpn`, or a
+    /// SEND with Invalidate it received (see [`Window::invalidate`]).
+    fn invalidate(&self, qpn: u32, pd: u32, rkey: u32) -> Result<(), MemError>;
     /// FLUSH: checks the key and its right (`key.access` is [`Access::Flush`]) and, unless
     /// `whole_region`, that `len` bytes at `addr` lie in the region; then makes every earlier
     /// store to the region visible (a store fence).

@@ -329,6 +329,12 @@ bitflags! {
         const IP_CSUM_OK = 1 << 2;
         /// `invalidated_rkey` is valid.
         const WITH_INV = 1 << 3;
+        /// Tag matching: software must report its unexpected-message count (`IBV_WR_TAG_SYNC`).
+        const TM_SYNC_REQ = 1 << 4;
+        /// Tag matching: the message matched a posted tag.
+        const TM_MATCH = 1 << 5;
+        /// Tag matching: all data of the matched message is in memory.
+        const TM_DATA_VALID = 1 << 6;
     }
 }
 
@@ -396,6 +402,10 @@ c_enum! {
         RespTimeoutErr = 20,
         /// General error.
         GeneralErr = 21,
+        /// Tag-matching list operation failed (the tag was consumed meanwhile).
+        TmErr = 22,
+        /// A matched rendezvous request was left to software (`IBV_WC_TM_RNDV_INCOMPLETE`).
+        TmRndvIncomplete = 23,
     }
 }
 
@@ -425,6 +435,8 @@ impl WcStatus {
             Self::FatalErr => "fatal error",
             Self::RespTimeoutErr => "response timeout error",
             Self::GeneralErr => "general error",
+            Self::TmErr => "TM error",
+            Self::TmRndvIncomplete => "TM software rendezvous",
         }
     }
 }
@@ -456,6 +468,16 @@ c_enum! {
         Recv = 128,
         /// Receive of an RDMA write with immediate.
         RecvRdmaWithImm = 129,
+        /// Tag-matching: a tag was added.
+        TmAdd = 130,
+        /// Tag-matching: a tag was removed.
+        TmDel = 131,
+        /// Tag-matching: the unexpected-message count was synchronised.
+        TmSync = 132,
+        /// Tag-matching: a tagged receive (match and/or data).
+        TmRecv = 133,
+        /// Tag-matching: a message sent without a tag.
+        TmNoTag = 134,
     }
 }
 
@@ -861,6 +883,8 @@ pub struct WorkCompletion {
     pub dlid_path_bits: u8,
     /// Whether the message carried the solicited-event bit (for solicited-only notification).
     pub solicited: bool,
+    /// Tag-matching receives: the TMH's tag and `app_ctx` (`ibv_wc_read_tm_info`).
+    pub tm_info: crate::tm::TmInfo,
     /// The tag of the flow that steered a received frame (`ibv_wc_read_flow_tag`); 0 if none.
     pub flow_tag: u32,
     /// When the completion was queued, in ticks of the device's completion clock
@@ -895,6 +919,7 @@ impl WorkCompletion {
             sl: 0,
             dlid_path_bits: 0,
             solicited: false,
+            tm_info: crate::tm::TmInfo::default(),
             flow_tag: 0,
             timestamp: 0,
             wallclock_ns: 0,

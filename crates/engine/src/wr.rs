@@ -1,6 +1,7 @@
 //! Send work requests as the engine executes them, validated by [`SendWr::check`].
 
 use crate::error::{Error, Result};
+use crate::mw::MwBind;
 use crate::types::{Gid, QpType, SendFlags, Sge, WcOpcode, WrOpcode};
 
 /// Where a remote operation points.
@@ -49,6 +50,15 @@ pub enum SendOp {
         remote: RemoteAddr,
         /// Addend.
         add: u64,
+    },
+    /// Bind a memory window (`IBV_WR_BIND_MW`; `ibv_bind_mw` posts one for type 1 windows).
+    /// Executed locally, in send-queue order; it sends nothing.
+    BindMw(MwBind),
+    /// Invalidate the type 2 window named by `rkey` (`IBV_WR_LOCAL_INV`). Executed locally, in
+    /// send-queue order.
+    LocalInv {
+        /// The window's current rkey.
+        rkey: u32,
     },
     /// TCP segmentation offload (raw packet QPs): the payload is [`Payload::Headed`], whose
     /// data is cut into segments of `mss` bytes behind copies of its header.
@@ -105,6 +115,8 @@ impl SendOp {
             Self::Read { .. } => WrOpcode::RdmaRead,
             Self::CompareSwap { .. } => WrOpcode::AtomicCmpAndSwp,
             Self::FetchAdd { .. } => WrOpcode::AtomicFetchAndAdd,
+            Self::BindMw(_) => WrOpcode::BindMw,
+            Self::LocalInv { .. } => WrOpcode::LocalInv,
             Self::Tso { .. } => WrOpcode::Tso,
             Self::AtomicWrite { .. } => WrOpcode::AtomicWrite,
             Self::Flush { .. } => WrOpcode::Flush,
@@ -119,6 +131,8 @@ impl SendOp {
             Self::Read { .. } => WcOpcode::RdmaRead,
             Self::CompareSwap { .. } => WcOpcode::CompSwap,
             Self::FetchAdd { .. } => WcOpcode::FetchAdd,
+            Self::BindMw(_) => WcOpcode::BindMw,
+            Self::LocalInv { .. } => WcOpcode::LocalInv,
             Self::Tso { .. } => WcOpcode::Tso,
             Self::AtomicWrite { .. } => WcOpcode::AtomicWrite,
             Self::Flush { .. } => WcOpcode::Flush,
@@ -136,6 +150,12 @@ impl SendOp {
                 | Self::AtomicWrite { .. }
                 | Self::Flush { .. }
         )
+    }
+
+    /// A memory operation executed by the requester itself (bind, local invalidate): it uses
+    /// no PSN and sends no packet.
+    pub fn is_local(&self) -> bool {
+        matches!(self, Self::BindMw(_) | Self::LocalInv { .. })
     }
 
     /// ATOMIC WRITE or FLUSH: answered by a zero-length READ RESPONSE.
@@ -279,7 +299,12 @@ impl SendWr {
             QpType::Ud => matches!(opcode, WrOpcode::Send | WrOpcode::SendWithImm),
             QpType::Uc => matches!(
                 opcode,
-                WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm
+                WrOpcode::Send
+                    | WrOpcode::SendWithImm
+                    | WrOpcode::RdmaWrite
+                    | WrOpcode::RdmaWriteWithImm
+                    | WrOpcode::BindMw
+                    | WrOpcode::LocalInv
             ),
             QpType::Rc => true,
             QpType::RawPacket => matches!(opcode, WrOpcode::Send | WrOpcode::Tso),
@@ -293,6 +318,15 @@ impl SendWr {
                 "opcode {opcode:?} is not supported on a {} QP",
                 l.qp_type
             )));
+        }
+        if self.op.is_local() {
+            // Binds and invalidations carry no data (rxe refuses them with SGEs, as here).
+            if !matches!(&self.payload, Payload::Sges(s) if s.is_empty()) {
+                return Err(Error::invalid(format!(
+                    "{opcode:?} carries no data: num_sge must be 0 and IBV_SEND_INLINE unset"
+                )));
+            }
+            return Ok(());
         }
         match &self.payload {
             Payload::Sges(s) if s.len() > l.max_send_sge as usize => {
@@ -356,7 +390,8 @@ impl SendWr {
                 )));
             }
         }
-        if l.qp_type == QpType::XrcSend {
+        // Binds and local invalidates send nothing, so name no SRQ.
+        if l.qp_type == QpType::XrcSend && !self.op.is_local() {
             match self.xrc_srqn {
                 None => return Err(Error::invalid("an XRC send needs qp_type.xrc.remote_srqn")),
                 Some(n) if n > 0xFF_FFFF => {

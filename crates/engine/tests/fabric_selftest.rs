@@ -13,7 +13,12 @@ fn memory_checks_keys_pd_rights_bounds_and_alignment() {
     let rw = m.alloc_mr(1, 4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE);
     let ro = m.alloc_mr(1, 4096, AccessFlags::REMOTE_READ);
     assert_ne!(rw.lkey, rw.rkey);
-    let k = |key, pd, access| KeyRef { key, pd, access };
+    let k = |key, pd, access| KeyRef {
+        key,
+        pd,
+        qpn: 0,
+        access,
+    };
     let mut buf = [0u8; 16];
     assert_eq!(
         m.write(k(rw.rkey, 1, Access::RemoteWrite), rw.addr, &[1; 16]),

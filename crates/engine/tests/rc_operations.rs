@@ -68,12 +68,25 @@ fn send_with_invalidate_reports_the_rkey() {
     let (mut sim, a, b) = rc(3);
     let src = sim.mem(0).alloc_mr(1, 64, AccessFlags::empty());
     let dst = sim.mem(1).alloc_mr(1, 64, AccessFlags::LOCAL_WRITE);
+    let target = sim
+        .mem(1)
+        .alloc_mr(1, 64, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND);
+    let mw = sim.mem(1).alloc_mw(1, softverbs_engine::mw::MwType::Type2);
+    let bind = softverbs_engine::mw::MwBind {
+        mw_rkey: mw,
+        new_rkey: mw | 0x42,
+        mr_lkey: target.lkey,
+        addr: target.addr,
+        length: 64,
+        access: AccessFlags::REMOTE_READ,
+    };
+    sim.post_send(b, bind_mw(9, bind));
     sim.post_recv(b, recv(5, vec![dst.sge(0, 64)]));
     let wr = wr(
         1,
         SendOp::Send {
             imm: None,
-            invalidate: Some(0x1234_5678),
+            invalidate: Some(mw | 0x42),
         },
         Payload::Sges(vec![src.sge(0, 64)]),
     );
@@ -85,7 +98,8 @@ fn send_with_invalidate_reports_the_rkey() {
     let r = sim.take_recv_cq(b);
     assert_ok_in_order(&r, &[5]);
     assert!(r[0].wc_flags.contains(WcFlags::WITH_INV));
-    assert_eq!(r[0].imm_data, 0x1234_5678, "invalidated_rkey");
+    assert_eq!(r[0].imm_data, mw | 0x42, "invalidated_rkey");
+    assert!(sim.mem(1).window(mw).target.is_none());
 }
 
 #[test]

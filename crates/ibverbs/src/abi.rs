@@ -145,7 +145,7 @@ pub struct verbs_context {
     pub dealloc_td: *const c_void,
     pub alloc_td: *const c_void,
     pub modify_cq: *const c_void,
-    pub post_srq_ops: *const c_void,
+    pub post_srq_ops: Option<PostSrqOpsFn>,
     pub destroy_rwq_ind_table: *const c_void,
     pub create_rwq_ind_table: *const c_void,
     pub destroy_wq: *const c_void,
@@ -640,7 +640,7 @@ pub struct ibv_cq_ex {
     pub read_completion_ts: Option<CqExFn<u64>>,
     pub read_cvlan: Option<CqExFn<u16>>,
     pub read_flow_tag: Option<CqExFn<u32>>,
-    pub read_tm_info: *const c_void,
+    pub read_tm_info: Option<unsafe extern "C" fn(*mut ibv_cq_ex, *mut ibv_wc_tm_info)>,
     pub read_completion_wallclock_ns: Option<CqExFn<u64>>,
 }
 
@@ -695,6 +695,45 @@ pub const IBV_SRQT_BASIC: u32 = 0;
 pub const IBV_SRQT_XRC: u32 = 1;
 pub const IBV_SRQ_INIT_ATTR_XRCD: u32 = 1 << 2;
 pub const IBV_SRQ_INIT_ATTR_CQ: u32 = 1 << 3;
+pub const IBV_SRQ_INIT_ATTR_TM: u32 = 1 << 4;
+pub const IBV_SRQT_TM: u32 = 2;
+pub const IBV_WC_EX_WITH_TM_INFO: u64 = 1 << 10;
+
+pub type PostSrqOpsFn = unsafe extern "C" fn(*mut ibv_srq, *mut ibv_ops_wr, *mut *mut ibv_ops_wr) -> c_int;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_ops_wr_add {
+    pub recv_wr_id: u64,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+    pub tag: u64,
+    pub mask: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_ops_wr_tm {
+    pub unexpected_cnt: u32,
+    pub handle: u32,
+    pub add: ibv_ops_wr_add,
+}
+
+#[repr(C)]
+pub struct ibv_ops_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_ops_wr,
+    pub opcode: c_uint,
+    pub flags: c_int,
+    pub tm: ibv_ops_wr_tm,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct ibv_wc_tm_info {
+    pub tag: u64,
+    pub priv_: u32,
+}
 
 #[repr(C)]
 pub struct ibv_srq {

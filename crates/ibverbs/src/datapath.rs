@@ -35,8 +35,9 @@ const CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
 const CQ_INIT_ATTR_MASK_PD: u32 = 2;
 /// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED`.
 const CREATE_CQ_ATTR_SINGLE_THREADED: u32 = 1;
-/// The `IBV_QP_EX_WITH_*` operations the `ibv_wr_*` API offers here (ATOMIC WRITE is 1 << 12).
-const SUPPORTED_SEND_OPS: u64 = 0x7f | (1 << 9) | (1 << 12);
+/// The `IBV_QP_EX_WITH_*` operations the `ibv_wr_*` API offers here: all of rdma-core 44's
+/// but TSO (0x3ff: WRITE .. SEND_WITH_INV, with LOCAL_INV and BIND_MW; ATOMIC WRITE is 1 << 12).
+const SUPPORTED_SEND_OPS: u64 = 0x3ff | (1 << 12);
 /// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP` and `_WALLCLOCK`.
 const WC_TIMESTAMP_FLAGS: u64 = (1 << 7) | (1 << 11);
 
@@ -142,6 +143,13 @@ unsafe fn send_request(wr: &ibv_send_wr, qp_type: QpType) -> Result<SendRequest,
             imm: None,
             invalidate: Some(wr.imm_data),
         },
+        7 => SendOp::LocalInv { rkey: wr.imm_data },
+        8 => {
+            // SAFETY: with IBV_WR_BIND_MW the `bind_mw` member is the one the caller set.
+            let b = unsafe { wr.ext.bind_mw };
+            // SAFETY: its window and region are NULL or live objects (the verbs API contract).
+            unsafe { verbs::bind_op(b.mw.cast(), b.rkey, &b.bind_info) }?
+        }
         10 => {
             // SAFETY: `tso` is plain integers and a pointer, valid for any bits.
             let tso = unsafe { wr.ext.tso };
@@ -159,8 +167,8 @@ unsafe fn send_request(wr: &ibv_send_wr, qp_type: QpType) -> Result<SendRequest,
                 xrc_srqn: None,
             });
         }
-        // LOCAL_INV, BIND_MW, DRIVER1 and atomic write need memory windows.
-        7 | 8 | 11 | 15 => return Err(EOPNOTSUPP),
+        // DRIVER1 is a provider's; ATOMIC WRITE is offered through ibv_wr_atomic_write.
+        11 | 15 => return Err(EOPNOTSUPP),
         _ => return Err(EINVAL),
     };
     let payload = if flags.contains(SendFlags::INLINE) && !op.is_read_or_atomic() {
@@ -426,6 +434,15 @@ unsafe fn cur(cq: *mut ibv_cq_ex) -> WorkCompletion {
     unsafe { cq_ex(cq) }.cur.get()
 }
 
+/// The completion `start_poll`/`next_poll` fetched, for readers defined elsewhere.
+///
+/// # Safety
+/// `cq` must be a live extended CQ of this library.
+pub(crate) unsafe fn current_wc(cq: *mut ibv_cq_ex) -> WorkCompletion {
+    // SAFETY: as the caller guarantees.
+    unsafe { cur(cq) }
+}
+
 unsafe extern "C" fn read_opcode(cq: *mut ibv_cq_ex) -> c_uint {
     // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     unsafe { cur(cq) }.opcode.raw()
@@ -505,7 +522,9 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     // SAFETY: `attr` is a readable `struct ibv_cq_init_attr_ex`.
     let a = unsafe { &*attr };
     if a.comp_mask & !(CQ_INIT_ATTR_MASK_FLAGS | CQ_INIT_ATTR_MASK_PD) != 0
-        || a.wc_flags & !(WC_STANDARD_FLAGS | WC_TIMESTAMP_FLAGS | WC_EX_WITH_FLOW_TAG) != 0
+        || a.wc_flags
+            & !(WC_STANDARD_FLAGS | WC_TIMESTAMP_FLAGS | WC_EX_WITH_FLOW_TAG | IBV_WC_EX_WITH_TM_INFO)
+            != 0
     {
         return fail_null(EOPNOTSUPP);
     }
@@ -538,6 +557,10 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
                 raw: a.wc_flags & (1 << 7) != 0,
                 wallclock: a.wc_flags & (1 << 11) != 0,
             });
+            if a.wc_flags & IBV_WC_EX_WITH_TM_INFO != 0 {
+                // SAFETY: as above, and not yet shared.
+                unsafe { (*b).cq.read_tm_info = Some(crate::tm::read_tm_info) };
+            }
             b.cast()
         }
         Err(e) => fail_null(e),
@@ -556,8 +579,8 @@ pub(crate) fn qp_ex(qp: ibv_qp) -> ibv_qp_ex {
         wr_flags: 0,
         wr_atomic_cmp_swp: Some(wr_atomic_cmp_swp),
         wr_atomic_fetch_add: Some(wr_atomic_fetch_add),
-        wr_bind_mw: std::ptr::null(),
-        wr_local_inv: std::ptr::null(),
+        wr_bind_mw: verbs::wr_bind_mw as *const c_void,
+        wr_local_inv: verbs::wr_local_inv as *const c_void,
         wr_rdma_read: Some(wr_rdma_read),
         wr_rdma_write: Some(wr_rdma_write),
         wr_rdma_write_imm: Some(wr_rdma_write_imm),
@@ -583,6 +606,21 @@ unsafe fn batch<'a>(qpx: *mut ibv_qp_ex) -> Option<(&'a SvQp, MutexGuard<'a, WrB
     // SAFETY: every `ibv_qp_ex` is the first field of a live `SvQp`.
     let q = unsafe { outer::<SvQp, _>(qpx) }?;
     Some((q, q.batch.lock().unwrap_or_else(|p| p.into_inner())))
+}
+
+/// As [`push`], for a builder whose arguments may be invalid: the error is returned by
+/// `wr_complete`.
+pub(crate) unsafe fn push_op(qpx: *mut ibv_qp_ex, op: Result<SendOp, c_int>) {
+    match op {
+        // SAFETY: the caller's contract.
+        Ok(op) => unsafe { push(qpx, op) },
+        Err(e) => {
+            // SAFETY: the caller's contract.
+            if let Some((_, mut b)) = unsafe { batch(qpx) } {
+                b.error.get_or_insert(e);
+            }
+        }
+    }
 }
 
 /// Starts a new work request with the `wr_id` and `wr_flags` the caller set on `qpx`.

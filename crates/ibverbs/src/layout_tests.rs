@@ -500,6 +500,28 @@ fn checks() -> Checks {
     );
     layout!(
         v,
+        ibv_ops_wr {
+            wr_id,
+            next,
+            opcode,
+            flags,
+            tm
+        }
+    );
+    for (c, rust) in [
+        ("tm.unexpected_cnt", offset_of!(ibv_ops_wr, tm.unexpected_cnt)),
+        ("tm.handle", offset_of!(ibv_ops_wr, tm.handle)),
+        ("tm.add.recv_wr_id", offset_of!(ibv_ops_wr, tm.add.recv_wr_id)),
+        ("tm.add.sg_list", offset_of!(ibv_ops_wr, tm.add.sg_list)),
+        ("tm.add.num_sge", offset_of!(ibv_ops_wr, tm.add.num_sge)),
+        ("tm.add.tag", offset_of!(ibv_ops_wr, tm.add.tag)),
+        ("tm.add.mask", offset_of!(ibv_ops_wr, tm.add.mask)),
+    ] {
+        v.push((format!("offsetof(struct ibv_ops_wr, {c})"), rust));
+    }
+    layout!(v, ibv_wc_tm_info { tag, priv_ = "priv" });
+    layout!(
+        v,
         ibv_srq_init_attr_ex {
             srq_context,
             attr,

@@ -35,6 +35,7 @@ mod memory;
 mod odp;
 mod raw;
 mod symbols;
+mod tm;
 mod verbs;
 
 #[cfg(test)]

@@ -178,6 +178,9 @@ fn ibv_devinfo_verbose() {
         "max_qp:",
         // IBV_DEVICE_XRC in device_cap_flags, and the SRQ limits XRC SRQs count against.
         "\t\t\t\t\tXRC\n",
+        // tm_caps of ibv_query_device_ex.
+        "\tmax_num_tags:\t\t\t4096\n",
+        "\t\t\t\t\tIBV_TM_CAP_RC\n",
         // On-demand paging, explicit and implicit, and the completion clock.
         "ODP_SUPPORT\n",
         "ODP_SUPPORT_IMPLICIT",

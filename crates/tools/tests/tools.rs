@@ -155,6 +155,9 @@ mod ibv_devinfo {
             format!("\tdevice_cap_flags:\t\t0x{:08x}\n", a.device_cap_flags),
             "\t\t\t\t\tRC_RNR_NAK_GEN\n".into(),
             "\t\t\t\t\tXRC\n".into(),
+            "\t\t\t\t\tMEM_WINDOW\n".into(),
+            "\t\t\t\t\tMEM_WINDOW_TYPE_2B\n".into(),
+            format!("\tmax_mw:\t\t\t\t{}\n", a.max_mw),
             format!("\tmax_sge:\t\t\t{}\n", a.max_sge),
             format!("\tmax_cqe:\t\t\t{}\n", a.max_cqe),
             format!("\tmax_mr:\t\t\t\t{}\n", a.max_mr),
@@ -175,6 +178,11 @@ mod ibv_devinfo {
             "\t\t\tphys_state:\t\tLINK_UP (5)\n".into(),
             "\t\t\tGID[  0]:\t\t::ffff:127.0.0.1, RoCE v2\n".into(),
             "\tsoftverbs counters:\n".into(),
+            format!(
+                "\tmax_num_tags:\t\t\t{}\n",
+                lo().open().unwrap().tm_caps().max_num_tags
+            ),
+            "\t\t\t\t\tIBV_TM_CAP_RC\n".into(),
         ] {
             assert!(
                 r.stdout.contains(&expected),

@@ -6,6 +6,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use softverbs_device as core;
+use softverbs_engine::tm::TmCaps;
 use softverbs_engine::types::{AhAttr, EventType, Gid, WorkCompletion};
 use softverbs_engine::Result;
 
@@ -116,6 +117,11 @@ impl Context {
     /// `ibv_query_device`.
     pub fn query_device(&self) -> DeviceAttr {
         self.0.core.query_device()
+    }
+
+    /// The tag-matching capabilities (`ibv_query_device_ex`'s `tm_caps`).
+    pub fn tm_caps(&self) -> TmCaps {
+        self.0.core.device().tm_caps()
     }
 
     /// `ibv_query_port`: EINVAL for a port the device does not have.

@@ -35,7 +35,7 @@ pub use cq::{CompletionChannel, CompletionQueue, CqEvent};
 pub use device::{devices, fork_init, is_fork_initialized, Device, ForkStatus};
 pub use dm::DeviceMemory;
 pub use domain::ThreadDomain;
-pub use pd::{AddressHandle, MemoryRegion, ProtectionDomain};
+pub use pd::{AddressHandle, MemoryRegion, MemoryWindow, MwBindInfo, ProtectionDomain, Rereg};
 pub use qp::{QpInit, QueuePair, SharedReceiveQueue};
 pub use raw::{Flow, RssQueuePair, RwqIndTable, WorkQueue};
 pub use xrc::{XrcDomain, O_CREAT, O_EXCL};
@@ -47,11 +47,13 @@ pub use softverbs_device::flow::{FlowAttr, FlowType, FLOW_FLAG_DONT_TRAP, FLOW_F
 pub use softverbs_device::qp::{PostError, SendRequest, UdAddress};
 pub use softverbs_device::wq::{RssCaps, RxHashConf, WqState};
 pub use softverbs_device::{has_cap_net_raw, CounterSnapshot, DeviceAttrEx, OdpCaps, Timestamps, TsoCaps};
+pub use softverbs_engine::mw::{inc_rkey, MwBind, MwType};
 pub use softverbs_engine::rate::{mbps_to_rate, mult_to_rate, rate_to_mbps, rate_to_mult};
 pub use softverbs_engine::steering::{
     toeplitz, EthFilter, FlowSpec, FrameHeaders, Ipv4Filter, Ipv6Filter, PortFilter, RxHashFields,
     RX_HASH_FUNC_TOEPLITZ,
 };
+pub use softverbs_engine::tm::{OpsFlags, SrqOp, SrqOpKind, TmCap, TmCapFlags, TmCaps, TmInfo};
 pub use softverbs_engine::transport::QpCounters;
 pub use softverbs_engine::types::{
     AccessFlags, AhAttr, AtomicCap, EventType, Gid, GlobalRoute, MigState, Mtu, PortState, QpAttr,

@@ -5,13 +5,16 @@ use std::sync::Arc;
 
 use softverbs_device as core;
 use softverbs_device::mem::{AtomicBuffer, MemoryBacking};
-use softverbs_device::qp::UdAddress;
+use softverbs_device::qp::{SendRequest, UdAddress};
 use softverbs_engine::memory::AtomicOp;
-use softverbs_engine::types::{AccessFlags, AhAttr, Sge, SrqAttr, WorkCompletion};
-use softverbs_engine::wr::RemoteAddr;
+use softverbs_engine::mw::{MwBind, MwType};
+use softverbs_engine::tm::TmCap;
+use softverbs_engine::types::{AccessFlags, AhAttr, SendFlags, Sge, SrqAttr, WorkCompletion};
+use softverbs_engine::wr::{Payload, RemoteAddr, SendOp};
 use softverbs_engine::{Error, Result};
 
 use crate::context::Context;
+use crate::cq::CompletionQueue;
 use crate::dm::DeviceMemory;
 use crate::domain::ThreadDomain;
 use crate::qp::{QpInit, QueuePair, SharedReceiveQueue};
@@ -141,7 +144,8 @@ impl ProtectionDomain {
             core,
             imported: true,
             _dm: None,
-            _pd: self.clone(),
+            pd: self.clone(),
+            deregistered: false,
         })
     }
 
@@ -161,7 +165,8 @@ impl ProtectionDomain {
             core,
             imported: false,
             _dm: Some(dm.clone()),
-            _pd: self.clone(),
+            pd: self.clone(),
+            deregistered: false,
         })
     }
 
@@ -193,6 +198,15 @@ impl ProtectionDomain {
             mem: buf,
             imported: false,
             _dm: None,
+            pd: self.clone(),
+            deregistered: false,
+        })
+    }
+
+    /// `ibv_alloc_mw`: an unbound memory window of `mw_type`; ENOMEM beyond `max_mw`.
+    pub fn alloc_mw(&self, mw_type: MwType) -> Result<MemoryWindow> {
+        Ok(MemoryWindow {
+            core: core::Mw::alloc(&self.0.core, mw_type.raw())?,
             _pd: self.clone(),
         })
     }
@@ -204,7 +218,21 @@ impl ProtectionDomain {
 
     /// `ibv_create_srq`: see [`SharedReceiveQueue::query`] for the actual sizes.
     pub fn create_srq(&self, attr: &SrqAttr) -> Result<SharedReceiveQueue> {
-        SharedReceiveQueue::create(self, attr)
+        SharedReceiveQueue::create(self, attr, None)
+    }
+
+    /// `ibv_create_srq_ex` with `IBV_SRQT_TM`: a tag-matching SRQ whose completions, and those
+    /// of the RC QPs attached to it, go to `cq`. Tags are managed with
+    /// [`SharedReceiveQueue::post_ops`]; unexpected-message buffers are posted with
+    /// [`SharedReceiveQueue::post_recv`]. EINVAL when `tm` is 0 or beyond
+    /// [`Context::tm_caps`](crate::Context::tm_caps).
+    pub fn create_tm_srq(
+        &self,
+        attr: &SrqAttr,
+        cq: &CompletionQueue,
+        tm: TmCap,
+    ) -> Result<SharedReceiveQueue> {
+        SharedReceiveQueue::create(self, attr, Some((cq, tm)))
     }
 
     /// `ibv_advise_mr`: prefetches ranges of on-demand-paging regions of this PD (`advice`
@@ -243,10 +271,76 @@ pub struct MemoryRegion {
     imported: bool,
     /// The device memory of a DM region, freed after the region.
     _dm: Option<DeviceMemory>,
-    _pd: ProtectionDomain,
+    pd: ProtectionDomain,
+    deregistered: bool,
+}
+
+/// What [`MemoryRegion::rereg`] changes (`IBV_REREG_MR_CHANGE_*`): each `Some` field is a change.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rereg<'a> {
+    /// `IBV_REREG_MR_CHANGE_PD`: move the region to this PD.
+    pub pd: Option<&'a ProtectionDomain>,
+    /// `IBV_REREG_MR_CHANGE_TRANSLATION`: register a new zeroed buffer of this many bytes
+    /// instead (the old contents are not copied).
+    pub len: Option<usize>,
+    /// `IBV_REREG_MR_CHANGE_ACCESS`: the new access rights.
+    pub access: Option<AccessFlags>,
 }
 
 impl MemoryRegion {
+    /// `ibv_rereg_mr`: changes what `change` names, in place; the keys stay, so peers keep
+    /// using the same rkey. No change at all, a length of 0 or invalid access flags are EINVAL;
+    /// while memory windows are bound to the region it is EBUSY. On error nothing changes.
+    pub fn rereg(&mut self, change: Rereg<'_>) -> Result<()> {
+        let mut flags = 0;
+        let buf = change.len.map(|len| Arc::new(AtomicBuffer::new(len)));
+        let translation = buf.as_ref().map(|b| {
+            flags |= core::pd::REREG_CHANGE_TRANSLATION;
+            core::Translation {
+                backing: b.clone(),
+                addr: b.addr(),
+                iova: b.addr(),
+            }
+        });
+        if change.pd.is_some() {
+            flags |= core::pd::REREG_CHANGE_PD;
+        }
+        if change.access.is_some() {
+            flags |= core::pd::REREG_CHANGE_ACCESS;
+        }
+        self.core.rereg(
+            flags,
+            change.pd.map(|p| p.core()),
+            translation,
+            change.access.unwrap_or_default().bits(),
+        )?;
+        if let Some(b) = buf {
+            self.mem = b;
+        }
+        if let Some(p) = change.pd {
+            self.pd = p.clone();
+        }
+        Ok(())
+    }
+
+    /// `ibv_dereg_mr` with its result: EBUSY while memory windows are bound to the region, in
+    /// which case the region is handed back unchanged. (Dropping a region whose windows are
+    /// still bound leaves it registered until the last window lets go of it.)
+    pub fn dereg(mut self) -> std::result::Result<(), (Self, Error)> {
+        match self.core.dereg() {
+            Ok(()) => {
+                self.deregistered = true;
+                Ok(())
+            }
+            Err(e) => Err((self, e)),
+        }
+    }
+
+    /// The PD.
+    pub fn pd(&self) -> &ProtectionDomain {
+        &self.pd
+    }
+
     /// Local key.
     pub fn lkey(&self) -> u32 {
         self.core.lkey()
@@ -368,10 +462,114 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        if !self.imported {
-            let r = self.core.dereg();
-            debug_assert!(r.is_ok(), "{r:?}");
+        if self.imported || self.deregistered {
+            return;
         }
+        // EBUSY means windows are still bound: the core region then lives on in them (with
+        // its memory) and is torn down when the last one is unbound or deallocated.
+        let r = self.core.dereg();
+        debug_assert!(r.is_ok() || r.as_ref().is_err_and(|e| e.errno() == 16), "{r:?}");
+    }
+}
+
+/// A bind of a type 1 window (`struct ibv_mw_bind`).
+#[derive(Debug, Clone, Copy)]
+pub struct MwBindInfo<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// `IBV_SEND_SIGNALED`, `IBV_SEND_FENCE`.
+    pub send_flags: SendFlags,
+    /// The region; `None` with `addr` and `length` 0 unbinds the window.
+    pub mr: Option<&'a MemoryRegion>,
+    /// First byte of the window (an address of the region).
+    pub addr: u64,
+    /// Length.
+    pub length: u64,
+    /// Remote rights, and `ZERO_BASED` for type 2 windows.
+    pub access: AccessFlags,
+}
+
+/// A memory window (`ibv_alloc_mw`). Deallocated (and so unbound) when dropped.
+///
+/// Type 1 windows are bound with [`MemoryWindow::bind`]; type 2 windows with a BIND_MW work
+/// request ([`MemoryWindow::bind_request`]) and freed with LOCAL_INV or the peer's SEND with
+/// Invalidate.
+#[derive(Debug)]
+pub struct MemoryWindow {
+    core: Arc<core::Mw>,
+    _pd: ProtectionDomain,
+}
+
+impl MemoryWindow {
+    /// The rkey `ibv_mw.rkey` holds: for a type 1 window, the one the latest
+    /// [`MemoryWindow::bind`] returned.
+    pub fn rkey(&self) -> u32 {
+        self.core.rkey()
+    }
+
+    /// The rkey the window answers to now, and whether it is bound (the binding changes when
+    /// the bind or invalidation executes, not when it is posted).
+    pub fn current(&self) -> (u32, bool) {
+        self.core.current()
+    }
+
+    /// The type.
+    pub fn mw_type(&self) -> MwType {
+        self.core.mw_type()
+    }
+
+    /// `ibv_bind_mw`: posts a bind of this type 1 window on `qp` and returns its new rkey.
+    /// A type 2 window is EINVAL, an address or length without a region EINVAL, a region of
+    /// another PD EPERM; a bind that breaks a rule when it executes completes with
+    /// `IBV_WC_MW_BIND_ERR`.
+    pub fn bind(&self, qp: &QueuePair, info: &MwBindInfo<'_>) -> Result<u32> {
+        self.core.bind(
+            qp.core(),
+            &core::Type1Bind {
+                wr_id: info.wr_id,
+                send_flags: info.send_flags,
+                mr: info.mr.map(|m| m.core.clone()),
+                addr: info.addr,
+                length: info.length,
+                access: info.access.bits(),
+            },
+        )
+    }
+
+    /// An `IBV_WR_BIND_MW` work request binding this (type 2) window to `length` bytes of `mr`
+    /// at `addr`, after which it answers to `new_rkey` (only its low 8 bits are used: see
+    /// [`inc_rkey`](crate::inc_rkey)).
+    pub fn bind_request(
+        &self,
+        wr_id: u64,
+        new_rkey: u32,
+        mr: &MemoryRegion,
+        addr: u64,
+        length: u64,
+        access: AccessFlags,
+    ) -> SendRequest {
+        SendRequest {
+            wr_id,
+            op: SendOp::BindMw(MwBind {
+                mw_rkey: self.core.rkey(),
+                new_rkey,
+                mr_lkey: mr.lkey(),
+                addr,
+                length,
+                access,
+            }),
+            flags: SendFlags::SIGNALED,
+            payload: Payload::Sges(Vec::new()),
+            ud: None,
+            xrc_srqn: None,
+        }
+    }
+}
+
+impl Drop for MemoryWindow {
+    fn drop(&mut self) {
+        let r = self.core.dealloc();
+        debug_assert!(r.is_ok(), "{r:?}");
     }
 }
 

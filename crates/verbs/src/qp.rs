@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use softverbs_device as core;
 use softverbs_device::qp::{PostError, SendRequest};
+use softverbs_engine::tm::{SrqOp, TmCap};
 use softverbs_engine::transport::QpCounters;
 use softverbs_engine::types::{Gid, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SrqAttr};
 use softverbs_engine::Result;
@@ -159,6 +160,10 @@ impl QueuePair {
         Self(inner)
     }
 
+    pub(crate) fn core(&self) -> &Arc<core::Qp> {
+        &self.0.core
+    }
+
     /// The QP number.
     pub fn qp_num(&self) -> u32 {
         self.0.core.qpn()
@@ -233,8 +238,10 @@ impl QueuePair {
 pub(crate) struct SrqInner {
     pub(crate) core: Arc<core::Srq>,
     pd: ProtectionDomain,
-    /// An XRC SRQ keeps its domain and CQ.
-    _xrc: Option<(XrcDomain, CompletionQueue)>,
+    /// The CQ of a tag-matching or XRC SRQ.
+    _cq: Option<CompletionQueue>,
+    /// An XRC SRQ keeps its domain.
+    _xrcd: Option<XrcDomain>,
 }
 
 impl Drop for SrqInner {
@@ -252,11 +259,20 @@ impl Drop for SrqInner {
 pub struct SharedReceiveQueue(pub(crate) Arc<SrqInner>);
 
 impl SharedReceiveQueue {
-    pub(crate) fn create(pd: &ProtectionDomain, attr: &SrqAttr) -> Result<Self> {
+    pub(crate) fn create(
+        pd: &ProtectionDomain,
+        attr: &SrqAttr,
+        tm: Option<(&CompletionQueue, TmCap)>,
+    ) -> Result<Self> {
+        let core = match tm {
+            Some((cq, cap)) => core::Srq::create_tm(pd.core(), attr, cq.core(), cap)?,
+            None => core::Srq::create(pd.core(), attr)?,
+        };
         Ok(Self::wrap(SrqInner {
-            core: core::Srq::create(pd.core(), attr)?,
+            core,
             pd: pd.clone(),
-            _xrc: None,
+            _cq: tm.map(|(cq, _)| cq.clone()),
+            _xrcd: None,
         }))
     }
 
@@ -270,7 +286,8 @@ impl SharedReceiveQueue {
         Ok(Self::wrap(SrqInner {
             core: core::Srq::create_xrc(pd.core(), xrcd.core(), cq.core(), attr)?,
             pd: pd.clone(),
-            _xrc: Some((xrcd.clone(), cq.clone())),
+            _cq: Some(cq.clone()),
+            _xrcd: Some(xrcd.clone()),
         }))
     }
 
@@ -318,5 +335,27 @@ impl SharedReceiveQueue {
     /// Whether no WR is posted.
     pub fn is_empty(&self) -> bool {
         self.0.core.is_empty()
+    }
+
+    /// Whether this is a tag-matching SRQ.
+    pub fn is_tm(&self) -> bool {
+        self.0.core.is_tm()
+    }
+
+    /// `ibv_post_srq_ops` on a tag-matching SRQ: performs the operations in order, stopping at
+    /// the first that cannot be posted. Returns the handle of each `IBV_WR_TAG_ADD` performed
+    /// (0 for other operations) and the first refusal: EINVAL (not a tag-matching SRQ, too many
+    /// SGEs, handle outside the list) or ENOMEM (`max_ops` operations outstanding, or the tag
+    /// list full). Only operations with [`OpsFlags::SIGNALED`](crate::OpsFlags) complete (a
+    /// failed `IBV_WR_TAG_DEL` too, with `IBV_WC_TM_ERR`), on the SRQ's CQ. An operation stays
+    /// outstanding until its completion, or that of a later operation, is polled, so unsignaled
+    /// operations need a signaled one now and then.
+    pub fn post_ops(&self, ops: &[SrqOp]) -> (Vec<u32>, Result<(), PostError>) {
+        self.0.core.post_ops(ops)
+    }
+
+    /// Entries in the tag list.
+    pub fn tm_tags(&self) -> usize {
+        self.0.core.tm_tags()
     }
 }

@@ -147,7 +147,12 @@ mod ibv_query_device {
         assert!(a.max_qp_rd_atom > 0 && a.max_qp_init_rd_atom > 0);
         assert!(a.max_mcast_grp > 0 && a.max_total_mcast_qp_attach >= a.max_mcast_qp_attach);
         assert!(!a.fw_ver.is_empty());
-        assert_eq!(a.max_mw, 0, "memory windows are not offered");
+        assert!(a.max_mw > 0, "memory windows are offered");
+        assert_eq!(
+            a.device_cap_flags & ((1 << 17) | (1 << 24)),
+            (1 << 17) | (1 << 24),
+            "IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B"
+        );
         assert_eq!(
             a.device_cap_flags & 1,
             0,

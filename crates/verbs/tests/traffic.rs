@@ -200,7 +200,17 @@ mod ibv_post_send {
             (p.a.mr.read_u64(24).unwrap(), p.b.mr.read_u64(8).unwrap()),
             (42, 7)
         );
-        // SEND with invalidate reports the key to the receiver.
+        // SEND with invalidate frees a window of the receiver and reports its key.
+        let target =
+            p.b.pd
+                .register(64, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)
+                .unwrap();
+        let mw = p.b.pd.alloc_mw(MwType::Type2).unwrap();
+        let rkey = inc_rkey(mw.rkey());
+        p.b.qp
+            .post_send(&[mw.bind_request(20, rkey, &target, target.addr(), 64, AccessFlags::REMOTE_READ)])
+            .unwrap();
+        assert_eq!(wait(&p.b.cq, 1)[0].opcode, WcOpcode::BindMw);
         p.b.qp
             .post_recv(&[RecvWr {
                 wr_id: 21,
@@ -209,7 +219,7 @@ mod ibv_post_send {
             .unwrap();
         let inv = SendOp::Send {
             imm: None,
-            invalidate: Some(0xABCD),
+            invalidate: Some(rkey),
         };
         p.a.qp
             .post_send(&[send(6, inv, vec![p.a.mr.sge(0..4).unwrap()])])
@@ -217,7 +227,8 @@ mod ibv_post_send {
         wait(&p.a.cq, 1);
         let r = wait(&p.b.cq, 1);
         assert!(r[0].wc_flags.contains(WcFlags::WITH_INV));
-        assert_eq!(r[0].imm_data, 0xABCD);
+        assert_eq!(r[0].imm_data, rkey);
+        assert_eq!(mw.current(), (rkey, false));
     }
 
     #[test]

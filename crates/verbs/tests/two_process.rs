@@ -260,8 +260,131 @@ fn peer() {
                 String::from_utf8_lossy(&payload)
             );
         }
+        "mw-send-inv" | "mw-local-inv" => mw_peer(&s, &cmd, &mut lines),
         other => panic!("unknown command {other}"),
     }
+}
+
+/// The window the memory-window tests expose: 64 KiB at offset 4096 of the peer's target.
+const WINDOW: std::ops::Range<usize> = 4096..4096 + 65536;
+
+/// The peer of the memory-window tests: binds a type 2 window over part of a region that has
+/// no remote rights of its own, tells the parent where it is, then invalidates it (LOCAL_INV
+/// when told to, or through the parent's SEND with Invalidate) and reports what it sees.
+fn mw_peer(s: &Side, cmd: &str, lines: &mut impl Iterator<Item = String>) {
+    let target =
+        s.pd.register(LEN, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)
+            .unwrap();
+    let mw = s.pd.alloc_mw(MwType::Type2).unwrap();
+    let rkey = inc_rkey(mw.rkey());
+    let addr = target.addr() + WINDOW.start as u64;
+    let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+    s.qp.post_send(&[mw.bind_request(100, rkey, &target, addr, WINDOW.len() as u64, access)])
+        .unwrap();
+    let c = s.wait(1, Duration::from_secs(20));
+    assert_eq!((c[0].status, c[0].opcode), (WcStatus::Success, WcOpcode::BindMw));
+    s.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sg_list: vec![s.mr.sge(0..64).unwrap()],
+    }])
+    .unwrap();
+    println!("window {addr} {rkey}");
+    // What the parent wrote through the window, and nothing outside it.
+    let written = |target: &MemoryRegion| {
+        let mem = target.to_vec();
+        mem[WINDOW] == pattern(3)[..WINDOW.len()]
+            && mem[..WINDOW.start].iter().all(|&b| b == 0)
+            && mem[WINDOW.end..].iter().all(|&b| b == 0)
+    };
+    assert_eq!(lines.next().unwrap(), "check");
+    println!("mem {}", written(&target));
+    if cmd == "mw-local-inv" {
+        assert_eq!(lines.next().unwrap(), "invalidate");
+        s.qp.post_send(&[req(101, SendOp::LocalInv { rkey }, vec![])])
+            .unwrap();
+        let c = s.wait(1, Duration::from_secs(20));
+        let ok = c[0].status == WcStatus::Success && c[0].opcode == WcOpcode::LocalInv;
+        println!("inv {ok} true {}", mw.current().1);
+    } else {
+        // The receive completes only after the window was invalidated.
+        let c = s.wait(1, Duration::from_secs(20));
+        let with_inv = c[0].wc_flags.contains(WcFlags::WITH_INV) && c[0].imm_data == rkey;
+        println!(
+            "inv {} {with_inv} {}",
+            c[0].status == WcStatus::Success,
+            mw.current().1
+        );
+    }
+    assert_eq!(lines.next().unwrap(), "check");
+    println!("mem {}", written(&target));
+}
+
+/// A remote WRITE and READ through a type 2 window of another process work; after the window is
+/// invalidated (by the peer's LOCAL_INV, or by our SEND with Invalidate) a WRITE through it
+/// fails with a remote access error and leaves the memory as it was.
+fn mw_between_processes(cmd: &str) {
+    let s = side(QpType::Rc);
+    let (mut p, peer) = Peer::spawn(cmd, s.info());
+    s.connect(peer.qpn, 7);
+    let w: Vec<u64> = p.line()["window ".len()..]
+        .split(' ')
+        .map(|t| t.parse().unwrap())
+        .collect();
+    let remote = RemoteAddr {
+        addr: w[0],
+        rkey: w[1] as u32,
+    };
+    let n = WINDOW.len();
+    s.mr.write(0, &pattern(3)[..n]).unwrap();
+    let write = |wr_id| {
+        req(
+            wr_id,
+            SendOp::Write { remote, imm: None },
+            vec![s.mr.sge(0..n).unwrap()],
+        )
+    };
+    s.qp.post_send(&[write(1)]).unwrap();
+    let read = req(2, SendOp::Read { remote }, vec![s.mr.sge(n..2 * n).unwrap()]);
+    s.qp.post_send(&[read]).unwrap();
+    let c = s.wait(2, Duration::from_secs(30));
+    let got: Vec<_> = c.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(got, [(1, WcStatus::Success), (2, WcStatus::Success)]);
+    let mut back = vec![0u8; n];
+    s.mr.read(n, &mut back).unwrap();
+    assert_eq!(back, pattern(3)[..n], "READ through the window is byte-exact");
+    writeln!(p.stdin, "check").unwrap();
+    assert_eq!(
+        p.line(),
+        "mem true",
+        "WRITE landed in the window and nowhere else"
+    );
+    if cmd == "mw-local-inv" {
+        writeln!(p.stdin, "invalidate").unwrap();
+    } else {
+        let inv = SendOp::Send {
+            imm: None,
+            invalidate: Some(remote.rkey),
+        };
+        s.qp.post_send(&[req(3, inv, vec![s.mr.sge(0..16).unwrap()])])
+            .unwrap();
+        let c = s.wait(1, Duration::from_secs(30));
+        assert_eq!(c[0].status, WcStatus::Success);
+    }
+    assert_eq!(p.line(), "inv true true false", "invalidated, reported, unbound");
+    s.mr.write(0, &pattern(4)[..n]).unwrap();
+    s.qp.post_send(&[write(4)]).unwrap();
+    let c = s.wait(1, Duration::from_secs(30));
+    assert_eq!((c[0].wr_id, c[0].status), (4, WcStatus::RemAccessErr));
+    writeln!(p.stdin, "check").unwrap();
+    assert_eq!(p.line(), "mem true", "the target memory is untouched");
+}
+
+fn mw_send_with_invalidate_between_processes() {
+    mw_between_processes("mw-send-inv");
+}
+
+fn mw_local_invalidate_between_processes() {
+    mw_between_processes("mw-local-inv");
 }
 
 struct Peer {
@@ -520,7 +643,7 @@ fn main() {
     // Before any device exists, so that this process and its peers (which inherit the
     // environment) use the same private base port.
     std::env::set_var("SOFTVERBS_UDP_PORT", free_base_port().to_string());
-    let tests: [(&str, fn()); 5] = [
+    let tests: [(&str, fn()); 7] = [
         ("standard_port_forwarding", standard_port_forwarding),
         ("rc_between_processes", rc_between_processes),
         (
@@ -529,6 +652,14 @@ fn main() {
         ),
         ("ud_between_processes", ud_between_processes),
         ("ud_between_processes_over_ipv6", ud_between_processes_over_ipv6),
+        (
+            "mw_send_with_invalidate_between_processes",
+            mw_send_with_invalidate_between_processes,
+        ),
+        (
+            "mw_local_invalidate_between_processes",
+            mw_local_invalidate_between_processes,
+        ),
     ];
     let mut failed = 0;
     for (name, t) in tests {

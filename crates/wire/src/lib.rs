@@ -71,6 +71,7 @@ pub mod opcode;
 pub mod packet;
 pub mod psn;
 pub mod reth;
+pub mod tm;
 pub mod xrceth;
 
 #[cfg(test)]
@@ -88,6 +89,7 @@ pub use opcode::{Header, HeaderSet, OpFlags, Opcode, OpcodeInfo, Position, Trans
 pub use packet::{pad_count_for, PacketRepr, ParsedPacket, RocePacket};
 pub use psn::Psn;
 pub use reth::{RethPacket, RethRepr};
+pub use tm::{RvhPacket, RvhRepr, TmHeaders, TmhOpcode, TmhPacket, TmhRepr};
 pub use xrceth::{XrcEthPacket, XrcEthRepr};
 
 /// The IANA UDP destination port of RoCEv2.

@@ -12,7 +12,7 @@ use crate::wr::{Payload, SendOp};
 /// Copies `src` into the scatter list starting `offset` bytes in; fails if it does not fit.
 pub(crate) fn scatter(
     mem: &dyn Memory,
-    pd: u32,
+    pd: (u32, u32),
     payload: &Payload,
     offset: u64,
     src: &[u8],
@@ -34,7 +34,7 @@ pub(crate) enum ScatterError {
 
 pub(crate) fn scatter_sges(
     mem: &dyn Memory,
-    pd: u32,
+    (pd, qpn): (u32, u32),
     sges: &[crate::types::Sge],
     offset: u64,
     src: &[u8],
@@ -54,6 +54,7 @@ pub(crate) fn scatter_sges(
         let key = KeyRef {
             key: sge.lkey,
             pd,
+            qpn,
             access: Access::LocalWrite,
         };
         mem.write(key, sge.addr + skip, &src[done..done + take])
@@ -304,7 +305,7 @@ impl QpEngine {
     }
 
     /// Pops the front WQE, which is finished, and completes it successfully.
-    fn pop_completed(&mut self) -> bool {
+    pub(crate) fn pop_completed(&mut self) -> bool {
         let Some(w) = self.sq.pop_front() else {
             return false;
         };
@@ -394,7 +395,13 @@ impl QpEngine {
             self.fail_wqe(idx, WcStatus::BadRespErr);
             return Ok(());
         }
-        if let Err(e) = scatter(mem, self.cfg.pd, &w.wr.payload, offset, pkt.payload) {
+        if let Err(e) = scatter(
+            mem,
+            (self.cfg.pd, self.cfg.qpn),
+            &w.wr.payload,
+            offset,
+            pkt.payload,
+        ) {
             self.fail_wqe(idx, scatter_status(e));
             return Ok(());
         }
@@ -449,7 +456,13 @@ impl QpEngine {
         let Some(idx) = find(&self.sq) else { return Ok(()) };
         let w = &self.sq[idx];
         // The original value lands in the local buffer in host byte order.
-        if let Err(e) = scatter(mem, self.cfg.pd, &w.wr.payload, 0, &orig.to_ne_bytes()) {
+        if let Err(e) = scatter(
+            mem,
+            (self.cfg.pd, self.cfg.qpn),
+            &w.wr.payload,
+            0,
+            &orig.to_ne_bytes(),
+        ) {
             self.fail_wqe(idx, scatter_status(e));
             return Ok(());
         }

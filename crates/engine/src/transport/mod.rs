@@ -42,6 +42,7 @@
 
 mod completer;
 mod grh;
+mod placement;
 mod raw;
 mod requester;
 mod responder;
@@ -53,10 +54,13 @@ use softverbs_wire::{ParsedPacket, Psn};
 
 use crate::memory::Memory;
 use crate::time::Instant;
-use crate::types::{EventType, Gid, QpAttr, QpState, QpType, RecvWr, WcOpcode, WcStatus, WorkCompletion};
+use crate::types::{
+    EventType, Gid, QpAttr, QpState, QpType, RecvWr, WcFlags, WcOpcode, WcStatus, WorkCompletion,
+};
 use crate::wr::SendWr;
 
 pub use grh::write_grh;
+pub use placement::RecvPlacement;
 pub use raw::receive_frame;
 
 /// Unacknowledged PSNs a requester may have in flight (as rxe).
@@ -110,6 +114,9 @@ pub enum WorkQueue {
     Recv,
     /// The CQ of the XRC SRQ with this number (XRC targets complete there).
     XrcSrq(u32),
+    /// Back to the driver: the end of a work request the driver posted for itself
+    /// ([`QpEngine::post_internal`]), or of a message it asked to see ([`RecvPlacement::queue`]).
+    Internal,
 }
 
 /// A completion to push onto a CQ.
@@ -150,6 +157,14 @@ pub trait RecvSource {
     fn take(&mut self) -> Option<RecvWr>;
     /// Returns a WQE taken for a message that was then abandoned (UC), to be used next.
     fn put_back(&mut self, wr: RecvWr);
+    /// Chooses the receive of a SEND from its first packet's payload (`only`: the message is
+    /// that one packet). `None` means no receive is available (RNR), and must change nothing,
+    /// since the message will be sent again. By default the next WQE takes the whole message.
+    fn take_send(&mut self, first: &[u8], only: bool) -> Option<RecvPlacement> {
+        let _ = (first, only);
+        self.take().map(RecvPlacement::plain)
+    }
+
     /// XRC targets: looks up the SRQ numbered `srqn` (the request's XRCETH) among the SRQs of
     /// the target's XRC domain, directs the following `take`/`put_back` to it and returns its
     /// protection domain. `None` if the domain has no such SRQ. Sources of other QPs have none.
@@ -244,6 +259,8 @@ pub(crate) struct SendWqe {
     pub(crate) done: bool,
     /// The WQE failed with this status; it completes with it when the QP is flushed, in order.
     pub(crate) failed: Option<WcStatus>,
+    /// Posted by the driver for itself: it always completes, to [`WorkQueue::Internal`].
+    pub(crate) internal: bool,
 }
 
 impl SendWqe {
@@ -264,6 +281,7 @@ impl SendWqe {
             rereq_psn: None,
             done: false,
             failed: None,
+            internal: false,
         }
     }
 
@@ -337,6 +355,8 @@ pub struct QpEngine {
     pub(crate) events: VecDeque<EventType>,
     pub(crate) counters: QpCounters,
     pub(crate) went_to_error: bool,
+    /// The driver has posted WQEs for itself: counting the application's WQEs must skip them.
+    pub(crate) internal_used: bool,
 }
 
 impl QpEngine {
@@ -355,6 +375,7 @@ impl QpEngine {
             events: VecDeque::new(),
             counters: QpCounters::default(),
             went_to_error: false,
+            internal_used: false,
         }
     }
 
@@ -384,9 +405,13 @@ impl QpEngine {
         self.sq.iter().take_while(|w| w.started).any(SendWqe::outstanding)
     }
 
-    /// Posted send WQEs not yet completed.
+    /// Posted send WQEs of the application not yet completed.
     pub fn send_queue_len(&self) -> usize {
-        self.sq.len()
+        if self.internal_used {
+            self.sq.len() - self.internal_queue_len()
+        } else {
+            self.sq.len()
+        }
     }
 
     /// Posted receive WQEs not yet consumed (own receive queue only).
@@ -459,6 +484,26 @@ impl QpEngine {
             return;
         }
         self.sq.push_back(SendWqe::new(wr));
+    }
+
+    /// Queues a send WQE the driver posts for itself (an RDMA READ or SEND of an offload such
+    /// as tag matching): it takes no slot of the application's send queue and completes, signaled
+    /// or not, to [`WorkQueue::Internal`]. In ERR it completes at once as flushed.
+    pub fn post_internal(&mut self, wr: SendWr) {
+        if self.state == QpState::Err {
+            let wc = WorkCompletion::error(wr.wr_id, WcStatus::WrFlushErr, wr.op.wc_opcode(), self.cfg.qpn);
+            self.push_cqe(WorkQueue::Internal, wc);
+            return;
+        }
+        let mut w = SendWqe::new(wr);
+        w.internal = true;
+        self.internal_used = true;
+        self.sq.push_back(w);
+    }
+
+    /// Send WQEs the driver posted for itself and that have not completed.
+    pub fn internal_queue_len(&self) -> usize {
+        self.sq.iter().filter(|w| w.internal).count()
     }
 
     /// Processes one received packet addressed to this QP. Returns why it was dropped, if it
@@ -539,16 +584,19 @@ impl QpEngine {
         for w in std::mem::take(&mut self.sq) {
             let status = w.failed.unwrap_or(WcStatus::WrFlushErr);
             let wc = WorkCompletion::error(w.wr.wr_id, status, w.wr.op.wc_opcode(), qpn);
-            self.push_cqe(WorkQueue::Send, wc);
+            let queue = if w.internal {
+                WorkQueue::Internal
+            } else {
+                WorkQueue::Send
+            };
+            self.push_cqe(queue, wc);
         }
         self.req.send_idx = 0;
         self.req.outstanding_rd = 0;
         self.req.rereq_pending = 0;
-        if let Some(wqe) = self.resp.take_in_progress_wqe() {
-            self.push_cqe(
-                self.recv_queue(),
-                WorkCompletion::error(wqe.wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn),
-            );
+        if let Some(p) = self.resp.take_in_progress_wqe() {
+            let wc = p.completion(WcStatus::WrFlushErr, WcFlags::empty(), qpn, 0);
+            self.push_cqe(p.queue, wc);
         }
         for r in std::mem::take(&mut self.rq) {
             self.push_cqe(

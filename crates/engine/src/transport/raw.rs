@@ -22,7 +22,7 @@ pub fn receive_frame(
     frame: &[u8],
     flow_tag: u32,
 ) -> WorkCompletion {
-    let status = match scatter_sges(mem, pd, &wr.sg_list, 0, frame) {
+    let status = match scatter_sges(mem, (pd, qpn), &wr.sg_list, 0, frame) {
         Ok(()) => WcStatus::Success,
         Err(ScatterError::Length) => WcStatus::LocLenErr,
         Err(ScatterError::Mem(e)) => e.local_status(),
@@ -45,7 +45,7 @@ impl QpEngine {
             return;
         };
         let mut bytes = vec![0; w.len as usize];
-        if let Err(e) = gather(mem, self.cfg.pd, &w.wr.payload, 0, &mut bytes) {
+        if let Err(e) = gather(mem, (self.cfg.pd, self.cfg.qpn), &w.wr.payload, 0, &mut bytes) {
             self.fail_wqe(0, e.local_status());
             return;
         }

@@ -77,7 +77,7 @@ pub(crate) fn packets(len: u64, mtu: u32) -> u32 {
 /// Copies `dst.len()` bytes starting `offset` bytes into the gather list.
 pub(crate) fn gather(
     mem: &dyn Memory,
-    pd: u32,
+    (pd, qpn): (u32, u32),
     payload: &Payload,
     offset: u64,
     dst: &mut [u8],
@@ -98,7 +98,7 @@ pub(crate) fn gather(
             let n = (header.len() - start).min(dst.len());
             dst[..n].copy_from_slice(&header[start..start + n]);
             let rest = offset.saturating_sub(header.len() as u64);
-            gather(mem, pd, &Payload::Sges(sges.clone()), rest, &mut dst[n..])
+            gather(mem, (pd, qpn), &Payload::Sges(sges.clone()), rest, &mut dst[n..])
         }
         Payload::Sges(sges) => {
             let mut skip = offset;
@@ -113,6 +113,7 @@ pub(crate) fn gather(
                 let key = KeyRef {
                     key: sge.lkey,
                     pd,
+                    qpn,
                     access: Access::LocalRead,
                 };
                 mem.read(key, sge.addr + skip, &mut dst[done..done + take])?;
@@ -251,6 +252,10 @@ impl QpEngine {
         } else {
             self.mtu()
         };
+        if !rerequest && self.sq[idx].wr.op.is_local() {
+            self.execute_local(idx, mem);
+            return;
+        }
         if rerequest {
             self.sq[idx].rereq = false;
             self.req.rereq_pending -= 1;
@@ -310,6 +315,8 @@ impl QpEngine {
             SendOp::Read { .. } => (Opcode::RcReadRequest.on_transport(transport), 0),
             SendOp::CompareSwap { .. } => (Opcode::RcCompareSwap.on_transport(transport), 0),
             SendOp::FetchAdd { .. } => (Opcode::RcFetchAdd.on_transport(transport), 0),
+            // Executed by `execute_local` above, never sent.
+            SendOp::BindMw(_) | SendOp::LocalInv { .. } => (None, 0),
             // Raw packet QPs only, which never get here (`generate_raw`).
             SendOp::Tso { .. } => (None, 0),
             // RC only (checked at post time): XRC has no twin of these extensions.
@@ -383,7 +390,7 @@ impl QpEngine {
                     compare: 0,
                 });
             }
-            SendOp::Tso { .. } => {}
+            SendOp::BindMw(_) | SendOp::LocalInv { .. } | SendOp::Tso { .. } => {}
             SendOp::AtomicWrite { remote, .. } => {
                 repr.reth = Some(RethRepr {
                     va: remote.addr,
@@ -445,7 +452,7 @@ impl QpEngine {
                 buf.copy_from_slice(&value);
                 Ok(())
             }
-            _ => gather(mem, self.cfg.pd, &w.wr.payload, offset, buf),
+            _ => gather(mem, (self.cfg.pd, self.cfg.qpn), &w.wr.payload, offset, buf),
         });
         let tx = match built {
             Ok(tx) => tx,
@@ -486,15 +493,60 @@ impl QpEngine {
         }
     }
 
+    /// Executes the bind or local invalidate at `idx`, which the requester has reached: it
+    /// takes no PSN and sends nothing, but completes in posting order like every WQE. A failed
+    /// bind completes with `IBV_WC_MW_BIND_ERR`, a failed invalidate with
+    /// `IBV_WC_LOC_QP_OP_ERR`, and the QP moves to ERR (as rxe).
+    fn execute_local(&mut self, idx: usize, mem: &dyn Memory) {
+        let (qpn, pd) = (self.cfg.qpn, self.cfg.pd);
+        self.req.send_idx = idx;
+        let next_psn = self.req.next_psn;
+        let w = &mut self.sq[idx];
+        w.started = true;
+        w.npsn = 0;
+        w.first_psn = next_psn;
+        let result = match w.wr.op {
+            SendOp::BindMw(bind) => mem.bind_mw(qpn, pd, &bind).map_err(|_| WcStatus::MwBindErr),
+            SendOp::LocalInv { rkey } => mem.invalidate(qpn, pd, rkey).map_err(|_| WcStatus::LocQpOpErr),
+            _ => unreachable!("only local operations are executed here"),
+        };
+        if let Err(status) = result {
+            self.fail_wqe(idx, status);
+            return;
+        }
+        self.sq[idx].done = true;
+        match self.cfg.qp_type {
+            QpType::Rc | QpType::XrcSend | QpType::XrcRecv => {
+                self.req.send_idx += 1;
+                // Completions leave in posting order: it completes now only if nothing before
+                // it waits for an acknowledgement; otherwise the ACK that finishes those does.
+                while self.sq.front().is_some_and(|w| w.done) {
+                    self.pop_completed();
+                }
+            }
+            // Unreliable: done at once (binds are refused on UD and raw QPs at post time).
+            QpType::Uc | QpType::Ud | QpType::RawPacket => {
+                let w = self.sq.pop_front().expect("executing the front WQE");
+                self.complete_send(&w, WcStatus::Success);
+            }
+        }
+        self.check_drained();
+    }
+
     /// Completes a send WQE, with a completion if signaled or unsuccessful.
     pub(crate) fn complete_send(&mut self, w: &super::SendWqe, status: WcStatus) {
-        let signaled = self.cfg.sq_sig_all || w.wr.flags.contains(SendFlags::SIGNALED);
+        let signaled = self.cfg.sq_sig_all || w.wr.flags.contains(SendFlags::SIGNALED) || w.internal;
         if signaled || status != WcStatus::Success {
             let mut wc = WorkCompletion::error(w.wr.wr_id, status, w.wr.op.wc_opcode(), self.cfg.qpn);
             if status == WcStatus::Success {
                 wc.byte_len = w.len as u32;
             }
-            self.push_cqe(WorkQueue::Send, wc);
+            let queue = if w.internal {
+                WorkQueue::Internal
+            } else {
+                WorkQueue::Send
+            };
+            self.push_cqe(queue, wc);
         }
     }
 

@@ -11,7 +11,7 @@ use softverbs_wire::{
 use super::completer::{scatter_sges, ScatterError};
 use super::grh::write_grh;
 use super::requester::{build, packets};
-use super::{DropReason, QpEngine, RecvSource, RxMeta, WorkQueue};
+use super::{DropReason, QpEngine, RecvPlacement, RecvSource, RxMeta, WorkQueue};
 use crate::memory::{Access, AtomicOp, KeyRef, MemError, Memory};
 use crate::time::Instant;
 use crate::types::{
@@ -25,7 +25,7 @@ pub(crate) enum Progress {
     #[default]
     Idle,
     Send {
-        wqe: RecvWr,
+        place: RecvPlacement,
         offset: u64,
     },
     Write {
@@ -92,9 +92,9 @@ impl Responder {
         };
     }
 
-    pub(crate) fn take_in_progress_wqe(&mut self) -> Option<RecvWr> {
+    pub(crate) fn take_in_progress_wqe(&mut self) -> Option<RecvPlacement> {
         match std::mem::take(&mut self.progress) {
-            Progress::Send { wqe, .. } => Some(wqe),
+            Progress::Send { place, .. } => Some(place),
             _ => None,
         }
     }
@@ -228,7 +228,7 @@ impl QpEngine {
             meta.hop_limit,
             pkt.repr.buffer_len(),
         );
-        let pd = self.cfg.pd;
+        let pd = (self.cfg.pd, self.cfg.qpn);
         let result = scatter_sges(mem, pd, &wqe.sg_list, 0, &grh)
             .and_then(|()| scatter_sges(mem, pd, &wqe.sg_list, 40, pkt.payload));
         let mut wc = WorkCompletion::error(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.cfg.qpn);
@@ -266,8 +266,8 @@ impl QpEngine {
         }
         if self.resp.uc_dropping || psn != self.resp.epsn {
             // A gap: whatever message was in progress is lost. Resynchronise on a new message.
-            if let Some(wqe) = self.resp.take_in_progress_wqe() {
-                self.put_back_recv(wqe, srq);
+            if let Some(p) = self.resp.take_in_progress_wqe() {
+                self.put_back_recv(p.wqe, srq);
             }
             self.resp.progress = Progress::Idle;
             if !opcode.starts_message() {
@@ -290,17 +290,12 @@ impl QpEngine {
             }
             Err(Outcome::Fatal(f)) => {
                 // UC drops a bad message silently; a receive it consumed is reused.
-                if let Some(wqe) = self.resp.take_in_progress_wqe() {
+                if let Some(p) = self.resp.take_in_progress_wqe() {
                     if f.recv_status == WcStatus::LocLenErr {
-                        let wc = WorkCompletion::error(
-                            wqe.wr_id,
-                            WcStatus::LocLenErr,
-                            WcOpcode::Recv,
-                            self.cfg.qpn,
-                        );
-                        self.push_cqe(self.recv_queue(), wc);
+                        let wc = p.completion(WcStatus::LocLenErr, WcFlags::empty(), self.cfg.qpn, 0);
+                        self.push_cqe(p.queue, wc);
                     } else {
-                        self.put_back_recv(wqe, srq);
+                        self.put_back_recv(p.wqe, srq);
                     }
                 }
                 self.resp.progress = Progress::Idle;
@@ -309,8 +304,8 @@ impl QpEngine {
                 Err(DropReason::UcMessageDropped)
             }
             Err(Outcome::Sequence) => {
-                if let Some(wqe) = self.resp.take_in_progress_wqe() {
-                    self.put_back_recv(wqe, srq);
+                if let Some(p) = self.resp.take_in_progress_wqe() {
+                    self.put_back_recv(p.wqe, srq);
                 }
                 self.resp.progress = Progress::Idle;
                 self.resp.uc_dropping = true;
@@ -405,9 +400,9 @@ impl QpEngine {
     /// move to ERR with the matching async event.
     fn rc_fatal(&mut self, f: Fatal, psn: Psn) {
         self.send_ack(AethSyndrome::Nak(f.nak), psn);
-        if let Some(wqe) = self.resp.take_in_progress_wqe() {
-            let wc = WorkCompletion::error(wqe.wr_id, f.recv_status, WcOpcode::Recv, self.cfg.qpn);
-            self.push_cqe(self.recv_queue(), wc);
+        if let Some(p) = self.resp.take_in_progress_wqe() {
+            let wc = p.completion(f.recv_status, WcFlags::empty(), self.cfg.qpn, 0);
+            self.push_cqe(p.queue, wc);
         }
         self.events.push_back(f.event);
         // The NAK must still leave: keep it across the flush.
@@ -458,6 +453,7 @@ impl QpEngine {
                     let key = KeyRef {
                         key: reth.rkey,
                         pd: self.resp_pd(),
+                        qpn: self.cfg.qpn,
                         access: Access::RemoteWrite,
                     };
                     mem.check(key, reth.va, total)
@@ -496,6 +492,7 @@ impl QpEngine {
                 let key = KeyRef {
                     key: rkey,
                     pd: self.resp_pd(),
+                    qpn: self.cfg.qpn,
                     access: Access::RemoteWrite,
                 };
                 if mem.write(key, va + offset, pkt.payload).is_err() {
@@ -535,41 +532,71 @@ impl QpEngine {
         }
         // SEND.
         if opcode.starts_message() {
-            match self.take_recv(srq) {
-                Some(wqe) => self.resp.progress = Progress::Send { wqe, offset: 0 },
-                None => return Err(Outcome::Rnr),
+            let place = if self.cfg.has_srq || self.cfg.qp_type == QpType::XrcRecv {
+                srq.as_deref_mut()
+                    .and_then(|s| s.take_send(pkt.payload, opcode.ends_message()))
+            } else {
+                self.rq.pop_front().map(RecvPlacement::plain)
+            };
+            let Some(mut place) = place else {
+                return Err(Outcome::Rnr);
+            };
+            if place.queue == WorkQueue::Recv {
+                // An XRC target completes on the CQ of the SRQ the WQE came from.
+                place.queue = self.recv_queue();
             }
+            if let (Some(flags), false) = (place.early_flags, opcode.ends_message()) {
+                let wc = place.completion(WcStatus::Success, flags, self.cfg.qpn, self.attr.dest_qp_num);
+                self.push_cqe(place.queue, wc);
+            }
+            self.resp.progress = Progress::Send { place, offset: 0 };
         }
         let pd = self.resp_pd();
-        let Progress::Send { wqe, offset } = &mut self.resp.progress else {
+        let Progress::Send { place, offset } = &mut self.resp.progress else {
             unreachable!()
         };
-        match scatter_sges(mem, pd, &wqe.sg_list, *offset, pkt.payload) {
-            Ok(()) => {}
-            Err(ScatterError::Length) => {
-                return Err(Outcome::Fatal(Fatal {
-                    nak: NakCode::InvalidRequest,
-                    recv_status: WcStatus::LocLenErr,
-                    event: EventType::QpReqErr,
-                }))
-            }
-            Err(ScatterError::Mem(_)) => {
-                return Err(Outcome::Fatal(Fatal {
-                    nak: NakCode::RemoteOperationalError,
-                    recv_status: WcStatus::LocProtErr,
-                    event: EventType::QpFatal,
-                }))
+        if let Some((range, at)) = place.window(*offset, len) {
+            match scatter_sges(
+                mem,
+                (pd, self.cfg.qpn),
+                &place.wqe.sg_list,
+                at,
+                &pkt.payload[range],
+            ) {
+                Ok(()) => {}
+                Err(ScatterError::Length) => {
+                    return Err(Outcome::Fatal(Fatal {
+                        nak: NakCode::InvalidRequest,
+                        recv_status: WcStatus::LocLenErr,
+                        event: EventType::QpReqErr,
+                    }))
+                }
+                Err(ScatterError::Mem(_)) => {
+                    return Err(Outcome::Fatal(Fatal {
+                        nak: NakCode::RemoteOperationalError,
+                        recv_status: WcStatus::LocProtErr,
+                        event: EventType::QpFatal,
+                    }))
+                }
             }
         }
         *offset += len;
         if opcode.ends_message() {
-            let Progress::Send { wqe, offset } = std::mem::take(&mut self.resp.progress) else {
+            if let Some(ieth) = pkt.repr.ieth {
+                // The window is invalidated before the receive completes, so that a consumer who
+                // sees the completion can rely on the peer having lost access (IBTA 9.4.1.1.3).
+                // A key that cannot be invalidated is an invalid request (class J): the receive
+                // completes in error and the QP moves to ERR.
+                if mem.invalidate(self.cfg.qpn, self.resp_pd(), ieth.rkey).is_err() {
+                    return Err(Outcome::Fatal(INVALID_REQUEST));
+                }
+            }
+            let Progress::Send { place, offset } = std::mem::take(&mut self.resp.progress) else {
                 unreachable!()
             };
             self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
-            let mut wc = WorkCompletion::error(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.cfg.qpn);
-            wc.byte_len = offset as u32;
-            wc.src_qp = self.attr.dest_qp_num;
+            let mut wc = place.completion(place.status, place.flags, self.cfg.qpn, self.attr.dest_qp_num);
+            wc.byte_len = place.placed(offset) as u32;
             wc.solicited = pkt.repr.bth.solicited;
             if let Some(imm) = pkt.repr.imm_dt {
                 wc.imm_data = imm.imm_data.to_be();
@@ -579,7 +606,7 @@ impl QpEngine {
                 wc.imm_data = ieth.rkey;
                 wc.wc_flags |= WcFlags::WITH_INV;
             }
-            self.push_cqe(self.recv_queue(), wc);
+            self.push_cqe(place.queue, wc);
         }
         Ok(())
     }
@@ -601,6 +628,7 @@ impl QpEngine {
             let key = KeyRef {
                 key: reth.rkey,
                 pd: self.resp_pd(),
+                qpn: self.cfg.qpn,
                 access: Access::RemoteRead,
             };
             mem.check(key, reth.va, len)
@@ -644,6 +672,7 @@ impl QpEngine {
         let key = KeyRef {
             key: a.rkey,
             pd: self.resp_pd(),
+            qpn: self.cfg.qpn,
             access: Access::RemoteAtomic,
         };
         let orig = match mem.atomic(key, a.va, op) {
@@ -684,6 +713,7 @@ impl QpEngine {
             let key = KeyRef {
                 key: reth.rkey,
                 pd: self.resp_pd(),
+                qpn: self.cfg.qpn,
                 access: Access::RemoteWrite,
             };
             let op = AtomicOp::Store {
@@ -709,6 +739,7 @@ impl QpEngine {
             let key = KeyRef {
                 key: reth.rkey,
                 pd: self.resp_pd(),
+                qpn: self.cfg.qpn,
                 access: Access::Flush(placement),
             };
             let whole = feth.selectivity == softverbs_wire::feth::SELECT_MR;
@@ -857,6 +888,7 @@ impl QpEngine {
             let key = KeyRef {
                 key: rkey,
                 pd,
+                qpn: self.cfg.qpn,
                 access: Access::RemoteRead,
             };
             let built = build(&repr, dest, |buf| {

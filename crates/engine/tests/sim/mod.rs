@@ -4,8 +4,8 @@
 //! is a pure function of its seed and its script. The pieces:
 //!
 //! * [`SimMemory`]: a node's address space with a registered-region table (lkey/rkey, PD, access
-//!   rights, bounds, 8-byte aligned atomics), implementing the engine's [`Memory`] trait the way
-//!   an HCA checks accesses;
+//!   rights, bounds, 8-byte aligned atomics) and memory windows, implementing the engine's
+//!   [`Memory`] trait the way an HCA checks accesses;
 //! * [`Srq`]: a shared receive queue implementing [`RecvSource`];
 //! * [`Node`]: a GID (its IP address), memory, QPs, SRQs and CQs (`Vec`s of completions);
 //! * [`Sim`]: the network between nodes (per-node egress link rate, fixed latency, loss,
@@ -28,10 +28,11 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use softverbs_engine::memory::{AtomicOp, KeyRef, MemError, Memory};
+use softverbs_engine::mw::{key_index, MrInfo, MwBind, MwType, Window};
 use softverbs_engine::qp_state::{self, PortLimits};
 use softverbs_engine::time::Instant;
 use softverbs_engine::transport::{
-    Completion, DropReason, QpConfig, QpEngine, RecvSource, RxMeta, Transmit, WorkQueue,
+    Completion, DropReason, QpConfig, QpEngine, RecvPlacement, RecvSource, RxMeta, Transmit, WorkQueue,
 };
 use softverbs_engine::types::{
     AccessFlags, AhAttr, EventType, Gid, GlobalRoute, Mtu, QpAttr, QpAttrMask, QpState, QpType, RecvWr,
@@ -165,6 +166,8 @@ pub struct SimMemory {
     base: u64,
     bytes: RefCell<Vec<u8>>,
     regions: RefCell<Vec<Region>>,
+    /// Memory windows, by key index.
+    windows: RefCell<BTreeMap<u32, Window>>,
     key_salt: u32,
     /// Accesses refused, by reason (for tests that assert a check happened).
     pub refused: RefCell<Vec<MemError>>,
@@ -181,6 +184,7 @@ impl SimMemory {
             base: 0x10_0000_0000 + (node as u64) * 0x1_0000_0000,
             bytes: RefCell::new(Vec::new()),
             regions: RefCell::new(Vec::new()),
+            windows: RefCell::new(BTreeMap::new()),
             key_salt: 0x5A00_0000 ^ ((node as u32) << 16),
             refused: RefCell::new(Vec::new()),
             atomics: Cell::new(0),
@@ -236,6 +240,20 @@ impl SimMemory {
         }
     }
 
+    /// Allocates a memory window (as `ibv_alloc_mw`); returns its rkey.
+    pub fn alloc_mw(&self, pd: u32, mw_type: MwType) -> u32 {
+        let mut w = self.windows.borrow_mut();
+        // Window keys have the top bit set: region keys never do, so the two cannot collide.
+        let rkey = 0x8000_0000 | (self.key_salt & 0x00FF_0000) | ((w.len() as u32 + 1) << 8);
+        w.insert(key_index(rkey), Window::new(mw_type, pd, rkey));
+        rkey
+    }
+
+    /// A window's state, by any of its keys.
+    pub fn window(&self, rkey: u32) -> Window {
+        self.windows.borrow()[&key_index(rkey)]
+    }
+
     /// Reads memory directly (the application's view).
     pub fn peek(&self, addr: u64, len: usize) -> Vec<u8> {
         let off = (addr - self.base) as usize;
@@ -259,6 +277,20 @@ impl SimMemory {
     /// Finds the region for `key` and checks PD, right and bounds; returns the byte offset.
     fn resolve(&self, key: KeyRef, addr: u64, len: u64) -> Result<usize, MemError> {
         let result = (|| {
+            if key.access.is_remote() && key.key & 0x8000_0000 != 0 {
+                // A window: its rules, then the region it is bound to (bound regions stay).
+                let w = *self
+                    .windows
+                    .borrow()
+                    .get(&key_index(key.key))
+                    .ok_or(MemError::BadKey)?;
+                let (lkey, iova) = w.resolve(key, addr, len)?;
+                if !self.regions.borrow().iter().any(|r| r.valid && r.mr.lkey == lkey) {
+                    return Err(MemError::BadKey);
+                }
+                // Sim regions are addressed by their virtual address (iova = addr).
+                return Ok((iova - self.base) as usize);
+            }
             let regions = self.regions.borrow();
             let r = regions
                 .iter()
@@ -323,6 +355,46 @@ impl Memory for SimMemory {
         Ok(old)
     }
 
+    fn bind_mw(&self, qpn: u32, pd: u32, bind: &MwBind) -> Result<(), MemError> {
+        let mut windows = self.windows.borrow_mut();
+        let w = windows
+            .get_mut(&key_index(bind.mw_rkey))
+            .ok_or(MemError::BadKey)?;
+        let mr = self
+            .regions
+            .borrow()
+            .iter()
+            .find(|r| r.valid && r.mr.lkey == bind.mr_lkey)
+            .map(|r| MrInfo {
+                pd: r.mr.pd,
+                access: r.mr.access,
+                iova: r.mr.addr,
+                length: r.mr.len,
+            });
+        let result = w.check_bind(qpn, pd, bind, mr.as_ref());
+        match result {
+            Ok(target) => {
+                w.apply_bind(bind, target);
+                Ok(())
+            }
+            Err(e) => {
+                self.refused.borrow_mut().push(e);
+                Err(e)
+            }
+        }
+    }
+
+    fn invalidate(&self, qpn: u32, pd: u32, rkey: u32) -> Result<(), MemError> {
+        let mut windows = self.windows.borrow_mut();
+        let w = windows.get_mut(&key_index(rkey)).ok_or(MemError::BadKey)?;
+        if let Err(e) = w.check_invalidate(qpn, pd, rkey) {
+            self.refused.borrow_mut().push(e);
+            return Err(e);
+        }
+        w.invalidate();
+        Ok(())
+    }
+
     fn flush(&self, key: KeyRef, addr: u64, len: u64, whole_region: bool) -> Result<(), MemError> {
         self.resolve(key, addr, if whole_region { WHOLE_REGION } else { len })?;
         self.flushes.set(self.flushes.get() + 1);
@@ -341,6 +413,9 @@ const WHOLE_REGION: u64 = u64::MAX;
 pub struct Srq {
     pub queue: VecDeque<RecvWr>,
     pub taken: u64,
+    /// Chooses how a SEND is received from its first packet (as a tag-matching SRQ does);
+    /// `None`: the next WQE takes the whole message.
+    pub placer: Option<Placer>,
     /// An XRC SRQ: its number, XRC domain, PD and CQ.
     pub xrc: Option<XrcSrqInfo>,
 }
@@ -384,6 +459,9 @@ impl RecvSource for XrcDomainSrqs<'_> {
     }
 }
 
+/// A [`RecvSource::take_send`] policy: first packet, whether it is the only one, the queue.
+pub type Placer = fn(&[u8], bool, &mut VecDeque<RecvWr>) -> Option<RecvPlacement>;
+
 impl RecvSource for Srq {
     fn take(&mut self) -> Option<RecvWr> {
         let wr = self.queue.pop_front();
@@ -394,6 +472,16 @@ impl RecvSource for Srq {
     fn put_back(&mut self, wr: RecvWr) {
         self.taken -= 1;
         self.queue.push_front(wr);
+    }
+
+    fn take_send(&mut self, first: &[u8], only: bool) -> Option<RecvPlacement> {
+        let Some(placer) = self.placer else {
+            return self.take().map(RecvPlacement::plain);
+        };
+        let before = self.queue.len();
+        let p = placer(first, only, &mut self.queue);
+        self.taken += (before - self.queue.len()) as u64;
+        p
     }
 }
 
@@ -419,6 +507,8 @@ pub struct SimQp {
     pub drops: Vec<DropReason>,
     /// Multicast groups attached.
     pub mcast: Vec<Gid>,
+    /// Completions handed back to the driver ([`WorkQueue::Internal`]).
+    pub internal: Vec<WorkCompletion>,
 }
 
 /// One host with one GID.
@@ -752,6 +842,7 @@ impl Sim {
                 recv_cq,
                 events: Vec::new(),
                 drops: Vec::new(),
+                internal: Vec::new(),
                 mcast: Vec::new(),
             },
         );
@@ -954,6 +1045,12 @@ impl Sim {
         self.pump(id);
     }
 
+    /// Work the driver posts for itself ([`QpEngine::post_internal`]).
+    pub fn post_internal(&mut self, id: QpId, wr: SendWr) {
+        self.qp_mut(id).engine.post_internal(wr);
+        self.pump(id);
+    }
+
     /// `ibv_post_recv` on the QP's own receive queue.
     pub fn post_recv(&mut self, id: QpId, wr: RecvWr) {
         self.qp_mut(id).engine.post_recv(wr);
@@ -1030,6 +1127,10 @@ impl Sim {
                             .find_map(|s| s.xrc.filter(|x| x.srqn == srqn))
                             .expect("completion for an existing XRC SRQ")
                             .cq
+                    }
+                    WorkQueue::Internal => {
+                        qp.internal.push(wc);
+                        continue;
                     }
                 };
                 node.cqs[cq].push(wc);
@@ -1497,6 +1598,25 @@ pub fn cmp_swp(wr_id: u64, remote: RemoteAddr, compare: u64, swap: u64, result: 
             swap,
         },
         Payload::Sges(vec![result]),
+    )
+}
+
+pub fn bind_mw(wr_id: u64, bind: MwBind) -> SendWr {
+    wr(wr_id, SendOp::BindMw(bind), Payload::Sges(Vec::new()))
+}
+
+pub fn local_inv(wr_id: u64, rkey: u32) -> SendWr {
+    wr(wr_id, SendOp::LocalInv { rkey }, Payload::Sges(Vec::new()))
+}
+
+pub fn send_inv(wr_id: u64, rkey: u32, sges: Vec<Sge>) -> SendWr {
+    wr(
+        wr_id,
+        SendOp::Send {
+            imm: None,
+            invalidate: Some(rkey),
+        },
+        Payload::Sges(sges),
     )
 }
 

@@ -88,7 +88,7 @@ pub(crate) unsafe fn new_cq(
         read_completion_ts: None,
         read_cvlan: None,
         read_flow_tag: None,
-        read_tm_info: std::ptr::null(),
+        read_tm_info: None,
         read_completion_wallclock_ns: None,
     };
     let b = Box::into_raw(Box::new(SvCq {

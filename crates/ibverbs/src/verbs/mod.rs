@@ -21,6 +21,7 @@ mod cq;
 mod device;
 mod event;
 mod mr;
+mod mw;
 mod objects;
 mod pd;
 mod qp;
@@ -34,8 +35,8 @@ mod xrc;
 // unit tests, where some of them are then unused.
 #[cfg_attr(test, allow(unused_imports))]
 pub(crate) use {
-    ah::*, convert::*, cq::*, device::*, event::*, mr::*, objects::*, pd::*, qp::*, query::*, rereg::*,
-    srq::*, unsupported::*, xrc::*,
+    ah::*, convert::*, cq::*, device::*, event::*, mr::*, mw::*, objects::*, pd::*, qp::*, query::*,
+    rereg::*, srq::*, unsupported::*, xrc::*,
 };
 
 pub(crate) const EINVAL: c_int = Errno::EINVAL as c_int;

@@ -52,6 +52,7 @@ pub(crate) unsafe extern "C" fn query_device_ex(
     ex.orig_attr = orig;
     crate::clock::fill_device_attr_ex(&mut ex, &c.core.query_device_ex());
     ex.phys_port_cnt_ex = u32::from(orig.phys_port_cnt);
+    ex.tm_caps = crate::tm::tm_caps_c(&c.core.device().tm_caps());
     ex.max_dm_size = c.core.device().limits().max_dm_size;
     crate::raw::fill_device_attr_ex(c.core.device(), &mut ex);
     let n = attr_size.min(size_of::<ibv_device_attr_ex>());

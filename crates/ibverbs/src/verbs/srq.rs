@@ -60,7 +60,7 @@ pub(crate) unsafe extern "C" fn create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_i
     }
 }
 
-/// The `create_srq_ex` op: basic and XRC SRQs (tag-matching SRQs are EOPNOTSUPP).
+/// The `create_srq_ex` op: basic, XRC and tag-matching SRQs.
 pub(crate) unsafe extern "C" fn create_srq_ex(
     _ctx: *mut ibv_context,
     init: *mut ibv_srq_init_attr_ex,
@@ -84,6 +84,10 @@ pub(crate) unsafe extern "C" fn create_srq_ex(
             Ok(b) => b.cast(),
             Err(e) => fail_null(e),
         };
+    }
+    if mask & IBV_SRQ_INIT_ATTR_TYPE != 0 && ty == IBV_SRQT_TM {
+        // SAFETY: `init` is live and follows the verbs API contract.
+        return unsafe { crate::tm::create_tm_srq(init) };
     }
     if mask & IBV_SRQ_INIT_ATTR_PD == 0 {
         return fail_null(EINVAL);

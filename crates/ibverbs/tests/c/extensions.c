@@ -250,8 +250,13 @@ static void test_atomic_write_and_timestamps(void)
 	ibv_destroy_qp(c);
 
 	struct ibv_cq_init_attr_ex tm = { .cqe = 4, .wc_flags = IBV_WC_EX_WITH_TM_INFO };
+	struct ibv_cq_ex *tmcq = ibv_create_cq_ex(ctx, &tm);
+	CHECK(tmcq && tmcq->read_tm_info, "tag-matching info: ibv_wc_read_tm_info is installed");
+	if (tmcq)
+		ibv_destroy_cq(ibv_cq_ex_to_cq(tmcq));
+	struct ibv_cq_init_attr_ex vlan = { .cqe = 4, .wc_flags = IBV_WC_EX_WITH_CVLAN };
 	errno = 0;
-	CHECK(!ibv_create_cq_ex(ctx, &tm) && errno == EOPNOTSUPP, "tag-matching info stays EOPNOTSUPP");
+	CHECK(!ibv_create_cq_ex(ctx, &vlan) && errno == EOPNOTSUPP, "VLAN info stays EOPNOTSUPP");
 	ibv_destroy_qp(a);
 	ibv_destroy_qp(b);
 	ibv_destroy_cq(cq);

@@ -2,14 +2,15 @@
  * Conformance checks of the drop-in libibverbs.so.1 through the real <infiniband/verbs.h>:
  * return and errno conventions of the man pages, the inline wrappers (ops table and
  * verbs_context), completion events, the extended CQ and QP APIs, SRQs, UD address handles and
- * async events. All traffic is between QPs of this process on device sv_lo.
+ * async events, tag-matching SRQs. All traffic is between QPs of this process on device sv_lo.
  * Prints one "ok"/"not ok" line per check and exits non-zero if any failed.
  */
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
+#include <infiniband/tm_types.h>
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -277,9 +278,10 @@ static void test_rc_and_events(void)
 		      wc[0].opcode == IBV_WC_RDMA_WRITE && !strcmp(mem + 2048, "written remotely"),
 	      "RDMA WRITE");
 
-	uint32_t old_rkey = mr->rkey;
+	uint32_t old_rkey = mr->rkey, old_lkey = mr->lkey;
 	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE) == 0 &&
-		      mr->rkey != old_rkey && mr->addr == mem, "ibv_rereg_mr changes the access and keys");
+		      mr->rkey == old_rkey && mr->lkey == old_lkey && mr->addr == mem,
+	      "ibv_rereg_mr changes the access and keeps the keys");
 	w.wr.rdma.rkey = mr->rkey;
 	ws.lkey = mr->lkey;
 	CHECK(ibv_post_send(a, &w, &bad_s) == 0 && poll_one(cq, wc) && wc[0].status == IBV_WC_REM_ACCESS_ERR,
@@ -293,6 +295,298 @@ static void test_rc_and_events(void)
 	free(mem);
 }
 
+/* Two fresh RC QPs of `pd` on `cq`, connected to each other. */
+static void rc_pair(struct ibv_cq *cq, struct ibv_qp **a, struct ibv_qp **b)
+{
+	*a = make_qp(cq, IBV_QPT_RC, NULL);
+	*b = make_qp(cq, IBV_QPT_RC, NULL);
+	REQUIRE(*a && *b && connect_qp(*a, (*b)->qp_num) == 0 && connect_qp(*b, (*a)->qp_num) == 0,
+		"RC QP pair to RTS");
+}
+
+/* Posts one signaled WR on `qp` and polls its completion into `wc`. */
+static int post_and_poll(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_cq *cq, struct ibv_wc *wc)
+{
+	struct ibv_send_wr *bad;
+	wr->send_flags |= IBV_SEND_SIGNALED;
+	return ibv_post_send(qp, wr, &bad) == 0 && poll_one(cq, wc) == 1;
+}
+
+static void test_memory_windows(void)
+{
+	struct ibv_device_attr da;
+	REQUIRE(ibv_query_device(ctx, &da) == 0, "ibv_query_device");
+	CHECK(da.max_mw > 0 && (da.device_cap_flags & IBV_DEVICE_MEM_WINDOW) &&
+		      (da.device_cap_flags & IBV_DEVICE_MEM_WINDOW_TYPE_2B),
+	      "max_mw > 0 and IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B");
+	char *mem = calloc(1, 8192), *src = calloc(1, 4096);
+	struct ibv_mr *mr = ibv_reg_mr(pd, mem, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	struct ibv_mr *smr = ibv_reg_mr(pd, src, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	REQUIRE(mr && smr && cq, "memory window setup");
+	struct ibv_qp *a, *b;
+	struct ibv_wc wc;
+	struct ibv_send_wr *bad;
+	rc_pair(cq, &a, &b);
+
+	/* Type 2: allocated free, bound by IBV_WR_BIND_MW, used, invalidated by LOCAL_INV. */
+	struct ibv_mw *mw2 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+	REQUIRE(mw2 && mw2->pd == pd && mw2->context == ctx && mw2->type == IBV_MW_TYPE_2, "ibv_alloc_mw type 2");
+	CHECK_NULL_ERR(ibv_alloc_mw(pd, 3), EINVAL, "ibv_alloc_mw of an unknown type");
+	uint32_t rkey2 = ibv_inc_rkey(mw2->rkey);
+	CHECK(rkey2 >> 8 == mw2->rkey >> 8 && rkey2 != mw2->rkey, "ibv_inc_rkey changes only the tag");
+	struct ibv_send_wr bw = {
+		.wr_id = 1, .opcode = IBV_WR_BIND_MW,
+		.bind_mw = { .mw = mw2, .rkey = rkey2,
+			     .bind_info = { .mr = mr, .addr = (uintptr_t)mem + 4096, .length = 4096,
+					    .mw_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ } },
+	};
+	CHECK(post_and_poll(b, &bw, cq, &wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW &&
+		      wc.wr_id == 1, "IBV_WR_BIND_MW completes with IBV_WC_BIND_MW");
+	CHECK_ERR(ibv_dereg_mr(mr), EBUSY, "ibv_dereg_mr while a window is bound");
+	errno = 0;
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND | IBV_ACCESS_REMOTE_READ) ==
+			      IBV_REREG_MR_ERR_CMD && errno == EBUSY,
+	      "ibv_rereg_mr while a window is bound: IBV_REREG_MR_ERR_CMD, EBUSY");
+	strcpy(src, "through the window");
+	struct ibv_sge s = { .addr = (uintptr_t)src, .length = 19, .lkey = smr->lkey };
+	struct ibv_send_wr w = { .wr_id = 2, .sg_list = &s, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+				 .wr.rdma = { .remote_addr = (uintptr_t)mem + 4196, .rkey = rkey2 } };
+	CHECK(post_and_poll(a, &w, cq, &wc) && wc.status == IBV_WC_SUCCESS && !strcmp(mem + 4196, "through the window"),
+	      "RDMA WRITE through a bound type 2 window");
+	struct ibv_send_wr r = { .wr_id = 3, .sg_list = &s, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
+				 .wr.rdma = { .remote_addr = (uintptr_t)mem + 4196, .rkey = rkey2 } };
+	memset(src, 0, 32);
+	CHECK(post_and_poll(a, &r, cq, &wc) && wc.status == IBV_WC_SUCCESS && !strcmp(src, "through the window"),
+	      "RDMA READ through a bound type 2 window");
+	struct ibv_send_wr inv = { .wr_id = 4, .opcode = IBV_WR_LOCAL_INV, .invalidate_rkey = rkey2 };
+	CHECK(post_and_poll(b, &inv, cq, &wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_LOCAL_INV,
+	      "IBV_WR_LOCAL_INV completes with IBV_WC_LOCAL_INV");
+	strcpy(src, "XXXXXXXX");
+	w.wr_id = 5;
+	CHECK(post_and_poll(a, &w, cq, &wc) && wc.status == IBV_WC_REM_ACCESS_ERR &&
+		      !strcmp(mem + 4196, "through the window"),
+	      "a WRITE after LOCAL_INV: IBV_WC_REM_ACCESS_ERR, memory untouched");
+	CHECK(ibv_dereg_mr(smr) == 0 && (smr = ibv_reg_mr(pd, src, 4096, IBV_ACCESS_LOCAL_WRITE)),
+	      "regions without windows deregister");
+	s.lkey = smr->lkey;
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+
+	/* SEND with Invalidate frees the window before the receive completes. */
+	rc_pair(cq, &a, &b);
+	bw.bind_mw.rkey = rkey2 = ibv_inc_rkey(rkey2);
+	CHECK(post_and_poll(b, &bw, cq, &wc) && wc.status == IBV_WC_SUCCESS, "a freed type 2 window binds again");
+	struct ibv_sge rs = { .addr = (uintptr_t)mem, .length = 64, .lkey = mr->lkey };
+	struct ibv_recv_wr rwr = { .wr_id = 20, .sg_list = &rs, .num_sge = 1 }, *bad_r;
+	REQUIRE(ibv_post_recv(b, &rwr, &bad_r) == 0, "ibv_post_recv");
+	struct ibv_send_wr si = { .wr_id = 6, .sg_list = &s, .num_sge = 1, .opcode = IBV_WR_SEND_WITH_INV,
+				  .send_flags = IBV_SEND_SIGNALED,
+				  .invalidate_rkey = rkey2 };
+	int send_ok = 0, recv_ok = 0;
+	if (ibv_post_send(a, &si, &bad) == 0)
+		for (int i = 0; i < 2 && poll_one(cq, &wc); i++) {
+			if (wc.wr_id == 6)
+				send_ok = wc.status == IBV_WC_SUCCESS;
+			if (wc.wr_id == 20)
+				recv_ok = wc.status == IBV_WC_SUCCESS && (wc.wc_flags & IBV_WC_WITH_INV) &&
+					  wc.invalidated_rkey == rkey2;
+		}
+	CHECK(send_ok && recv_ok, "SEND_WITH_INV: IBV_WC_WITH_INV and invalidated_rkey in the receive");
+	w.wr_id = 7;
+	CHECK(post_and_poll(a, &w, cq, &wc) && wc.status == IBV_WC_REM_ACCESS_ERR &&
+		      !strcmp(mem + 4196, "through the window"),
+	      "a WRITE after SEND_WITH_INV: IBV_WC_REM_ACCESS_ERR, memory untouched");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+
+	/* Type 1: ibv_bind_mw, its inline checks, and unbinding. */
+	rc_pair(cq, &a, &b);
+	struct ibv_mw *mw1 = ibv_alloc_mw(pd, IBV_MW_TYPE_1);
+	REQUIRE(mw1 && mw1->type == IBV_MW_TYPE_1, "ibv_alloc_mw type 1");
+	struct ibv_mw_bind mb = { .wr_id = 8, .send_flags = IBV_SEND_SIGNALED,
+				  .bind_info = { .mr = mr, .addr = (uintptr_t)mem, .length = 4096,
+						 .mw_access_flags = IBV_ACCESS_REMOTE_READ } };
+	CHECK(ibv_bind_mw(b, mw2, &mb) == EINVAL, "ibv_bind_mw of a type 2 window: EINVAL");
+	struct ibv_mw_bind nomr = mb;
+	nomr.bind_info.mr = NULL;
+	CHECK(ibv_bind_mw(b, mw1, &nomr) == EINVAL, "ibv_bind_mw with an address but no MR: EINVAL");
+	struct ibv_pd *pd2 = ibv_alloc_pd(ctx);
+	struct ibv_mr *mr_pd2 = ibv_reg_mr(pd2, src, 64, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND);
+	struct ibv_mw_bind other = mb;
+	other.bind_info.mr = mr_pd2;
+	other.bind_info.addr = (uintptr_t)src;
+	other.bind_info.length = 64;
+	CHECK(ibv_bind_mw(b, mw1, &other) == EPERM, "ibv_bind_mw with an MR of another PD: EPERM");
+	uint32_t before = mw1->rkey;
+	strcpy(mem + 10, "type one");
+	CHECK(ibv_bind_mw(b, mw1, &mb) == 0 && mw1->rkey == ibv_inc_rkey(before) && poll_one(cq, &wc) &&
+		      wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_BIND_MW && wc.wr_id == 8,
+	      "ibv_bind_mw: mw->rkey = ibv_inc_rkey(old) at post time, then IBV_WC_BIND_MW");
+	r.wr.rdma.remote_addr = (uintptr_t)mem + 10;
+	r.wr.rdma.rkey = mw1->rkey;
+	r.wr_id = 9;
+	memset(src, 0, 16);
+	CHECK(post_and_poll(a, &r, cq, &wc) && wc.status == IBV_WC_SUCCESS && !strcmp(src, "type one"),
+	      "RDMA READ through a type 1 window");
+	struct ibv_send_wr inv1 = { .wr_id = 10, .opcode = IBV_WR_LOCAL_INV, .invalidate_rkey = mw1->rkey };
+	CHECK(post_and_poll(b, &inv1, cq, &wc) && wc.status == IBV_WC_LOC_QP_OP_ERR && wc.opcode == IBV_WC_LOCAL_INV,
+	      "LOCAL_INV of a type 1 window: IBV_WC_LOC_QP_OP_ERR");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	rc_pair(cq, &a, &b);
+	struct ibv_mw_bind unbind = { .wr_id = 11, .send_flags = IBV_SEND_SIGNALED };
+	CHECK(ibv_bind_mw(b, mw1, &unbind) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS,
+	      "ibv_bind_mw with no MR and length 0 unbinds");
+	r.wr_id = 12;
+	CHECK(post_and_poll(a, &r, cq, &wc) && wc.status == IBV_WC_REM_ACCESS_ERR,
+	      "a READ through an unbound type 1 window: IBV_WC_REM_ACCESS_ERR");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+
+	/* A bind that breaks a rule: IBV_WC_MW_BIND_ERR, and the QP fails. */
+	rc_pair(cq, &a, &b);
+	bw.bind_mw.rkey = rkey2 = ibv_inc_rkey(rkey2);
+	bw.bind_mw.bind_info.length = 8192; /* beyond the region */
+	bw.wr_id = 13;
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	CHECK(post_and_poll(b, &bw, cq, &wc) && wc.status == IBV_WC_MW_BIND_ERR &&
+		      ibv_query_qp(b, &qa, IBV_QP_STATE, &qi) == 0 && qa.qp_state == IBV_QPS_ERR,
+	      "a window beyond its region: IBV_WC_MW_BIND_ERR, QP in ERR");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+
+	/* ibv_wr_bind_mw and ibv_wr_local_inv on an extended QP. */
+	struct ibv_qp_init_attr_ex qx_attr = {
+		.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .pd = pd,
+		.cap = { .max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1 },
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.send_ops_flags = IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_RDMA_WRITE,
+	};
+	a = ibv_create_qp_ex(ctx, &qx_attr);
+	b = ibv_create_qp_ex(ctx, &qx_attr);
+	REQUIRE(a && b && connect_qp(a, b->qp_num) == 0 && connect_qp(b, a->qp_num) == 0,
+		"extended QPs with IBV_QP_EX_WITH_BIND_MW | IBV_QP_EX_WITH_LOCAL_INV");
+	struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(b);
+	struct ibv_mw_bind_info bi = { .mr = mr, .addr = (uintptr_t)mem, .length = 128,
+				       .mw_access_flags = IBV_ACCESS_REMOTE_WRITE };
+	rkey2 = ibv_inc_rkey(rkey2);
+	ibv_wr_start(qx);
+	qx->wr_id = 14;
+	qx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_bind_mw(qx, mw2, rkey2, &bi);
+	CHECK(ibv_wr_complete(qx) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS &&
+		      wc.opcode == IBV_WC_BIND_MW && wc.wr_id == 14,
+	      "ibv_wr_bind_mw");
+	w.wr_id = 15;
+	w.wr.rdma.remote_addr = (uintptr_t)mem + 64;
+	w.wr.rdma.rkey = rkey2;
+	strcpy(src, "wr api");
+	CHECK(post_and_poll(a, &w, cq, &wc) && wc.status == IBV_WC_SUCCESS && !strcmp(mem + 64, "wr api"),
+	      "RDMA WRITE through a window bound by ibv_wr_bind_mw");
+	ibv_wr_start(qx);
+	qx->wr_id = 16;
+	ibv_wr_local_inv(qx, rkey2);
+	CHECK(ibv_wr_complete(qx) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS &&
+		      wc.opcode == IBV_WC_LOCAL_INV && wc.wr_id == 16,
+	      "ibv_wr_local_inv");
+	strcpy(src, "XXXXXX");
+	w.wr_id = 17;
+	CHECK(post_and_poll(a, &w, cq, &wc) && wc.status == IBV_WC_REM_ACCESS_ERR && !strcmp(mem + 64, "wr api"),
+	      "a WRITE after ibv_wr_local_inv: IBV_WC_REM_ACCESS_ERR");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+
+	/* Deallocating a bound window unbinds it. */
+	rc_pair(cq, &a, &b);
+	CHECK(ibv_bind_mw(b, mw1, &mb) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS,
+	      "type 1 window bound again");
+	CHECK_ERR(ibv_dereg_mr(mr), EBUSY, "ibv_dereg_mr with a bound type 1 window");
+	CHECK(ibv_dealloc_mw(mw1) == 0 && ibv_dealloc_mw(mw2) == 0, "ibv_dealloc_mw of bound and free windows");
+	CHECK(ibv_dereg_mr(mr) == 0, "ibv_dereg_mr once the windows are gone");
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_dereg_mr(mr_pd2);
+	ibv_dealloc_pd(pd2);
+	ibv_dereg_mr(smr);
+	ibv_destroy_cq(cq);
+	free(mem);
+	free(src);
+}
+
+/* RC traffic after each kind of ibv_rereg_mr, and its errors. */
+static void test_rereg(void)
+{
+	char *mem = calloc(1, 4096), *mem2 = calloc(1, 8192), *src = calloc(1, 64);
+	struct ibv_pd *pd2 = ibv_alloc_pd(ctx);
+	struct ibv_mr *smr = ibv_reg_mr(pd, src, 64, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_mr *mr = ibv_reg_mr(pd2, mem, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	REQUIRE(pd2 && smr && mr && cq, "rereg setup");
+	struct ibv_qp *a, *b;
+	struct ibv_wc wc;
+	rc_pair(cq, &a, &b);
+	uint32_t lkey = mr->lkey, rkey = mr->rkey;
+
+	errno = 0;
+	CHECK(ibv_rereg_mr(mr, 8, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT && errno == EINVAL,
+	      "ibv_rereg_mr with an unknown flag: IBV_REREG_MR_ERR_INPUT, EINVAL");
+	errno = 0;
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, NULL, 4096, 0) == IBV_REREG_MR_ERR_INPUT &&
+		      errno == EINVAL,
+	      "IBV_REREG_MR_CHANGE_TRANSLATION with a NULL address: IBV_REREG_MR_ERR_INPUT, EINVAL");
+	errno = 0;
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT &&
+		      errno == EINVAL,
+	      "IBV_REREG_MR_CHANGE_PD with a NULL PD: IBV_REREG_MR_ERR_INPUT, EINVAL");
+	errno = 0;
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_REMOTE_WRITE) ==
+			      IBV_REREG_MR_ERR_CMD && errno == EINVAL,
+	      "remote write without local write: IBV_REREG_MR_ERR_CMD, EINVAL");
+
+	struct ibv_sge s = { .addr = (uintptr_t)src, .length = 8, .lkey = smr->lkey };
+	struct ibv_send_wr w = { .wr_id = 1, .sg_list = &s, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+				 .send_flags = IBV_SEND_SIGNALED,
+				 .wr.rdma = { .remote_addr = (uintptr_t)mem, .rkey = rkey } }, *bad;
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS, pd, NULL, 0,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) == 0 &&
+		      mr->pd == pd && mr->lkey == lkey && mr->rkey == rkey,
+	      "ibv_rereg_mr of PD and access keeps the keys");
+	strcpy(src, "rereg 1");
+	CHECK(ibv_post_send(a, &w, &bad) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS &&
+		      !strcmp(mem, "rereg 1"),
+	      "RC WRITE after changing PD and access");
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, mem2, 8192, 0) == 0 && mr->addr == mem2 &&
+		      mr->length == 8192 && mr->rkey == rkey,
+	      "ibv_rereg_mr of the translation keeps the keys");
+	strcpy(src, "rereg 2");
+	w.wr.rdma.remote_addr = (uintptr_t)mem2 + 6000;
+	CHECK(ibv_post_send(a, &w, &bad) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS &&
+		      !strcmp(mem2 + 6000, "rereg 2") && !strcmp(mem, "rereg 1"),
+	      "RC WRITE after changing the translation lands in the new memory");
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ) == 0,
+	      "ibv_rereg_mr of the access to read-only");
+	struct ibv_send_wr r = w;
+	r.opcode = IBV_WR_RDMA_READ;
+	r.wr_id = 2;
+	memset(src, 0, 8);
+	CHECK(ibv_post_send(a, &r, &bad) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS &&
+		      !strcmp(src, "rereg 2"),
+	      "RC READ after changing the access");
+	w.wr_id = 3;
+	CHECK(ibv_post_send(a, &w, &bad) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_REM_ACCESS_ERR,
+	      "RC WRITE to the now read-only region: IBV_WC_REM_ACCESS_ERR");
+	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0 && ibv_dereg_mr(mr) == 0 && ibv_dereg_mr(smr) == 0 &&
+		      ibv_destroy_cq(cq) == 0 && ibv_dealloc_pd(pd2) == 0,
+	      "rereg teardown");
+	free(mem);
+	free(mem2);
+	free(src);
+}
+
 static void test_extended_apis(void)
 {
 	uint64_t *mem = aligned_alloc(4096, 4096);
@@ -302,9 +596,9 @@ static void test_extended_apis(void)
 	struct ibv_cq_init_attr_ex cqa = { .cqe = 64, .wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM };
 	struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &cqa);
 	REQUIRE(cqx, "ibv_create_cq_ex");
-	struct ibv_cq_init_attr_ex bad_cqa = { .cqe = 4, .wc_flags = IBV_WC_EX_WITH_TM_INFO };
+	struct ibv_cq_init_attr_ex bad_cqa = { .cqe = 4, .wc_flags = IBV_WC_EX_WITH_CVLAN };
 	errno = 0;
-	CHECK(!ibv_create_cq_ex(ctx, &bad_cqa) && errno == EOPNOTSUPP, "tag-matching info: EOPNOTSUPP");
+	CHECK(!ibv_create_cq_ex(ctx, &bad_cqa) && errno == EOPNOTSUPP, "VLAN info: EOPNOTSUPP");
 	struct ibv_cq *cq = ibv_cq_ex_to_cq(cqx);
 
 	struct ibv_qp_init_attr_ex qa = {
@@ -1174,11 +1468,171 @@ static void test_xrc(void)
 	unlink(path);
 }
 
+static int start_poll_wait(struct ibv_cq_ex *cq)
+{
+	struct ibv_poll_cq_attr pa = { 0 };
+	for (int i = 0; i < 2000000; i++)
+		if (ibv_start_poll(cq, &pa) == 0)
+			return 1;
+	return 0;
+}
+
+/* Tag-matching SRQs: IBV_SRQT_TM, ibv_post_srq_ops, ibv_wc_read_tm_info, tm_caps. */
+static void test_tag_matching(void)
+{
+	struct ibv_device_attr_ex dx;
+	REQUIRE(ibv_query_device_ex(ctx, NULL, &dx) == 0, "tm: ibv_query_device_ex");
+	CHECK((dx.tm_caps.flags & IBV_TM_CAP_RC) && dx.tm_caps.max_num_tags > 0 && dx.tm_caps.max_ops > 0 &&
+		      dx.tm_caps.max_sge > 0 &&
+		      dx.tm_caps.max_rndv_hdr_size >= sizeof(struct ibv_tmh) + sizeof(struct ibv_rvh),
+	      "tm_caps: RC, %u tags, %u ops, %u SGEs, rendezvous headers of %u bytes", dx.tm_caps.max_num_tags,
+	      dx.tm_caps.max_ops, dx.tm_caps.max_sge, dx.tm_caps.max_rndv_hdr_size);
+	struct ibv_cq_init_attr_ex ca = { .cqe = 64, .wc_flags = IBV_WC_STANDARD_FLAGS | IBV_WC_EX_WITH_TM_INFO };
+	struct ibv_cq_ex *tcq = ibv_create_cq_ex(ctx, &ca);
+	struct ibv_cq *ccq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	REQUIRE(tcq && ccq, "tm: CQs (IBV_WC_EX_WITH_TM_INFO)");
+	struct ibv_srq_init_attr_ex sa = {
+		.attr = { .max_wr = 8, .max_sge = 1 },
+		.comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_CQ | IBV_SRQ_INIT_ATTR_TM,
+		.srq_type = IBV_SRQT_TM,
+		.pd = pd,
+		.cq = ibv_cq_ex_to_cq(tcq),
+		.tm_cap = { .max_num_tags = 8, .max_ops = 2 },
+	};
+	struct ibv_srq_init_attr_ex bad = sa;
+	bad.comp_mask &= ~IBV_SRQ_INIT_ATTR_CQ;
+	CHECK_NULL_ERR(ibv_create_srq_ex(ctx, &bad), EINVAL, "TM SRQ without IBV_SRQ_INIT_ATTR_CQ");
+	bad = sa;
+	bad.tm_cap.max_num_tags = dx.tm_caps.max_num_tags + 1;
+	CHECK_NULL_ERR(ibv_create_srq_ex(ctx, &bad), EINVAL, "TM SRQ beyond tm_caps.max_num_tags");
+	struct ibv_srq *srq = ibv_create_srq_ex(ctx, &sa);
+	REQUIRE(srq && sa.attr.max_wr >= 8, "ibv_create_srq_ex(IBV_SRQT_TM)");
+	struct ibv_qp *client = make_qp(ccq, IBV_QPT_RC, NULL);
+	struct ibv_qp_init_attr qa = { .send_cq = ccq, .recv_cq = ccq, .srq = srq, .qp_type = IBV_QPT_RC };
+	struct ibv_qp *server = ibv_create_qp(pd, &qa);
+	REQUIRE(client && server && connect_qp(client, server->qp_num) == 0 &&
+			connect_qp(server, client->qp_num) == 0,
+		"tm: QPs connected (the server's has no send queue of its own)");
+	char *mem = calloc(1, 8192);
+	struct ibv_mr *mr = ibv_reg_mr(pd, mem, 8192, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+	REQUIRE(mem && mr, "tm: MR");
+
+	struct ibv_sge tsge = { (uintptr_t)mem, 1024, mr->lkey };
+	struct ibv_ops_wr add = { .wr_id = 11, .opcode = IBV_WR_TAG_ADD, .flags = IBV_OPS_SIGNALED,
+				  .tm = { .handle = 0xdead,
+					  .add = { .recv_wr_id = 21, .sg_list = &tsge, .num_sge = 1,
+						   .tag = 0x1234, .mask = ~0ull } } };
+	struct ibv_ops_wr *bad_op = NULL;
+	int added = ibv_post_srq_ops(srq, &add, &bad_op);
+	CHECK(added == 0 && add.tm.handle != 0xdead && add.tm.handle < 8, "IBV_WR_TAG_ADD returns a handle (%u)",
+	      add.tm.handle);
+	uint32_t handle = add.tm.handle;
+	REQUIRE(start_poll_wait(tcq), "the TM SRQ's CQ reports the addition");
+	CHECK(tcq->wr_id == 11 && tcq->status == IBV_WC_SUCCESS && ibv_wc_read_opcode(tcq) == IBV_WC_TM_ADD &&
+		      !(ibv_wc_read_wc_flags(tcq) & IBV_WC_TM_SYNC_REQ),
+	      "IBV_WC_TM_ADD");
+	ibv_end_poll(tcq);
+
+	/* An eager message: the TMH from <infiniband/tm_types.h>, then the data. */
+	struct ibv_tmh *tmh = (void *)(mem + 4096);
+	tmh->opcode = IBV_TMH_EAGER;
+	tmh->app_ctx = htobe32(0xabc);
+	tmh->tag = htobe64(0x1234);
+	memcpy(mem + 4096 + sizeof(*tmh), "payload", 7);
+	struct ibv_sge ssge = { (uintptr_t)(mem + 4096), sizeof(*tmh) + 7, mr->lkey };
+	struct ibv_send_wr swr = { .wr_id = 1, .sg_list = &ssge, .num_sge = 1, .opcode = IBV_WR_SEND,
+				   .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_send_wr *bad_s;
+	struct ibv_wc wc;
+	CHECK(ibv_post_send(client, &swr, &bad_s) == 0 && poll_one(ccq, &wc) && wc.status == IBV_WC_SUCCESS,
+	      "tm: the eager SEND completes");
+	REQUIRE(start_poll_wait(tcq), "the tagged receive completes");
+	struct ibv_wc_tm_info ti = { 0 };
+	ibv_wc_read_tm_info(tcq, &ti);
+	CHECK(tcq->wr_id == 21 && tcq->status == IBV_WC_SUCCESS && ibv_wc_read_opcode(tcq) == IBV_WC_TM_RECV &&
+		      ibv_wc_read_wc_flags(tcq) == (IBV_WC_TM_MATCH | IBV_WC_TM_DATA_VALID) &&
+		      ibv_wc_read_byte_len(tcq) == 7 && ibv_wc_read_qp_num(tcq) == server->qp_num &&
+		      !memcmp(mem, "payload", 7),
+	      "eager match: IBV_WC_TM_RECV with MATCH|DATA_VALID, the data without its TMH");
+	CHECK(ti.tag == 0x1234 && ti.priv == 0xabc, "ibv_wc_read_tm_info: tag %#llx priv %#x",
+	      (unsigned long long)ti.tag, ti.priv);
+	ibv_end_poll(tcq);
+
+	struct ibv_ops_wr del = { .wr_id = 12, .opcode = IBV_WR_TAG_DEL, .flags = IBV_OPS_SIGNALED,
+				  .tm = { .handle = handle } };
+	CHECK(ibv_post_srq_ops(srq, &del, &bad_op) == 0 && start_poll_wait(tcq) && tcq->wr_id == 12 &&
+		      tcq->status == IBV_WC_TM_ERR && ibv_wc_read_opcode(tcq) == IBV_WC_TM_DEL,
+	      "IBV_WR_TAG_DEL of a consumed tag: IBV_WC_TM_ERR");
+	ibv_end_poll(tcq);
+
+	/* Rendezvous: the device READs the sender's buffer into the tag's, then sends FIN back. */
+	struct ibv_sge rsge = { (uintptr_t)(mem + 1024), 2048, mr->lkey };
+	struct ibv_ops_wr radd = { .wr_id = 13, .opcode = IBV_WR_TAG_ADD, .flags = IBV_OPS_SIGNALED,
+				   .tm = { .add = { .recv_wr_id = 22, .sg_list = &rsge, .num_sge = 1,
+						    .tag = 0x99, .mask = ~0ull } } };
+	CHECK(ibv_post_srq_ops(srq, &radd, &bad_op) == 0 && start_poll_wait(tcq) && tcq->wr_id == 13,
+	      "tm: tag for the rendezvous");
+	ibv_end_poll(tcq);
+	for (int i = 0; i < 2000; i++)
+		mem[6144 + i] = (char)(i * 7 + 1);
+	struct ibv_sge fsge = { (uintptr_t)(mem + 5120), 64, mr->lkey };
+	struct ibv_recv_wr fwr = { .wr_id = 33, .sg_list = &fsge, .num_sge = 1 };
+	struct ibv_recv_wr *bad_r;
+	CHECK(ibv_post_recv(client, &fwr, &bad_r) == 0, "tm: the sender waits for FIN");
+	tmh->opcode = IBV_TMH_RNDV;
+	tmh->tag = htobe64(0x99);
+	struct ibv_rvh *rvh = (void *)(mem + 4096 + sizeof(*tmh));
+	rvh->va = htobe64((uintptr_t)(mem + 6144));
+	rvh->rkey = htobe32(mr->rkey);
+	rvh->len = htobe32(2000);
+	ssge.length = sizeof(*tmh) + sizeof(*rvh);
+	CHECK(ibv_post_send(client, &swr, &bad_s) == 0 && poll_one(ccq, &wc) && wc.status == IBV_WC_SUCCESS,
+	      "tm: the rendezvous request is sent");
+	int match = start_poll_wait(tcq) && tcq->wr_id == 22 && tcq->status == IBV_WC_SUCCESS &&
+		    ibv_wc_read_opcode(tcq) == IBV_WC_TM_RECV && ibv_wc_read_wc_flags(tcq) == IBV_WC_TM_MATCH;
+	ibv_end_poll(tcq);
+	CHECK(match, "rendezvous: IBV_WC_TM_MATCH when the request arrives");
+	int valid = start_poll_wait(tcq) && tcq->wr_id == 22 && tcq->status == IBV_WC_SUCCESS &&
+		    ibv_wc_read_wc_flags(tcq) == IBV_WC_TM_DATA_VALID && ibv_wc_read_byte_len(tcq) == 2000;
+	ibv_end_poll(tcq);
+	CHECK(valid && !memcmp(mem + 1024, mem + 6144, 2000),
+	      "rendezvous: IBV_WC_TM_DATA_VALID once the READ placed the sender's data");
+	struct ibv_tmh *fin = (void *)(mem + 5120);
+	CHECK(poll_one(ccq, &wc) && wc.wr_id == 33 && wc.opcode == IBV_WC_RECV && wc.byte_len == 32 &&
+		      fin->opcode == IBV_TMH_FIN && be64toh(fin->tag) == 0x99 &&
+		      !memcmp(fin + 1, rvh, sizeof(*rvh)),
+	      "rendezvous: the sender receives FIN with the request's TMH and RVH");
+
+	/* max_ops is 2: two unsignaled operations stay outstanding, the third is refused. */
+	struct ibv_ops_wr s3 = { .wr_id = 3, .opcode = IBV_WR_TAG_SYNC };
+	struct ibv_ops_wr s2 = { .wr_id = 2, .opcode = IBV_WR_TAG_SYNC, .next = &s3 };
+	struct ibv_ops_wr s1 = { .wr_id = 1, .opcode = IBV_WR_TAG_SYNC, .next = &s2 };
+	bad_op = NULL;
+	CHECK_ERR(ibv_post_srq_ops(srq, &s1, &bad_op), ENOMEM, "ibv_post_srq_ops beyond max_ops");
+	CHECK(bad_op == &s3, "bad_op names the first operation refused");
+	struct ibv_ops_wr bogus = { .wr_id = 4, .opcode = 77 };
+	CHECK_ERR(ibv_post_srq_ops(srq, &bogus, &bad_op), EINVAL, "ibv_post_srq_ops with an unknown opcode");
+	CHECK(bad_op == &bogus, "bad_op names the unknown opcode");
+	struct ibv_srq_init_attr bsa = { .attr = { .max_wr = 2, .max_sge = 1 } };
+	struct ibv_srq *basic = ibv_create_srq(pd, &bsa);
+	REQUIRE(basic, "tm: a basic SRQ");
+	CHECK_ERR(ibv_post_srq_ops(basic, &s3, &bad_op), EINVAL, "ibv_post_srq_ops on a basic SRQ");
+
+	CHECK_ERR(ibv_destroy_cq(ibv_cq_ex_to_cq(tcq)), EBUSY, "ibv_destroy_cq of a TM SRQ's CQ");
+	CHECK(ibv_destroy_qp(server) == 0 && ibv_destroy_qp(client) == 0 && ibv_destroy_srq(srq) == 0 &&
+		      ibv_destroy_srq(basic) == 0 && ibv_dereg_mr(mr) == 0 &&
+		      ibv_destroy_cq(ibv_cq_ex_to_cq(tcq)) == 0 && ibv_destroy_cq(ccq) == 0,
+	      "tm: teardown");
+	free(mem);
+}
+
 int main(void)
 {
 	setvbuf(stdout, NULL, _IONBF, 0);
 	test_device_and_queries();
 	test_rc_and_events();
+	test_memory_windows();
+	test_rereg();
 	test_extended_apis();
 	test_ud();
 	test_device_memory();
@@ -1187,6 +1641,7 @@ int main(void)
 	test_errno();
 	test_flow_label();
 	test_xrc();
+	test_tag_matching();
 	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
 	printf("%d failed\n", failures);

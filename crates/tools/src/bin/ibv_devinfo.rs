@@ -6,7 +6,7 @@ use std::net::Ipv6Addr;
 use std::process::ExitCode;
 
 use clap::Parser;
-use softverbs::{devices, AtomicCap, Context, Device, Mtu, PortState};
+use softverbs::{devices, AtomicCap, Context, Device, Mtu, PortState, TmCapFlags, TmCaps};
 use softverbs_tools::cli;
 
 /// Print the attributes of the RDMA devices.
@@ -162,7 +162,7 @@ fn print_device(dev: &Device, port_filter: Option<u8>, verbose: bool) -> Result<
         }
         emit!(o, "\tmax_pkeys:\t\t\t{}", a.max_pkeys);
         emit!(o, "\tlocal_ca_ack_delay:\t\t{}", a.local_ca_ack_delay);
-        print_extended_caps(&mut o, a.device_cap_flags);
+        print_extended_caps(&mut o, a.device_cap_flags, &ctx.tm_caps());
     }
     for port in 1..=a.phys_port_cnt {
         if port_filter.is_some_and(|p| p != port) {
@@ -276,9 +276,9 @@ fn print_port(o: &mut String, ctx: &Context, port: u8, verbose: bool) -> Result<
     Ok(())
 }
 
-/// The ibv_device_attr_ex part of `-v`: none of these capabilities exist on softverbs devices,
-/// so this prints what rdma-core prints for a device without them.
-fn print_extended_caps(o: &mut String, cap_flags: u32) {
+/// The ibv_device_attr_ex part of `-v`: of these capabilities softverbs devices have tag
+/// matching only; for the others this prints what rdma-core prints for a device without them.
+fn print_extended_caps(o: &mut String, cap_flags: u32, tm: &TmCaps) {
     emit!(o, "\tgeneral_odp_caps:");
     for t in ["rc", "uc", "ud", "xrc"] {
         emit!(o, "\t{t}_odp_caps:");
@@ -298,7 +298,18 @@ fn print_extended_caps(o: &mut String, cap_flags: u32) {
     emit!(o, "\tpacket_pacing_caps:");
     emit!(o, "\t\tqp_rate_limit_min:\t0kbps");
     emit!(o, "\t\tqp_rate_limit_max:\t0kbps");
-    emit!(o, "\ttag matching not supported");
+    if tm.max_num_tags != 0 {
+        emit!(o, "\tmax_rndv_hdr_size:\t\t{}", tm.max_rndv_hdr_size);
+        emit!(o, "\tmax_num_tags:\t\t\t{}", tm.max_num_tags);
+        emit!(o, "\tmax_ops:\t\t\t{}", tm.max_ops);
+        emit!(o, "\tmax_sge:\t\t\t{}", tm.max_sge);
+        emit!(o, "\tflags:");
+        if tm.flags.contains(TmCapFlags::RC) {
+            emit!(o, "\t\t\t\t\tIBV_TM_CAP_RC");
+        }
+    } else {
+        emit!(o, "\ttag matching not supported");
+    }
 }
 
 /// A GUID as four groups of four hex digits; `guid` is the number whose big-endian bytes are the
