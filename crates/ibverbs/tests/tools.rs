@@ -501,6 +501,8 @@ fn perftest_over_xrc() {
     ] {
         perftest_with(program, server_table, &["-c", "XRC"]);
     }
+    // Several XRC pairs each way: one SRQ per side, shared by every target.
+    perftest_with("/usr/bin/ib_send_bw", true, &["-c", "XRC", "-q", "3", "-b"]);
 }
 
 /// As [`perftest_over_xrc`], through `ibv_post_send` with `qp_type.xrc.remote_srqn`.
