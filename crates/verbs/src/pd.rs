@@ -575,6 +575,7 @@ impl MemoryWindow {
             flags: SendFlags::SIGNALED,
             payload: Payload::Sges(Vec::new()),
             ud: None,
+            xrc_srqn: None,
         }
     }
 }
