@@ -148,6 +148,7 @@ fn counters_count_the_frames_their_flows_take() {
             flags: SendFlags::SIGNALED,
             payload: Payload::Sges(vec![mr.sge(s * SLOT..s * SLOT + f.len()).unwrap()]),
             ud: None,
+            xrc_srqn: None,
         }])
         .unwrap();
         assert_eq!(poll_until(&send_cq, 1, Duration::from_secs(10)).len(), 1);

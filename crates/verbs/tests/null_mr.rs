@@ -74,6 +74,7 @@ fn send(wr_id: u64, op: SendOp, sges: Vec<Sge>) -> SendRequest {
         flags: SendFlags::SIGNALED,
         payload: Payload::Sges(sges),
         ud: None,
+        xrc_srqn: None,
     }
 }
 

@@ -113,6 +113,7 @@ fn send_burst(qp: &QueuePair, cq: &CompletionQueue, mr: &MemoryRegion, n: usize,
             flags: SendFlags::SIGNALED,
             payload: Payload::Sges(vec![mr.sge(0..len).unwrap()]),
             ud: None,
+            xrc_srqn: None,
         })
         .collect();
     qp.post_send(&wrs).unwrap();
