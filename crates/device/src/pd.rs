@@ -201,6 +201,8 @@ pub struct Mr {
     handle: u32,
     /// Memory windows bound to the region (dereg and rereg are EBUSY while any is).
     uses: UseCount,
+    /// A null MR (`ibv_alloc_null_mr`): no memory to re-register.
+    null: std::sync::atomic::AtomicBool,
 }
 
 impl Mr {
@@ -310,7 +312,9 @@ impl Mr {
             addr: 0,
             iova: 0,
         };
-        Self::insert(pd, t, None, AccessFlags::LOCAL_WRITE)
+        let mr = Self::insert(pd, t, None, AccessFlags::LOCAL_WRITE)?;
+        mr.null.store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(mr)
     }
 
     fn insert(
@@ -341,6 +345,7 @@ impl Mr {
             rkey,
             handle: pd.context().next_handle(),
             uses: UseCount::default(),
+            null: std::sync::atomic::AtomicBool::new(false),
         });
         device.node().keys.insert(&mr);
         pd.context()
@@ -465,6 +470,9 @@ impl Mr {
         } else {
             None
         };
+        if self.null.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Input(Error::invalid("a null MR has no memory to re-register")));
+        }
         let mut map = self.map.write();
         if self.uses.is_retired() {
             return Err(Command(Error::invalid("the memory region has been deregistered")));

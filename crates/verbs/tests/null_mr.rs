@@ -168,9 +168,14 @@ fn the_null_mr_grants_no_remote_access() {
 }
 
 #[test]
-fn null_mr_is_deregistered_like_any_region() {
+fn null_mr_cannot_be_reregistered_and_is_deregistered_like_any_region() {
     let a = side();
-    let null = a.pd.alloc_null_mr().unwrap();
+    let mut null = a.pd.alloc_null_mr().unwrap();
     assert_eq!(null.addr(), 0);
+    let remote = Rereg {
+        access: Some(AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE),
+        ..Rereg::default()
+    };
+    assert_eq!(null.rereg(remote).unwrap_err().errno(), 22, "rereg: EINVAL");
     null.dereg().map_err(|(_, e)| e).unwrap();
 }

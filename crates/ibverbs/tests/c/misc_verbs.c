@@ -197,6 +197,10 @@ static void test_null_mr(void)
 	      "a receive into the null MR was posted and flushed");
 	ibv_destroy_qp(qp);
 	ibv_destroy_cq(cq);
+	CHECK(ibv_rereg_mr(null, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0,
+			   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE) == IBV_REREG_MR_ERR_INPUT &&
+		      errno == EINVAL,
+	      "ibv_rereg_mr of the null MR: IBV_REREG_MR_ERR_INPUT, EINVAL");
 	CHECK(ibv_dereg_mr(null) == 0, "ibv_dereg_mr of the null MR");
 }
 
