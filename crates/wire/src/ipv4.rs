@@ -87,6 +87,12 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         read_u16(&self.data()[field::IDENT])
     }
 
+    /// The three flag bits: reserved (4), Don't Fragment (2), More
+    /// Fragments (1).
+    pub fn flags(&self) -> u8 {
+        (read_u16(&self.data()[field::FLG_OFF]) >> 13) as u8
+    }
+
     /// Don't Fragment.
     pub fn dont_frag(&self) -> bool {
         read_u16(&self.data()[field::FLG_OFF]) & field::DONT_FRAG != 0
