@@ -78,6 +78,7 @@ pub mod psn;
 pub mod reth;
 pub mod tm;
 pub mod udp;
+pub mod xrceth;
 
 #[cfg(test)]
 mod strategies;
@@ -99,6 +100,7 @@ pub use psn::Psn;
 pub use reth::{RethPacket, RethRepr};
 pub use tm::{RvhPacket, RvhRepr, TmHeaders, TmhOpcode, TmhPacket, TmhRepr};
 pub use udp::{UdpPacket, UdpRepr};
+pub use xrceth::{XrcEthPacket, XrcEthRepr};
 
 /// The IANA UDP destination port of RoCEv2.
 pub const ROCE_UDP_PORT: u16 = 4791;
