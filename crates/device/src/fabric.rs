@@ -1,5 +1,5 @@
-//! Moving packets: each device has a [`Node`] (its QPs, memory keys and inbound packets), and
-//! the process-wide [`Fabric`] carries packets between nodes and runs the progress thread.
+//! Moving packets: each device has a `Node` (its QPs, memory keys and inbound packets), and
+//! the process-wide `Fabric` carries packets between nodes and runs the progress thread.
 //!
 //! Progress happens in three places, so that nothing waits on the application:
 //! - the thread that posts a work request drives the fabric until it is quiet, so an exchange
