@@ -481,8 +481,8 @@ impl Device {
         self.shared().mw_indices.lock().remove(&(key >> 8));
     }
 
-    /// A fresh QP number, unique among live QPs of this process.
-    pub(crate) fn alloc_qpn(&self) -> u32 {
+    /// A fresh QP number, unique among live QPs of this process; ENOMEM when none is left.
+    pub(crate) fn alloc_qpn(&self) -> Result<u32> {
         fabric().alloc_qpn(self.config().udp_port)
     }
 
@@ -677,7 +677,7 @@ mod tests {
         );
         let keys: HashSet<u32> = (0..1000).map(|_| d.alloc_key()).collect();
         assert_eq!(keys.len(), 1000);
-        let qpns: HashSet<u32> = (0..1000).map(|_| d.alloc_qpn()).collect();
+        let qpns: HashSet<u32> = (0..1000).map(|_| d.alloc_qpn().unwrap()).collect();
         assert_eq!(qpns.len(), 1000);
         assert!(qpns.iter().all(|&q| (0x11..0xFF_FFFF).contains(&q)));
     }

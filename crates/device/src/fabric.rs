@@ -18,6 +18,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use softverbs_engine::time::Instant;
 use softverbs_engine::transport::{DropReason, RxMeta, Transmit};
 use softverbs_engine::types::Gid;
+use softverbs_engine::{Error, Result};
 use softverbs_wire::bth::peek_dest_qpn;
 use softverbs_wire::{is_positive_ack, RocePacket};
 
@@ -294,7 +295,7 @@ pub(crate) struct Fabric {
     wake_at: AtomicU64,
     wake_lock: Mutex<()>,
     wake: Condvar,
-    qpns: Mutex<(u32, HashSet<u32>)>,
+    qpns: Mutex<QpnTable>,
     udp: OnceLock<Option<Arc<Udp>>>,
     /// When an application thread last polled an empty CQ (engine nanoseconds).
     app_poll_at: AtomicU64,
@@ -302,6 +303,48 @@ pub(crate) struct Fabric {
 
 /// QPNs 0 and 1 are the special management QPs; ordinary QPs start above them, as on hardware.
 const FIRST_QPN: u32 = 0x11;
+/// The last per-process QP index (bits 0..16; the slot fills bits 16..24).
+const LAST_QPN_INDEX: u32 = 0xFFFF;
+
+/// The per-process QP indices in use, handed out round robin so that a freed number is not
+/// reused at once.
+#[derive(Debug)]
+struct QpnTable {
+    next: u32,
+    first: u32,
+    last: u32,
+    live: HashSet<u32>,
+}
+
+impl QpnTable {
+    fn new(first: u32, last: u32) -> Self {
+        Self {
+            next: first,
+            first,
+            last,
+            live: HashSet::new(),
+        }
+    }
+
+    /// A free index, or `None` when every one is in use (a full table must not be searched
+    /// forever).
+    fn alloc(&mut self) -> Option<u32> {
+        if self.live.len() as u64 > u64::from(self.last - self.first) {
+            return None;
+        }
+        loop {
+            let idx = self.next;
+            self.next = if idx >= self.last { self.first } else { idx + 1 };
+            if self.live.insert(idx) {
+                return Some(idx);
+            }
+        }
+    }
+
+    fn free(&mut self, idx: u32) {
+        self.live.remove(&idx);
+    }
+}
 
 /// The fabric of this process.
 pub(crate) fn fabric() -> &'static Fabric {
@@ -317,7 +360,7 @@ pub(crate) fn fabric() -> &'static Fabric {
             wake_at: AtomicU64::new(u64::MAX),
             wake_lock: Mutex::new(()),
             wake: Condvar::new(),
-            qpns: Mutex::new((FIRST_QPN, HashSet::new())),
+            qpns: Mutex::new(QpnTable::new(FIRST_QPN, LAST_QPN_INDEX)),
             udp: OnceLock::new(),
             app_poll_at: AtomicU64::new(0),
         }
@@ -534,18 +577,16 @@ impl Fabric {
     }
 
     /// A fresh QP number, unique among live QPs of this host: the process's UDP slot in bits
-    /// 16..24 and a per-process index below.
-    pub(crate) fn alloc_qpn(&'static self, base_port: u16) -> u32 {
+    /// 16..24 and a per-process index below. Fails with ENOMEM once every index is in use.
+    pub(crate) fn alloc_qpn(&'static self, base_port: u16) -> Result<u32> {
         let slot = self.start_udp(base_port).map_or(0, |u| u32::from(u.slot()));
-        let mut t = self.qpns.lock();
-        loop {
-            let idx = t.0;
-            t.0 = if t.0 >= 0xFFFF { FIRST_QPN } else { t.0 + 1 };
-            let qpn = (slot << 16) | idx;
-            if t.1.insert(qpn) {
-                return qpn;
-            }
-        }
+        let idx = self.qpns.lock().alloc().ok_or_else(|| {
+            Error::no_resources(format!(
+                "all {} QP numbers of this process are in use (QPs, SRQs and WQs share them)",
+                LAST_QPN_INDEX - FIRST_QPN + 1
+            ))
+        })?;
+        Ok((slot << 16) | idx)
     }
 
     /// Hands received datagrams to their nodes' inbound queues, in order.
@@ -585,6 +626,22 @@ impl Fabric {
 
     /// Releases a QP number.
     pub(crate) fn free_qpn(&self, qpn: u32) {
-        self.qpns.lock().1.remove(&qpn);
+        self.qpns.lock().free(qpn & LAST_QPN_INDEX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_qpn_table_fails_instead_of_spinning() {
+        let mut t = QpnTable::new(FIRST_QPN, FIRST_QPN + 3);
+        let got: Vec<u32> = (0..4).map(|_| t.alloc().expect("a free index")).collect();
+        assert_eq!(got, [0x11, 0x12, 0x13, 0x14]);
+        assert_eq!(t.alloc(), None, "every index is in use");
+        t.free(0x13);
+        assert_eq!(t.alloc(), Some(0x13), "a freed index is found again");
+        assert_eq!(t.alloc(), None);
     }
 }

@@ -297,14 +297,23 @@ impl Qp {
             }
             _ => None,
         };
-        let cap = match Self::validate_and_acquire(ctx, pd, xrcd, init) {
-            Ok(cap) => cap,
+        // Numbered first: validation takes references that are not easily undone.
+        let qpn = match ctx.device().alloc_qpn() {
+            Ok(n) => n,
             Err(e) => {
                 release_table(&rss);
                 return Err(e);
             }
         };
-        Ok(Self::build(ctx, pd, xrcd, init, cap, raw, rss))
+        let cap = match Self::validate_and_acquire(ctx, pd, xrcd, init) {
+            Ok(cap) => cap,
+            Err(e) => {
+                ctx.device().free_qpn(qpn);
+                release_table(&rss);
+                return Err(e);
+            }
+        };
+        Ok(Self::build(ctx, pd, xrcd, init, (qpn, cap), raw, rss))
     }
 
     fn validate_and_acquire(
@@ -422,11 +431,10 @@ impl Qp {
         pd: Option<&Arc<Pd>>,
         xrcd: Option<&Arc<Xrcd>>,
         init: &QpInitAttr,
-        cap: QpCap,
+        (qpn, cap): (u32, QpCap),
         raw: Option<Arc<RawPort>>,
         rss: Option<Rss>,
     ) -> Arc<Self> {
-        let qpn = ctx.device().alloc_qpn();
         let attr = QpAttr {
             cap,
             ..QpAttr::default()
@@ -1289,7 +1297,14 @@ impl Srq {
                 cq: cq.clone(),
             },
         };
-        let srqn = ctx.device().alloc_qpn();
+        let srqn = match ctx.device().alloc_qpn() {
+            Ok(n) => n,
+            Err(e) => {
+                taken.iter().for_each(|u| u.release());
+                ctx.device().release(Resource::Srq);
+                return Err(e);
+            }
+        };
         let actual = SrqAttr {
             max_wr: round_depth(attr.max_wr).min(limits.max_srq_wr),
             max_sge: attr.max_sge.max(1),

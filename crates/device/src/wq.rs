@@ -88,15 +88,20 @@ impl Wq {
                 limits.max_sge
             )));
         }
-        pd.uses().acquire("protection domain")?;
+        let wq_num = ctx.device().alloc_qpn()?;
+        if let Err(e) = pd.uses().acquire("protection domain") {
+            ctx.device().free_qpn(wq_num);
+            return Err(e);
+        }
         if let Err(e) = cq.uses().acquire("completion queue") {
             pd.uses().release();
+            ctx.device().free_qpn(wq_num);
             return Err(e);
         }
         Ok(Arc::new(Self {
             pd: pd.clone(),
             cq: cq.clone(),
-            wq_num: ctx.device().alloc_qpn(),
+            wq_num,
             max_wr: max_wr.next_power_of_two().min(limits.max_qp_wr),
             max_sge: max_sge.max(1),
             inner: Mutex::new(WqInner {
