@@ -127,7 +127,12 @@ impl Node {
             driving: AtomicBool::new(false),
             counters: NodeCounters::default(),
         });
-        fabric().nodes.write().push(Arc::downgrade(&node));
+        let mut nodes = fabric().nodes.write();
+        // Devices are built on every device listing and most are dropped at once: forget the
+        // dead ones here, or the list (and each dead node's memory) grows with every call.
+        nodes.retain(|n| n.strong_count() > 0);
+        nodes.push(Arc::downgrade(&node));
+        drop(nodes);
         node
     }
 
@@ -643,5 +648,32 @@ mod tests {
         t.free(0x13);
         assert_eq!(t.alloc(), Some(0x13), "a freed index is found again");
         assert_eq!(t.alloc(), None);
+    }
+
+    fn rss_bytes() -> u64 {
+        let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+        let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+        pages * 4096
+    }
+
+    #[test]
+    fn repeated_device_listing_does_not_grow() {
+        let per_call = crate::device::device_list().unwrap().len();
+        // Warm up allocator pools before measuring.
+        for _ in 0..1000 {
+            crate::device::device_list().unwrap();
+        }
+        let rss = rss_bytes();
+        for _ in 0..40_000 {
+            crate::device::device_list().unwrap();
+        }
+        // Live nodes: the registry's devices plus the ones other tests of this process hold.
+        let nodes = fabric().nodes.read().len();
+        assert!(
+            nodes <= per_call + 64,
+            "{nodes} nodes registered after 40,000 listings"
+        );
+        let grown = rss_bytes().saturating_sub(rss);
+        assert!(grown < 4 << 20, "RSS grew by {grown} bytes over 40,000 listings");
     }
 }
