@@ -492,6 +492,12 @@ impl Device {
         fabric().udp_status()
     }
 
+    /// Datagrams with the forwarding header that this process dropped because they did not come
+    /// from the holder of the standard RoCE port (forgeries by other local senders).
+    pub fn forged_forwards(&self) -> u64 {
+        fabric().forged_forwards()
+    }
+
     /// Releases a QP number.
     pub(crate) fn free_qpn(&self, qpn: u32) {
         fabric().free_qpn(qpn);

@@ -576,6 +576,11 @@ impl Fabric {
         self.udp.get().and_then(Option::as_ref)
     }
 
+    /// Forwarded datagrams the UDP driver dropped as forged.
+    pub(crate) fn forged_forwards(&self) -> u64 {
+        self.udp().map_or(0, |u| u.forged_forwards())
+    }
+
     /// (slot, own UDP port, holds the standard port) if the UDP driver runs.
     pub(crate) fn udp_status(&self) -> Option<(u8, u16, bool)> {
         self.udp().map(|u| (u.slot(), u.port(), u.is_forwarder()))

@@ -144,6 +144,8 @@ pub(crate) struct Udp {
     gso: std::sync::atomic::AtomicBool,
     /// Holds back floods towards receivers on this host that cannot keep up.
     pacer: Pacer,
+    /// Forwarded datagrams dropped because they did not come from the standard port.
+    forged: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug)]
@@ -177,6 +179,7 @@ impl Udp {
             }),
             gso: std::sync::atomic::AtomicBool::new(true),
             pacer: Pacer::new(rcvbuf),
+            forged: std::sync::atomic::AtomicU64::new(0),
         });
         tracing::debug!(
             slot,
@@ -195,6 +198,11 @@ impl Udp {
     /// This process's own UDP port.
     pub(crate) fn port(&self) -> u16 {
         self.own.port
+    }
+
+    /// Forwarded datagrams dropped as forged (not from the standard port).
+    pub(crate) fn forged_forwards(&self) -> u64 {
+        self.forged.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether this process holds the standard port.
@@ -279,6 +287,18 @@ impl Udp {
         let Some(fd) = self.socket_for(&dst.ip()) else {
             return false;
         };
+        self.send_on(fd, src, dst, scope, parts, gso)
+    }
+
+    fn send_on(
+        &self,
+        fd: &OwnedFd,
+        src: IpAddr,
+        dst: SocketAddr,
+        scope: u32,
+        parts: &[&[u8]],
+        gso: Option<u16>,
+    ) -> bool {
         let iov: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
         let gso_size = gso.unwrap_or(0);
         let gso_cmsg = ControlMessage::UdpGsoSegments(&gso_size);
@@ -473,6 +493,16 @@ impl Udp {
         let port = if is_forwarder { self.base } else { self.own.port };
 
         if bytes.len() >= FORWARD_HEADER && bytes[..4] == FORWARD_MAGIC {
+            // Only the holder of the standard port may forward: it sends from that port, from
+            // the local address the packet reached to the same address. No other local socket
+            // can use the port while it is held, and Linux drops packets from off the host
+            // that claim a local source address, so anything else is forged (it would let its
+            // sender pose as any peer) and is dropped.
+            if is_forwarder || src.port() != self.base || src.ip() != dst_ip {
+                self.forged.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::debug!(%src, %dst_ip, "dropped a forwarded datagram not from the RoCE port");
+                return;
+            }
             // Forwarded to us by the holder of the standard port: restore the real addresses.
             let ip = |b: &[u8]| {
                 let v6 = Ipv6Addr::from(<[u8; 16]>::try_from(b).expect("16 bytes"));
@@ -505,7 +535,17 @@ impl Udp {
         header[20..22].copy_from_slice(&src.port().to_be_bytes());
         header[22..38].copy_from_slice(&mapped(dst_ip));
         let to = SocketAddr::new(dst_ip, self.base.saturating_add(u16::from(slot)));
-        self.send_raw(dst_ip, to, 0, &[&header, bytes], None);
+        // From the standard port, which is how the receiver tells a forward from a forgery.
+        let Some(fwd) = self.forwarder.lock().clone() else {
+            return;
+        };
+        let fd = match dst_ip {
+            IpAddr::V4(_) => Some(&fwd.v4),
+            IpAddr::V6(_) => fwd.v6.as_ref(),
+        };
+        if let Some(fd) = fd {
+            self.send_on(fd, dst_ip, to, 0, &[&header, bytes], None);
+        }
     }
 
     /// Takes the standard port over when its holder has gone (checked at most once a second).
@@ -543,5 +583,93 @@ fn datagram(src: SocketAddr, dst: SocketAddr, bytes: &[u8]) -> Datagram {
         },
         bad_icrc,
         icrc_unverified,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::UdpSocket;
+
+    /// A base port whose first slots are free now (not the standard port, which other
+    /// processes on the host may hold).
+    fn free_base_port() -> u16 {
+        let free =
+            |port: u16| UdpSocket::bind(("0.0.0.0", port)).is_ok() && UdpSocket::bind(("::", port)).is_ok();
+        let seed = std::process::id() as u16;
+        (0..1000u16)
+            .map(|i| 20_000 + (seed.wrapping_add(i.wrapping_mul(89)) % 40_000))
+            .find(|&base| (base..base + 4).all(free))
+            .expect("a free range of UDP ports")
+    }
+
+    /// A BTH-sized packet for `qpn` with a recognisable payload.
+    fn packet(qpn: u32, tag: u8) -> Vec<u8> {
+        let mut p = vec![0u8; 12 + 4 + 4];
+        p[0] = 0x64; // UD SEND only
+        p[2..4].copy_from_slice(&0xFFFFu16.to_be_bytes());
+        p[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+        p[16] = tag;
+        p
+    }
+
+    /// Runs the holder's receive side (which keeps nothing: it forwards) until `to` gets a
+    /// datagram or `wait` passes.
+    fn forward_within(holder: &Udp, to: &Udp, wait: Duration) -> Vec<Datagram> {
+        let deadline = StdInstant::now() + wait;
+        let mut got = Vec::new();
+        while got.is_empty() && StdInstant::now() < deadline {
+            if holder.wait_readable(Duration::from_millis(20)) {
+                holder.receive(|d| assert!(d.is_empty(), "forwarded, not kept"));
+            }
+            if to.wait_readable(Duration::from_millis(20)) {
+                to.receive(|d| got.extend(d));
+            }
+        }
+        got
+    }
+
+    #[test]
+    fn forwards_only_from_the_standard_port_are_accepted() {
+        let base = free_base_port();
+        let holder = Udp::start(base).expect("slot 1");
+        let other = Udp::start(base).expect("slot 2");
+        assert!(holder.is_forwarder() && !other.is_forwarder());
+        let dest_qpn = (u32::from(other.slot()) << 16) | 0x11;
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+
+        // A standard peer's packet reaches the holder, which forwards it to the slot's owner
+        // with the peer's address restored.
+        peer.send_to(&packet(dest_qpn, 1), ("127.0.0.1", base)).unwrap();
+        let got = forward_within(&holder, &other, Duration::from_secs(10));
+        assert_eq!(got.len(), 1, "the forwarded packet arrives");
+        assert_eq!(got[0].data, packet(dest_qpn, 1));
+        assert_eq!(got[0].meta.sgid, Gid::from_ip(peer.local_addr().unwrap().ip()));
+        assert_eq!(other.forged_forwards(), 0);
+
+        // The same wrapping from an ordinary socket, claiming another source, is dropped.
+        let mut forged = Vec::new();
+        forged.extend_from_slice(&FORWARD_MAGIC);
+        forged.extend_from_slice(&Ipv4Addr::new(10, 9, 8, 7).to_ipv6_mapped().octets());
+        forged.extend_from_slice(&base.to_be_bytes());
+        forged.extend_from_slice(&Ipv4Addr::LOCALHOST.to_ipv6_mapped().octets());
+        forged.extend_from_slice(&packet(dest_qpn, 2));
+        peer.send_to(&forged, ("127.0.0.1", other.port())).unwrap();
+        // Sent to the holder's standard port too: a forwarding header is never valid there.
+        peer.send_to(&forged, ("127.0.0.1", base)).unwrap();
+        let deadline = StdInstant::now() + Duration::from_secs(10);
+        while other.forged_forwards() + holder.forged_forwards() < 2 && StdInstant::now() < deadline {
+            for u in [&holder, &other] {
+                if u.wait_readable(Duration::from_millis(50)) {
+                    u.receive(|d| assert!(d.is_empty(), "a forged forward was delivered: {d:?}"));
+                }
+            }
+        }
+        assert_eq!(other.forged_forwards(), 1, "dropped and counted at the slot port");
+        assert_eq!(
+            holder.forged_forwards(),
+            1,
+            "dropped and counted at the standard port"
+        );
     }
 }
