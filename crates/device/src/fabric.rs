@@ -401,6 +401,16 @@ fn receive_thread(udp: &Udp) {
 fn progress_thread() {
     let f = fabric();
     loop {
+        // From here on, `schedule` merges each new deadline into `wake_at` (fetch_min under
+        // `wake_lock`), and the earliest node timer found below is merged into it too, never
+        // stored over it. A deadline set before this store is already in its node's state, which
+        // `run_timers` reads after it; one set later lowers `wake_at` and is kept. Storing the
+        // computed `next` instead (as an earlier version did) lost any deadline scheduled while
+        // the timers were being run.
+        f.wake_at.store(u64::MAX, Ordering::Release);
+        // Pairs with the fence in `schedule`: either it sees this store, or `run_timers` below
+        // sees the QP's deadline stored before it.
+        std::sync::atomic::fence(Ordering::SeqCst);
         let now = f.now();
         f.drive(now);
         let mut next = None;
@@ -411,8 +421,9 @@ fn progress_thread() {
         }
         f.drive(f.now());
         let mut guard = f.wake_lock.lock();
-        let target = next.map_or(u64::MAX, |d| d.as_nanos());
-        f.wake_at.store(target, Ordering::Release);
+        let found = next.map_or(u64::MAX, |d| d.as_nanos());
+        // Under the lock, so a `schedule` after this sees the value and notifies a waiting thread.
+        let target = f.wake_at.fetch_min(found, Ordering::AcqRel).min(found);
         if target == u64::MAX {
             f.wake.wait(&mut guard);
         } else {
@@ -440,10 +451,15 @@ impl Fabric {
     }
 
     /// Tells the progress thread about a deadline, waking it if it would sleep past it.
+    /// A deadline at or after `wake_at` needs nothing: the thread wakes by then, or is computing
+    /// its next wake-up, which only lowers `wake_at` (see `progress_thread`).
     pub(crate) fn schedule(&self, at: Instant) {
+        // The caller stored the deadline in its QP first; see `progress_thread`.
+        std::sync::atomic::fence(Ordering::SeqCst);
         if at.as_nanos() < self.wake_at.load(Ordering::Acquire) {
             let _guard = self.wake_lock.lock();
-            self.wake_at.store(at.as_nanos(), Ordering::Release);
+            // The minimum: a concurrent, later deadline must not replace an earlier one.
+            self.wake_at.fetch_min(at.as_nanos(), Ordering::AcqRel);
             self.wake.notify_one();
         }
     }
