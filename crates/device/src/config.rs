@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | `SOFTVERBS_INTERFACES` | comma-separated interface names that become devices | every interface with an address |
 //! | `SOFTVERBS_UDP_PORT` | UDP port of RoCEv2 | 4791 |
+//! | `SOFTVERBS_UDP_SLOTS` | how many ports above it processes may take, one each (1..=255); a process that finds none free cannot create QPs (ENOMEM) | 255 |
 //! | `SOFTVERBS_LIMITS` | comma-separated `name=value` overrides of [`Limits`] fields, e.g. `max_qp=64,max_cqe=1024` | see [`Limits::default`] |
 
 use softverbs_engine::{Error, Result};
@@ -150,6 +151,8 @@ pub struct Config {
     pub interfaces: Option<Vec<String>>,
     /// UDP port of RoCEv2.
     pub udp_port: u16,
+    /// How many ports above `udp_port` processes may take as their slots (1..=255).
+    pub udp_slots: u8,
     /// Resource limits.
     pub limits: Limits,
 }
@@ -159,6 +162,7 @@ impl Default for Config {
         Self {
             interfaces: None,
             udp_port: ROCE_UDP_PORT,
+            udp_slots: 255,
             limits: Limits::default(),
         }
     }
@@ -186,6 +190,14 @@ impl Config {
             cfg.udp_port = port.trim().parse().ok().filter(|p| *p != 0).ok_or_else(|| {
                 Error::invalid(format!("SOFTVERBS_UDP_PORT: {port:?} is not a port number"))
             })?;
+        }
+        if let Some(n) = get("SOFTVERBS_UDP_SLOTS") {
+            cfg.udp_slots = n
+                .trim()
+                .parse()
+                .ok()
+                .filter(|n| *n != 0)
+                .ok_or_else(|| Error::invalid(format!("SOFTVERBS_UDP_SLOTS: {n:?} is not in 1..=255")))?;
         }
         if let Some(list) = get("SOFTVERBS_LIMITS") {
             cfg.limits.apply_list(&list)?;
@@ -217,11 +229,13 @@ mod tests {
         let cfg = Config::from_vars(vars(&[
             ("SOFTVERBS_INTERFACES", "lo, eth0,"),
             ("SOFTVERBS_UDP_PORT", "5000"),
+            ("SOFTVERBS_UDP_SLOTS", "7"),
             ("SOFTVERBS_LIMITS", "max_qp=3, max_cqe=100,max_qp_rd_atom=4"),
         ]))
         .unwrap();
         assert_eq!(cfg.interfaces, Some(vec!["lo".into(), "eth0".into()]));
         assert_eq!(cfg.udp_port, 5000);
+        assert_eq!(cfg.udp_slots, 7);
         assert_eq!(
             (cfg.limits.max_qp, cfg.limits.max_cqe, cfg.limits.max_qp_rd_atom),
             (3, 100, 4)
@@ -233,6 +247,8 @@ mod tests {
         for (k, v, needle) in [
             ("SOFTVERBS_UDP_PORT", "0", "SOFTVERBS_UDP_PORT"),
             ("SOFTVERBS_UDP_PORT", "70000", "SOFTVERBS_UDP_PORT"),
+            ("SOFTVERBS_UDP_SLOTS", "0", "SOFTVERBS_UDP_SLOTS"),
+            ("SOFTVERBS_UDP_SLOTS", "256", "SOFTVERBS_UDP_SLOTS"),
             ("SOFTVERBS_LIMITS", "max_qp", "not name=value"),
             ("SOFTVERBS_LIMITS", "max_bogus=1", "max_bogus"),
             ("SOFTVERBS_LIMITS", "max_qp=0", "at least 1"),

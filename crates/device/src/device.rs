@@ -483,7 +483,7 @@ impl Device {
 
     /// A fresh QP number, unique among live QPs of this process; ENOMEM when none is left.
     pub(crate) fn alloc_qpn(&self) -> Result<u32> {
-        fabric().alloc_qpn(self.config().udp_port)
+        fabric().alloc_qpn(self.config().udp_port, self.config().udp_slots)
     }
 
     /// The UDP driver of this process as (slot, own UDP port, whether it holds the standard

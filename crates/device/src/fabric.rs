@@ -301,7 +301,9 @@ pub(crate) struct Fabric {
     wake_lock: Mutex<()>,
     wake: Condvar,
     qpns: Mutex<QpnTable>,
-    udp: OnceLock<Option<Arc<Udp>>>,
+    udp: OnceLock<Arc<Udp>>,
+    /// Serialises attempts to start the UDP driver.
+    udp_start: Mutex<()>,
     /// When an application thread last polled an empty CQ (engine nanoseconds).
     app_poll_at: AtomicU64,
 }
@@ -367,6 +369,7 @@ pub(crate) fn fabric() -> &'static Fabric {
             wake: Condvar::new(),
             qpns: Mutex::new(QpnTable::new(FIRST_QPN, LAST_QPN_INDEX)),
             udp: OnceLock::new(),
+            udp_start: Mutex::new(()),
             app_poll_at: AtomicU64::new(0),
         }
     })
@@ -565,31 +568,36 @@ impl Fabric {
         }
     }
 
-    /// Starts the UDP driver (once per process) on `base_port`; its slot numbers this
-    /// process's QPs.
-    pub(crate) fn start_udp(&'static self, base_port: u16) -> Option<&'static Arc<Udp>> {
-        self.udp
-            .get_or_init(|| {
-                let udp = Udp::start(base_port);
-                if let Some(u) = &udp {
-                    let u = u.clone();
-                    std::thread::Builder::new()
-                        .name("softverbs-rx".into())
-                        .spawn(move || receive_thread(&u))
-                        .expect("spawn the receive thread");
-                } else {
-                    tracing::warn!(
-                        base_port,
-                        "no UDP port available: only QPs of this process can talk"
-                    );
-                }
-                udp
-            })
-            .as_ref()
+    /// Starts the UDP driver (once per process) on the first free slot of `slots` above
+    /// `base_port`; its slot numbers this process's QPs. `None` while every slot is taken: the
+    /// next call tries again.
+    pub(crate) fn start_udp(&'static self, base_port: u16, slots: u8) -> Option<&'static Arc<Udp>> {
+        if let Some(u) = self.udp.get() {
+            return Some(u);
+        }
+        let _starting = self.udp_start.lock();
+        if let Some(u) = self.udp.get() {
+            return Some(u);
+        }
+        let Some(udp) = Udp::start(base_port, slots) else {
+            tracing::warn!(
+                base_port,
+                slots,
+                "no free UDP slot (ports base+1..=base+slots are all taken): QPs cannot be created"
+            );
+            return None;
+        };
+        let u = udp.clone();
+        std::thread::Builder::new()
+            .name("softverbs-rx".into())
+            .spawn(move || receive_thread(&u))
+            .expect("spawn the receive thread");
+        let _ = self.udp.set(udp);
+        self.udp.get()
     }
 
     fn udp(&self) -> Option<&Arc<Udp>> {
-        self.udp.get().and_then(Option::as_ref)
+        self.udp.get()
     }
 
     /// Forwarded datagrams the UDP driver dropped as forged.
@@ -603,9 +611,20 @@ impl Fabric {
     }
 
     /// A fresh QP number, unique among live QPs of this host: the process's UDP slot in bits
-    /// 16..24 and a per-process index below. Fails with ENOMEM once every index is in use.
-    pub(crate) fn alloc_qpn(&'static self, base_port: u16) -> Result<u32> {
-        let slot = self.start_udp(base_port).map_or(0, |u| u32::from(u.slot()));
+    /// 16..24 and a per-process index below. Fails with ENOMEM once every index is in use, or
+    /// while this process has no UDP slot: a number without one would collide with another
+    /// process's and its traffic would go astray, so no QP is better than a silent one.
+    pub(crate) fn alloc_qpn(&'static self, base_port: u16, slots: u8) -> Result<u32> {
+        let slot = self
+            .start_udp(base_port, slots)
+            .map(|u| u32::from(u.slot()))
+            .ok_or_else(|| {
+                Error::no_resources(format!(
+                    "no free UDP slot: ports {}..={} are all taken by other processes",
+                    u32::from(base_port) + 1,
+                    u32::from(base_port) + u32::from(slots)
+                ))
+            })?;
         let idx = self.qpns.lock().alloc().ok_or_else(|| {
             Error::no_resources(format!(
                 "all {} QP numbers of this process are in use (QPs, SRQs and WQs share them)",

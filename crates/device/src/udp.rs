@@ -160,9 +160,10 @@ pub(crate) fn slot_of(qpn: u32) -> u8 {
 }
 
 impl Udp {
-    /// Binds the first free slot above `base`. `None` if no UDP socket can be bound at all.
-    pub(crate) fn start(base: u16) -> Option<Arc<Self>> {
-        let (slot, own) = (1..=255u8).find_map(|k| {
+    /// Binds the first free slot of `base + 1..=base + slots`. `None` if every one is taken
+    /// (or no UDP socket can be bound at all).
+    pub(crate) fn start(base: u16, slots: u8) -> Option<Arc<Self>> {
+        let (slot, own) = (1..=slots).find_map(|k| {
             let port = base.checked_add(u16::from(k))?;
             Sockets::bind(port).ok().map(|s| (k, s))
         })?;
@@ -632,8 +633,8 @@ mod tests {
     #[test]
     fn forwards_only_from_the_standard_port_are_accepted() {
         let base = free_base_port();
-        let holder = Udp::start(base).expect("slot 1");
-        let other = Udp::start(base).expect("slot 2");
+        let holder = Udp::start(base, 255).expect("slot 1");
+        let other = Udp::start(base, 255).expect("slot 2");
         assert!(holder.is_forwarder() && !other.is_forwarder());
         let dest_qpn = (u32::from(other.slot()) << 16) | 0x11;
         let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
