@@ -77,6 +77,9 @@ struct CqState {
     cqe: u32,
     /// `Some(solicited_only)` while a notification is requested.
     armed: Option<bool>,
+    /// The request (`Some(solicited_only)`) that events raised since the CQ was last empty
+    /// fired under; they may still wait in the channel (see [`Cq::withdraw_spent_events`]).
+    raised: Option<bool>,
     overrun: bool,
     /// Completions ever queued and ever polled.
     pushed: u64,
@@ -118,6 +121,12 @@ pub struct Timestamps {
 fn round_cqe(cqe: u32, max: u32) -> u32 {
     let rounded = (u64::from(cqe) + 1).next_power_of_two() - 1;
     u32::try_from(rounded).unwrap_or(u32::MAX).min(max).max(cqe)
+}
+
+/// Two notification requests in one: a pending "any completion" request is not narrowed by a
+/// solicited-only one.
+fn merge_request(pending: Option<bool>, solicited_only: bool) -> bool {
+    pending != Some(false) && solicited_only
 }
 
 impl Cq {
@@ -165,6 +174,7 @@ impl Cq {
                 entries: VecDeque::new(),
                 cqe: round_cqe(cqe, max),
                 armed: None,
+                raised: None,
                 overrun: false,
                 pushed: 0,
                 polled: 0,
@@ -285,7 +295,28 @@ impl Cq {
             let (_, counter, value) = st.releases.pop_front().expect("checked");
             counter.fetch_max(value, Ordering::AcqRel);
         }
+        if n > 0 && st.entries.is_empty() {
+            self.withdraw_spent_events(&mut st);
+        }
         n
+    }
+
+    /// Called when polling has just emptied the CQ: every completion an event still waiting in
+    /// the channel announced is consumed, so that event is withdrawn and the request that fired
+    /// it is restored (the next completion raises it again, so none is lost and a waiter cannot
+    /// hang). An HCA behaves alike in effect; without this, programs that poll once per event
+    /// and treat an empty CQ as an error (`ibv_rc_pingpong -t -e`) fail on the spurious event
+    /// `ibv_get_cq_event(3)` warns of. Events already delivered are not touched.
+    fn withdraw_spent_events(&self, st: &mut CqState) {
+        let Some(mode) = st.raised.take() else {
+            return;
+        };
+        let Some(ch) = &self.channel else {
+            return;
+        };
+        if ch.events.remove_where(|cq| std::ptr::eq(Arc::as_ptr(cq), self)) > 0 {
+            st.armed = Some(merge_request(st.armed, mode));
+        }
     }
 
     /// `ibv_req_notify_cq`: requests one completion event for the next completion (or the next
@@ -293,11 +324,7 @@ impl Cq {
     /// fire it.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         let mut st = self.state.lock();
-        // A pending "any completion" request is not narrowed by a later solicited-only one.
-        st.armed = Some(match st.armed {
-            Some(false) => false,
-            _ => solicited_only,
-        });
+        st.armed = Some(merge_request(st.armed, solicited_only));
         Ok(())
     }
 
@@ -361,36 +388,33 @@ impl Cq {
         if stamps & 2 != 0 {
             wc.wallclock_ns = crate::attr_ex::wall_clock();
         }
-        let notify = {
-            let mut st = self.state.lock();
-            if st.overrun || st.entries.len() >= st.cqe as usize {
-                let first = !st.overrun;
-                st.overrun = true;
-                drop(st);
-                if first {
-                    if let Some(me) = self.me.upgrade() {
-                        self.ctx.raise(EventElement::Cq(me), EventType::CqErr);
-                    }
+        let mut st = self.state.lock();
+        if st.overrun || st.entries.len() >= st.cqe as usize {
+            let first = !st.overrun;
+            st.overrun = true;
+            drop(st);
+            if first {
+                if let Some(me) = self.me.upgrade() {
+                    self.ctx.raise(EventElement::Cq(me), EventType::CqErr);
                 }
-                return Err(CqOverrun);
             }
-            st.entries.push_back(wc);
-            if let Some((counter, value)) = release {
-                let index = st.pushed;
-                st.releases.push_back((index, counter, value));
-            }
-            st.pushed += 1;
-            match st.armed {
-                Some(solicited_only) if !solicited_only || wc.is_solicited() => {
-                    st.armed = None;
-                    true
+            return Err(CqOverrun);
+        }
+        st.entries.push_back(wc);
+        if let Some((counter, value)) = release {
+            let index = st.pushed;
+            st.releases.push_back((index, counter, value));
+        }
+        st.pushed += 1;
+        if let Some(solicited_only) = st.armed {
+            if !solicited_only || wc.is_solicited() {
+                st.armed = None;
+                // Queued under the CQ's lock, so a poll that empties the CQ sees every event
+                // its completions raised (lock order: CQ, then channel).
+                if let (Some(ch), Some(me)) = (&self.channel, self.me.upgrade()) {
+                    ch.events.push(me);
+                    st.raised = Some(merge_request(st.raised, solicited_only));
                 }
-                _ => false,
-            }
-        };
-        if notify {
-            if let (Some(ch), Some(me)) = (&self.channel, self.me.upgrade()) {
-                ch.events.push(me);
             }
         }
         Ok(())

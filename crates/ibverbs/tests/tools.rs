@@ -255,6 +255,30 @@ fn ibv_rc_pingpong_completion_timestamps() {
     }
 }
 
+/// `-t -e`: with events, the tool polls once per CQ event with `ibv_start_poll` and treats an
+/// empty CQ as fatal, while one pass consumes up to two completions; an event raised for a
+/// completion that pass already consumed must not reach it.
+#[test]
+fn ibv_rc_pingpong_completion_timestamps_with_events() {
+    pingpong("/usr/bin/ibv_rc_pingpong", &["-t", "-e", "-n", "300"]);
+}
+
+/// The other combinations of the new verbs with events and with each other.
+#[test]
+fn ibv_rc_pingpong_combined_options() {
+    for extra in [
+        &["-j", "-t", "-e"][..],
+        &["-o", "-t", "-e"],
+        &["-O", "-P", "-e"],
+        &["-N", "-t", "-e"],
+        &["-j", "-N"],
+        &["-j", "-t"],
+        &["-o", "-N"],
+    ] {
+        pingpong("/usr/bin/ibv_rc_pingpong", extra);
+    }
+}
+
 /// `-o`: the buffer is an explicit on-demand-paging region.
 #[test]
 fn ibv_rc_pingpong_odp() {
