@@ -183,6 +183,41 @@ fn ibv_devinfo_verbose() {
     assert!(!err.contains("version information"), "{err}");
 }
 
+/// Our Rust `ibv_devinfo -v` prints what rdma-core's prints over our library, line for line
+/// (extended capabilities included: ODP, the completion clock, `device_cap_flags_ex`, TSO, RSS,
+/// tag matching, device memory), apart from its own packet counters.
+#[test]
+fn rust_and_c_ibv_devinfo_verbose_agree() {
+    let _serial = serial();
+    require("/usr/bin/ibv_devinfo");
+    let run = |program: &str| {
+        let mut c = command(program);
+        c.args(["-v", "-d", "sv_lo"]);
+        let o = run_bounded(c, LIMIT);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{program}: {out}{err}");
+        out
+    };
+    let c = run("/usr/bin/ibv_devinfo");
+    let rust = run(&rust_tool("ibv_devinfo"));
+    let ours: Vec<&str> = rust
+        .lines()
+        .take_while(|l| *l != "\tsoftverbs counters:")
+        .collect();
+    let theirs: Vec<&str> = c.lines().collect();
+    assert!(theirs.iter().any(|l| l.contains("ODP_SUPPORT_IMPLICIT")), "{c}");
+    assert!(
+        theirs
+            .iter()
+            .any(|l| l.contains("maximum available device memory")),
+        "{c}"
+    );
+    for (i, (a, b)) in theirs.iter().zip(&ours).enumerate() {
+        assert_eq!(a, b, "line {i} differs\n-- rdma-core:\n{c}\n-- ours:\n{rust}");
+    }
+    assert_eq!(theirs.len(), ours.len(), "-- rdma-core:\n{c}\n-- ours:\n{rust}");
+}
+
 #[test]
 fn ibv_asyncwatch_waits_for_events() {
     let _serial = serial();
