@@ -227,6 +227,9 @@ pub(crate) unsafe extern "C" fn post_send(
         }
         p = w.next;
     }
+    if let Some(queues) = &q.queues {
+        queues.stage_send(&mut reqs);
+    }
     // Nothing translatable (the first WR is bad): post nothing, report that WR.
     let posted = if reqs.is_empty() {
         Ok(())
@@ -314,7 +317,10 @@ pub(crate) unsafe extern "C" fn post_recv(
         return fail(EINVAL);
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
-    let (reqs, ptrs, conv_err) = unsafe { recv_list(wr) };
+    let (mut reqs, ptrs, conv_err) = unsafe { recv_list(wr) };
+    if let Some(queues) = &q.queues {
+        queues.stage_recv(&mut reqs);
+    }
     let result = q.core.post_recv(&reqs);
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe { finish_recv(result, &ptrs, conv_err, bad) }
@@ -678,10 +684,13 @@ unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
     let Some((q, mut b)) = (unsafe { batch(qpx) }) else {
         return fail(EINVAL);
     };
-    let WrBatch { reqs, error } = std::mem::take(&mut *b);
+    let WrBatch { mut reqs, error } = std::mem::take(&mut *b);
     drop(b);
     if let Some(e) = error {
         return fail(e);
+    }
+    if let Some(queues) = &q.queues {
+        queues.stage_send(&mut reqs);
     }
     match q.core.post_send(&reqs) {
         Ok(()) => 0,

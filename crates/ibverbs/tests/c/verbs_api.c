@@ -925,7 +925,18 @@ struct alloc_log {
 	int allocs, frees, defaults, bad_size;
 	uint64_t types[16];
 	void *live[16];
+	size_t sizes[16];
 };
+
+/* Whether a buffer alloc handed out (and that is not yet freed) holds `len` bytes equal to `pat`. */
+static int alloc_holds(const struct alloc_log *log, const void *pat, size_t len)
+{
+	for (int i = 0; i < 16; i++)
+		for (size_t off = 0; log->live[i] && off + len <= log->sizes[i]; off++)
+			if (!memcmp((const char *)log->live[i] + off, pat, len))
+				return 1;
+	return 0;
+}
 
 static void *pd_alloc(struct ibv_pd *on, void *pd_context, size_t size, size_t alignment, uint64_t type)
 {
@@ -946,6 +957,7 @@ static void *pd_alloc(struct ibv_pd *on, void *pd_context, size_t size, size_t a
 	for (int i = 0; i < 16; i++)
 		if (!log->live[i]) {
 			log->live[i] = p;
+			log->sizes[i] = size;
 			break;
 		}
 	return p;
@@ -1024,6 +1036,26 @@ static void test_parent_domain(void)
 	for (int i = 0; i < 40 && ok; i++)
 		ok = send_recv(a, b, cq, (uintptr_t)mem, 14, mr->lkey, (uintptr_t)mem + 1024, 64, mr->lkey) == 14;
 	CHECK(ok && !strcmp(mem + 1024, "parent domain"), "traffic on parent-domain QPs and CQ (40 round trips)");
+	/* a's send queue and b's receive queue came from alloc: the WQEs were written there. */
+	struct ibv_sge sent = { .addr = (uintptr_t)mem, .length = 14, .lkey = mr->lkey };
+	struct ibv_sge received = { .addr = (uintptr_t)mem + 1024, .length = 64, .lkey = mr->lkey };
+	CHECK(alloc_holds(&log, &sent, sizeof sent) && alloc_holds(&log, &received, sizeof received),
+	      "posted gather and scatter lists pass through the allocated queue buffers");
+	{
+		static const char marker[] = "inline bytes staged in the send queue";
+		struct ibv_sge rs = { .addr = (uintptr_t)mem + 2048, .length = 64, .lkey = mr->lkey };
+		struct ibv_recv_wr rwr = { .wr_id = 3, .sg_list = &rs, .num_sge = 1 }, *bad_r;
+		struct ibv_sge ss = { .addr = (uintptr_t)marker, .length = sizeof marker };
+		struct ibv_send_wr swr = { .wr_id = 4, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
+					   .send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE }, *bad_s;
+		struct ibv_wc wc;
+		int got = 0;
+		if (!ibv_post_recv(b, &rwr, &bad_r) && !ibv_post_send(a, &swr, &bad_s))
+			for (int i = 0; i < 2 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS; i++)
+				got++;
+		CHECK(got == 2 && !strcmp(mem + 2048, marker) && alloc_holds(&log, marker, sizeof marker),
+		      "inline data passes through the allocated send queue");
+	}
 	struct ibv_wc wcs[4];
 	CHECK(ibv_poll_cq(cq, 4, wcs) == 0, "the CQ is empty afterwards");
 	ibv_dereg_mr(mr);
