@@ -403,7 +403,12 @@ unsafe fn poll_one(cq: *mut ibv_cq_ex) -> c_int {
     // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     let c = unsafe { cq_ex(cq) };
     let mut one = [WorkCompletion::default()];
-    if c.core.poll(&mut one) == 0 {
+    let got = match &c.ring {
+        // A parent domain's CQ stages its completions in the allocated ring here too.
+        Some(ring) => crate::domain::poll_through_ring(c, ring, 1, |_, w| one[0] = *w),
+        None => c.core.poll(&mut one),
+    };
+    if got == 0 {
         return ENOENT;
     }
     c.cur.set(one[0]);

@@ -1056,6 +1056,32 @@ static void test_parent_domain(void)
 		CHECK(got == 2 && !strcmp(mem + 2048, marker) && alloc_holds(&log, marker, sizeof marker),
 		      "inline data passes through the allocated send queue");
 	}
+	{
+		/* a's receive queue is the library's (USE_DEFAULT), so this wr_id reaches an allocated
+		 * buffer only through the CQ's poll ring, which the extended pollers use too. */
+		uint64_t id = 0x5eed0123456789abULL;
+		struct ibv_sge rs = { .addr = (uintptr_t)mem + 3072, .length = 64, .lkey = mr->lkey };
+		struct ibv_recv_wr rwr = { .wr_id = id, .sg_list = &rs, .num_sge = 1 }, *bad_r;
+		struct ibv_sge ss = { .addr = (uintptr_t)mem, .length = 14, .lkey = mr->lkey };
+		struct ibv_send_wr swr = { .wr_id = 5, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
+					   .send_flags = IBV_SEND_SIGNALED }, *bad_s;
+		int before = alloc_holds(&log, &id, sizeof id), seen = 0, staged = 0;
+		if (!ibv_post_recv(a, &rwr, &bad_r) && !ibv_post_send(b, &swr, &bad_s)) {
+			struct ibv_poll_cq_attr pa = { 0 };
+			for (int spins = 0; seen < 2 && spins < 10000000; spins++) {
+				if (ibv_start_poll(cqx, &pa))
+					continue;
+				do {
+					seen += cqx->status == IBV_WC_SUCCESS;
+					/* The ring holds the completion being read. */
+					staged |= cqx->wr_id == id && alloc_holds(&log, &id, sizeof id);
+				} while (seen < 2 && ibv_next_poll(cqx) == 0);
+				ibv_end_poll(cqx);
+			}
+		}
+		CHECK(!before && seen == 2 && staged,
+		      "ibv_start_poll stages completions in the allocated poll ring");
+	}
 	struct ibv_wc wcs[4];
 	CHECK(ibv_poll_cq(cq, 4, wcs) == 0, "the CQ is empty afterwards");
 	ibv_dereg_mr(mr);
