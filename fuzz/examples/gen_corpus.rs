@@ -6,8 +6,8 @@ use std::path::Path;
 
 use softverbs_wire::opcode::OPCODE_TABLE;
 use softverbs_wire::{
-    AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Header, IethRepr, ImmDtRepr,
-    PacketRepr, Psn, RethRepr,
+    AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr, Header, IethRepr,
+    ImmDtRepr, PacketRepr, Psn, RethRepr, XrcEthRepr,
 };
 
 fn main() -> std::io::Result<()> {
@@ -27,6 +27,11 @@ fn main() -> std::io::Result<()> {
         repr.deth = has(Header::Deth).then_some(DethRepr {
             qkey: 0x1111_1111,
             src_qpn: 0x22,
+        });
+        repr.xrceth = has(Header::XrcEth).then_some(XrcEthRepr { srqn: 0x66 });
+        repr.feth = has(Header::Feth).then_some(FethRepr {
+            placement: 1,
+            selectivity: 0,
         });
         repr.reth = has(Header::Reth).then_some(RethRepr {
             va: 0x1000,

@@ -26,6 +26,9 @@ fuzz_target!(|data: &[u8]| {
     if let Some(at) = op.offset(Header::Deth) {
         expected[at + 4] = 0; // DETH reserved byte
     }
+    if let Some(at) = op.offset(Header::XrcEth) {
+        expected[at] = 0; // XRCETH reserved byte
+    }
     if let Some(at) = op.offset(Header::CnpPad) {
         expected[at..at + Header::CnpPad.size()].fill(0);
     }

@@ -30,6 +30,9 @@ pub enum EventElement {
     Cq(Arc<Cq>),
     /// A QP event.
     Qp(Arc<Qp>),
+    /// A QP event for one `ibv_open_qp` handle of an XRC target, named by the token the front
+    /// end gave [`Qp::open`].
+    OpenedQp(Arc<Qp>, u64),
     /// An SRQ event.
     Srq(Arc<Srq>),
     /// A port event.
@@ -245,7 +248,7 @@ impl Context {
         let ev = self.events.pop(timeout)?;
         match &ev.element {
             EventElement::Cq(cq) => cq.async_acks().delivered(),
-            EventElement::Qp(qp) => qp.async_acks().delivered(),
+            EventElement::Qp(qp) | EventElement::OpenedQp(qp, _) => qp.async_acks().delivered(),
             EventElement::Srq(srq) => srq.async_acks().delivered(),
             EventElement::Port(_) | EventElement::Device => {}
         }
@@ -256,7 +259,7 @@ impl Context {
     pub fn ack_async_event(&self, ev: &AsyncEvent) {
         match &ev.element {
             EventElement::Cq(cq) => cq.async_acks().ack(1),
-            EventElement::Qp(qp) => qp.async_acks().ack(1),
+            EventElement::Qp(qp) | EventElement::OpenedQp(qp, _) => qp.async_acks().ack(1),
             EventElement::Srq(srq) => srq.async_acks().ack(1),
             EventElement::Port(_) | EventElement::Device => {}
         }

@@ -48,6 +48,8 @@ pub mod cap_flags {
     pub const MEM_WINDOW: u32 = 1 << 17;
     /// Type 2B memory windows (bound to a QP).
     pub const MEM_WINDOW_TYPE_2B: u32 = 1 << 24;
+    /// XRC domains, XRC SRQs and XRC_SEND/XRC_RECV QPs.
+    pub const XRC: u32 = 1 << 20;
     /// `IBV_DEVICE_MANAGED_FLOW_STEERING`: `ibv_create_flow` works (raw packet QPs).
     pub const MANAGED_FLOW_STEERING: u32 = 1 << 29;
 }
@@ -196,6 +198,7 @@ pub(crate) struct Shared {
     pub(crate) raw: crate::raw::RawSlot,
     /// Live RSS indirection tables.
     pub(crate) ind_tables: AtomicU32,
+    xrc_domains: crate::xrc::DomainTable,
 }
 
 impl Shared {
@@ -208,6 +211,7 @@ impl Shared {
             node: Node::new(gids, ifindex),
             raw: Default::default(),
             ind_tables: AtomicU32::new(0),
+            xrc_domains: Default::default(),
         }
     }
 }
@@ -261,6 +265,7 @@ impl Device {
                 | cap_flags::SYS_IMAGE_GUID
                 | cap_flags::RC_RNR_NAK_GEN
                 | cap_flags::SRQ_RESIZE
+                | cap_flags::XRC
                 | cap_flags::UD_AV_PORT_ENFORCE
                 | cap_flags::MEM_WINDOW
                 | cap_flags::MEM_WINDOW_TYPE_2B
@@ -490,6 +495,11 @@ impl Device {
     /// Releases a QP number.
     pub(crate) fn free_qpn(&self, qpn: u32) {
         fabric().free_qpn(qpn);
+    }
+
+    /// The XRC domains of this device in this process, by inode.
+    pub(crate) fn xrc_domains(&self) -> &crate::xrc::DomainTable {
+        &self.shared().xrc_domains
     }
 
     /// The device's endpoint on the fabric.

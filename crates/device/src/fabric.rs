@@ -133,6 +133,11 @@ impl Node {
         self.qps.write().insert(qp.qpn(), Arc::downgrade(qp));
     }
 
+    /// The live QP numbered `qpn` on this node.
+    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<Qp>> {
+        self.qps.read().get(&qpn).and_then(Weak::upgrade)
+    }
+
     pub(crate) fn remove_qp(&self, qpn: u32) {
         self.qps.write().remove(&qpn);
     }

@@ -31,6 +31,7 @@ pub mod tm;
 mod udp;
 mod ufile;
 pub mod wq;
+pub mod xrc;
 
 pub use attr_ex::{DeviceAttrEx, OdpCaps};
 pub use config::{Config, Limits};
@@ -44,6 +45,7 @@ pub use flow::{Flow, FlowAttr, FlowType};
 pub use mem::{AtomicBuffer, MemoryBacking, Unmapped};
 pub use mw::{Mw, Type1Bind};
 pub use pd::{Ah, Mr, Pd, ReregError, Translation};
-pub use qp::{PostError, Qp, QpInitAttr, Srq};
+pub use qp::{PostError, Qp, QpInitAttr, Srq, SrqKind};
 pub use raw::{has_cap_net_raw, TsoCaps};
 pub use wq::{RssCaps, RwqIndTable, RxHashConf, Wq, WqState};
+pub use xrc::{XrcDomain, Xrcd};

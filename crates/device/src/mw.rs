@@ -162,6 +162,7 @@ impl Mw {
             flags: bind.send_flags,
             payload: Payload::Sges(Vec::new()),
             ud: None,
+            xrc_srqn: None,
         };
         qp.post_send(std::slice::from_ref(&req))?;
         self.posted_rkey.store(new, Ordering::Release);

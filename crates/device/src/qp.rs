@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
-use softverbs_engine::qp_state::{apply_modify, validate_modify};
+use softverbs_engine::qp_state::{apply_modify, effective_mask, validate_modify};
 use softverbs_engine::time::Instant;
 use softverbs_engine::transport::{
     Completion, DropReason, QpConfig, QpCounters, QpEngine, RecvSource, RxMeta, Transmit, WorkQueue,
@@ -27,6 +27,7 @@ use crate::raw::{require_cap_net_raw, RawPort};
 use crate::sync::{AckCounter, UseCount};
 use crate::tm::{QpRendezvous, TmRecv, TmShared, TmState};
 use crate::wq::{Rss, RwqIndTable, RxHashConf};
+use crate::xrc::{XrcDomain, Xrcd};
 
 /// Rounds a queue depth up to a power of two, as ring-based hardware does; 0 stays 0.
 fn round_depth(n: u32) -> u32 {
@@ -59,10 +60,10 @@ impl From<PostError> for Error {
 pub struct QpInitAttr {
     /// Transport service.
     pub qp_type: QpType,
-    /// CQ for send completions.
-    pub send_cq: Arc<Cq>,
-    /// CQ for receive completions.
-    pub recv_cq: Arc<Cq>,
+    /// CQ for send completions (none for an XRC target).
+    pub send_cq: Option<Arc<Cq>>,
+    /// CQ for receive completions (none for XRC QPs: an XRC SRQ has its own).
+    pub recv_cq: Option<Arc<Cq>>,
     /// SRQ, if receives come from one.
     pub srq: Option<Arc<Srq>>,
     /// Requested capabilities.
@@ -97,6 +98,8 @@ pub struct SendRequest {
     pub payload: Payload,
     /// UD destination.
     pub ud: Option<UdAddress>,
+    /// XRC_SEND: the SRQ number at the target (`qp_type.xrc.remote_srqn`).
+    pub xrc_srqn: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -126,7 +129,16 @@ pub struct Qp {
     /// The context it was created in (its async events go there); the PD's, unless the PD was
     /// imported from a context sharing its objects.
     ctx: Arc<Context>,
-    pd: Arc<Pd>,
+    /// None for an XRC target, which uses the PD of each SRQ it serves.
+    pd: Option<Arc<Pd>>,
+    /// The XRC domain of an XRC target.
+    xrcd: Option<Arc<Xrcd>>,
+    /// XRC target: open handles (the creator's and `ibv_open_qp`'s); the QP dies with the last.
+    /// The flag says whether the creator's handle is still open.
+    xrc_handles: Mutex<(u32, bool)>,
+    /// `ibv_open_qp` handles: the context each was opened on and the front end's token for it.
+    /// Async events reach every opener.
+    openers: Mutex<Vec<(Weak<Context>, u64)>>,
     init: QpInitAttr,
     qpn: u32,
     handle: u32,
@@ -144,6 +156,31 @@ pub struct Qp {
 
 /// Receive WQEs from a shared receive queue, for the engine.
 struct SrqRecv<'a>(&'a Srq);
+
+/// Receive WQEs of an XRC target: from the SRQ of its domain each request names.
+struct XrcRecv<'a> {
+    domain: &'a XrcDomain,
+    selected: Option<Arc<Srq>>,
+}
+
+impl RecvSource for XrcRecv<'_> {
+    fn take(&mut self) -> Option<RecvWr> {
+        self.selected.as_ref().and_then(|s| s.take())
+    }
+
+    fn put_back(&mut self, wr: RecvWr) {
+        if let Some(s) = &self.selected {
+            s.put_back(wr);
+        }
+    }
+
+    fn select_xrc_srq(&mut self, srqn: u32) -> Option<u32> {
+        let srq = self.domain.srq(srqn)?;
+        let pd = srq.pd().handle();
+        self.selected = Some(srq);
+        Some(pd)
+    }
+}
 
 impl RecvSource for SrqRecv<'_> {
     fn take(&mut self) -> Option<RecvWr> {
@@ -168,7 +205,41 @@ impl Qp {
         if !ctx.shares_objects_with(pd.context()) {
             return Err(Error::invalid("the PD belongs to another context"));
         }
-        Self::create_inner(ctx, pd, init, None)
+        let mut init = init.clone();
+        match init.qp_type {
+            QpType::XrcRecv => {
+                return Err(Error::invalid(
+                    "an XRC_RECV QP is created on an XRC domain, without a PD",
+                ))
+            }
+            // The initiator has no receive side: no receive CQ, and no receive capabilities.
+            QpType::XrcSend => {
+                init.recv_cq = None;
+                init.cap.max_recv_wr = 0;
+                init.cap.max_recv_sge = 0;
+            }
+            _ if init.recv_cq.is_none() => return Err(Error::invalid("recv_cq is required")),
+            _ => {}
+        }
+        if init.send_cq.is_none() {
+            return Err(Error::invalid("send_cq is required"));
+        }
+        Self::create_inner(ctx, Some(pd), None, &init, None)
+    }
+
+    /// `ibv_create_qp_ex` of an `IBV_QPT_XRC_RECV` QP: it belongs to the XRC domain of `xrcd`
+    /// and has no PD, CQs or work queues; requests reach the domain's SRQs through it.
+    pub fn create_xrc_recv(xrcd: &Arc<Xrcd>) -> Result<Arc<Self>> {
+        let init = QpInitAttr {
+            qp_type: QpType::XrcRecv,
+            send_cq: None,
+            recv_cq: None,
+            srq: None,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+            max_tso_header: 0,
+        };
+        Self::create_inner(xrcd.context(), None, Some(xrcd), &init, None)
     }
 
     /// `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_IND_TABLE | IBV_QP_INIT_ATTR_RX_HASH`: a
@@ -183,8 +254,8 @@ impl Qp {
         let cq = table.wqs()[0].cq().clone();
         let init = QpInitAttr {
             qp_type: QpType::RawPacket,
-            send_cq: cq.clone(),
-            recv_cq: cq,
+            send_cq: Some(cq.clone()),
+            recv_cq: Some(cq),
             srq: None,
             cap: QpCap::default(),
             sq_sig_all: false,
@@ -195,12 +266,13 @@ impl Qp {
             table: table.clone(),
             hash,
         };
-        Self::create_inner(pd.context(), pd, &init, Some(rss))
+        Self::create_inner(pd.context(), Some(pd), None, &init, Some(rss))
     }
 
     fn create_inner(
         ctx: &Arc<Context>,
-        pd: &Arc<Pd>,
+        pd: Option<&Arc<Pd>>,
+        xrcd: Option<&Arc<Xrcd>>,
         init: &QpInitAttr,
         rss: Option<Rss>,
     ) -> Result<Arc<Self>> {
@@ -212,7 +284,7 @@ impl Qp {
         let raw = match init.qp_type {
             QpType::RawPacket => {
                 let port = require_cap_net_raw("a raw packet QP").and_then(|()| {
-                    let device = pd.context().device();
+                    let device = ctx.device();
                     device.shared().raw.get_or_open(device.netdev())
                 });
                 match port {
@@ -225,27 +297,40 @@ impl Qp {
             }
             _ => None,
         };
-        let cap = match Self::validate_and_acquire(ctx, pd, init) {
+        let cap = match Self::validate_and_acquire(ctx, pd, xrcd, init) {
             Ok(cap) => cap,
             Err(e) => {
                 release_table(&rss);
                 return Err(e);
             }
         };
-        Ok(Self::build(ctx, pd, init, cap, raw, rss))
+        Ok(Self::build(ctx, pd, xrcd, init, cap, raw, rss))
     }
 
-    fn validate_and_acquire(ctx: &Arc<Context>, pd: &Arc<Pd>, init: &QpInitAttr) -> Result<QpCap> {
+    fn validate_and_acquire(
+        ctx: &Arc<Context>,
+        pd: Option<&Arc<Pd>>,
+        xrcd: Option<&Arc<Xrcd>>,
+        init: &QpInitAttr,
+    ) -> Result<QpCap> {
         let limits = *ctx.device().limits();
         for (cq, which) in [(&init.send_cq, "send_cq"), (&init.recv_cq, "recv_cq")] {
             // Contexts imported from one another share their objects, as one kernel ufile does.
-            if !cq.context().shares_objects_with(ctx) {
+            if cq
+                .as_ref()
+                .is_some_and(|cq| !cq.context().shares_objects_with(ctx))
+            {
                 return Err(Error::invalid(format!("{which} belongs to another context")));
             }
         }
         if let Some(srq) = &init.srq {
-            if init.qp_type == QpType::Uc {
+            if !matches!(init.qp_type, QpType::Rc | QpType::Ud) {
                 return Err(Error::invalid("only RC and UD QPs can be associated with an SRQ"));
+            }
+            if srq.is_xrc() {
+                return Err(Error::invalid(
+                    "an XRC SRQ is reached through XRC QPs, not attached to a QP",
+                ));
             }
             if !srq.pd().context().shares_objects_with(ctx) {
                 return Err(Error::invalid("srq belongs to another context"));
@@ -278,7 +363,7 @@ impl Qp {
             "max_tso_header",
         )?;
         // With an SRQ the receive capabilities are ignored (ibv_create_qp(3)).
-        let cap = if init.srq.is_some() {
+        let cap = if init.srq.is_some() || init.qp_type.is_xrc() {
             QpCap {
                 max_recv_wr: 0,
                 max_recv_sge: 0,
@@ -306,11 +391,13 @@ impl Qp {
         let mut taken: Vec<&UseCount> = Vec::new();
         let result = (|| {
             ctx.device().acquire(Resource::Qp)?;
-            for (u, what) in [
-                (pd.uses(), "protection domain"),
-                (init.send_cq.uses(), "send_cq"),
-                (init.recv_cq.uses(), "recv_cq"),
-            ] {
+            let deps = [
+                pd.map(|p| (p.uses(), "protection domain")),
+                xrcd.map(|x| (x.uses(), "XRC domain")),
+                init.send_cq.as_ref().map(|c| (c.uses(), "send_cq")),
+                init.recv_cq.as_ref().map(|c| (c.uses(), "recv_cq")),
+            ];
+            for (u, what) in deps.into_iter().flatten() {
                 u.acquire(what)?;
                 taken.push(u);
             }
@@ -332,7 +419,8 @@ impl Qp {
 
     fn build(
         ctx: &Arc<Context>,
-        pd: &Arc<Pd>,
+        pd: Option<&Arc<Pd>>,
+        xrcd: Option<&Arc<Xrcd>>,
         init: &QpInitAttr,
         cap: QpCap,
         raw: Option<Arc<RawPort>>,
@@ -346,14 +434,17 @@ impl Qp {
         let engine = QpEngine::new(QpConfig {
             qp_type: init.qp_type,
             qpn,
-            pd: pd.handle(),
+            pd: pd.map_or(0, |p| p.handle()),
             sq_sig_all: init.sq_sig_all,
             has_srq: init.srq.is_some(),
         });
         let qp = Arc::new_cyclic(|me| Self {
             me: me.clone(),
             ctx: ctx.clone(),
-            pd: pd.clone(),
+            pd: pd.cloned(),
+            xrcd: xrcd.cloned(),
+            xrc_handles: Mutex::new((1, true)),
+            openers: Mutex::new(Vec::new()),
             init: QpInitAttr { cap, ..init.clone() },
             qpn,
             handle: ctx.next_handle(),
@@ -411,9 +502,14 @@ impl Qp {
         self.release(out.ticket);
     }
 
-    /// The PD.
-    pub fn pd(&self) -> &Arc<Pd> {
-        &self.pd
+    /// The PD (none for an XRC target).
+    pub fn pd(&self) -> Option<&Arc<Pd>> {
+        self.pd.as_ref()
+    }
+
+    /// The XRC domain handle an XRC target was created with.
+    pub fn xrcd(&self) -> Option<&Arc<Xrcd>> {
+        self.xrcd.as_ref()
     }
 
     /// The context.
@@ -475,8 +571,15 @@ impl Qp {
     }
 
     fn raise(&self, event: EventType) {
-        if let Some(me) = self.me.upgrade() {
-            self.context().raise(EventElement::Qp(me), event);
+        let Some(me) = self.me.upgrade() else { return };
+        let creator_open = self.xrc_handles.lock().1;
+        if creator_open {
+            self.context().raise(EventElement::Qp(me.clone()), event);
+        }
+        for (ctx, token) in self.openers.lock().iter() {
+            if let Some(ctx) = ctx.upgrade() {
+                ctx.raise(EventElement::OpenedQp(me.clone(), *token), event);
+            }
         }
     }
 
@@ -553,12 +656,21 @@ impl Qp {
             let tm_cq = self.init.srq.as_ref().and_then(|s| s.tm_cq());
             for c in inner.held.release(ticket) {
                 let cq = match c.queue {
-                    WorkQueue::Send => &self.init.send_cq,
-                    WorkQueue::Recv => tm_cq.unwrap_or(&self.init.recv_cq),
+                    WorkQueue::Send => self.init.send_cq.clone(),
+                    WorkQueue::Recv => tm_cq.or(self.init.recv_cq.as_ref()).cloned(),
+                    // An XRC target completes on the CQ of the SRQ the WQE came from; if that
+                    // SRQ is gone, so is its CQ's interest in the completion.
+                    WorkQueue::XrcSrq(srqn) => self
+                        .xrcd
+                        .as_ref()
+                        .and_then(|x| x.domain().srq(srqn))
+                        .and_then(|s| s.xrc_cq().cloned()),
                     // Consumed by the drain, never held.
                     WorkQueue::Internal => continue,
                 };
-                overrun |= cq.push(c.wc).is_err();
+                if let Some(cq) = cq {
+                    overrun |= cq.push(c.wc).is_err();
+                }
             }
             if !overrun || inner.attr.qp_state == QpState::Err {
                 return;
@@ -607,6 +719,16 @@ impl Qp {
         let mut inner = self.inner.lock();
         let node = self.node();
         let dropped = match &self.init.srq {
+            None if self.xrcd.is_some() => {
+                let mut src = XrcRecv {
+                    domain: self.xrcd.as_ref().expect("checked").domain(),
+                    selected: None,
+                };
+                inner
+                    .engine
+                    .handle_packet(now, pkt, meta, &node.keys, Some(&mut src))
+                    .err()
+            }
             Some(srq) if srq.is_tm() => {
                 let QpInner { attr, engine, tm, .. } = &mut *inner;
                 let mut src = TmRecv {
@@ -657,6 +779,7 @@ impl Qp {
         }
         let ctx = self.context();
         let now = fabric().now();
+        let mask = effective_mask(self.qp_type(), mask);
         let out = {
             let mut inner = self.inner.lock();
             let from = inner.attr.qp_state;
@@ -683,6 +806,12 @@ impl Qp {
             return fail(
                 0,
                 Error::invalid("the QP receives from an SRQ: use post_srq_recv"),
+            );
+        }
+        if self.qp_type().is_xrc() {
+            return fail(
+                0,
+                Error::invalid("XRC QPs have no receive queue: receives are posted to XRC SRQs"),
             );
         }
         if self.rss.is_some() {
@@ -787,6 +916,7 @@ impl Qp {
                 flags: req.flags,
                 payload: req.payload.clone(),
                 ud,
+                xrc_srqn: req.xrc_srqn,
             };
             if let Err(error) = wr.check(&limits) {
                 result = Err(PostError { index, error });
@@ -902,9 +1032,17 @@ impl Qp {
         device.node().remove_qp(self.qpn);
         device.free_qpn(self.qpn);
         device.release(Resource::Qp);
-        self.pd.uses().release();
-        self.init.send_cq.uses().release();
-        self.init.recv_cq.uses().release();
+        if let Some(pd) = &self.pd {
+            pd.uses().release();
+        }
+        if let Some(x) = &self.xrcd {
+            if std::mem::replace(&mut self.xrc_handles.lock().1, false) {
+                x.uses().release();
+            }
+        }
+        for cq in [&self.init.send_cq, &self.init.recv_cq].into_iter().flatten() {
+            cq.uses().release();
+        }
         if let Some(srq) = &self.init.srq {
             srq.uses.release();
         }
@@ -913,9 +1051,73 @@ impl Qp {
         }
     }
 
+    /// `ibv_open_qp`: another handle on the XRC target numbered `qpn` of the domain of `xrcd`.
+    /// EINVAL unless `qp_type` is XRC_RECV and such a QP exists in that domain. The QP lives
+    /// until its last handle is closed ([`Qp::close_opened`] or [`Qp::destroy`]).
+    /// `token` names the new handle in its async events ([`EventElement::OpenedQp`]).
+    pub fn open(xrcd: &Arc<Xrcd>, qpn: u32, qp_type: QpType, token: u64) -> Result<Arc<Self>> {
+        if qp_type != QpType::XrcRecv {
+            return Err(Error::invalid("ibv_open_qp opens XRC_RECV QPs only"));
+        }
+        let qp = xrcd
+            .context()
+            .device()
+            .node()
+            .qp(qpn)
+            .filter(|q| q.xrcd.as_ref().is_some_and(|x| x.same_domain(xrcd)))
+            .ok_or_else(|| Error::invalid(format!("the XRC domain has no XRC_RECV QP {qpn:#x}")))?;
+        let mut handles = qp.xrc_handles.lock();
+        if handles.0 == 0 {
+            return Err(Error::invalid(format!("QP {qpn:#x} has been destroyed")));
+        }
+        xrcd.uses().acquire("XRC domain")?;
+        handles.0 += 1;
+        drop(handles);
+        qp.openers.lock().push((Arc::downgrade(xrcd.context()), token));
+        Ok(qp)
+    }
+
+    /// Closes the handle [`Qp::open`] returned through `xrcd` with `token`: its undelivered
+    /// events are dropped; the last handle destroys the QP.
+    pub fn close_opened(&self, xrcd: &Arc<Xrcd>, token: u64) -> Result<()> {
+        self.openers.lock().retain(|(_, t)| *t != token);
+        xrcd.context().forget_events(|e| {
+            matches!(&e.element, EventElement::OpenedQp(q, t)
+                if std::ptr::eq(Arc::as_ptr(q), self) && *t == token)
+        });
+        let last = {
+            let mut handles = self.xrc_handles.lock();
+            if handles.0 <= 1 {
+                true
+            } else {
+                handles.0 -= 1;
+                false
+            }
+        };
+        if last {
+            self.destroy_now()?;
+        }
+        xrcd.uses().release();
+        Ok(())
+    }
+
     /// `ibv_destroy_qp`: EBUSY while attached to a multicast group. Otherwise drops undelivered
     /// async events about the QP and waits until delivered ones were acknowledged.
     pub fn destroy(&self) -> Result<()> {
+        if let Some(x) = &self.xrcd {
+            // The creator's handle of an XRC target that others have opened: close only it.
+            let mut handles = self.xrc_handles.lock();
+            if handles.0 > 1 && handles.1 {
+                handles.0 -= 1;
+                handles.1 = false;
+                x.uses().release();
+                return Ok(());
+            }
+        }
+        self.destroy_now()
+    }
+
+    fn destroy_now(&self) -> Result<()> {
         let attached = self.inner.lock().mcast.len();
         if attached > 0 {
             return Err(Error::busy(format!(
@@ -927,6 +1129,7 @@ impl Qp {
             |e| matches!(&e.element, EventElement::Qp(q) if std::ptr::eq(Arc::as_ptr(q), self)),
         );
         self.async_acks.wait_all_acked();
+        self.xrc_handles.lock().0 = 0;
         self.teardown();
         Ok(())
     }
@@ -947,11 +1150,29 @@ struct SrqInner {
     tm: Option<TmState>,
 }
 
-/// A shared receive queue (`ibv_create_srq`).
+/// What kind of SRQ (`enum ibv_srq_type`) and what that kind adds.
+#[derive(Debug)]
+pub enum SrqKind {
+    /// `IBV_SRQT_BASIC`: attached to RC/UD QPs, completing on their receive CQs.
+    Basic,
+    /// `IBV_SRQT_XRC`: reached by number through the XRC targets of its domain.
+    Xrc {
+        /// The XRC domain handle it was created in.
+        xrcd: Arc<Xrcd>,
+        /// Every completion of its WQEs goes here.
+        cq: Arc<Cq>,
+    },
+}
+
+/// A shared receive queue (`ibv_create_srq`, `ibv_create_srq_ex`).
 #[derive(Debug)]
 pub struct Srq {
     me: Weak<Self>,
     pd: Arc<Pd>,
+    kind: SrqKind,
+    /// The SRQ number: what XRC initiators put in the XRCETH, unique on the host (the QP number
+    /// scheme: the process's slot in bits 16..24). Basic SRQs have one too, as on ConnectX.
+    srqn: u32,
     handle: u32,
     inner: Mutex<SrqInner>,
     /// Tag-matching SRQs (`IBV_SRQT_TM`): their CQ and sizes.
@@ -968,12 +1189,34 @@ impl Srq {
         Self::create_with(pd, attr, None)
     }
 
+    /// `ibv_create_srq_ex` with `IBV_SRQT_XRC`: an SRQ of the domain of `xrcd` whose
+    /// completions all go to `cq`; [`Srq::srq_num`] is the number initiators address it by.
+    pub fn create_xrc(pd: &Arc<Pd>, xrcd: &Arc<Xrcd>, cq: &Arc<Cq>, attr: &SrqAttr) -> Result<Arc<Self>> {
+        Self::create_inner(pd, attr, None, Some((xrcd, cq)))
+    }
+
     pub(crate) fn create_with(
         pd: &Arc<Pd>,
         attr: &SrqAttr,
         tm: Option<(TmShared, TmState)>,
     ) -> Result<Arc<Self>> {
+        Self::create_inner(pd, attr, tm, None)
+    }
+
+    fn create_inner(
+        pd: &Arc<Pd>,
+        attr: &SrqAttr,
+        tm: Option<(TmShared, TmState)>,
+        xrc: Option<(&Arc<Xrcd>, &Arc<Cq>)>,
+    ) -> Result<Arc<Self>> {
         let ctx = pd.context();
+        if let Some((xrcd, cq)) = xrc {
+            if !Arc::ptr_eq(xrcd.context(), ctx) || !Arc::ptr_eq(cq.context(), ctx) {
+                return Err(Error::invalid(
+                    "the XRC domain, CQ and PD of an SRQ must share one context",
+                ));
+            }
+        }
         let limits = *ctx.device().limits();
         if attr.max_wr == 0 || attr.max_wr > limits.max_srq_wr {
             return Err(Error::invalid(format!(
@@ -988,19 +1231,39 @@ impl Srq {
             )));
         }
         ctx.device().acquire(Resource::Srq)?;
-        if let Err(e) = pd.uses().acquire("protection domain") {
-            ctx.device().release(Resource::Srq);
-            return Err(e);
+        let mut taken: Vec<&UseCount> = Vec::new();
+        let deps = [
+            Some((pd.uses(), "protection domain")),
+            xrc.map(|(x, _)| (x.uses(), "XRC domain")),
+            xrc.map(|(_, c)| (c.uses(), "cq")),
+        ];
+        for (u, what) in deps.into_iter().flatten() {
+            if let Err(e) = u.acquire(what) {
+                taken.iter().for_each(|u| u.release());
+                ctx.device().release(Resource::Srq);
+                return Err(e);
+            }
+            taken.push(u);
         }
+        let kind = match xrc {
+            None => SrqKind::Basic,
+            Some((xrcd, cq)) => SrqKind::Xrc {
+                xrcd: xrcd.clone(),
+                cq: cq.clone(),
+            },
+        };
+        let srqn = ctx.device().alloc_qpn();
         let actual = SrqAttr {
             max_wr: round_depth(attr.max_wr).min(limits.max_srq_wr),
             max_sge: attr.max_sge.max(1),
             srq_limit: 0,
         };
         let (tm, tm_state) = tm.unzip();
-        Ok(Arc::new_cyclic(|me| Self {
+        let srq = Arc::new_cyclic(|me| Self {
             me: me.clone(),
             pd: pd.clone(),
+            kind,
+            srqn,
             handle: ctx.next_handle(),
             inner: Mutex::new(SrqInner {
                 attr: actual,
@@ -1011,12 +1274,47 @@ impl Srq {
             uses: UseCount::default(),
             async_acks: AckCounter::default(),
             user_data: AtomicU64::new(0),
-        }))
+        });
+        if let SrqKind::Xrc { xrcd, .. } = &srq.kind {
+            xrcd.domain().add_srq(srqn, &srq);
+        }
+        Ok(srq)
     }
 
     /// The PD.
     pub fn pd(&self) -> &Arc<Pd> {
         &self.pd
+    }
+
+    /// The kind of SRQ.
+    pub fn kind(&self) -> &SrqKind {
+        &self.kind
+    }
+
+    /// Whether this is an XRC SRQ.
+    pub fn is_xrc(&self) -> bool {
+        matches!(self.kind, SrqKind::Xrc { .. })
+    }
+
+    /// The CQ of an XRC SRQ.
+    pub fn xrc_cq(&self) -> Option<&Arc<Cq>> {
+        match &self.kind {
+            SrqKind::Xrc { cq, .. } => Some(cq),
+            SrqKind::Basic => None,
+        }
+    }
+
+    /// The XRC domain handle of an XRC SRQ.
+    pub fn xrcd(&self) -> Option<&Arc<Xrcd>> {
+        match &self.kind {
+            SrqKind::Xrc { xrcd, .. } => Some(xrcd),
+            SrqKind::Basic => None,
+        }
+    }
+
+    /// `ibv_get_srq_num`: the 24-bit SRQ number (XRC initiators address XRC SRQs by it).
+    pub fn srq_num(&self) -> u32 {
+        self.srqn
     }
 
     /// Handle (`ibv_srq.handle`).
@@ -1159,7 +1457,14 @@ impl Srq {
     }
 
     fn teardown(&self) {
-        self.pd.context().device().release(Resource::Srq);
+        let device = self.pd.context().device();
+        if let SrqKind::Xrc { xrcd, cq } = &self.kind {
+            xrcd.domain().remove_srq(self.srqn);
+            cq.uses().release();
+            xrcd.uses().release();
+        }
+        device.free_qpn(self.srqn);
+        device.release(Resource::Srq);
         self.pd.uses().release();
         if let Some(cq) = self.tm_cq() {
             cq.uses().release();

@@ -454,6 +454,7 @@ impl QpRendezvous {
                     flags: SendFlags::SIGNALED,
                     payload: Payload::Sges(truncate(&r.buf.sg_list, u64::from(rvh.len))),
                     ud: None,
+                    xrc_srqn: None,
                 });
                 true
             }
@@ -499,6 +500,7 @@ fn post_fin(engine: &mut QpEngine, key: u64, request: &TmHeaders) {
         flags: SendFlags::SIGNALED,
         payload: Payload::Inline(bytes),
         ud: None,
+        xrc_srqn: None,
     });
 }
 

@@ -28,8 +28,8 @@ fn ctx() -> Arc<Context> {
 fn qp_init(cq: &Arc<Cq>, qp_type: QpType, srq: Option<&Arc<Srq>>) -> QpInitAttr {
     QpInitAttr {
         qp_type,
-        send_cq: cq.clone(),
-        recv_cq: cq.clone(),
+        send_cq: Some(cq.clone()),
+        recv_cq: Some(cq.clone()),
         srq: srq.cloned(),
         cap: QpCap {
             max_send_wr: 4,
@@ -161,7 +161,7 @@ fn ibv_destroy_cq_fails_while_a_qp_uses_it() {
     let scq = Cq::create(&ctx, 8, None, 0).unwrap();
     let rcq = Cq::create(&ctx, 8, None, 0).unwrap();
     let init = QpInitAttr {
-        recv_cq: rcq.clone(),
+        recv_cq: Some(rcq.clone()),
         ..qp_init(&scq, QpType::Ud, None)
     };
     let qp = Qp::create(&pd, &init).unwrap();

@@ -29,10 +29,17 @@ pub fn transition_masks(qp_type: QpType, from: QpState, to: QpState) -> Option<T
     if qp_type == RawPacket {
         return raw_transition_masks(from, to);
     }
+    // XRC follows RC except where the kernel's `qp_state_table` gives the initiator or the
+    // target its own set (`xrc` below).
     let by_type = |ud: M, uc: M, rc: M| match qp_type {
         Ud => ud,
         Uc => uc,
-        Rc | RawPacket => rc,
+        Rc | RawPacket | XrcSend | XrcRecv => rc,
+    };
+    let xrc = |rc: M, ini: M, tgt: M| match qp_type {
+        XrcSend => ini,
+        XrcRecv => tgt,
+        _ => rc,
     };
 
     match (from, to) {
@@ -55,8 +62,12 @@ pub fn transition_masks(qp_type: QpType, from: QpState, to: QpState) -> Option<T
             ),
         ),
         (Init, Rtr) => masks(
-            by_type(
-                none,
+            xrc(
+                by_type(
+                    none,
+                    M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
+                    M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
+                ),
                 M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
                 M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
             ),
@@ -67,21 +78,33 @@ pub fn transition_masks(qp_type: QpType, from: QpState, to: QpState) -> Option<T
             ),
         ),
         (Rtr, Rts) => masks(
-            by_type(
-                M::SQ_PSN,
-                M::SQ_PSN,
+            xrc(
+                by_type(
+                    M::SQ_PSN,
+                    M::SQ_PSN,
+                    M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+                ),
                 M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
+                M::SQ_PSN | M::TIMEOUT,
             ),
-            by_type(
-                M::CUR_STATE | M::QKEY,
+            xrc(
+                by_type(
+                    M::CUR_STATE | M::QKEY,
+                    M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE,
+                    M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
+                ),
                 M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE,
                 M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
             ),
         ),
         (Rts, Rts) | (Sqd, Rts) => masks(
             none,
-            by_type(
-                M::CUR_STATE | M::QKEY,
+            xrc(
+                by_type(
+                    M::CUR_STATE | M::QKEY,
+                    M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE,
+                    M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
+                ),
                 M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE,
                 M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
             ),
@@ -89,15 +112,36 @@ pub fn transition_masks(qp_type: QpType, from: QpState, to: QpState) -> Option<T
         (Rts, Sqd) => masks(none, M::EN_SQD_ASYNC_NOTIFY),
         (Sqd, Sqd) => masks(
             none,
-            by_type(
-                M::PKEY_INDEX | M::QKEY,
-                M::AV | M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX | M::PATH_MIG_STATE,
+            xrc(
+                by_type(
+                    M::PKEY_INDEX | M::QKEY,
+                    M::AV | M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX | M::PATH_MIG_STATE,
+                    M::PORT
+                        | M::AV
+                        | M::TIMEOUT
+                        | M::RETRY_CNT
+                        | M::RNR_RETRY
+                        | M::MAX_QP_RD_ATOMIC
+                        | M::MAX_DEST_RD_ATOMIC
+                        | M::ALT_PATH
+                        | M::ACCESS_FLAGS
+                        | M::PKEY_INDEX
+                        | M::MIN_RNR_TIMER
+                        | M::PATH_MIG_STATE,
+                ),
                 M::PORT
                     | M::AV
                     | M::TIMEOUT
                     | M::RETRY_CNT
                     | M::RNR_RETRY
                     | M::MAX_QP_RD_ATOMIC
+                    | M::ALT_PATH
+                    | M::ACCESS_FLAGS
+                    | M::PKEY_INDEX
+                    | M::PATH_MIG_STATE,
+                M::PORT
+                    | M::AV
+                    | M::TIMEOUT
                     | M::MAX_DEST_RD_ATOMIC
                     | M::ALT_PATH
                     | M::ACCESS_FLAGS
@@ -110,9 +154,23 @@ pub fn transition_masks(qp_type: QpType, from: QpState, to: QpState) -> Option<T
         (Sqe, Rts) => match qp_type {
             Ud => masks(none, M::CUR_STATE | M::QKEY),
             Uc => masks(none, M::CUR_STATE | M::ACCESS_FLAGS),
-            Rc | RawPacket => None,
+            Rc | RawPacket | XrcSend | XrcRecv => None,
         },
         _ => None,
+    }
+}
+
+/// The mask the state table is checked against for an `ibv_modify_qp` with `mask`: as the
+/// kernel's `modify_qp_mask` does, an XRC initiator ignores the responder attributes
+/// (`MAX_DEST_RD_ATOMIC`, `MIN_RNR_TIMER`) and an XRC target the requester ones
+/// (`MAX_QP_RD_ATOMIC`, `RETRY_CNT`, `RNR_RETRY`), so programs that pass the RC set to both
+/// (perftest does) work.
+pub fn effective_mask(qp_type: QpType, mask: QpAttrMask) -> QpAttrMask {
+    use QpAttrMask as M;
+    match qp_type {
+        QpType::XrcSend => mask - (M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER),
+        QpType::XrcRecv => mask - (M::MAX_QP_RD_ATOMIC | M::RETRY_CNT | M::RNR_RETRY),
+        _ => mask,
     }
 }
 

@@ -42,6 +42,23 @@ c_enum! {
         Ud = 4,
         /// Raw Ethernet frames (`IBV_QPT_RAW_PACKET`).
         RawPacket = 8,
+        /// XRC initiator (`IBV_QPT_XRC_SEND`): sends to XRC SRQs of a peer, receives nothing.
+        XrcSend = 9,
+        /// XRC target (`IBV_QPT_XRC_RECV`): executes requests for the SRQs of its XRC domain;
+        /// it has no PD, CQs or work queues of its own.
+        XrcRecv = 10,
+    }
+}
+
+impl QpType {
+    /// Reliable: RC or either XRC half (ACKs, retries, READ and atomics).
+    pub fn is_reliable(self) -> bool {
+        matches!(self, Self::Rc | Self::XrcSend | Self::XrcRecv)
+    }
+
+    /// Either XRC half.
+    pub fn is_xrc(self) -> bool {
+        matches!(self, Self::XrcSend | Self::XrcRecv)
     }
 }
 
@@ -93,6 +110,8 @@ impl fmt::Display for QpType {
             Self::Uc => "UC",
             Self::Ud => "UD",
             Self::RawPacket => "RAW_PACKET",
+            Self::XrcSend => "XRC_SEND",
+            Self::XrcRecv => "XRC_RECV",
         })
     }
 }

@@ -235,6 +235,8 @@ pub struct SendWr {
     pub payload: Payload,
     /// UD destination.
     pub ud: Option<UdDest>,
+    /// XRC_SEND: the SRQ number at the target (`qp_type.xrc.remote_srqn`).
+    pub xrc_srqn: Option<u32>,
 }
 
 /// Limits [`SendWr::check`] enforces.
@@ -306,6 +308,10 @@ impl SendWr {
             ),
             QpType::Rc => true,
             QpType::RawPacket => matches!(opcode, WrOpcode::Send | WrOpcode::Tso),
+            // An XRC initiator has the RC operations of ibv_post_send(3), not the RC-only
+            // ATOMIC WRITE and FLUSH extensions; the target sends nothing.
+            QpType::XrcSend => !matches!(self.op, SendOp::AtomicWrite { .. } | SendOp::Flush { .. }),
+            QpType::XrcRecv => false,
         };
         if !legal {
             return Err(Error::invalid(format!(
@@ -382,6 +388,16 @@ impl SendWr {
                 return Err(Error::invalid(format!(
                     "an atomic needs an 8-byte local buffer, not {len} bytes"
                 )));
+            }
+        }
+        // Binds and local invalidates send nothing, so name no SRQ.
+        if l.qp_type == QpType::XrcSend && !self.op.is_local() {
+            match self.xrc_srqn {
+                None => return Err(Error::invalid("an XRC send needs qp_type.xrc.remote_srqn")),
+                Some(n) if n > 0xFF_FFFF => {
+                    return Err(Error::invalid(format!("remote_srqn {n:#x} exceeds 24 bits")))
+                }
+                Some(_) => {}
             }
         }
         if l.qp_type == QpType::RawPacket

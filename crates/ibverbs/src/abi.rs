@@ -102,9 +102,9 @@ pub type QueryDeviceExFn = unsafe extern "C" fn(
 pub type CreateQpExFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
 pub type GetSrqNumFn = unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int;
 pub type CreateSrqExFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut ibv_srq;
-pub type OpenXrcdFn = unsafe extern "C" fn(*mut ibv_context, *mut c_void) -> *mut ibv_xrcd;
+pub type OpenXrcdFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut ibv_xrcd;
 pub type CloseXrcdFn = unsafe extern "C" fn(*mut ibv_xrcd) -> c_int;
-pub type OpenQpFn = unsafe extern "C" fn(*mut ibv_context, *mut c_void) -> *mut ibv_qp;
+pub type OpenQpFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_open_attr) -> *mut ibv_qp;
 pub type WrAtomicWriteFn = unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, *const c_void);
 pub type AdviseMrFn = unsafe extern "C" fn(*mut ibv_pd, u32, u32, *mut ibv_sge, u32) -> c_int;
 pub type QueryRtValuesFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int;
@@ -692,6 +692,8 @@ pub struct ibv_srq_init_attr_ex {
 pub const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1;
 pub const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
 pub const IBV_SRQT_BASIC: u32 = 0;
+pub const IBV_SRQT_XRC: u32 = 1;
+pub const IBV_SRQ_INIT_ATTR_XRCD: u32 = 1 << 2;
 pub const IBV_SRQ_INIT_ATTR_CQ: u32 = 1 << 3;
 pub const IBV_SRQ_INIT_ATTR_TM: u32 = 1 << 4;
 pub const IBV_SRQT_TM: u32 = 2;
@@ -809,6 +811,34 @@ pub struct ibv_ah {
 pub struct ibv_xrcd {
     pub context: *mut ibv_context,
 }
+
+#[repr(C)]
+pub struct ibv_xrcd_init_attr {
+    pub comp_mask: u32,
+    pub fd: c_int,
+    pub oflags: c_int,
+}
+
+pub const IBV_XRCD_INIT_ATTR_FD: u32 = 1;
+pub const IBV_XRCD_INIT_ATTR_OFLAGS: u32 = 1 << 1;
+pub const IBV_XRCD_INIT_ATTR_RESERVED: u32 = 1 << 2;
+
+#[repr(C)]
+pub struct ibv_qp_open_attr {
+    pub comp_mask: u32,
+    pub qp_num: u32,
+    pub xrcd: *mut ibv_xrcd,
+    pub qp_context: *mut c_void,
+    pub qp_type: c_uint,
+}
+
+pub const IBV_QP_OPEN_ATTR_NUM: u32 = 1;
+pub const IBV_QP_OPEN_ATTR_XRCD: u32 = 1 << 1;
+pub const IBV_QP_OPEN_ATTR_CONTEXT: u32 = 1 << 2;
+pub const IBV_QP_OPEN_ATTR_TYPE: u32 = 1 << 3;
+pub const IBV_QP_OPEN_ATTR_RESERVED: u32 = 1 << 4;
+/// `IBV_QPS_UNKNOWN`: the state of a QP handle from `ibv_open_qp` until it is queried.
+pub const IBV_QPS_UNKNOWN: c_uint = 7;
 
 #[repr(C)]
 pub union ibv_async_event_element {

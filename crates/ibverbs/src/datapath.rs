@@ -164,6 +164,7 @@ unsafe fn send_request(wr: &ibv_send_wr, qp_type: QpType) -> Result<SendRequest,
                 flags,
                 payload: Payload::Headed { header, sges: list },
                 ud: None,
+                xrc_srqn: None,
             });
         }
         // DRIVER1 is a provider's; ATOMIC WRITE is offered through ibv_wr_atomic_write.
@@ -193,6 +194,7 @@ unsafe fn send_request(wr: &ibv_send_wr, qp_type: QpType) -> Result<SendRequest,
         flags,
         payload,
         ud,
+        xrc_srqn: (qp_type == QpType::XrcSend).then_some(wr.remote_srqn),
     })
 }
 
@@ -644,6 +646,7 @@ unsafe fn push(qpx: *mut ibv_qp_ex, op: SendOp) {
             flags: SendFlags::from_bits_truncate(flags),
             payload: Payload::Sges(Vec::new()),
             ud: None,
+            xrc_srqn: None,
         });
     }
 }
@@ -900,15 +903,25 @@ unsafe extern "C" fn wr_set_ud_addr(qpx: *mut ibv_qp_ex, ah: *mut ibv_ah, remote
     }
 }
 
-unsafe extern "C" fn wr_set_xrc_srqn(qpx: *mut ibv_qp_ex, _srqn: u32) {
+unsafe extern "C" fn wr_set_xrc_srqn(qpx: *mut ibv_qp_ex, srqn: u32) {
     // SAFETY: the pointer is a live object of this library, as the verbs API requires.
-    unsafe { last(qpx, |_, _| Err(EOPNOTSUPP)) };
+    unsafe {
+        last(qpx, |q, req| {
+            // Only an XRC initiator addresses SRQs.
+            if q.core.qp_type() != QpType::XrcSend {
+                return Err(EINVAL);
+            }
+            req.xrc_srqn = Some(srqn);
+            Ok(())
+        });
+    }
 }
 
-/// The `create_qp_ex` op: RC, UC and UD QPs with the `ibv_wr_*` operations of
-/// `SUPPORTED_SEND_OPS`; XRC, RSS, TSO and creation flags are EOPNOTSUPP.
+/// The `create_qp_ex` op: RC, UC, UD and XRC_SEND QPs with the `ibv_wr_*` operations of
+/// `SUPPORTED_SEND_OPS`, and XRC_RECV QPs on an XRC domain; RSS, TSO and creation flags are
+/// EOPNOTSUPP.
 pub(crate) unsafe extern "C" fn create_qp_ex(
-    _ctx: *mut ibv_context,
+    ctx: *mut ibv_context,
     attr: *mut ibv_qp_init_attr_ex,
 ) -> *mut ibv_qp {
     if attr.is_null() {
@@ -916,6 +929,17 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
     }
     // SAFETY: `attr` is a live `struct ibv_qp_init_attr_ex`.
     let a = unsafe { &mut *attr };
+    let known = IBV_QP_INIT_ATTR_PD
+        | IBV_QP_INIT_ATTR_XRCD
+        | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
+        | IBV_QP_INIT_ATTR_CREATE_FLAGS;
+    if a.qp_type == QpType::XrcRecv.raw() && a.comp_mask & !known == 0 {
+        // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+        return match unsafe { verbs::new_xrc_recv_qp(ctx, a) } {
+            Ok(b) => b.cast(),
+            Err(e) => fail_null(e),
+        };
+    }
     if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
         return fail_null(EINVAL);
     }
@@ -924,10 +948,7 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         return unsafe { crate::raw::create_rss_qp(a) };
     }
     const MAX_TSO_HEADER: u32 = 1 << 3;
-    let known = IBV_QP_INIT_ATTR_PD
-        | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS
-        | IBV_QP_INIT_ATTR_CREATE_FLAGS
-        | MAX_TSO_HEADER;
+    let known = known | MAX_TSO_HEADER;
     if a.comp_mask & !known != 0
         || (a.comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS != 0 && a.create_flags != 0)
         || (a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0 && a.send_ops_flags & !SUPPORTED_SEND_OPS != 0)

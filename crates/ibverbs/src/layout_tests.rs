@@ -596,6 +596,24 @@ fn checks() -> Checks {
     );
     layout!(v, ibv_ah { context, pd, handle });
     layout!(v, ibv_xrcd { context });
+    layout!(
+        v,
+        ibv_xrcd_init_attr {
+            comp_mask,
+            fd,
+            oflags
+        }
+    );
+    layout!(
+        v,
+        ibv_qp_open_attr {
+            comp_mask,
+            qp_num,
+            xrcd,
+            qp_context,
+            qp_type
+        }
+    );
     layout!(v, ibv_async_event { element, event_type });
     layout!(
         v,

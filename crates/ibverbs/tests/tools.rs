@@ -125,8 +125,15 @@ fn pingpong(program: &str, extra: &[&str]) {
 /// A perftest run: the client prints the results table (and so does the server of the send and
 /// write tests).
 fn perftest(program: &str, server_prints_table: bool) {
+    perftest_with(program, server_prints_table, &[]);
+}
+
+/// A perftest run with extra options (e.g. `-c XRC`).
+fn perftest_with(program: &str, server_prints_table: bool, extra: &[&str]) {
     let gid = gid_index();
-    let (c, s) = pair(program, &["-d", "sv_lo", "-x", gid.as_str(), "-n", "50", "-F"]);
+    let mut args = vec!["-d", "sv_lo", "-x", gid.as_str(), "-n", "50", "-F"];
+    args.extend_from_slice(extra);
+    let (c, s) = pair(program, &args);
     let has_table = |o: &Output| {
         let (out, _) = text(o);
         let mut lines = out.lines().skip_while(|l| !l.trim_start().starts_with("#bytes"));
@@ -169,6 +176,8 @@ fn ibv_devinfo_verbose() {
         "link_layer:\t\tEthernet",
         "::ffff:127.0.0.1, RoCE v2",
         "max_qp:",
+        // IBV_DEVICE_XRC in device_cap_flags, and the SRQ limits XRC SRQs count against.
+        "\t\t\t\t\tXRC\n",
         // tm_caps of ibv_query_device_ex.
         "\tmax_num_tags:\t\t\t4096\n",
         "\t\t\t\t\tIBV_TM_CAP_RC\n",
@@ -180,6 +189,12 @@ fn ibv_devinfo_verbose() {
     ] {
         assert!(out.contains(want), "missing {want:?} in:\n{out}");
     }
+    let max_srq: u32 = out
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("max_srq:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no max_srq in:\n{out}"));
+    assert!(max_srq > 0, "{out}");
     assert!(!err.contains("version information"), "{err}");
 }
 
@@ -360,6 +375,42 @@ fn ibv_srq_pingpong() {
     pingpong("/usr/bin/ibv_srq_pingpong", &[]);
 }
 
+/// rdma-core's XRC ping-pong: each process opens the XRC domain of `/tmp/xrc_domain`, creates
+/// an XRC SRQ, an XRC_RECV and an XRC_SEND QP, and exchanges SRQ numbers over TCP.
+fn xsrq_pingpong(extra: &[&str]) {
+    let gid = gid_index();
+    let mut args = vec!["-d", "sv_lo", "-g", gid.as_str(), "-n", "50"];
+    args.extend_from_slice(extra);
+    let (c, s) = pair("/usr/bin/ibv_xsrq_pingpong", &args);
+    let (cout, _) = text(&c);
+    let (sout, _) = text(&s);
+    for out in [&cout, &sout] {
+        assert!(out.contains("success"), "{out}");
+        assert!(out.contains("GID ::ffff:127.0.0.1"), "{out}");
+    }
+    // Each side printed its own SRQ number, and the other side saw the same one.
+    let srqn = |out: &str, who: &str| {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(who))
+            .and_then(|l| l.split("SRQN ").nth(1))
+            .and_then(|l| l.split(',').next())
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no {who} SRQN in {out}"))
+    };
+    assert_eq!(srqn(&cout, "local:"), srqn(&sout, "remote:"));
+    assert_eq!(srqn(&sout, "local:"), srqn(&cout, "remote:"));
+}
+
+#[test]
+fn ibv_xsrq_pingpong() {
+    xsrq_pingpong(&[]);
+}
+
+#[test]
+fn ibv_xsrq_pingpong_events_and_small_mtu() {
+    xsrq_pingpong(&["-e", "-m", "256", "-s", "3000"]);
+}
+
 #[test]
 fn ib_send_bw() {
     perftest("/usr/bin/ib_send_bw", true);
@@ -467,6 +518,60 @@ fn c_server_rust_client_rc_pingpong() {
 #[test]
 fn rust_server_c_client_rc_pingpong() {
     c_and_rust_rc_pingpong(false);
+}
+
+/// rdma-core's C ibv_xsrq_pingpong and softverbs' Rust one, in both roles.
+fn c_and_rust_xsrq_pingpong(c_is_server: bool) {
+    let gid = gid_index();
+    let rust = rust_tool("ibv_xsrq_pingpong");
+    let args = ["-d", "sv_lo", "-g", gid.as_str(), "-n", "100", "-s", "6000"];
+    let (server, client) = if c_is_server {
+        ("/usr/bin/ibv_xsrq_pingpong", rust.as_str())
+    } else {
+        (rust.as_str(), "/usr/bin/ibv_xsrq_pingpong")
+    };
+    let (c, s) = pair_of(server, client, &args);
+    for o in [&c, &s] {
+        let (out, _) = text(o);
+        assert!(out.contains("SRQN") && out.contains("success"), "{out}");
+    }
+}
+
+#[test]
+fn c_server_rust_client_xsrq_pingpong() {
+    c_and_rust_xsrq_pingpong(true);
+}
+
+#[test]
+fn rust_server_c_client_xsrq_pingpong() {
+    c_and_rust_xsrq_pingpong(false);
+}
+
+/// perftest over XRC (`-c XRC`): XRC domains from files, XRC SRQs, XRC_SEND and XRC_RECV QPs,
+/// and, in its default mode, `ibv_wr_set_xrc_srqn`.
+#[test]
+fn perftest_over_xrc() {
+    for (program, server_table) in [
+        ("/usr/bin/ib_send_bw", true),
+        ("/usr/bin/ib_write_bw", true),
+        ("/usr/bin/ib_read_bw", true),
+        ("/usr/bin/ib_atomic_bw", false),
+        ("/usr/bin/ib_send_lat", true),
+    ] {
+        perftest_with(program, server_table, &["-c", "XRC"]);
+    }
+    // Several XRC pairs each way: one SRQ per side, shared by every target.
+    perftest_with("/usr/bin/ib_send_bw", true, &["-c", "XRC", "-q", "3", "-b"]);
+}
+
+/// As [`perftest_over_xrc`], through `ibv_post_send` with `qp_type.xrc.remote_srqn`.
+#[test]
+fn perftest_over_xrc_old_post_send() {
+    perftest_with(
+        "/usr/bin/ib_write_bw",
+        true,
+        &["-c", "XRC", "--use_old_post_send"],
+    );
 }
 
 /// A network namespace with only its loopback up; removed on drop.

@@ -631,6 +631,7 @@ impl Endpoint {
             flags,
             payload,
             ud: None,
+            xrc_srqn: None,
         })
     }
 }

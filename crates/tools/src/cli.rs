@@ -212,7 +212,7 @@ fn pingpong_run(
 }
 
 /// Connects to `host:port`, trying each address it resolves to.
-fn connect(host: &str, port: u16, timeout: Option<Duration>) -> Result<TcpStream, ToolError> {
+pub fn connect(host: &str, port: u16, timeout: Option<Duration>) -> Result<TcpStream, ToolError> {
     let addrs = (host, port)
         .to_socket_addrs()
         .map_err(|e| ToolError::new(format!("{e} for {host}:{port}")))?;
@@ -230,9 +230,23 @@ fn connect(host: &str, port: u16, timeout: Option<Duration>) -> Result<TcpStream
 
 /// Listens on `port` (IPv6 and IPv4 where the host allows it) and accepts one client.
 fn accept(port: u16, timeout: Option<Duration>) -> Result<TcpStream, ToolError> {
-    let listener = TcpListener::bind((Ipv6Addr::UNSPECIFIED, port))
+    let listener = listen(port)?;
+    accept_on(&listener, port, timeout)
+}
+
+/// Listens on `port` and accepts `n` clients, in order.
+pub fn accept_many(port: u16, n: u32, timeout: Option<Duration>) -> Result<Vec<TcpStream>, ToolError> {
+    let listener = listen(port)?;
+    (0..n).map(|_| accept_on(&listener, port, timeout)).collect()
+}
+
+fn listen(port: u16) -> Result<TcpListener, ToolError> {
+    TcpListener::bind((Ipv6Addr::UNSPECIFIED, port))
         .or_else(|_| TcpListener::bind((Ipv4Addr::UNSPECIFIED, port)))
-        .map_err(|e| ToolError::new(format!("Couldn't listen to port {port}: {e}")))?;
+        .map_err(|e| ToolError::new(format!("Couldn't listen to port {port}: {e}")))
+}
+
+fn accept_on(listener: &TcpListener, port: u16, timeout: Option<Duration>) -> Result<TcpStream, ToolError> {
     let Some(limit) = timeout else {
         return Ok(listener.accept().or_fail("accept() failed")?.0);
     };

@@ -716,6 +716,7 @@ impl PingPong {
             flags: SendFlags::SIGNALED,
             payload: Payload::Sges(vec![sge]),
             ud,
+            xrc_srqn: None,
         };
         self.qps[qp_index].post_send(&[wr]).or_fail("Couldn't post send")
     }
@@ -911,7 +912,7 @@ fn to_init(qp: &QueuePair, cfg: &Config) -> softverbs::Result<()> {
 /// The GID index to use: the one asked for, or (when none is, or a negative one) the first
 /// IPv4-mapped entry of the port, else its first populated entry. rdma-core's programs send a
 /// zero GID without `-g`, which RoCE cannot route, so choosing one makes `-g` optional here.
-fn pick_gid(ctx: &Context, port: u8, asked: Option<i32>) -> Result<u8, ToolError> {
+pub(crate) fn pick_gid(ctx: &Context, port: u8, asked: Option<i32>) -> Result<u8, ToolError> {
     if let Some(i) = asked.filter(|i| *i >= 0) {
         ctx.query_gid(port, i)
             .or_fail(&format!("can't read sgid of index {i}"))?;
@@ -933,7 +934,7 @@ fn pick_gid(ctx: &Context, port: u8, asked: Option<i32>) -> Result<u8, ToolError
 }
 
 /// A random 24-bit PSN, as the C programs draw with `lrand48() & 0xffffff`.
-fn random_psn() -> u32 {
+pub(crate) fn random_psn() -> u32 {
     let mut b = [0u8; 4];
     // Falling back to the clock only matters if the kernel has no random source at all.
     if getrandom::getrandom(&mut b).is_err() {

@@ -451,6 +451,7 @@ mod c_wire_protocol {
             flags: SendFlags::SIGNALED,
             payload: Payload::Sges(vec![me.mr.sge(0..size).unwrap()]),
             ud: None,
+            xrc_srqn: None,
         };
         let (mut sent, mut received) = (0, 0);
         let mut posted = 32;

@@ -154,6 +154,7 @@ mod ibv_devinfo {
             format!("\tmax_qp_wr:\t\t\t{}\n", a.max_qp_wr),
             format!("\tdevice_cap_flags:\t\t0x{:08x}\n", a.device_cap_flags),
             "\t\t\t\t\tRC_RNR_NAK_GEN\n".into(),
+            "\t\t\t\t\tXRC\n".into(),
             "\t\t\t\t\tMEM_WINDOW\n".into(),
             "\t\t\t\t\tMEM_WINDOW_TYPE_2B\n".into(),
             format!("\tmax_mw:\t\t\t\t{}\n", a.max_mw),

@@ -279,6 +279,11 @@ impl Context {
                         Some(Target::Cq(w)) => w.upgrade().map(|i| AsyncEventTarget::Cq(CompletionQueue(i))),
                         _ => None,
                     },
+                    // An `ibv_open_qp` handle is registered under its token.
+                    core::EventElement::OpenedQp(_, token) => match find(*token as usize) {
+                        Some(Target::Qp(w)) => w.upgrade().map(|i| AsyncEventTarget::Qp(QueuePair(i))),
+                        _ => None,
+                    },
                     core::EventElement::Qp(qp) => match find(key(qp)) {
                         Some(Target::Qp(w)) => w.upgrade().map(|i| AsyncEventTarget::Qp(QueuePair(i))),
                         _ => None,

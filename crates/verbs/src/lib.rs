@@ -28,6 +28,7 @@ mod domain;
 mod pd;
 mod qp;
 mod raw;
+mod xrc;
 
 pub use context::{AsyncEvent, AsyncEventTarget, Context};
 pub use cq::{CompletionChannel, CompletionQueue, CqEvent};
@@ -37,6 +38,7 @@ pub use domain::ThreadDomain;
 pub use pd::{AddressHandle, MemoryRegion, MemoryWindow, MwBindInfo, ProtectionDomain, Rereg};
 pub use qp::{QpInit, QueuePair, SharedReceiveQueue};
 pub use raw::{Flow, RssQueuePair, RwqIndTable, WorkQueue};
+pub use xrc::{XrcDomain, O_CREAT, O_EXCL};
 
 pub use softverbs_device::attr_ex::{cap_flags_ex, odp, HCA_CORE_CLOCK_KHZ};
 pub use softverbs_device::config::{Config, Limits};

@@ -561,6 +561,7 @@ impl MemoryWindow {
             flags: SendFlags::SIGNALED,
             payload: Payload::Sges(Vec::new()),
             ud: None,
+            xrc_srqn: None,
         }
     }
 }

@@ -9,9 +9,10 @@ use softverbs_engine::transport::QpCounters;
 use softverbs_engine::types::{Gid, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SrqAttr};
 use softverbs_engine::Result;
 
-use crate::context::Target;
+use crate::context::{Context, Target};
 use crate::cq::CompletionQueue;
 use crate::pd::ProtectionDomain;
+use crate::xrc::XrcDomain;
 
 /// What a new QP is made of (`struct ibv_qp_init_attr`).
 #[derive(Debug, Clone, Copy)]
@@ -20,7 +21,7 @@ pub struct QpInit<'a> {
     pub qp_type: QpType,
     /// CQ for send completions.
     pub send_cq: &'a CompletionQueue,
-    /// CQ for receive completions.
+    /// CQ for receive completions (ignored for XRC_SEND, which receives nothing).
     pub recv_cq: &'a CompletionQueue,
     /// SRQ to receive from (RC and UD only).
     pub srq: Option<&'a SharedReceiveQueue>,
@@ -53,19 +54,34 @@ impl<'a> QpInit<'a> {
 #[derive(Debug)]
 pub(crate) struct QpInner {
     pub(crate) core: Arc<core::Qp>,
-    pd: ProtectionDomain,
-    _send_cq: CompletionQueue,
-    _recv_cq: CompletionQueue,
+    ctx: Context,
+    _pd: Option<ProtectionDomain>,
+    _send_cq: Option<CompletionQueue>,
+    _recv_cq: Option<CompletionQueue>,
     _srq: Option<SharedReceiveQueue>,
     /// Created through a parent domain: keeps it busy.
     _domain: Option<core::DomainUse>,
+    /// XRC target: the domain handle it was created or opened through, and for an
+    /// `ibv_open_qp` handle its event token (closing it then closes only the handle).
+    xrcd: Option<(XrcDomain, Option<u64>)>,
+}
+
+/// A fresh token for an `ibv_open_qp` handle: its key among the context's event targets. The
+/// top bit keeps it apart from the object addresses the other targets are keyed by.
+pub(crate) fn opener_token() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    (1 << 63) | NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl Drop for QpInner {
     fn drop(&mut self) {
-        self.pd
-            .context()
-            .unregister_target(Arc::as_ptr(&self.core) as usize);
+        if let Some((xrcd, Some(token))) = &self.xrcd {
+            self.ctx.unregister_target(*token as usize);
+            let r = self.core.close_opened(xrcd.core(), *token);
+            debug_assert!(r.is_ok(), "{r:?}");
+            return;
+        }
+        self.ctx.unregister_target(Arc::as_ptr(&self.core) as usize);
         // Detach first: a QP still in a multicast group cannot be destroyed.
         for gid in self.core.mcast_groups() {
             let _ = self.core.detach_mcast(&gid, 0);
@@ -86,10 +102,11 @@ impl QueuePair {
 
     /// [`QueuePair::create`] with a `max_tso_header` (raw packet QPs).
     pub(crate) fn create_with(pd: &ProtectionDomain, init: &QpInit<'_>, max_tso_header: u16) -> Result<Self> {
+        let xrc_send = init.qp_type == QpType::XrcSend;
         let core_init = core::QpInitAttr {
             qp_type: init.qp_type,
-            send_cq: init.send_cq.core().clone(),
-            recv_cq: init.recv_cq.core().clone(),
+            send_cq: Some(init.send_cq.core().clone()),
+            recv_cq: (!xrc_send).then(|| init.recv_cq.core().clone()),
             srq: init.srq.map(|s| s.0.core.clone()),
             cap: init.cap,
             sq_sig_all: init.sq_sig_all,
@@ -97,19 +114,50 @@ impl QueuePair {
         };
         let domain = pd.parent_core().map(|d| d.hold()).transpose()?;
         let core = core::Qp::create_in(pd.context().core(), pd.core(), &core_init)?;
-        let inner = Arc::new(QpInner {
+        Ok(Self::wrap(QpInner {
             _domain: domain,
             core,
-            pd: pd.clone(),
-            _send_cq: init.send_cq.clone(),
-            _recv_cq: init.recv_cq.clone(),
+            ctx: pd.context().clone(),
+            _pd: Some(pd.clone()),
+            _send_cq: Some(init.send_cq.clone()),
+            _recv_cq: (!xrc_send).then(|| init.recv_cq.clone()),
             _srq: init.srq.cloned(),
-        });
-        pd.context().register_target(
+            xrcd: None,
+        }))
+    }
+
+    /// An XRC_RECV QP of `xrcd`'s domain, created (`opened` None) or opened (`ibv_open_qp`,
+    /// with the handle's event token).
+    pub(crate) fn xrc_recv(xrcd: &XrcDomain, core: Arc<core::Qp>, opened: Option<u64>) -> Self {
+        let inner = QpInner {
+            _domain: None,
+            core,
+            ctx: xrcd.context().clone(),
+            _pd: None,
+            _send_cq: None,
+            _recv_cq: None,
+            _srq: None,
+            xrcd: Some((xrcd.clone(), opened)),
+        };
+        if let Some(token) = opened {
+            // Events for this handle carry its token.
+            let inner = Arc::new(inner);
+            inner
+                .ctx
+                .register_target(token as usize, Target::Qp(Arc::downgrade(&inner)));
+            Self(inner)
+        } else {
+            Self::wrap(inner)
+        }
+    }
+
+    fn wrap(inner: QpInner) -> Self {
+        let inner = Arc::new(inner);
+        inner.ctx.register_target(
             Arc::as_ptr(&inner.core) as usize,
             Target::Qp(Arc::downgrade(&inner)),
         );
-        Ok(Self(inner))
+        Self(inner)
     }
 
     pub(crate) fn core(&self) -> &Arc<core::Qp> {
@@ -190,7 +238,10 @@ impl QueuePair {
 pub(crate) struct SrqInner {
     pub(crate) core: Arc<core::Srq>,
     pd: ProtectionDomain,
+    /// The CQ of a tag-matching or XRC SRQ.
     _cq: Option<CompletionQueue>,
+    /// An XRC SRQ keeps its domain.
+    _xrcd: Option<XrcDomain>,
 }
 
 impl Drop for SrqInner {
@@ -217,16 +268,48 @@ impl SharedReceiveQueue {
             Some((cq, cap)) => core::Srq::create_tm(pd.core(), attr, cq.core(), cap)?,
             None => core::Srq::create(pd.core(), attr)?,
         };
-        let inner = Arc::new(SrqInner {
+        Ok(Self::wrap(SrqInner {
             core,
             pd: pd.clone(),
             _cq: tm.map(|(cq, _)| cq.clone()),
-        });
+            _xrcd: None,
+        }))
+    }
+
+    /// `ibv_create_srq_ex` with `IBV_SRQT_XRC`.
+    pub(crate) fn create_xrc(
+        xrcd: &XrcDomain,
+        pd: &ProtectionDomain,
+        cq: &CompletionQueue,
+        attr: &SrqAttr,
+    ) -> Result<Self> {
+        Ok(Self::wrap(SrqInner {
+            core: core::Srq::create_xrc(pd.core(), xrcd.core(), cq.core(), attr)?,
+            pd: pd.clone(),
+            _cq: Some(cq.clone()),
+            _xrcd: Some(xrcd.clone()),
+        }))
+    }
+
+    fn wrap(inner: SrqInner) -> Self {
+        let inner = Arc::new(inner);
+        let pd = &inner.pd;
         pd.context().register_target(
             Arc::as_ptr(&inner.core) as usize,
             Target::Srq(Arc::downgrade(&inner)),
         );
-        Ok(Self(inner))
+        Self(inner)
+    }
+
+    /// `ibv_get_srq_num`: the 24-bit SRQ number, unique on the host; XRC initiators address
+    /// XRC SRQs by it.
+    pub fn srq_num(&self) -> u32 {
+        self.0.core.srq_num()
+    }
+
+    /// Whether this is an XRC SRQ.
+    pub fn is_xrc(&self) -> bool {
+        self.0.core.is_xrc()
     }
 
     /// `ibv_query_srq`.

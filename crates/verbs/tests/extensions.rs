@@ -68,6 +68,7 @@ fn req(wr_id: u64, op: SendOp) -> SendRequest {
         flags: SendFlags::SIGNALED,
         payload: Payload::Sges(vec![]),
         ud: None,
+        xrc_srqn: None,
     }
 }
 

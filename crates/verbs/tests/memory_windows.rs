@@ -64,6 +64,7 @@ fn req(wr_id: u64, op: SendOp, sges: Vec<Sge>) -> SendRequest {
         flags: SendFlags::SIGNALED,
         payload: Payload::Sges(sges),
         ud: None,
+        xrc_srqn: None,
     }
 }
 

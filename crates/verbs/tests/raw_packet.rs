@@ -208,6 +208,7 @@ impl RawNode {
                 flags: SendFlags::SIGNALED,
                 payload: Payload::Sges(vec![self.mr.sge(s * SLOT..s * SLOT + frame.len()).unwrap()]),
                 ud: None,
+                xrc_srqn: None,
             }])
             .unwrap();
         let wc = self.wait(1, LIMIT).pop().expect("a send completion");
@@ -356,6 +357,7 @@ fn role_send(ifname: &str) {
                             sges: vec![node.mr.sge(300 * SLOT..300 * SLOT + TSO_DATA).unwrap()],
                         },
                         ud: None,
+                        xrc_srqn: None,
                     }])
                     .unwrap();
                 let wc = node.wait(1, LIMIT).pop().expect("a TSO completion");
@@ -779,6 +781,7 @@ fn loopback_and_argument_checks() {
         flags: SendFlags::SIGNALED,
         payload: Payload::Inline(vec![0; 10]),
         ud: None,
+        xrc_srqn: None,
     }]);
     assert_eq!(
         short.unwrap_err().error.errno(),
@@ -802,6 +805,7 @@ fn loopback_and_argument_checks() {
             sges: vec![],
         },
         ud: None,
+        xrc_srqn: None,
     };
     assert_eq!(
         node.qps[0].post_send(&[tso(100)]).unwrap_err().error.errno(),

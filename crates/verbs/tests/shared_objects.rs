@@ -48,6 +48,7 @@ fn post(qp: &QueuePair, wr_id: u64, op: SendOp, sges: Vec<Sge>) {
         flags: SendFlags::SIGNALED,
         payload: Payload::Sges(sges),
         ud: None,
+        xrc_srqn: None,
     }])
     .unwrap();
 }

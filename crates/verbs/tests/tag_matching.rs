@@ -225,6 +225,7 @@ impl Tm {
                 flags: SendFlags::SIGNALED,
                 payload: Payload::Sges(vec![self.client_mr.sge(at..at + bytes.len()).unwrap()]),
                 ud: None,
+                xrc_srqn: None,
             }])
             .unwrap();
         let wc = poll_n(&self.client_cq, 1)[0];
@@ -667,6 +668,7 @@ fn qps_on_one_srq_share_its_tag_list() {
             flags: SendFlags::SIGNALED,
             payload: Payload::Sges(vec![t.client_mr.sge(0..msg.len()).unwrap()]),
             ud: None,
+            xrc_srqn: None,
         }])
         .unwrap();
     assert_eq!(poll_n(&t.client_cq, 1)[0].status, WcStatus::Success);

@@ -133,6 +133,7 @@ fn send(qp: &QueuePair, cq: &CompletionQueue, mr: &MemoryRegion, at: usize, byte
         flags: SendFlags::SIGNALED,
         payload: Payload::Sges(vec![mr.sge(at..at + bytes.len()).unwrap()]),
         ud: None,
+        xrc_srqn: None,
     }])
     .unwrap();
     let c = wait(cq, 1);

@@ -74,6 +74,7 @@ fn send(wr_id: u64, op: SendOp, sges: Vec<Sge>) -> SendRequest {
         flags: SendFlags::SIGNALED,
         payload: Payload::Sges(sges),
         ud: None,
+        xrc_srqn: None,
     }
 }
 
@@ -245,6 +246,7 @@ mod ibv_post_send {
             flags: SendFlags::SIGNALED | SendFlags::INLINE,
             payload: Payload::Inline(b"inline data!".to_vec()),
             ud: None,
+            xrc_srqn: None,
         };
         p.a.qp.post_send(&[req]).unwrap();
         wait(&p.a.cq, 1);

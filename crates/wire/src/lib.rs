@@ -72,6 +72,7 @@ pub mod packet;
 pub mod psn;
 pub mod reth;
 pub mod tm;
+pub mod xrceth;
 
 #[cfg(test)]
 mod strategies;
@@ -89,6 +90,7 @@ pub use packet::{pad_count_for, PacketRepr, ParsedPacket, RocePacket};
 pub use psn::Psn;
 pub use reth::{RethPacket, RethRepr};
 pub use tm::{RvhPacket, RvhRepr, TmHeaders, TmhOpcode, TmhPacket, TmhRepr};
+pub use xrceth::{XrcEthPacket, XrcEthRepr};
 
 /// The IANA UDP destination port of RoCEv2.
 pub const ROCE_UDP_PORT: u16 = 4791;

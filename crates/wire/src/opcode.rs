@@ -9,9 +9,8 @@ use core::ops::BitOr;
 
 use crate::{aeth, atomic, bth, deth, feth, imm, reth, Error};
 
-/// Size of the XRC extended transport header (XRC SRQ number). XRC is not
-/// implemented; the size is here so offsets can account for it.
-pub const XRCETH_LEN: usize = 4;
+/// Size of the XRC extended transport header (XRC SRQ number).
+pub const XRCETH_LEN: usize = crate::xrceth::HEADER_LEN;
 
 /// Size of the reserved block that follows the BTH in a CNP.
 pub const CNP_PAD_LEN: usize = 16;
@@ -21,7 +20,7 @@ pub const CNP_PAD_LEN: usize = 16;
 pub enum Header {
     /// Datagram ETH (UD).
     Deth,
-    /// XRC ETH (XRC requests; size only).
+    /// XRC ETH (every XRC request).
     XrcEth,
     /// FLUSH ETH (FLUSH requests).
     Feth,
@@ -223,7 +222,7 @@ pub enum Transport {
     Ud = 0x60,
     /// Congestion Notification Packet.
     Cnp = 0x80,
-    /// Extended Reliable Connection (not implemented; no opcode is known).
+    /// Extended Reliable Connection: the RC operations, requests with an XRCETH.
     Xrc = 0xA0,
 }
 
@@ -427,6 +426,52 @@ opcodes! {
     UdSendOnlyWithImm = 0x65, Ud, [Deth ImmDt], [REQ SEND ONLY IMM PAYLOAD];
     /// Congestion Notification Packet (RoCEv2 ECN); carries no payload.
     Cnp = 0x81, Cnp, [CnpPad], [];
+    /// XRC SEND FIRST.
+    XrcSendFirst = 0xA0, Xrc, [XrcEth], [REQ SEND FIRST PAYLOAD];
+    /// XRC SEND MIDDLE.
+    XrcSendMiddle = 0xA1, Xrc, [XrcEth], [REQ SEND MIDDLE PAYLOAD];
+    /// XRC SEND LAST.
+    XrcSendLast = 0xA2, Xrc, [XrcEth], [REQ SEND LAST PAYLOAD];
+    /// XRC SEND LAST with immediate.
+    XrcSendLastWithImm = 0xA3, Xrc, [XrcEth ImmDt], [REQ SEND LAST IMM PAYLOAD];
+    /// XRC SEND ONLY.
+    XrcSendOnly = 0xA4, Xrc, [XrcEth], [REQ SEND ONLY PAYLOAD];
+    /// XRC SEND ONLY with immediate.
+    XrcSendOnlyWithImm = 0xA5, Xrc, [XrcEth ImmDt], [REQ SEND ONLY IMM PAYLOAD];
+    /// XRC RDMA WRITE FIRST.
+    XrcWriteFirst = 0xA6, Xrc, [XrcEth Reth], [REQ WRITE FIRST PAYLOAD];
+    /// XRC RDMA WRITE MIDDLE.
+    XrcWriteMiddle = 0xA7, Xrc, [XrcEth], [REQ WRITE MIDDLE PAYLOAD];
+    /// XRC RDMA WRITE LAST.
+    XrcWriteLast = 0xA8, Xrc, [XrcEth], [REQ WRITE LAST PAYLOAD];
+    /// XRC RDMA WRITE LAST with immediate.
+    XrcWriteLastWithImm = 0xA9, Xrc, [XrcEth ImmDt], [REQ WRITE LAST IMM PAYLOAD];
+    /// XRC RDMA WRITE ONLY.
+    XrcWriteOnly = 0xAA, Xrc, [XrcEth Reth], [REQ WRITE ONLY PAYLOAD];
+    /// XRC RDMA WRITE ONLY with immediate.
+    XrcWriteOnlyWithImm = 0xAB, Xrc, [XrcEth Reth ImmDt], [REQ WRITE ONLY IMM PAYLOAD];
+    /// XRC RDMA READ REQUEST.
+    XrcReadRequest = 0xAC, Xrc, [XrcEth Reth], [REQ READ ONLY];
+    /// XRC RDMA READ RESPONSE FIRST.
+    XrcReadResponseFirst = 0xAD, Xrc, [Aeth], [ACK READ FIRST PAYLOAD];
+    /// XRC RDMA READ RESPONSE MIDDLE (no AETH).
+    XrcReadResponseMiddle = 0xAE, Xrc, [], [ACK READ MIDDLE PAYLOAD];
+    /// XRC RDMA READ RESPONSE LAST.
+    XrcReadResponseLast = 0xAF, Xrc, [Aeth], [ACK READ LAST PAYLOAD];
+    /// XRC RDMA READ RESPONSE ONLY.
+    XrcReadResponseOnly = 0xB0, Xrc, [Aeth], [ACK READ ONLY PAYLOAD];
+    /// XRC ACKNOWLEDGE (ACK, RNR NAK or NAK).
+    XrcAcknowledge = 0xB1, Xrc, [Aeth], [ACK ONLY];
+    /// XRC ATOMIC ACKNOWLEDGE.
+    XrcAtomicAcknowledge = 0xB2, Xrc, [Aeth AtomicAckEth], [ACK ATOMIC ONLY];
+    /// XRC COMPARE & SWAP.
+    XrcCompareSwap = 0xB3, Xrc, [XrcEth AtomicEth], [REQ ATOMIC ONLY];
+    /// XRC FETCH & ADD.
+    XrcFetchAdd = 0xB4, Xrc, [XrcEth AtomicEth], [REQ ATOMIC ONLY];
+    /// XRC SEND LAST with invalidate.
+    XrcSendLastWithInv = 0xB6, Xrc, [XrcEth Ieth], [REQ SEND LAST INV PAYLOAD];
+    /// XRC SEND ONLY with invalidate.
+    XrcSendOnlyWithInv = 0xB7, Xrc, [XrcEth Ieth], [REQ SEND ONLY INV PAYLOAD];
 }
 
 /// `OPCODE_TABLE` index of each opcode byte, or `NO_INDEX`.
@@ -647,6 +692,25 @@ impl Opcode {
         }
     }
 
+    /// The same operation on another transport (e.g. the XRC ACKNOWLEDGE for
+    /// `RcAcknowledge`), if that transport has it.
+    pub const fn on_transport(self, transport: Transport) -> Option<Self> {
+        match Self::from_u8(transport.bits() | (self as u8 & !Transport::MASK)) {
+            Some(op) if op.flags().bits() == self.flags().bits() => Some(op),
+            _ => None,
+        }
+    }
+
+    /// The RC opcode of the same operation: XRC opcodes are the RC ones with
+    /// another transport prefix (and an XRCETH on requests); other opcodes
+    /// are returned unchanged.
+    pub const fn rc_equivalent(self) -> Self {
+        match (self.transport(), self.on_transport(Transport::Rc)) {
+            (Transport::Xrc, Some(op)) => op,
+            _ => self,
+        }
+    }
+
     /// `from_u8`, but only if the opcode has `role` (rules out a transport
     /// whose bits collide with another operation, like CNP).
     const fn checked(byte: u8, role: OpFlags) -> Option<Self> {
@@ -748,9 +812,48 @@ mod tests {
             }
         }
         assert_eq!(known, Opcode::COUNT);
-        assert_eq!(Opcode::COUNT, 40);
+        assert_eq!(Opcode::COUNT, 40 + 23);
         assert!(OPCODE_TABLE.windows(2).all(|w| w[0].opcode < w[1].opcode));
         assert_eq!(std::format!("{}", Opcode::RcSendOnlyWithInv), "RcSendOnlyWithInv");
+    }
+
+    #[test]
+    fn xrc_opcodes_are_rc_with_the_xrc_prefix() {
+        let mut xrc = 0;
+        for info in OPCODE_TABLE.iter().filter(|i| i.transport == Transport::Xrc) {
+            xrc += 1;
+            let op = info.opcode;
+            let rc = op.rc_equivalent();
+            assert_eq!((rc.transport(), rc.as_u8() | 0xA0), (Transport::Rc, op.as_u8()));
+            assert_eq!(rc.flags(), op.flags());
+            assert_eq!(rc.on_transport(Transport::Xrc), Some(op));
+            let extra = if op.is_request() { XRCETH_LEN } else { 0 };
+            assert_eq!(op.header_len(), rc.header_len() + extra, "{op}");
+            if op.is_request() {
+                assert_eq!(op.offset(Header::XrcEth), Some(12), "{op}");
+            }
+        }
+        // Every RC opcode up to SEND with invalidate has its XRC twin (0xA0-0xB4, 0xB6,
+        // 0xB7); FLUSH and ATOMIC WRITE are RC-only extensions.
+        assert_eq!(
+            xrc,
+            OPCODE_TABLE
+                .iter()
+                .filter(|i| i.transport == Transport::Rc
+                    && !i.opcode.is_flush()
+                    && !i.opcode.is_atomic_write())
+                .count()
+        );
+        assert_eq!(Opcode::RcFlush.on_transport(Transport::Xrc), None);
+        assert_eq!(Opcode::XrcAcknowledge.as_u8(), 0xB1);
+        assert_eq!(Opcode::XrcSendOnlyWithInv.as_u8(), 0xB7);
+        assert_eq!(Opcode::XrcCompareSwap.header_len(), 12 + 4 + 28);
+        assert_eq!(
+            Opcode::RcSendOnly.on_transport(Transport::Ud),
+            Some(Opcode::UdSendOnly)
+        );
+        assert_eq!(Opcode::RcReadRequest.on_transport(Transport::Uc), None);
+        assert_eq!(Opcode::UcSendOnly.rc_equivalent(), Opcode::UcSendOnly);
     }
 
     #[test]
@@ -770,6 +873,12 @@ mod tests {
             assert_eq!(
                 info.headers.contains(Header::Deth),
                 info.transport == Transport::Ud,
+                "{op}"
+            );
+            // Every XRC request names its SRQ; responses never do.
+            assert_eq!(
+                info.headers.contains(Header::XrcEth),
+                info.transport == Transport::Xrc && op.is_request(),
                 "{op}"
             );
             let kinds = [
@@ -813,7 +922,7 @@ mod tests {
         assert_eq!(Opcode::send(Ud, First, false, false), None);
         assert_eq!(Opcode::send(Rc, Only, true, true), None);
         assert_eq!(Opcode::send(Cnp, Middle, false, false), None);
-        assert_eq!(Opcode::send(Xrc, Only, false, false), None);
+        assert_eq!(Opcode::send(Xrc, Only, false, false), Some(Opcode::XrcSendOnly));
         assert_eq!(Opcode::write(Uc, Last, true), Some(Opcode::UcWriteLastWithImm));
         assert_eq!(Opcode::write(Rc, Only, false), Some(Opcode::RcWriteOnly));
         assert_eq!(Opcode::write(Ud, Only, false), None);
@@ -830,6 +939,14 @@ mod tests {
                         assert_eq!(op.has_imm(), imm && op.ends_message());
                     }
                 }
+            }
+        }
+        for t in [Rc, Xrc] {
+            for p in [First, Middle, Last, Only] {
+                assert_eq!(
+                    Opcode::read_response(p).on_transport(t).map(Opcode::position),
+                    Some(Some(p))
+                );
             }
         }
         assert_eq!(Position::new(true, true), Only);

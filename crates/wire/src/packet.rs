@@ -5,7 +5,7 @@ use crate::icrc::ICRC_LEN;
 use crate::{
     AethPacket, AethRepr, AtomicAckEthPacket, AtomicAckEthRepr, AtomicEthPacket, AtomicEthRepr, DethPacket,
     DethRepr, Error, FethPacket, FethRepr, Header, IethPacket, IethRepr, ImmDtPacket, ImmDtRepr, Opcode,
-    Result, RethPacket, RethRepr,
+    Result, RethPacket, RethRepr, XrcEthPacket, XrcEthRepr,
 };
 
 /// The pad count that rounds `payload_len` up to a multiple of 4.
@@ -157,6 +157,8 @@ pub struct PacketRepr {
     pub bth: BthRepr,
     /// DETH (UD).
     pub deth: Option<DethRepr>,
+    /// XRCETH (XRC requests).
+    pub xrceth: Option<XrcEthRepr>,
     /// FETH (FLUSH).
     pub feth: Option<FethRepr>,
     /// RETH.
@@ -183,6 +185,7 @@ impl PacketRepr {
         Self {
             bth,
             deth: None,
+            xrceth: None,
             feth: None,
             reth: None,
             atomic_eth: None,
@@ -221,7 +224,9 @@ impl PacketRepr {
                 // Reserved: ignored on receive, zero on send.
                 Header::CnpPad => {}
                 // No known opcode has it.
-                Header::XrcEth => return Err(Error),
+                Header::XrcEth => {
+                    repr.xrceth = Some(XrcEthRepr::parse(&XrcEthPacket::new_unchecked(bytes))?);
+                }
             }
         }
         Ok(repr)
@@ -253,7 +258,7 @@ impl PacketRepr {
             Header::ImmDt => self.imm_dt.is_some(),
             Header::Ieth => self.ieth.is_some(),
             Header::CnpPad => self.bth.opcode.headers().contains(Header::CnpPad),
-            Header::XrcEth => false,
+            Header::XrcEth => self.xrceth.is_some(),
         }
     }
 
@@ -309,7 +314,10 @@ impl PacketRepr {
                     .emit(&mut ImmDtPacket::new_unchecked(slot)),
                 Header::Ieth => self.ieth.ok_or(Error)?.emit(&mut IethPacket::new_unchecked(slot)),
                 Header::CnpPad => slot.fill(0),
-                Header::XrcEth => return Err(Error),
+                Header::XrcEth => self
+                    .xrceth
+                    .ok_or(Error)?
+                    .emit(&mut XrcEthPacket::new_unchecked(slot)),
             }
         }
         // Pad and ICRC slot.
@@ -353,6 +361,45 @@ mod tests {
         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
         0x82, 0xfd, 0x00, 0x2a,
     ];
+
+    #[test]
+    fn xrc_request_carries_xrceth_after_bth() {
+        use crate::{RethRepr, XrcEthRepr};
+        let bth = BthRepr::new(Opcode::XrcWriteOnlyWithImm, 0x12, Psn::new(3));
+        let repr = PacketRepr {
+            xrceth: Some(XrcEthRepr { srqn: 0xAB_CDEF }),
+            reth: Some(RethRepr {
+                va: 0x1000,
+                rkey: 7,
+                dma_len: 2,
+            }),
+            imm_dt: Some(ImmDtRepr {
+                imm_data: 0x0102_0304,
+            }),
+            ..PacketRepr::new(bth, 2)
+        };
+        let mut buf = vec![0u8; repr.buffer_len()];
+        repr.emit_with_payload(&mut buf, b"hi").unwrap();
+        // BTH, XRCETH (reserved byte, SRQN), RETH, ImmDt, payload, pad, ICRC.
+        assert_eq!(buf.len(), 12 + 4 + 16 + 4 + 2 + 2 + 4);
+        assert_eq!(buf[12..16], [0, 0xAB, 0xCD, 0xEF]);
+        assert_eq!(buf[16..24], 0x1000u64.to_be_bytes());
+        let parsed = RocePacket::parse(&buf).unwrap();
+        assert_eq!(parsed.repr, repr);
+        assert_eq!(parsed.payload, b"hi");
+        // Without its XRCETH the request cannot be emitted.
+        let bad = PacketRepr { xrceth: None, ..repr };
+        assert_eq!(bad.emit(&mut buf), Err(Error));
+        // Responses have the RC layout.
+        let ack = PacketRepr {
+            aeth: Some(AethRepr {
+                syndrome: AethSyndrome::ACK_UNLIMITED,
+                msn: 1,
+            }),
+            ..PacketRepr::new(BthRepr::new(Opcode::XrcAcknowledge, 0x12, Psn::new(3)), 0)
+        };
+        assert_eq!(ack.buffer_len(), 12 + 4 + 4);
+    }
 
     #[test]
     fn parses_cnp_capture() {
@@ -518,6 +565,7 @@ mod tests {
         for info in OPCODE_TABLE {
             let mut repr = PacketRepr::new(BthRepr::new(info.opcode, 7, Psn::new(1)), 0);
             repr.deth = info.headers.contains(Header::Deth).then(DethRepr::default);
+            repr.xrceth = info.headers.contains(Header::XrcEth).then(XrcEthRepr::default);
             repr.feth = info.headers.contains(Header::Feth).then(FethRepr::default);
             repr.reth = info.headers.contains(Header::Reth).then(RethRepr::default);
             repr.atomic_eth = info

@@ -6,7 +6,7 @@ use std::vec::Vec;
 use crate::opcode::OPCODE_TABLE;
 use crate::{
     AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr, Header, IethRepr,
-    ImmDtRepr, NakCode, Opcode, PacketRepr, Psn, RethRepr,
+    ImmDtRepr, NakCode, Opcode, PacketRepr, Psn, RethRepr, XrcEthRepr,
 };
 
 pub(crate) fn opcode() -> impl Strategy<Value = Opcode> {
@@ -73,7 +73,7 @@ pub(crate) fn packet() -> impl Strategy<Value = (PacketRepr, Vec<u8>)> {
         reth(),
         atomic_eth(),
         aeth(),
-        (any::<(u64, u32, u32)>(), 0..16u8, 0..4u8),
+        (any::<(u64, u32, u32)>(), 0..16u8, 0..4u8, 0..1u32 << 24),
         proptest::collection::vec(any::<u8>(), 0..80),
     )
         .prop_map(
@@ -83,7 +83,7 @@ pub(crate) fn packet() -> impl Strategy<Value = (PacketRepr, Vec<u8>)> {
                 reth,
                 atomic_eth,
                 aeth,
-                ((orig, imm_data, rkey), placement, selectivity),
+                ((orig, imm_data, rkey), placement, selectivity, srqn),
                 mut payload,
             )| {
                 let op = bth.opcode;
@@ -95,6 +95,7 @@ pub(crate) fn packet() -> impl Strategy<Value = (PacketRepr, Vec<u8>)> {
                 let repr = PacketRepr {
                     bth,
                     deth: has(Header::Deth).then_some(deth),
+                    xrceth: has(Header::XrcEth).then_some(XrcEthRepr { srqn }),
                     feth: has(Header::Feth).then_some(FethRepr {
                         placement,
                         selectivity,

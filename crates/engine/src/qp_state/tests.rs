@@ -74,7 +74,7 @@ fn ibta_allows(t: QpType, from: QpState, to: QpState) -> bool {
             | (Rts, Sqd)
             | (Sqd, Sqd)
             | (Sqd, Rts)
-    ) || (from == Sqe && to == Rts && t != QpType::Rc)
+    ) || (from == Sqe && to == Rts && !t.is_reliable())
 }
 
 /// The "Required attributes" tables of ibv_modify_qp(3), as printed in the man page.
@@ -84,9 +84,24 @@ fn man_page_required(t: QpType, to: QpState) -> QpAttrMask {
         (QpType::Ud, QpState::Init) => M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY,
         (QpType::Ud, QpState::Rtr) => M::STATE,
         (QpType::Ud, QpState::Rts) => M::STATE | M::SQ_PSN,
-        (QpType::Uc, QpState::Init) | (QpType::Rc, QpState::Init) => {
+        (QpType::Uc | QpType::Rc | QpType::XrcSend | QpType::XrcRecv, QpState::Init) => {
             M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS
         }
+        // verbs-extended.md section 1 (the kernel's qp_state_table).
+        (QpType::XrcSend, QpState::Rtr) => M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
+        (QpType::XrcRecv, QpState::Rtr) => {
+            M::STATE
+                | M::AV
+                | M::PATH_MTU
+                | M::DEST_QPN
+                | M::RQ_PSN
+                | M::MAX_DEST_RD_ATOMIC
+                | M::MIN_RNR_TIMER
+        }
+        (QpType::XrcSend, QpState::Rts) => {
+            M::STATE | M::SQ_PSN | M::MAX_QP_RD_ATOMIC | M::RETRY_CNT | M::RNR_RETRY | M::TIMEOUT
+        }
+        (QpType::XrcRecv, QpState::Rts) => M::STATE | M::SQ_PSN | M::TIMEOUT,
         (QpType::Uc, QpState::Rtr) => M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
         (QpType::Rc, QpState::Rtr) => {
             M::STATE
@@ -390,6 +405,63 @@ proptest! {
         for to in [QpState::Reset, QpState::Err] {
             prop_assert_eq!(validate_modify(t, from, &good_attr(to), QpAttrMask::STATE, &limits()), Ok(to));
         }
+    }
+}
+
+#[test]
+fn xrc_initiator_and_target_have_their_own_required_sets() {
+    use QpAttrMask as M;
+    let rtr = good_attr(QpState::Rtr);
+    // The initiator never responds: no responder resources or RNR timer to give.
+    let ini_rtr = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
+    assert_eq!(
+        validate_modify(QpType::XrcSend, QpState::Init, &rtr, ini_rtr, &limits()),
+        Ok(QpState::Rtr)
+    );
+    let e = validate_modify(QpType::XrcRecv, QpState::Init, &rtr, ini_rtr, &limits()).unwrap_err();
+    assert!(
+        matches!(e, ModifyQpError::MissingAttributes { missing, .. }
+            if missing == M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER),
+        "{e}"
+    );
+    // The target never sends requests: RTS needs only SQ_PSN and TIMEOUT, and refuses the
+    // requester's retry counts.
+    let rts = good_attr(QpState::Rts);
+    let tgt_rts = M::STATE | M::SQ_PSN | M::TIMEOUT;
+    assert_eq!(
+        validate_modify(QpType::XrcRecv, QpState::Rtr, &rts, tgt_rts, &limits()),
+        Ok(QpState::Rts)
+    );
+    let e = validate_modify(
+        QpType::XrcRecv,
+        QpState::Rtr,
+        &rts,
+        tgt_rts | M::RETRY_CNT,
+        &limits(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(e, ModifyQpError::UnexpectedAttributes { unexpected, .. } if unexpected == M::RETRY_CNT)
+    );
+    let e = validate_modify(QpType::XrcSend, QpState::Rtr, &rts, tgt_rts, &limits()).unwrap_err();
+    assert!(matches!(e, ModifyQpError::MissingAttributes { .. }), "{e}");
+    // The kernel drops the other half's attributes before checking, as callers pass RC sets.
+    let rc_rtr = man_page_required(QpType::Rc, QpState::Rtr);
+    assert_eq!(effective_mask(QpType::XrcSend, rc_rtr), ini_rtr);
+    let rc_rts = man_page_required(QpType::Rc, QpState::Rts);
+    assert_eq!(effective_mask(QpType::XrcRecv, rc_rts), tgt_rts);
+    assert_eq!(effective_mask(QpType::Rc, rc_rts), rc_rts);
+    // Like RC, neither half has an SQE state.
+    for t in [QpType::XrcSend, QpType::XrcRecv] {
+        assert!(transition_masks(t, QpState::Sqe, QpState::Rts).is_none());
+        assert_eq!(
+            t.to_string(),
+            if t == QpType::XrcSend {
+                "XRC_SEND"
+            } else {
+                "XRC_RECV"
+            }
+        );
     }
 }
 

@@ -1,7 +1,7 @@
 //! The completer: consumes ACKs, NAKs and responses, completes send WQEs in order, and owns the
 //! retransmit and RNR timers.
 
-use softverbs_wire::{AethSyndrome, NakCode, Opcode, ParsedPacket, Psn};
+use softverbs_wire::{AethSyndrome, NakCode, Opcode, ParsedPacket, Psn, Transport};
 
 use super::{ack_timeout, rnr_delay, DropReason, QpEngine, SendWqe};
 use crate::memory::{Access, KeyRef, MemError, Memory};
@@ -77,7 +77,12 @@ impl QpEngine {
         pkt: &ParsedPacket<'_>,
         mem: &dyn Memory,
     ) -> Result<(), DropReason> {
-        if self.cfg.qp_type != QpType::Rc {
+        // Only a reliable requester gets responses, on its own transport.
+        let transport_ok = matches!(
+            (self.cfg.qp_type, pkt.opcode().transport()),
+            (QpType::Rc, Transport::Rc) | (QpType::XrcSend, Transport::Xrc)
+        );
+        if !transport_ok {
             return Err(DropReason::WrongTransport);
         }
         if !self.sending() {
@@ -93,7 +98,7 @@ impl QpEngine {
             Some(AethSyndrome::Nak(code)) => return self.on_nak(now, psn, code),
             _ => {}
         }
-        match pkt.opcode() {
+        match pkt.opcode().rc_equivalent() {
             Opcode::RcAcknowledge => {
                 self.ack_through(now, psn);
                 Ok(())

@@ -15,6 +15,14 @@
 //! Memory is reached only through the [`Memory`] trait, and shared
 //! receive queues through [`RecvSource`], both supplied by the caller for the duration of a call.
 //!
+//! # XRC
+//!
+//! An XRC_SEND QP is an RC requester whose packets use the XRC opcodes and carry an XRCETH with
+//! the WR's SRQ number; it has no responder. An XRC_RECV QP is an RC responder without a
+//! requester: for each request it asks its [`RecvSource`] to select the SRQ the XRCETH names
+//! ([`RecvSource::select_xrc_srq`]), checks keys against that SRQ's PD, takes the WQE from it,
+//! and tags the completion [`WorkQueue::XrcSrq`]. Responses use the XRC opcodes, with no XRCETH.
+//!
 //! # Loss recovery (RC)
 //!
 //! * A sequence-error NAK, or the local ACK timeout, makes the requester go back N: it resends
@@ -104,6 +112,8 @@ pub enum WorkQueue {
     Send,
     /// The receive CQ.
     Recv,
+    /// The CQ of the XRC SRQ with this number (XRC targets complete there).
+    XrcSrq(u32),
     /// Back to the driver: the end of a work request the driver posted for itself
     /// ([`QpEngine::post_internal`]), or of a message it asked to see ([`RecvPlacement::queue`]).
     Internal,
@@ -153,6 +163,14 @@ pub trait RecvSource {
     fn take_send(&mut self, first: &[u8], only: bool) -> Option<RecvPlacement> {
         let _ = (first, only);
         self.take().map(RecvPlacement::plain)
+    }
+
+    /// XRC targets: looks up the SRQ numbered `srqn` (the request's XRCETH) among the SRQs of
+    /// the target's XRC domain, directs the following `take`/`put_back` to it and returns its
+    /// protection domain. `None` if the domain has no such SRQ. Sources of other QPs have none.
+    fn select_xrc_srq(&mut self, srqn: u32) -> Option<u32> {
+        let _ = srqn;
+        None
     }
 }
 

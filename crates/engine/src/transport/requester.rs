@@ -2,7 +2,7 @@
 
 use softverbs_wire::{
     AtomicEthRepr, BthRepr, DethRepr, FethRepr, IethRepr, ImmDtRepr, Opcode, PacketRepr, Position, Psn,
-    RethRepr, Transport,
+    RethRepr, Transport, XrcEthRepr,
 };
 
 use super::{ack_timeout, Dest, QpEngine, Transmit, WorkQueue, ACK_REQ_EVERY, WINDOW};
@@ -163,7 +163,14 @@ impl QpEngine {
             QpType::Uc => Transport::Uc,
             // Raw QPs build no transport headers (see `generate_raw`).
             QpType::Ud | QpType::RawPacket => Transport::Ud,
+            QpType::XrcSend | QpType::XrcRecv => Transport::Xrc,
         }
+    }
+
+    /// The response opcode of this QP's transport for an RC one (XRC targets answer with the
+    /// XRC twins).
+    pub(crate) fn response_opcode(&self, rc: Opcode) -> Opcode {
+        rc.on_transport(self.transport()).unwrap_or(rc)
     }
 
     /// Index of the WQE the requester sends from next: `send_idx`, skipping WQEs that need no
@@ -190,7 +197,7 @@ impl QpEngine {
             QpState::Sqd if w.started => {}
             _ => return false,
         }
-        if self.cfg.qp_type != QpType::Rc {
+        if !self.cfg.qp_type.is_reliable() {
             return true;
         }
         if w.started {
@@ -305,15 +312,16 @@ impl QpEngine {
                 Opcode::write(transport, position, imm.is_some()),
                 (w.len - offset.min(w.len)).min(u64::from(mtu)),
             ),
-            SendOp::Read { .. } => (Some(Opcode::RcReadRequest), 0),
-            SendOp::CompareSwap { .. } => (Some(Opcode::RcCompareSwap), 0),
-            SendOp::FetchAdd { .. } => (Some(Opcode::RcFetchAdd), 0),
+            SendOp::Read { .. } => (Opcode::RcReadRequest.on_transport(transport), 0),
+            SendOp::CompareSwap { .. } => (Opcode::RcCompareSwap.on_transport(transport), 0),
+            SendOp::FetchAdd { .. } => (Opcode::RcFetchAdd.on_transport(transport), 0),
             // Executed by `execute_local` above, never sent.
             SendOp::BindMw(_) | SendOp::LocalInv { .. } => (None, 0),
             // Raw packet QPs only, which never get here (`generate_raw`).
             SendOp::Tso { .. } => (None, 0),
-            SendOp::AtomicWrite { .. } => (Some(Opcode::RcAtomicWrite), 8),
-            SendOp::Flush { .. } => (Some(Opcode::RcFlush), 0),
+            // RC only (checked at post time): XRC has no twin of these extensions.
+            SendOp::AtomicWrite { .. } => (Opcode::RcAtomicWrite.on_transport(transport), 8),
+            SendOp::Flush { .. } => (Opcode::RcFlush.on_transport(transport), 0),
         };
         let Some(opcode) = opcode else {
             // Unreachable for checked WRs (the opcode table covers every legal combination).
@@ -323,6 +331,12 @@ impl QpEngine {
         let mut bth = BthRepr::new(opcode, dest_qpn, psn);
         bth.solicited = is_last && w.wr.flags.contains(SendFlags::SOLICITED);
         let mut repr = PacketRepr::new(bth, payload_len as usize);
+        if transport == Transport::Xrc {
+            // Every XRC request names the SRQ at the target (checked at post time).
+            repr.xrceth = Some(XrcEthRepr {
+                srqn: w.wr.xrc_srqn.unwrap_or(0),
+            });
+        }
         match w.wr.op {
             SendOp::Send { imm, invalidate } => {
                 if is_last {
@@ -425,7 +439,7 @@ impl QpEngine {
             }
             _ => self.path_dest(),
         };
-        if self.cfg.qp_type == QpType::Rc {
+        if self.cfg.qp_type.is_reliable() {
             self.req.since_ackreq += 1;
             if is_last || self.req.since_ackreq >= ACK_REQ_EVERY {
                 repr.bth.ack_req = true;
@@ -459,7 +473,7 @@ impl QpEngine {
         w.next_pkt += 1;
         let fully_sent = w.fully_sent();
         match self.cfg.qp_type {
-            QpType::Rc => {
+            QpType::Rc | QpType::XrcSend | QpType::XrcRecv => {
                 if fully_sent {
                     self.req.send_idx += 1;
                 }
@@ -502,7 +516,7 @@ impl QpEngine {
         }
         self.sq[idx].done = true;
         match self.cfg.qp_type {
-            QpType::Rc => {
+            QpType::Rc | QpType::XrcSend | QpType::XrcRecv => {
                 self.req.send_idx += 1;
                 // Completions leave in posting order: it completes now only if nothing before
                 // it waits for an acknowledgement; otherwise the ACK that finishes those does.

@@ -45,6 +45,8 @@ pub(crate) enum RdResource {
         va: u64,
         rkey: u32,
         len: u64,
+        /// The PD the R_Key was checked against (an XRC target's varies by SRQ).
+        pd: u32,
     },
     Atomic {
         psn: Psn,
@@ -70,6 +72,15 @@ pub(crate) struct Responder {
     pub(crate) uc_dropping: bool,
     /// Duplicate SEND/WRITE packets received since the last new one.
     pub(crate) dup_run: u32,
+    /// XRC target: the SRQ the packet being executed names, and that SRQ's PD.
+    pub(crate) xrc: Option<XrcSelection>,
+}
+
+/// The XRC SRQ a request is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct XrcSelection {
+    pub(crate) srqn: u32,
+    pub(crate) pd: u32,
 }
 
 impl Responder {
@@ -111,8 +122,26 @@ const ACCESS_ERROR: Fatal = Fatal {
 };
 
 impl QpEngine {
+    /// The PD remote keys and receive buffers are checked against: an XRC target uses the PD
+    /// of the SRQ the request names.
+    pub(crate) fn resp_pd(&self) -> u32 {
+        match self.resp.xrc {
+            Some(x) if self.cfg.qp_type == QpType::XrcRecv => x.pd,
+            _ => self.cfg.pd,
+        }
+    }
+
+    /// Where receive completions go: an XRC target completes on the CQ of the SRQ the WQE came
+    /// from.
+    pub(crate) fn recv_queue(&self) -> WorkQueue {
+        match self.resp.xrc {
+            Some(x) if self.cfg.qp_type == QpType::XrcRecv => WorkQueue::XrcSrq(x.srqn),
+            _ => WorkQueue::Recv,
+        }
+    }
+
     fn take_recv(&mut self, srq: &mut Option<&mut dyn RecvSource>) -> Option<RecvWr> {
-        if self.cfg.has_srq {
+        if self.cfg.has_srq || self.cfg.qp_type == QpType::XrcRecv {
             srq.as_deref_mut().and_then(RecvSource::take)
         } else {
             self.rq.pop_front()
@@ -120,7 +149,7 @@ impl QpEngine {
     }
 
     fn put_back_recv(&mut self, wqe: RecvWr, srq: &mut Option<&mut dyn RecvSource>) {
-        if self.cfg.has_srq {
+        if self.cfg.has_srq || self.cfg.qp_type == QpType::XrcRecv {
             if let Some(s) = srq.as_deref_mut() {
                 s.put_back(wqe);
             }
@@ -144,6 +173,7 @@ impl QpEngine {
             (QpType::Rc, softverbs_wire::Transport::Rc)
                 | (QpType::Uc, softverbs_wire::Transport::Uc)
                 | (QpType::Ud, softverbs_wire::Transport::Ud)
+                | (QpType::XrcRecv, softverbs_wire::Transport::Xrc)
         );
         if !transport_ok {
             return Err(DropReason::WrongTransport);
@@ -162,7 +192,9 @@ impl QpEngine {
         let result = match self.cfg.qp_type {
             QpType::Ud => self.ud_request(pkt, meta, mem, &mut srq),
             QpType::Uc => self.uc_request(pkt, mem, &mut srq),
-            QpType::Rc => self.rc_request(now, pkt, mem, &mut srq),
+            QpType::Rc | QpType::XrcRecv => self.rc_request(now, pkt, mem, &mut srq),
+            // Unreachable: an initiator accepts no request (transport check above).
+            QpType::XrcSend => Err(DropReason::WrongTransport),
             QpType::RawPacket => Err(DropReason::WrongTransport),
         };
         if result.is_ok() && self.state == QpState::Rtr && !self.resp.comm_est_sent {
@@ -214,7 +246,7 @@ impl QpEngine {
             Err(ScatterError::Length) => wc.status = WcStatus::LocLenErr,
             Err(ScatterError::Mem(e)) => wc.status = e.local_status(),
         }
-        self.push_cqe(WorkQueue::Recv, wc);
+        self.push_cqe(self.recv_queue(), wc);
         Ok(())
     }
 
@@ -307,6 +339,23 @@ impl QpEngine {
         }
         self.resp.nak_sent = false;
         self.resp.dup_run = 0;
+        if self.cfg.qp_type == QpType::XrcRecv {
+            // The SRQ must exist and belong to this target's XRC domain; its PD then governs
+            // every key of the request and its CQ gets the completion.
+            let srqn = pkt.repr.xrceth.map_or(0, |x| x.srqn);
+            let selected = srq.as_deref_mut().and_then(|s| s.select_xrc_srq(srqn));
+            match selected {
+                Some(pd) => self.resp.xrc = Some(XrcSelection { srqn, pd }),
+                None => {
+                    // A message in progress stays charged to its own SRQ.
+                    if matches!(self.resp.progress, Progress::Idle) {
+                        self.resp.xrc = None;
+                    }
+                    self.rc_fatal(ACCESS_ERROR, psn);
+                    return Ok(());
+                }
+            }
+        }
         let opcode = pkt.opcode();
         let outcome = if opcode.is_read() {
             self.execute_read(pkt, mem)
@@ -403,7 +452,7 @@ impl QpEngine {
                 if total > 0 {
                     let key = KeyRef {
                         key: reth.rkey,
-                        pd: self.cfg.pd,
+                        pd: self.resp_pd(),
                         qpn: self.cfg.qpn,
                         access: Access::RemoteWrite,
                     };
@@ -442,7 +491,7 @@ impl QpEngine {
             if len > 0 {
                 let key = KeyRef {
                     key: rkey,
-                    pd: self.cfg.pd,
+                    pd: self.resp_pd(),
                     qpn: self.cfg.qpn,
                     access: Access::RemoteWrite,
                 };
@@ -469,7 +518,7 @@ impl QpEngine {
                     wc.wc_flags = WcFlags::WITH_IMM;
                     wc.imm_data = pkt.repr.imm_dt.map_or(0, |i| i.imm_data.to_be());
                     wc.solicited = pkt.repr.bth.solicited;
-                    self.push_cqe(WorkQueue::Recv, wc);
+                    self.push_cqe(self.recv_queue(), wc);
                 }
             } else {
                 self.resp.progress = Progress::Write {
@@ -483,28 +532,33 @@ impl QpEngine {
         }
         // SEND.
         if opcode.starts_message() {
-            let place = if self.cfg.has_srq {
+            let place = if self.cfg.has_srq || self.cfg.qp_type == QpType::XrcRecv {
                 srq.as_deref_mut()
                     .and_then(|s| s.take_send(pkt.payload, opcode.ends_message()))
             } else {
                 self.rq.pop_front().map(RecvPlacement::plain)
             };
-            let Some(place) = place else {
+            let Some(mut place) = place else {
                 return Err(Outcome::Rnr);
             };
+            if place.queue == WorkQueue::Recv {
+                // An XRC target completes on the CQ of the SRQ the WQE came from.
+                place.queue = self.recv_queue();
+            }
             if let (Some(flags), false) = (place.early_flags, opcode.ends_message()) {
                 let wc = place.completion(WcStatus::Success, flags, self.cfg.qpn, self.attr.dest_qp_num);
                 self.push_cqe(place.queue, wc);
             }
             self.resp.progress = Progress::Send { place, offset: 0 };
         }
+        let pd = self.resp_pd();
         let Progress::Send { place, offset } = &mut self.resp.progress else {
             unreachable!()
         };
         if let Some((range, at)) = place.window(*offset, len) {
             match scatter_sges(
                 mem,
-                (self.cfg.pd, self.cfg.qpn),
+                (pd, self.cfg.qpn),
                 &place.wqe.sg_list,
                 at,
                 &pkt.payload[range],
@@ -533,7 +587,7 @@ impl QpEngine {
                 // sees the completion can rely on the peer having lost access (IBTA 9.4.1.1.3).
                 // A key that cannot be invalidated is an invalid request (class J): the receive
                 // completes in error and the QP moves to ERR.
-                if mem.invalidate(self.cfg.qpn, self.cfg.pd, ieth.rkey).is_err() {
+                if mem.invalidate(self.cfg.qpn, self.resp_pd(), ieth.rkey).is_err() {
                     return Err(Outcome::Fatal(INVALID_REQUEST));
                 }
             }
@@ -573,7 +627,7 @@ impl QpEngine {
         if len > 0 {
             let key = KeyRef {
                 key: reth.rkey,
-                pd: self.cfg.pd,
+                pd: self.resp_pd(),
                 qpn: self.cfg.qpn,
                 access: Access::RemoteRead,
             };
@@ -588,10 +642,11 @@ impl QpEngine {
             va: reth.va,
             rkey: reth.rkey,
             len,
+            pd: self.resp_pd(),
         });
         self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
         self.resp.epsn = psn + n;
-        self.send_read_responses(psn, reth.va, reth.rkey, len, mem);
+        self.send_read_responses(psn, reth.va, reth.rkey, len, self.resp_pd(), mem);
         Ok(())
     }
 
@@ -606,7 +661,7 @@ impl QpEngine {
         if a.va % 8 != 0 {
             return Err(Outcome::Fatal(INVALID_REQUEST));
         }
-        let op = if pkt.opcode() == Opcode::RcCompareSwap {
+        let op = if pkt.opcode().rc_equivalent() == Opcode::RcCompareSwap {
             AtomicOp::CompareSwap {
                 compare: a.compare,
                 swap: a.swap_add,
@@ -616,7 +671,7 @@ impl QpEngine {
         };
         let key = KeyRef {
             key: a.rkey,
-            pd: self.cfg.pd,
+            pd: self.resp_pd(),
             qpn: self.cfg.qpn,
             access: Access::RemoteAtomic,
         };
@@ -657,7 +712,7 @@ impl QpEngine {
             }
             let key = KeyRef {
                 key: reth.rkey,
-                pd: self.cfg.pd,
+                pd: self.resp_pd(),
                 qpn: self.cfg.qpn,
                 access: Access::RemoteWrite,
             };
@@ -683,7 +738,7 @@ impl QpEngine {
             }
             let key = KeyRef {
                 key: reth.rkey,
-                pd: self.cfg.pd,
+                pd: self.resp_pd(),
                 qpn: self.cfg.qpn,
                 access: Access::Flush(placement),
             };
@@ -695,7 +750,7 @@ impl QpEngine {
         self.push_resource(RdResource::Placement { psn, opcode });
         self.resp.msn = (self.resp.msn + 1) & 0xFF_FFFF;
         self.resp.epsn = psn + 1;
-        self.send_read_responses(psn, 0, 0, 0, mem);
+        self.send_read_responses(psn, 0, 0, 0, 0, mem);
         Ok(())
     }
 
@@ -721,10 +776,11 @@ impl QpEngine {
                     va,
                     rkey,
                     len,
-                } if psn.in_range(first, last) => Some((va, rkey, len)),
+                    pd,
+                } if psn.in_range(first, last) => Some((va, rkey, len, pd)),
                 _ => None,
             });
-            let Some((va, rkey, len)) = found else {
+            let Some((va, rkey, len, pd)) = found else {
                 return Err(DropReason::BadPsn);
             };
             // The retried request must ask for part of the original.
@@ -732,7 +788,7 @@ impl QpEngine {
             if reth.rkey != rkey || rva < va || rva + rlen > va + len {
                 return Err(DropReason::BadPsn);
             }
-            self.send_read_responses(psn, rva, rkey, rlen, mem);
+            self.send_read_responses(psn, rva, rkey, rlen, pd, mem);
             return Ok(());
         }
         if opcode.is_atomic() {
@@ -755,7 +811,7 @@ impl QpEngine {
                 return Err(DropReason::BadPsn);
             }
             // Answered again, not executed again: a later write to the word must not be undone.
-            self.send_read_responses(psn, 0, 0, 0, mem);
+            self.send_read_responses(psn, 0, 0, 0, 0, mem);
             return Ok(());
         }
         // SEND or WRITE: acknowledge again what was already received. rxe answers every
@@ -770,7 +826,11 @@ impl QpEngine {
     }
 
     fn send_ack(&mut self, syndrome: AethSyndrome, psn: Psn) {
-        let bth = BthRepr::new(Opcode::RcAcknowledge, self.attr.dest_qp_num, psn);
+        let bth = BthRepr::new(
+            self.response_opcode(Opcode::RcAcknowledge),
+            self.attr.dest_qp_num,
+            psn,
+        );
         let repr = PacketRepr {
             aeth: Some(AethRepr {
                 syndrome,
@@ -784,7 +844,11 @@ impl QpEngine {
     }
 
     fn send_atomic_ack(&mut self, psn: Psn, orig: u64) {
-        let bth = BthRepr::new(Opcode::RcAtomicAcknowledge, self.attr.dest_qp_num, psn);
+        let bth = BthRepr::new(
+            self.response_opcode(Opcode::RcAtomicAcknowledge),
+            self.attr.dest_qp_num,
+            psn,
+        );
         let repr = PacketRepr {
             aeth: Some(AethRepr {
                 syndrome: AethSyndrome::ACK_UNLIMITED,
@@ -799,7 +863,7 @@ impl QpEngine {
     }
 
     /// Sends the READ response packets for `len` bytes at `va`, numbered from `first`.
-    fn send_read_responses(&mut self, first: Psn, va: u64, rkey: u32, len: u64, mem: &dyn Memory) {
+    fn send_read_responses(&mut self, first: Psn, va: u64, rkey: u32, len: u64, pd: u32, mem: &dyn Memory) {
         let mtu = u64::from(self.mtu());
         let n = packets(len, self.mtu());
         let dest = self.path_dest();
@@ -812,7 +876,8 @@ impl QpEngine {
             };
             let offset = u64::from(i) * mtu;
             let chunk = (len - offset).min(mtu) as usize;
-            let bth = BthRepr::new(Opcode::read_response(position), self.attr.dest_qp_num, first + i);
+            let opcode = self.response_opcode(Opcode::read_response(position));
+            let bth = BthRepr::new(opcode, self.attr.dest_qp_num, first + i);
             let mut repr = PacketRepr::new(bth, chunk);
             if position != Position::Middle {
                 repr.aeth = Some(AethRepr {
@@ -822,7 +887,7 @@ impl QpEngine {
             }
             let key = KeyRef {
                 key: rkey,
-                pd: self.cfg.pd,
+                pd,
                 qpn: self.cfg.qpn,
                 access: Access::RemoteRead,
             };

@@ -416,6 +416,47 @@ pub struct Srq {
     /// Chooses how a SEND is received from its first packet (as a tag-matching SRQ does);
     /// `None`: the next WQE takes the whole message.
     pub placer: Option<Placer>,
+    /// An XRC SRQ: its number, XRC domain, PD and CQ.
+    pub xrc: Option<XrcSrqInfo>,
+}
+
+/// What makes an SRQ an XRC SRQ.
+#[derive(Debug, Clone, Copy)]
+pub struct XrcSrqInfo {
+    pub srqn: u32,
+    pub xrcd: u32,
+    pub pd: u32,
+    pub cq: usize,
+}
+
+/// The SRQs of one XRC domain, as a target QP's receive source (the device's lookup by SRQN).
+struct XrcDomainSrqs<'a> {
+    srqs: &'a mut [Srq],
+    xrcd: u32,
+    selected: Option<usize>,
+}
+
+impl RecvSource for XrcDomainSrqs<'_> {
+    fn take(&mut self) -> Option<RecvWr> {
+        self.selected.and_then(|i| self.srqs[i].take())
+    }
+
+    fn put_back(&mut self, wr: RecvWr) {
+        if let Some(i) = self.selected {
+            self.srqs[i].put_back(wr);
+        }
+    }
+
+    fn select_xrc_srq(&mut self, srqn: u32) -> Option<u32> {
+        let xrcd = self.xrcd;
+        let (i, info) = self
+            .srqs
+            .iter()
+            .enumerate()
+            .find_map(|(i, s)| s.xrc.filter(|x| x.srqn == srqn && x.xrcd == xrcd).map(|x| (i, x)))?;
+        self.selected = Some(i);
+        Some(info.pd)
+    }
 }
 
 /// A [`RecvSource::take_send`] policy: first packet, whether it is the only one, the queue.
@@ -458,6 +499,8 @@ pub struct SimQp {
     /// The attributes as the device keeps them (what `ibv_query_qp` returns).
     pub attr: QpAttr,
     pub srq: Option<usize>,
+    /// XRC target: its XRC domain.
+    pub xrcd: Option<u32>,
     pub send_cq: usize,
     pub recv_cq: usize,
     pub events: Vec<EventType>,
@@ -573,6 +616,8 @@ pub struct PacketInfo {
     pub ack_req: bool,
     pub solicited: bool,
     pub syndrome: Option<AethSyndrome>,
+    /// The XRCETH's SRQ number (XRC requests).
+    pub xrc_srqn: Option<u32>,
     pub payload_len: usize,
     pub time: Instant,
 }
@@ -743,6 +788,31 @@ impl Sim {
         self.nodes[node].srqs.len() - 1
     }
 
+    /// An XRC SRQ in domain `xrcd` with PD `pd`, completing on CQ `cq`; returns its index and
+    /// its SRQ number.
+    pub fn create_xrc_srq(&mut self, node: usize, xrcd: u32, pd: u32, cq: usize) -> (usize, u32) {
+        let idx = self.nodes[node].srqs.len();
+        let srqn = 0x400 + idx as u32;
+        self.nodes[node].srqs.push(Srq {
+            xrc: Some(XrcSrqInfo { srqn, xrcd, pd, cq }),
+            ..Srq::default()
+        });
+        (idx, srqn)
+    }
+
+    /// An XRC target QP of domain `xrcd` (no PD, no CQs of its own).
+    pub fn create_xrc_tgt(&mut self, node: usize, xrcd: u32) -> QpId {
+        self.create_qp_with(
+            node,
+            QpType::XrcRecv,
+            QpOpts {
+                pd: 0,
+                xrcd: Some(xrcd),
+                ..QpOpts::default()
+            },
+        )
+    }
+
     /// Creates a QP in RESET with its own send and receive CQs.
     pub fn create_qp(&mut self, node: usize, qp_type: QpType) -> QpId {
         self.create_qp_with(node, qp_type, QpOpts::default())
@@ -767,6 +837,7 @@ impl Sim {
                 engine: QpEngine::new(cfg),
                 attr: QpAttr::default(),
                 srq: o.srq,
+                xrcd: o.xrcd,
                 send_cq,
                 recv_cq,
                 events: Vec::new(),
@@ -830,7 +901,13 @@ impl Sim {
     pub fn bring_up(&mut self, id: QpId, remote: QpId, o: &ConnOpts, sq_psn: u32, rq_psn: u32) {
         use QpAttrMask as M;
         let qp_type = self.qp(id).engine.config().qp_type;
-        let rc = qp_type == QpType::Rc;
+        // Exactly the attributes each transition requires for this QP type.
+        let required = |from, to| {
+            M::STATE
+                | qp_state::transition_masks(qp_type, from, to)
+                    .expect("a defined transition")
+                    .required
+        };
         let init = QpAttr {
             qp_state: QpState::Init,
             pkey_index: 0,
@@ -849,11 +926,7 @@ impl Sim {
             ah_attr: self.ah_to(remote.node),
             ..QpAttr::default()
         };
-        let mut mask = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
-        if rc {
-            mask |= M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER;
-        }
-        self.modify(id, &rtr, mask);
+        self.modify(id, &rtr, required(QpState::Init, QpState::Rtr));
         let rts = QpAttr {
             qp_state: QpState::Rts,
             sq_psn,
@@ -863,11 +936,7 @@ impl Sim {
             max_rd_atomic: o.max_rd_atomic,
             ..QpAttr::default()
         };
-        let mut mask = M::STATE | M::SQ_PSN;
-        if rc {
-            mask |= M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC;
-        }
-        self.modify(id, &rts, mask);
+        self.modify(id, &rts, required(QpState::Rtr, QpState::Rts));
     }
 
     /// Connects two RC or UC QPs both ways: `a` sends from `o.psn_a`, `b` from `o.psn_b`.
@@ -963,7 +1032,7 @@ impl Sim {
             max_rd_atomic: qp
                 .attr
                 .max_rd_atomic
-                .max(u8::from(qp.engine.config().qp_type != QpType::Rc)),
+                .max(u8::from(!qp.engine.config().qp_type.is_reliable())),
             max_tso_header: 0,
         };
         wr.check(&limits)
@@ -1052,6 +1121,13 @@ impl Sim {
                 let cq = match queue {
                     WorkQueue::Send => qp.send_cq,
                     WorkQueue::Recv => qp.recv_cq,
+                    WorkQueue::XrcSrq(srqn) => {
+                        node.srqs
+                            .iter()
+                            .find_map(|s| s.xrc.filter(|x| x.srqn == srqn))
+                            .expect("completion for an existing XRC SRQ")
+                            .cq
+                    }
                     WorkQueue::Internal => {
                         qp.internal.push(wc);
                         continue;
@@ -1119,6 +1195,7 @@ impl Sim {
                 from,
                 to_node,
                 opcode: parsed.opcode(),
+                xrc_srqn: parsed.repr.xrceth.map(|x| x.srqn),
                 psn: parsed.repr.bth.psn,
                 dest_qpn: parsed.repr.bth.dest_qpn,
                 ack_req: parsed.repr.bth.ack_req,
@@ -1275,7 +1352,19 @@ impl Sim {
             let node = &mut self.nodes[f.to_node];
             let Node { mem, qps, srqs, .. } = node;
             let qp = qps.get_mut(&qpn).expect("routed QP exists");
-            let srq = qp.srq.map(|i| &mut srqs[i] as &mut dyn RecvSource);
+            let mut domain;
+            let srq = match (qp.srq, qp.xrcd) {
+                (Some(i), _) => Some(&mut srqs[i] as &mut dyn RecvSource),
+                (None, Some(xrcd)) => {
+                    domain = XrcDomainSrqs {
+                        srqs,
+                        xrcd,
+                        selected: None,
+                    };
+                    Some(&mut domain as &mut dyn RecvSource)
+                }
+                (None, None) => None,
+            };
             let result = qp.engine.handle_packet(now, &pkt, &meta, mem, srq);
             if self.trace {
                 eprintln!(
@@ -1405,6 +1494,8 @@ pub struct QpOpts {
     pub srq: Option<usize>,
     pub send_cq: Option<usize>,
     pub recv_cq: Option<usize>,
+    /// XRC target QPs: the XRC domain whose SRQs they serve.
+    pub xrcd: Option<u32>,
 }
 
 impl Default for QpOpts {
@@ -1415,6 +1506,7 @@ impl Default for QpOpts {
             srq: None,
             send_cq: None,
             recv_cq: None,
+            xrcd: None,
         }
     }
 }
@@ -1474,6 +1566,7 @@ pub fn wr(wr_id: u64, op: SendOp, payload: Payload) -> SendWr {
         flags: SendFlags::SIGNALED,
         payload,
         ud: None,
+        xrc_srqn: None,
     }
 }
 

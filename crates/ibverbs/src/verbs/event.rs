@@ -30,6 +30,10 @@ pub(crate) unsafe extern "C" fn get_async_event(ctx: *mut ibv_context, event: *m
         EventElement::Qp(qp) => ibv_async_event_element {
             qp: qp.user_data() as *mut ibv_qp,
         },
+        // The token of an `ibv_open_qp` handle is its box.
+        EventElement::OpenedQp(_, token) => ibv_async_event_element {
+            qp: *token as *mut ibv_qp,
+        },
         EventElement::Srq(srq) => ibv_async_event_element {
             srq: srq.user_data() as *mut ibv_srq,
         },

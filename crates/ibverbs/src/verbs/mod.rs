@@ -29,13 +29,14 @@ mod query;
 mod rereg;
 mod srq;
 mod unsupported;
+mod xrc;
 
 // The export table in `symbols` names the entry points through these; it is not assembled in
 // unit tests, where some of them are then unused.
 #[cfg_attr(test, allow(unused_imports))]
 pub(crate) use {
     ah::*, convert::*, cq::*, device::*, event::*, mr::*, mw::*, objects::*, pd::*, qp::*, query::*,
-    rereg::*, srq::*, unsupported::*,
+    rereg::*, srq::*, unsupported::*, xrc::*,
 };
 
 pub(crate) const EINVAL: c_int = Errno::EINVAL as c_int;

@@ -82,6 +82,8 @@ pub(crate) struct SvQp {
     pub(crate) sq_sig_all: bool,
     /// Work requests built with `ibv_wr_*` between `wr_start` and `wr_complete`.
     pub(crate) batch: Mutex<WrBatch>,
+    /// A handle from `ibv_open_qp`: the XRC domain handle it was opened through.
+    pub(crate) opened_via: Option<Arc<softverbs_device::Xrcd>>,
     /// For a QP created through a parent domain: its queue buffers, from the domain's allocator.
     pub(crate) queues: Option<crate::domain::QpQueues>,
 }

@@ -33,14 +33,20 @@ pub(crate) struct NewQp {
 pub(crate) unsafe fn new_qp(n: &NewQp) -> Result<*mut SvQp, c_int> {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let pd = unsafe { outer::<SvPd, _>(n.pd) }.ok_or(EINVAL)?;
-    let qp_type = match n.qp_type {
-        9 | 10 => return Err(EOPNOTSUPP), // IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV
-        t => QpType::from_raw(t).ok_or(EOPNOTSUPP)?,
+    let qp_type = match QpType::from_raw(n.qp_type) {
+        // An XRC_RECV QP has no PD: it comes from `create_qp_ex` with an XRC domain.
+        Some(QpType::XrcRecv) => return Err(EINVAL),
+        Some(t) => t,
+        None => return Err(EOPNOTSUPP),
     };
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let send_cq = unsafe { outer::<SvCq, _>(n.send_cq) }.ok_or(EINVAL)?;
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
-    let recv_cq = unsafe { outer::<SvCq, _>(n.recv_cq) }.ok_or(EINVAL)?;
+    let recv_cq = unsafe { outer::<SvCq, _>(n.recv_cq) };
+    // An XRC_SEND QP receives nothing; the others need a receive CQ.
+    if recv_cq.is_none() && qp_type != QpType::XrcSend {
+        return Err(EINVAL);
+    }
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
     let srq = unsafe { outer::<SvSrq, _>(n.srq) };
     if n.cap.is_null() {
@@ -55,8 +61,8 @@ pub(crate) unsafe fn new_qp(n: &NewQp) -> Result<*mut SvQp, c_int> {
     };
     let init = QpInitAttr {
         qp_type,
-        send_cq: send_cq.core.clone(),
-        recv_cq: recv_cq.core.clone(),
+        send_cq: Some(send_cq.core.clone()),
+        recv_cq: recv_cq.map(|c| c.core.clone()),
         srq: srq.map(|s| s.core.clone()),
         cap,
         sq_sig_all: n.sq_sig_all,
@@ -99,6 +105,7 @@ pub(crate) unsafe fn box_qp(n: &NewQp, core: Arc<Qp>, queues: Option<crate::doma
         core,
         sq_sig_all: n.sq_sig_all,
         batch: Mutex::new(WrBatch::default()),
+        opened_via: None,
         queues,
     }));
     // SAFETY: `b` is live.
@@ -192,7 +199,13 @@ pub(crate) unsafe extern "C" fn query_qp(
 /// `ibv_destroy_qp`.
 pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut ibv_qp) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
-    unsafe { destroy_boxed::<SvQp, _>(qp, |q| q.core.destroy()) }
+    unsafe {
+        destroy_boxed::<SvQp, _>(qp, |q| match &q.opened_via {
+            // A handle from `ibv_open_qp` closes only itself.
+            Some(x) => q.core.close_opened(x, q as *const SvQp as u64),
+            None => q.core.destroy(),
+        })
+    }
 }
 
 /// `ibv_query_qp_data_in_order`: the device places data in order, whole messages at a time.

@@ -60,7 +60,7 @@ pub(crate) unsafe extern "C" fn create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_i
     }
 }
 
-/// The `create_srq_ex` op: basic and tag-matching SRQs (XRC SRQs are EOPNOTSUPP).
+/// The `create_srq_ex` op: basic, XRC and tag-matching SRQs.
 pub(crate) unsafe extern "C" fn create_srq_ex(
     _ctx: *mut ibv_context,
     init: *mut ibv_srq_init_attr_ex,
@@ -78,6 +78,13 @@ pub(crate) unsafe extern "C" fn create_srq_ex(
             addr_of_mut!((*init).attr),
         )
     };
+    if mask & IBV_SRQ_INIT_ATTR_TYPE != 0 && ty == IBV_SRQT_XRC {
+        // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+        return match unsafe { super::new_xrc_srq(init) } {
+            Ok(b) => b.cast(),
+            Err(e) => fail_null(e),
+        };
+    }
     if mask & IBV_SRQ_INIT_ATTR_TYPE != 0 && ty == IBV_SRQT_TM {
         // SAFETY: `init` is live and follows the verbs API contract.
         return unsafe { crate::tm::create_tm_srq(init) };
@@ -137,7 +144,16 @@ pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut ibv_srq) -> c_int {
     unsafe { destroy_boxed::<SvSrq, _>(srq, |s| s.core.destroy()) }
 }
 
-/// The `get_srq_num` op: XRC SRQs are not offered.
-pub(crate) unsafe extern "C" fn get_srq_num(_srq: *mut ibv_srq, _num: *mut u32) -> c_int {
-    fail(EOPNOTSUPP)
+/// The `get_srq_num` op (`ibv_get_srq_num`): the 24-bit SRQ number.
+pub(crate) unsafe extern "C" fn get_srq_num(srq: *mut ibv_srq, num: *mut u32) -> c_int {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
+    let Some(s) = (unsafe { outer::<SvSrq, _>(srq) }) else {
+        return fail(EINVAL);
+    };
+    if num.is_null() {
+        return fail(EINVAL);
+    }
+    // SAFETY: `num` is writable.
+    unsafe { num.write(s.core.srq_num()) };
+    0
 }

@@ -1,26 +1,11 @@
-//! Calls that answer "not supported": XRC, the 1.0 compatibility entry points and the
-//! generic stubs the export table points unoffered verbs at.
+//! Calls that answer "not supported": the 1.0 compatibility entry points and the generic stubs
+//! the export table points unoffered verbs at.
 
 use std::ffi::{c_int, c_void};
 
 use super::{ENOSYS, EOPNOTSUPP};
 use crate::abi::*;
 use crate::{fail, fail_null, set_errno};
-
-/// The `open_xrcd` op: XRC is not offered.
-pub(crate) unsafe extern "C" fn open_xrcd(_ctx: *mut ibv_context, _attr: *mut c_void) -> *mut ibv_xrcd {
-    fail_null(EOPNOTSUPP)
-}
-
-/// The `close_xrcd` op (called without a NULL check by `ibv_close_xrcd`).
-pub(crate) unsafe extern "C" fn close_xrcd(_xrcd: *mut ibv_xrcd) -> c_int {
-    fail(EOPNOTSUPP)
-}
-
-/// The `open_qp` op: shareable XRC QPs are not offered.
-pub(crate) unsafe extern "C" fn open_qp(_ctx: *mut ibv_context, _attr: *mut c_void) -> *mut ibv_qp {
-    fail_null(EOPNOTSUPP)
-}
 
 /// `ibv_resolve_eth_l2_from_gid`: RoCE v2 is routed over UDP; there is no L2 to resolve.
 pub(crate) extern "C" fn resolve_eth_l2_from_gid(

@@ -226,12 +226,6 @@ static void test_rc_and_events(void)
 
 	struct ibv_qp *a = make_qp(cq, IBV_QPT_RC, NULL), *b = make_qp(cq, IBV_QPT_RC, NULL);
 	REQUIRE(a && b && a->qp_num != b->qp_num && a->state == IBV_QPS_RESET, "two RC QPs");
-	errno = 0;
-	CHECK(!make_qp(cq, IBV_QPT_XRC_SEND, NULL) && errno == EOPNOTSUPP, "XRC QP: NULL, EOPNOTSUPP");
-	struct ibv_xrcd_init_attr xa = { .comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS, .fd = -1,
-					 .oflags = O_CREAT };
-	errno = 0;
-	CHECK(!ibv_open_xrcd(ctx, &xa) && errno == EOPNOTSUPP, "ibv_open_xrcd: NULL, EOPNOTSUPP");
 	REQUIRE(connect_qp(a, b->qp_num) == 0 && connect_qp(b, a->qp_num) == 0, "RC QPs to RTS");
 	struct ibv_qp_attr qa;
 	struct ibv_qp_init_attr qi;
@@ -694,7 +688,7 @@ static void test_extended_apis(void)
 	ibv_wr_start(qx);
 	ibv_wr_send(qx);
 	ibv_wr_set_xrc_srqn(qx, 5);
-	CHECK(ibv_wr_complete(qx) == EOPNOTSUPP, "ibv_wr_set_xrc_srqn: EOPNOTSUPP at wr_complete");
+	CHECK(ibv_wr_complete(qx) == EINVAL, "ibv_wr_set_xrc_srqn on an RC QP: EINVAL at wr_complete");
 	ibv_wr_start(qx);
 	ibv_wr_send(qx);
 	ibv_wr_abort(qx);
@@ -709,7 +703,7 @@ static void test_extended_apis(void)
 	xsa.srq_type = IBV_SRQT_XRC;
 	xsa.comp_mask |= IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
 	errno = 0;
-	CHECK(!ibv_create_srq_ex(ctx, &xsa) && errno == EOPNOTSUPP, "XRC SRQ: NULL, EOPNOTSUPP");
+	CHECK(!ibv_create_srq_ex(ctx, &xsa) && errno == EINVAL, "XRC SRQ without a domain and CQ: NULL, EINVAL");
 	struct ibv_qp_init_attr sqa = { .send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = IBV_QPT_RC,
 					.cap = { .max_send_wr = 4, .max_send_sge = 1 } };
 	struct ibv_qp *c = ibv_create_qp(pd, &sqa), *d = make_qp(cq, IBV_QPT_RC, NULL);
@@ -1227,7 +1221,7 @@ static void test_errno(void)
 	struct ibv_srq_attr sa = { .srq_limit = 100 };
 	CHECK_ERR(ibv_modify_srq(srq, &sa, IBV_SRQ_LIMIT), EINVAL, "ibv_modify_srq with a limit above max_wr");
 	uint32_t srqn;
-	CHECK_ERR(ibv_get_srq_num(srq, &srqn), EOPNOTSUPP, "ibv_get_srq_num of a basic SRQ");
+	CHECK(ibv_get_srq_num(srq, &srqn) == 0 && srqn <= 0xFFFFFF, "ibv_get_srq_num of a basic SRQ");
 
 	struct ibv_qp_attr qa = { .qp_state = IBV_QPS_RTS };
 	CHECK_ERR(ibv_modify_qp(qp, &qa, IBV_QP_STATE), EINVAL, "ibv_modify_qp RESET to RTS");
@@ -1284,7 +1278,7 @@ static void test_errno(void)
 	ibv_wr_start(qx);
 	ibv_wr_send(qx);
 	ibv_wr_set_xrc_srqn(qx, 5);
-	CHECK_ERR(ibv_wr_complete(qx), EOPNOTSUPP, "ibv_wr_complete after ibv_wr_set_xrc_srqn");
+	CHECK_ERR(ibv_wr_complete(qx), EINVAL, "ibv_wr_complete after ibv_wr_set_xrc_srqn on a non-XRC QP");
 	ibv_wr_start(qx);
 	ibv_wr_send(qx);
 	ibv_wr_set_sge(qx, mr->lkey, (uintptr_t)mem, 8);
@@ -1333,6 +1327,203 @@ static void test_flow_label(void)
 	CHECK(ah != NULL, "ibv_create_ah accepts flow_label 0xFFFFFFFF");
 	CHECK((!ah || ibv_destroy_ah(ah) == 0) && ibv_destroy_qp(qp) == 0 && ibv_destroy_cq(cq) == 0,
 	      "flow label checks: teardown");
+}
+
+/* XRC: RTR and RTS with exactly the attributes the kernel's state table requires per half. */
+static int xrc_connect(struct ibv_qp *qp, uint32_t remote_qpn)
+{
+	int tgt = qp->qp_type == IBV_QPT_XRC_RECV;
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_INIT, .port_num = 1,
+				 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ };
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		return -1;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = IBV_MTU_1024;
+	a.dest_qp_num = remote_qpn;
+	a.max_dest_rd_atomic = 4;
+	a.min_rnr_timer = 12;
+	a.ah_attr.is_global = 1;
+	a.ah_attr.grh.dgid = gid;
+	a.ah_attr.grh.sgid_index = gid_index;
+	a.ah_attr.grh.hop_limit = 1;
+	a.ah_attr.port_num = 1;
+	int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+	if (ibv_modify_qp(qp, &a, mask | (tgt ? IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER : 0)))
+		return -1;
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = 14;
+	a.retry_cnt = 7;
+	a.rnr_retry = 7;
+	a.max_rd_atomic = 4;
+	mask = IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT;
+	return ibv_modify_qp(qp, &a, mask | (tgt ? 0 : IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC));
+}
+
+/* ibv_open_xrcd(3), ibv_create_srq_ex(3), ibv_get_srq_num(3), ibv_create_qp_ex(3) with XRC types,
+ * ibv_open_qp(3), remote_srqn and ibv_wr_set_xrc_srqn, and the teardown rules. */
+static void test_xrc(void)
+{
+	struct ibv_device_attr da;
+	CHECK(ibv_query_device(ctx, &da) == 0 && (da.device_cap_flags & IBV_DEVICE_XRC) && da.max_srq > 0,
+	      "IBV_DEVICE_XRC and max_srq are reported");
+
+	char path[] = "/tmp/softverbs-xrcd-XXXXXX";
+	int fd = mkstemp(path);
+	REQUIRE(fd >= 0, "XRC checks: a file for the domain");
+	struct ibv_xrcd_init_attr xa = { .comp_mask = IBV_XRCD_INIT_ATTR_FD, .fd = fd, .oflags = O_CREAT };
+	CHECK_NULL_ERR(ibv_open_xrcd(ctx, &xa), EINVAL, "ibv_open_xrcd without OFLAGS in comp_mask");
+	xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS | IBV_XRCD_INIT_ATTR_RESERVED;
+	CHECK_NULL_ERR(ibv_open_xrcd(ctx, &xa), EOPNOTSUPP, "ibv_open_xrcd with a reserved comp_mask bit");
+	xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+	xa.oflags = 0;
+	CHECK_NULL_ERR(ibv_open_xrcd(ctx, &xa), EAGAIN, "ibv_open_xrcd of a new inode without O_CREAT");
+	xa.fd = -2;
+	xa.oflags = O_CREAT;
+	CHECK_NULL_ERR(ibv_open_xrcd(ctx, &xa), EBADF, "ibv_open_xrcd with a bad fd");
+	xa.fd = fd;
+	struct ibv_xrcd *x = ibv_open_xrcd(ctx, &xa);
+	REQUIRE(x && x->context == ctx, "ibv_open_xrcd with O_CREAT");
+	xa.oflags = O_CREAT | O_EXCL;
+	CHECK_NULL_ERR(ibv_open_xrcd(ctx, &xa), EINVAL, "ibv_open_xrcd of an existing domain with O_EXCL");
+	xa.oflags = 0;
+	struct ibv_xrcd *x2 = ibv_open_xrcd(ctx, &xa);
+	CHECK(x2 != NULL, "ibv_open_xrcd of an existing domain without O_CREAT");
+	xa.fd = -1;
+	struct ibv_xrcd *anon = ibv_open_xrcd(ctx, &xa);
+	CHECK(anon != NULL, "ibv_open_xrcd with fd -1 makes an anonymous domain");
+
+	struct ibv_cq *cq = ibv_create_cq(ctx, 32, NULL, NULL, 0), *rcq = ibv_create_cq(ctx, 32, NULL, NULL, 0);
+	REQUIRE(cq && rcq, "XRC checks: CQs");
+	struct ibv_srq_init_attr_ex sa = { .attr = { .max_wr = 8, .max_sge = 1 },
+					   .comp_mask = IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_XRCD |
+							IBV_SRQ_INIT_ATTR_PD,
+					   .srq_type = IBV_SRQT_XRC, .pd = pd, .xrcd = x, .cq = rcq };
+	CHECK_NULL_ERR(ibv_create_srq_ex(ctx, &sa), EINVAL, "an XRC SRQ without IBV_SRQ_INIT_ATTR_CQ");
+	sa.comp_mask |= IBV_SRQ_INIT_ATTR_CQ;
+	struct ibv_srq *srq = ibv_create_srq_ex(ctx, &sa);
+	REQUIRE(srq && sa.attr.max_wr >= 8, "ibv_create_srq_ex with IBV_SRQT_XRC");
+	uint32_t srqn = 0, basic_n = 0;
+	CHECK(ibv_get_srq_num(srq, &srqn) == 0 && srqn != 0 && srqn <= 0xFFFFFF, "ibv_get_srq_num: a 24-bit number");
+	struct ibv_srq_init_attr bi = { .attr = { .max_wr = 4, .max_sge = 1 } };
+	struct ibv_srq *basic = ibv_create_srq(pd, &bi);
+	CHECK(basic && ibv_get_srq_num(basic, &basic_n) == 0 && basic_n != srqn,
+	      "every SRQ has its own number, as on ConnectX");
+	CHECK(ibv_close_xrcd(x) == EBUSY && errno == EBUSY, "ibv_close_xrcd while an SRQ uses it: EBUSY");
+
+	/* The initiator through ibv_create_qp_ex with exactly IBV_QP_INIT_ATTR_PD, which the inline
+	 * wrapper turns into ibv_create_qp@1.1. */
+	struct ibv_qp_init_attr_ex ia = { .qp_type = IBV_QPT_XRC_SEND, .send_cq = cq,
+					  .cap = { .max_send_wr = 8, .max_send_sge = 1, .max_recv_wr = 8,
+						   .max_recv_sge = 1 },
+					  .comp_mask = IBV_QP_INIT_ATTR_PD, .pd = pd };
+	struct ibv_qp *ini = ibv_create_qp_ex(ctx, &ia);
+	REQUIRE(ini && ini->qp_type == IBV_QPT_XRC_SEND, "ibv_create_qp_ex of an XRC_SEND QP");
+	CHECK(ia.cap.max_recv_wr == 0 && ia.cap.max_recv_sge == 0 && ia.cap.max_send_wr >= 8,
+	      "XRC_SEND: receive capabilities forced to 0");
+	struct ibv_qp_init_attr_ex ta = { .qp_type = IBV_QPT_XRC_RECV, .comp_mask = IBV_QP_INIT_ATTR_XRCD };
+	CHECK_NULL_ERR(ibv_create_qp_ex(ctx, &ta), EINVAL, "XRC_RECV without an XRC domain");
+	ta.xrcd = x;
+	struct ibv_qp *tgt = ibv_create_qp_ex(ctx, &ta);
+	REQUIRE(tgt && tgt->qp_type == IBV_QPT_XRC_RECV && !tgt->pd && !tgt->send_cq && !tgt->recv_cq,
+		"ibv_create_qp_ex of an XRC_RECV QP: no PD or CQs");
+
+	struct ibv_qp_open_attr oa = { .comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD,
+				       .qp_num = tgt->qp_num, .xrcd = x2, .qp_type = IBV_QPT_XRC_RECV };
+	CHECK_NULL_ERR(ibv_open_qp(ctx, &oa), EINVAL, "ibv_open_qp without IBV_QP_OPEN_ATTR_TYPE");
+	oa.comp_mask |= IBV_QP_OPEN_ATTR_TYPE | IBV_QP_OPEN_ATTR_CONTEXT;
+	oa.qp_context = (void *)0x77;
+	oa.xrcd = anon;
+	CHECK_NULL_ERR(ibv_open_qp(ctx, &oa), EINVAL, "ibv_open_qp through another domain");
+	oa.xrcd = x2;
+	oa.qp_type = IBV_QPT_RC;
+	CHECK_NULL_ERR(ibv_open_qp(ctx, &oa), EINVAL, "ibv_open_qp of type RC");
+	oa.qp_type = IBV_QPT_XRC_RECV;
+	struct ibv_qp *opened = ibv_open_qp(ctx, &oa);
+	CHECK(opened && opened->qp_num == tgt->qp_num && opened->state == IBV_QPS_UNKNOWN &&
+		      opened->qp_context == (void *)0x77 && !opened->pd,
+	      "ibv_open_qp: the same QP number, state UNKNOWN, no PD");
+	CHECK(ibv_close_xrcd(x2) == EBUSY, "ibv_close_xrcd while an opened QP uses it: EBUSY");
+
+	REQUIRE(xrc_connect(ini, tgt->qp_num) == 0 && xrc_connect(tgt, ini->qp_num) == 0, "XRC QPs to RTS");
+	char *mem = calloc(1, 4096);
+	struct ibv_mr *mr = ibv_reg_mr(pd, mem, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	REQUIRE(mem && mr, "XRC checks: memory");
+	struct ibv_sge rs = { .addr = (uintptr_t)mem + 2048, .length = 2048, .lkey = mr->lkey };
+	struct ibv_recv_wr rw = { .wr_id = 7, .sg_list = &rs, .num_sge = 1 }, *bad_r;
+	CHECK(ibv_post_srq_recv(srq, &rw, &bad_r) == 0, "ibv_post_srq_recv on the XRC SRQ");
+	rw.wr_id = 8;
+	CHECK(ibv_post_srq_recv(srq, &rw, &bad_r) == 0, "ibv_post_srq_recv again");
+	CHECK(ibv_post_recv(ini, &rw, &bad_r) == EINVAL, "ibv_post_recv on an XRC QP: EINVAL");
+	strcpy(mem, "xrc hello");
+	struct ibv_sge ss = { .addr = (uintptr_t)mem, .length = 10, .lkey = mr->lkey };
+	struct ibv_send_wr sw = { .wr_id = 1, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
+				  .send_flags = IBV_SEND_SIGNALED }, *bad_s;
+	sw.qp_type.xrc.remote_srqn = srqn;
+	struct ibv_wc wc;
+	CHECK(ibv_post_send(ini, &sw, &bad_s) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS &&
+		      wc.wr_id == 1,
+	      "SEND with qp_type.xrc.remote_srqn completes");
+	CHECK(poll_one(rcq, &wc) && wc.status == IBV_WC_SUCCESS && wc.wr_id == 7 && wc.qp_num == tgt->qp_num &&
+		      wc.byte_len == 10 && !strcmp(mem + 2048, "xrc hello"),
+	      "the receive completes on the SRQ's CQ with the XRC_RECV QP number");
+	CHECK(ibv_post_send(tgt, &sw, &bad_s) == EINVAL, "ibv_post_send on an XRC_RECV QP: EINVAL");
+
+	/* The same through the extended send API. */
+	struct ibv_qp_init_attr_ex ea = { .qp_type = IBV_QPT_XRC_SEND, .send_cq = cq,
+					  .cap = { .max_send_wr = 8, .max_send_sge = 1 },
+					  .comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+					  .pd = pd, .send_ops_flags = IBV_QP_EX_WITH_SEND };
+	struct ibv_qp *ini2 = ibv_create_qp_ex(ctx, &ea);
+	struct ibv_qp *tgt2 = ibv_create_qp_ex(ctx, &ta);
+	REQUIRE(ini2 && tgt2 && xrc_connect(ini2, tgt2->qp_num) == 0 && xrc_connect(tgt2, ini2->qp_num) == 0,
+		"a second XRC pair with the extended send API");
+	struct ibv_qp_ex *qx = ibv_qp_to_qp_ex(ini2);
+	ibv_wr_start(qx);
+	qx->wr_id = 2;
+	qx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send(qx);
+	ibv_wr_set_xrc_srqn(qx, srqn);
+	ibv_wr_set_sge(qx, mr->lkey, (uintptr_t)mem, 4);
+	CHECK(ibv_wr_complete(qx) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS && wc.wr_id == 2,
+	      "ibv_wr_set_xrc_srqn: the send completes");
+	CHECK(poll_one(rcq, &wc) && wc.wr_id == 8 && wc.qp_num == tgt2->qp_num && wc.byte_len == 4,
+	      "... and lands in the SRQ through the second XRC_RECV QP");
+
+	/* A request for an SRQ outside the domain: the target reports an access error to every
+	 * handle (the creator's and the opened one). */
+	sw.qp_type.xrc.remote_srqn = 0xABCDEF;
+	sw.wr_id = 3;
+	CHECK(ibv_post_send(ini, &sw, &bad_s) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_REM_ACCESS_ERR &&
+		      wc.wr_id == 3,
+	      "an SRQ number outside the target's domain: IBV_WC_REM_ACCESS_ERR");
+	int seen_tgt = 0, seen_opened = 0;
+	for (int i = 0; i < 2; i++) {
+		struct ibv_async_event ev;
+		if (ibv_get_async_event(ctx, &ev))
+			break;
+		if (ev.event_type == IBV_EVENT_QP_ACCESS_ERR) {
+			seen_tgt += ev.element.qp == tgt;
+			seen_opened += ev.element.qp == opened;
+		}
+		ibv_ack_async_event(&ev);
+	}
+	CHECK(seen_tgt == 1 && seen_opened == 1, "IBV_EVENT_QP_ACCESS_ERR reaches the creator and the opener");
+	CHECK(ibv_destroy_cq(rcq) == EBUSY, "ibv_destroy_cq while an XRC SRQ uses it: EBUSY");
+	CHECK(ibv_destroy_qp(tgt) == 0 && ibv_close_xrcd(x2) == EBUSY, "destroying the creator's handle of an opened QP");
+	CHECK(ibv_destroy_qp(opened) == 0 && ibv_close_xrcd(x2) == 0, "the last handle goes, and its domain handle is free");
+	CHECK(ibv_destroy_qp(ini) == 0 && ibv_destroy_qp(ini2) == 0 && ibv_destroy_qp(tgt2) == 0 &&
+		      ibv_destroy_srq(srq) == 0 && ibv_destroy_srq(basic) == 0,
+	      "XRC teardown: QPs and SRQs");
+	CHECK(ibv_close_xrcd(x) == 0 && ibv_close_xrcd(anon) == 0, "ibv_close_xrcd once nothing uses it");
+	xa.fd = fd;
+	xa.oflags = 0;
+	CHECK_NULL_ERR(ibv_open_xrcd(ctx, &xa), EAGAIN, "the last close destroyed the domain");
+	CHECK(ibv_dereg_mr(mr) == 0 && ibv_destroy_cq(cq) == 0 && ibv_destroy_cq(rcq) == 0, "XRC checks: teardown");
+	free(mem);
+	close(fd);
+	unlink(path);
 }
 
 static int start_poll_wait(struct ibv_cq_ex *cq)
@@ -1507,6 +1698,7 @@ int main(void)
 	test_import();
 	test_errno();
 	test_flow_label();
+	test_xrc();
 	test_tag_matching();
 	CHECK(ibv_dealloc_pd(pd) == 0, "ibv_dealloc_pd");
 	CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");

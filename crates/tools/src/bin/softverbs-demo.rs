@@ -171,6 +171,7 @@ impl Side {
             flags: SendFlags::SIGNALED,
             payload: Payload::Sges(vec![self.mr.sge(range)?]),
             ud: None,
+            xrc_srqn: None,
         };
         Ok(self.qp.post_send(&[req])?)
     }

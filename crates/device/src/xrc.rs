@@ -1,0 +1,219 @@
+//! XRC domains (`ibv_open_xrcd`): name spaces for XRC SRQs and target QPs.
+//!
+//! A domain opened on a file is keyed by the file's inode (`st_dev`, `st_ino`). In one process
+//! every open of the same inode on a device shares one [`XrcDomain`]. Between processes there is
+//! no daemon: each holder of a domain keeps a shared `flock` on a registry file named after the
+//! device and the inode, so "the domain exists on this host" is "someone holds that lock". That
+//! is all the processes need to agree on (`O_CREAT`, `O_EXCL`, EAGAIN); the SRQs and QPs in a
+//! domain are per process anyway, as every XRC peer addresses them by number.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::os::fd::RawFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
+use parking_lot::Mutex;
+use softverbs_engine::{Error, Result};
+
+use crate::context::Context;
+use crate::qp::Srq;
+use crate::sync::UseCount;
+
+/// `O_CREAT` as `ibv_xrcd_init_attr.oflags` takes it.
+pub const O_CREAT: i32 = 0o100;
+/// `O_EXCL` as `ibv_xrcd_init_attr.oflags` takes it.
+pub const O_EXCL: i32 = 0o200;
+
+/// The inode a domain is keyed by.
+pub(crate) type InodeKey = (u64, u64);
+
+/// The domains of one device in this process, by inode.
+pub(crate) type DomainTable = Mutex<HashMap<InodeKey, Weak<XrcDomain>>>;
+
+/// One XRC domain as this process sees it: the XRC SRQs created in it, by SRQ number.
+#[derive(Debug)]
+pub struct XrcDomain {
+    id: u64,
+    inode: Option<InodeKey>,
+    srqs: Mutex<HashMap<u32, Weak<Srq>>>,
+    /// The shared lock that announces the domain to other processes (inode domains only).
+    _host_lock: Option<Flock<File>>,
+}
+
+impl XrcDomain {
+    /// A number unique among the domains of this process.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The inode the domain is keyed by (`None` for an anonymous domain).
+    pub fn inode(&self) -> Option<(u64, u64)> {
+        self.inode
+    }
+
+    /// The XRC SRQ numbered `srqn`, if it is in this domain and alive.
+    pub fn srq(&self, srqn: u32) -> Option<Arc<Srq>> {
+        self.srqs.lock().get(&srqn).and_then(Weak::upgrade)
+    }
+
+    pub(crate) fn add_srq(&self, srqn: u32, srq: &Arc<Srq>) {
+        self.srqs.lock().insert(srqn, Arc::downgrade(srq));
+    }
+
+    pub(crate) fn remove_srq(&self, srqn: u32) {
+        self.srqs.lock().remove(&srqn);
+    }
+}
+
+fn next_domain_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Where the host-wide registry files live.
+fn registry_dir() -> PathBuf {
+    let shm = PathBuf::from("/dev/shm");
+    if shm.is_dir() {
+        shm
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// Opens the registry file of `key` on `device`, created readable and writable by every user
+/// (so domains can be shared between users, as files can). The files are never removed: removing
+/// one could split a domain between a process that still has the old file and one that creates a
+/// new one; each is empty.
+fn registry_file(device: &str, key: InodeKey) -> Result<File> {
+    let path = registry_dir().join(format!("softverbs-xrcd-{device}-{}-{}", key.0, key.1));
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o666)
+        .open(&path)
+        // Another user's umask may have left it read-only to us; a lock needs no write access.
+        .or_else(|_| File::open(&path))
+        .map_err(Error::Io)
+}
+
+/// An error carrying an OS errno.
+fn os(e: Errno) -> Error {
+    Error::Io(std::io::Error::from_raw_os_error(e as i32))
+}
+
+/// Announces a domain to the host, or finds it announced. Returns the held shared lock, or
+/// EAGAIN (no domain and no `O_CREAT`) or EINVAL (a domain exists and `O_EXCL`).
+fn join_host_domain(device: &str, key: InodeKey, oflags: i32) -> Result<Flock<File>> {
+    let file = registry_file(device, key)?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(held) => {
+            // Nobody holds it: no process has this domain.
+            if oflags & O_CREAT == 0 {
+                return Err(Error::WouldBlock);
+            }
+            held.relock(FlockArg::LockShared).map_err(os)?;
+            Ok(held)
+        }
+        Err((file, Errno::EWOULDBLOCK)) => {
+            if oflags & O_EXCL != 0 {
+                return Err(Error::invalid("the XRC domain exists and O_EXCL is set"));
+            }
+            // Blocking: another process may hold the exclusive lock only for its own check.
+            Flock::lock(file, FlockArg::LockShared).map_err(|(_, e)| os(e))
+        }
+        Err((_, e)) => Err(os(e)),
+    }
+}
+
+/// One handle on an XRC domain (`struct ibv_xrcd`).
+#[derive(Debug)]
+pub struct Xrcd {
+    ctx: Arc<Context>,
+    domain: Arc<XrcDomain>,
+    handle: u32,
+    uses: UseCount,
+}
+
+impl Xrcd {
+    /// `ibv_open_xrcd`: `fd` `None` (-1) creates an anonymous domain. Otherwise the domain of
+    /// the file's inode is opened: EBADF for a bad fd, EAGAIN if none exists and `oflags` lacks
+    /// `O_CREAT`, EINVAL if one exists and `oflags` has `O_EXCL`.
+    pub fn open(ctx: &Arc<Context>, fd: Option<RawFd>, oflags: i32) -> Result<Arc<Self>> {
+        let domain = match fd {
+            None => Arc::new(XrcDomain {
+                id: next_domain_id(),
+                inode: None,
+                srqs: Mutex::new(HashMap::new()),
+                _host_lock: None,
+            }),
+            Some(fd) => {
+                let st = nix::sys::stat::fstat(fd).map_err(|_| os(Errno::EBADF))?;
+                let key = (st.st_dev, st.st_ino);
+                let device = ctx.device();
+                let mut table = device.xrc_domains().lock();
+                match table.get(&key).and_then(Weak::upgrade) {
+                    Some(d) if oflags & O_EXCL != 0 => {
+                        drop(d);
+                        return Err(Error::invalid("the XRC domain exists and O_EXCL is set"));
+                    }
+                    Some(d) => d,
+                    None => {
+                        let lock = join_host_domain(device.name(), key, oflags)?;
+                        let d = Arc::new(XrcDomain {
+                            id: next_domain_id(),
+                            inode: Some(key),
+                            srqs: Mutex::new(HashMap::new()),
+                            _host_lock: Some(lock),
+                        });
+                        table.retain(|_, w| w.strong_count() > 0);
+                        table.insert(key, Arc::downgrade(&d));
+                        d
+                    }
+                }
+            }
+        };
+        Ok(Arc::new(Self {
+            ctx: ctx.clone(),
+            domain,
+            handle: ctx.next_handle(),
+            uses: UseCount::default(),
+        }))
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// The domain this handle opens.
+    pub fn domain(&self) -> &Arc<XrcDomain> {
+        &self.domain
+    }
+
+    /// Handle (`ibv_xrcd` has none in C, but objects are numbered alike).
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+
+    /// Whether two handles open the same domain.
+    pub fn same_domain(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.domain, &other.domain)
+    }
+
+    pub(crate) fn uses(&self) -> &UseCount {
+        &self.uses
+    }
+
+    /// `ibv_close_xrcd`: EBUSY while SRQs or QPs created or opened through this handle exist.
+    /// The last handle of a domain (host-wide) destroys it.
+    pub fn close(&self) -> Result<()> {
+        self.uses.retire("XRC domain")
+    }
+}
