@@ -339,7 +339,10 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
         return fail(EINVAL);
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
-    let (reqs, ptrs, conv_err) = unsafe { recv_list(wr) };
+    let (mut reqs, ptrs, conv_err) = unsafe { recv_list(wr) };
+    if let Some(queue) = &s.queue {
+        queue.stage_recv(&mut reqs);
+    }
     let result = s.core.post_recv(&reqs);
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe { finish_recv(result, &ptrs, conv_err, bad) }

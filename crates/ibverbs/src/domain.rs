@@ -15,7 +15,8 @@
 //!   scatter list, or its inline bytes) is written into the next slot of the ring, and what the
 //!   device is handed is read back from that slot ([`QpQueues::stage_send`],
 //!   [`QpQueues::stage_recv`]). The device keeps its own copy of outstanding work (it must, to
-//!   retransmit), so the ring holds the most recent WQEs, as on an HCA.
+//!   retransmit), so the ring holds the most recent WQEs, as on an HCA;
+//! - an SRQ's receive queue buffer ([`RES_SRQ`]), used the same way.
 //!
 //! `resource_type` is `(rdma_driver_id << 32) | code`; this library is not in the kernel's
 //! driver list, so the upper half is `RDMA_DRIVER_UNKNOWN` (0). Under a thread domain the CQ's
@@ -51,6 +52,8 @@ pub(crate) const RES_QP_SQ: u64 = 1;
 pub(crate) const RES_QP_RQ: u64 = 2;
 /// Resource type of a CQ's poll ring.
 pub(crate) const RES_CQ: u64 = 3;
+/// Resource type of an SRQ's receive queue buffer.
+pub(crate) const RES_SRQ: u64 = 4;
 
 /// Alignment of every queue buffer (a cache line, as WQE rings are).
 const QUEUE_ALIGN: usize = 64;
@@ -390,16 +393,61 @@ impl QpQueues {
     /// Passes each receive request's scatter list through the receive queue ring (a QP on an
     /// SRQ has none; its requests are refused by the device anyway).
     pub(crate) fn stage_recv(&self, reqs: &mut [RecvWr]) {
-        let Some(rq) = &self.rq else {
-            return;
-        };
+        if let Some(rq) = &self.rq {
+            rq.stage_recv(reqs);
+        }
+    }
+}
+
+impl WqeRing {
+    /// Passes each receive request's scatter list through the ring; one with more entries than
+    /// a slot holds goes to the device unstaged (which refuses it).
+    fn stage_recv(&self, reqs: &mut [RecvWr]) {
         for r in reqs {
             let image = wqe(r.wr_id, KIND_SGES, r.sg_list.len(), sge_bytes(&r.sg_list));
-            if let Some(back) = rq.pass(&image) {
+            if let Some(back) = self.pass(&image) {
                 r.sg_list = sges_from(&back[WQE_HEADER..]);
             }
         }
     }
+}
+
+/// The receive queue buffer of an SRQ created through a parent domain.
+pub(crate) struct SrqQueue {
+    rq: WqeRing,
+    _use: DomainUse,
+}
+
+impl SrqQueue {
+    /// Passes each receive request's scatter list through the SRQ's ring.
+    pub(crate) fn stage_recv(&self, reqs: &mut [RecvWr]) {
+        self.rq.stage_recv(reqs);
+    }
+}
+
+/// The receive queue buffer of an SRQ of `max_wr` requests of `max_sge` entries created through
+/// `pd`, if `pd` is a parent domain (`None` for a plain PD).
+///
+/// # Safety
+/// `pd` must be NULL or a live PD of this library.
+pub(crate) unsafe fn srq_queue(
+    pd: *mut ibv_pd,
+    max_wr: u32,
+    max_sge: u32,
+) -> Result<Option<SrqQueue>, c_int> {
+    // SAFETY: per the contract.
+    let Ok(parent) = (unsafe { parent_of(pd) }) else {
+        return Ok(None);
+    };
+    let hold = parent.core.hold().map_err(|e| errno_of(&e))?;
+    let stride = (WQE_HEADER + WQE_SGE * max_sge.max(1) as usize).div_ceil(QUEUE_ALIGN) * QUEUE_ALIGN;
+    let slots = max_wr.max(1) as usize;
+    // SAFETY: `pd` is the live parent domain `parent` belongs to.
+    let buf = unsafe { QueueBuf::alloc(pd, parent, stride * slots, RES_SRQ) }?;
+    Ok(Some(SrqQueue {
+        rq: WqeRing::new(buf, stride, slots),
+        _use: hold,
+    }))
 }
 
 /// The parent domain behind `pd`: EINVAL unless it is one.

@@ -1076,6 +1076,20 @@ static void test_parent_domain(void)
 		CHECK(!before && seen == 2 && staged,
 		      "ibv_start_poll stages completions in the allocated poll ring");
 	}
+	{
+		/* Two SRQs: the sixth allocation is answered USE_DEFAULT, the seventh from alloc. */
+		struct ibv_srq_init_attr sa = { .attr = { .max_wr = 8, .max_sge = 1 } };
+		struct ibv_srq *s1 = ibv_create_srq(par, &sa), *s2 = ibv_create_srq(par, &sa);
+		REQUIRE(s1 && s2 && s2->pd == par, "ibv_create_srq on the parent domain");
+		CHECK(log.allocs == 7 && log.types[5] == 4 && log.types[6] == 4,
+		      "each SRQ's receive queue comes from alloc (type %llu)", (unsigned long long)log.types[6]);
+		struct ibv_sge rs = { .addr = (uintptr_t)mem + 3333, .length = 77, .lkey = mr->lkey };
+		struct ibv_recv_wr rwr = { .wr_id = 9, .sg_list = &rs, .num_sge = 1 }, *bad_r;
+		CHECK(!alloc_holds(&log, &rs, sizeof rs) && ibv_post_srq_recv(s2, &rwr, &bad_r) == 0 &&
+			      alloc_holds(&log, &rs, sizeof rs),
+		      "SRQ receives pass through the allocated receive queue");
+		CHECK(ibv_destroy_srq(s1) == 0 && ibv_destroy_srq(s2) == 0, "parent domain SRQs destroyed");
+	}
 	struct ibv_wc wcs[4];
 	CHECK(ibv_poll_cq(cq, 4, wcs) == 0, "the CQ is empty afterwards");
 	ibv_dereg_mr(mr);
