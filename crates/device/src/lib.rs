@@ -22,6 +22,7 @@ mod held;
 pub mod mem;
 pub mod mw;
 pub mod netif;
+pub mod null_mr;
 mod pace;
 pub mod pd;
 pub mod qp;

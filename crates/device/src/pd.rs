@@ -301,6 +301,21 @@ impl Mr {
         Self::insert(pd, t, None, flags)
     }
 
+    /// Inserts a region over the whole address space (addressed by absolute address) with
+    /// `access`, for regions the device defines itself rather than the caller's memory.
+    pub(crate) fn insert_whole_space(
+        pd: &Arc<Pd>,
+        backing: Arc<dyn MemoryBacking>,
+        access: AccessFlags,
+    ) -> Result<Arc<Self>> {
+        let t = Translation {
+            backing,
+            addr: 0,
+            iova: 0,
+        };
+        Self::insert(pd, t, None, access)
+    }
+
     fn insert(
         pd: &Arc<Pd>,
         t: Translation,

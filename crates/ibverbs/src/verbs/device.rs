@@ -171,7 +171,7 @@ pub(crate) fn new_context(dev: *mut ibv_device, core: Arc<Context>) -> *mut ibv_
     let vctx = verbs_context {
         query_port: Some(query_port_ex),
         advise_mr: Some(crate::odp::advise_mr),
-        alloc_null_mr: null,
+        alloc_null_mr: super::mr::alloc_null_mr as *const c_void,
         read_counters: null,
         attach_counters_point_flow: null,
         create_counters: null,

@@ -820,6 +820,43 @@ static int send_recv(struct ibv_qp *a, struct ibv_qp *b, struct ibv_cq *cq, uint
 	return len;
 }
 
+/* ibv_alloc_null_mr(3): writes through the lkey are discarded, reads give zeros. */
+static void test_null_mr(void)
+{
+	struct ibv_mr *null = ibv_alloc_null_mr(pd);
+	REQUIRE(null && null->pd == pd && null->addr == NULL, "ibv_alloc_null_mr");
+	char *mem = calloc(1, 4096);
+	struct ibv_mr *mr = ibv_reg_mr(pd, mem, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_qp *a = make_qp_on(pd, cq), *b = make_qp_on(pd, cq);
+	REQUIRE(mr && cq && a && b && connect_qp(a, b->qp_num) == 0 && connect_qp(b, a->qp_num) == 0,
+		"RC QPs for null MR traffic");
+	strcpy(mem, "discard this");
+	CHECK(send_recv(a, b, cq, (uintptr_t)mem, 13, mr->lkey, 0x1000, 64, null->lkey) == 13,
+	      "a receive into the null MR completes with the byte count");
+	memset(mem + 512, 0xff, 64);
+	CHECK(send_recv(a, b, cq, 0x2000, 16, null->lkey, (uintptr_t)mem + 512, 64, mr->lkey) == 16 &&
+		      !memcmp(mem + 512, (char[16]){ 0 }, 16) && (unsigned char)mem[512 + 16] == 0xff,
+	      "a send gathering from the null MR sends zeros");
+	/* A scatter list that skips a header through the null MR. */
+	strcpy(mem + 1024, "headerpayload");
+	memset(mem + 2048, 0, 64);
+	struct ibv_sge rs[2] = { { .addr = 0, .length = 6, .lkey = null->lkey },
+				 { .addr = (uintptr_t)mem + 2048, .length = 64, .lkey = mr->lkey } };
+	struct ibv_recv_wr rwr = { .wr_id = 1, .sg_list = rs, .num_sge = 2 }, *bad_r;
+	struct ibv_sge ss = { .addr = (uintptr_t)mem + 1024, .length = 14, .lkey = mr->lkey };
+	struct ibv_send_wr swr = { .wr_id = 2, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
+				   .send_flags = IBV_SEND_SIGNALED }, *bad_s;
+	struct ibv_wc wc;
+	int ok = ibv_post_recv(b, &rwr, &bad_r) == 0 && ibv_post_send(a, &swr, &bad_s) == 0;
+	for (int i = 0; i < 2 && ok; i++)
+		ok = poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS;
+	CHECK(ok && !strcmp(mem + 2048, "payload"), "the null MR skips part of a scatter list");
+	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0 && ibv_destroy_cq(cq) == 0, "null MR QPs destroyed");
+	CHECK(ibv_dereg_mr(null) == 0 && ibv_dereg_mr(mr) == 0, "ibv_dereg_mr frees the null MR");
+	free(mem);
+}
+
 static void test_device_memory(void)
 {
 	struct ibv_device_attr_ex dx = { 0 };
@@ -1708,6 +1745,7 @@ int main(void)
 	test_extended_apis();
 	test_ud();
 	test_device_memory();
+	test_null_mr();
 	test_parent_domain();
 	test_import();
 	test_errno();
