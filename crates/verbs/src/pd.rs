@@ -190,6 +190,21 @@ impl ProtectionDomain {
         self.register_buffer(Arc::new(AtomicBuffer::from_bytes(bytes)), access)
     }
 
+    /// `ibv_alloc_null_mr`: a region over the whole address space whose lkey discards what is
+    /// scattered to it and gathers zeros (a scatter list can skip bytes with it). It grants local
+    /// access only: its rkey reaches nothing.
+    pub fn alloc_null_mr(&self) -> Result<MemoryRegion> {
+        let core = core::Mr::alloc_null(&self.0.core)?;
+        Ok(MemoryRegion {
+            mem: core.backing().clone(),
+            core,
+            imported: false,
+            _dm: None,
+            pd: self.clone(),
+            deregistered: false,
+        })
+    }
+
     fn register_buffer(&self, buf: Arc<AtomicBuffer>, access: AccessFlags) -> Result<MemoryRegion> {
         let addr = buf.addr();
         let core = core::Mr::register(&self.0.core, buf.clone(), addr, access.bits())?;
