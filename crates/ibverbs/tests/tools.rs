@@ -406,6 +406,14 @@ fn ibv_xsrq_pingpong() {
     xsrq_pingpong(&[]);
 }
 
+/// `-o`: the buffers are on-demand-paging regions, reached through XRC QPs and SRQs
+/// (`xrc_odp_caps`); with and without events.
+#[test]
+fn ibv_xsrq_pingpong_odp() {
+    xsrq_pingpong(&["-o"]);
+    xsrq_pingpong(&["-o", "-e"]);
+}
+
 #[test]
 fn ibv_xsrq_pingpong_events_and_small_mtu() {
     xsrq_pingpong(&["-e", "-m", "256", "-s", "3000"]);
