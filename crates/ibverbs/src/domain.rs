@@ -16,7 +16,8 @@
 //!   device is handed is read back from that slot ([`QpQueues::stage_send`],
 //!   [`QpQueues::stage_recv`]). The device keeps its own copy of outstanding work (it must, to
 //!   retransmit), so the ring holds the most recent WQEs, as on an HCA;
-//! - an SRQ's receive queue buffer ([`RES_SRQ`]), used the same way.
+//! - an SRQ's receive queue buffer ([`RES_SRQ`]) and a receive WQ's ([`RES_WQ`]), used the
+//!   same way.
 //!
 //! `resource_type` is `(rdma_driver_id << 32) | code`; this library is not in the kernel's
 //! driver list, so the upper half is `RDMA_DRIVER_UNKNOWN` (0). Under a thread domain the CQ's
@@ -54,6 +55,8 @@ pub(crate) const RES_QP_RQ: u64 = 2;
 pub(crate) const RES_CQ: u64 = 3;
 /// Resource type of an SRQ's receive queue buffer.
 pub(crate) const RES_SRQ: u64 = 4;
+/// Resource type of a receive work queue's buffer (`ibv_create_wq`).
+pub(crate) const RES_WQ: u64 = 5;
 
 /// Alignment of every queue buffer (a cache line, as WQE rings are).
 const QUEUE_ALIGN: usize = 64;
@@ -412,29 +415,31 @@ impl WqeRing {
     }
 }
 
-/// The receive queue buffer of an SRQ created through a parent domain.
-pub(crate) struct SrqQueue {
+/// The receive queue buffer of an SRQ or WQ created through a parent domain.
+pub(crate) struct RecvQueue {
     rq: WqeRing,
     _use: DomainUse,
 }
 
-impl SrqQueue {
-    /// Passes each receive request's scatter list through the SRQ's ring.
+impl RecvQueue {
+    /// Passes each receive request's scatter list through the queue's ring.
     pub(crate) fn stage_recv(&self, reqs: &mut [RecvWr]) {
         self.rq.stage_recv(reqs);
     }
 }
 
-/// The receive queue buffer of an SRQ of `max_wr` requests of `max_sge` entries created through
-/// `pd`, if `pd` is a parent domain (`None` for a plain PD).
+/// The receive queue buffer (of `resource_type`, [`RES_SRQ`] or [`RES_WQ`]) of `max_wr` requests
+/// of `max_sge` entries for a queue created through `pd`, if `pd` is a parent domain (`None` for
+/// a plain PD).
 ///
 /// # Safety
 /// `pd` must be NULL or a live PD of this library.
-pub(crate) unsafe fn srq_queue(
+pub(crate) unsafe fn recv_queue(
     pd: *mut ibv_pd,
     max_wr: u32,
     max_sge: u32,
-) -> Result<Option<SrqQueue>, c_int> {
+    resource_type: u64,
+) -> Result<Option<RecvQueue>, c_int> {
     // SAFETY: per the contract.
     let Ok(parent) = (unsafe { parent_of(pd) }) else {
         return Ok(None);
@@ -443,8 +448,8 @@ pub(crate) unsafe fn srq_queue(
     let stride = (WQE_HEADER + WQE_SGE * max_sge.max(1) as usize).div_ceil(QUEUE_ALIGN) * QUEUE_ALIGN;
     let slots = max_wr.max(1) as usize;
     // SAFETY: `pd` is the live parent domain `parent` belongs to.
-    let buf = unsafe { QueueBuf::alloc(pd, parent, stride * slots, RES_SRQ) }?;
-    Ok(Some(SrqQueue {
+    let buf = unsafe { QueueBuf::alloc(pd, parent, stride * slots, resource_type) }?;
+    Ok(Some(RecvQueue {
         rq: WqeRing::new(buf, stride, slots),
         _use: hold,
     }))

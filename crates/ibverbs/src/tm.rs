@@ -58,7 +58,7 @@ pub(crate) unsafe fn create_tm_srq(init: *mut ibv_srq_init_attr_ex) -> *mut ibv_
     // SAFETY: `attr` points into the caller's live struct.
     let a = unsafe { *attr };
     // SAFETY: `pd` is a live PD of this library (checked above).
-    let queue = match unsafe { crate::domain::srq_queue(pd, a.max_wr, a.max_sge) } {
+    let queue = match unsafe { crate::domain::recv_queue(pd, a.max_wr, a.max_sge, crate::domain::RES_SRQ) } {
         Ok(q) => q,
         Err(e) => return fail_null(e),
     };

@@ -24,7 +24,7 @@ pub(crate) unsafe fn new_srq(
     // SAFETY: `attr` is a readable and writable `struct ibv_srq_attr`.
     let a = unsafe { *attr };
     // SAFETY: `pd` is a live PD of this library (checked above).
-    let queue = unsafe { crate::domain::srq_queue(pd, a.max_wr, a.max_sge) }?;
+    let queue = unsafe { crate::domain::recv_queue(pd, a.max_wr, a.max_sge, crate::domain::RES_SRQ) }?;
     let core = Srq::create(&p.core, &srq_attr_core(&a)).map_err(|e| errno_of(&e))?;
     let actual = core.query();
     // SAFETY: as above; ibv_create_srq(3) returns the actual sizes in the caller's attributes.

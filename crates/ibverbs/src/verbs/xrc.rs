@@ -80,7 +80,8 @@ pub(crate) unsafe fn new_xrc_srq(init: *mut ibv_srq_init_attr_ex) -> Result<*mut
         )
     };
     // SAFETY: `i.pd` is a live PD of this library (checked above).
-    let queue = unsafe { crate::domain::srq_queue(i.pd, i.attr.max_wr, i.attr.max_sge) }?;
+    let queue =
+        unsafe { crate::domain::recv_queue(i.pd, i.attr.max_wr, i.attr.max_sge, crate::domain::RES_SRQ) }?;
     let core =
         Srq::create_xrc(&pd.core, &x.core, &cq.core, &srq_attr_core(&i.attr)).map_err(|e| errno_of(&e))?;
     let actual = core.query();

@@ -1127,6 +1127,21 @@ static void test_parent_domain(void)
 		      "SRQ receives pass through the allocated receive queue");
 		CHECK(ibv_destroy_srq(s1) == 0 && ibv_destroy_srq(s2) == 0, "parent domain SRQs destroyed");
 	}
+	{
+		/* The eighth allocation: a receive WQ's buffer. */
+		struct ibv_wq_init_attr wa = { .wq_type = IBV_WQT_RQ, .max_wr = 8, .max_sge = 1, .pd = par, .cq = cq };
+		struct ibv_wq *wq = ibv_create_wq(ctx, &wa);
+		REQUIRE(wq, "ibv_create_wq on the parent domain");
+		CHECK(log.allocs == 8 && log.types[7] == 5, "the WQ's buffer comes from alloc (type %llu)",
+		      (unsigned long long)log.types[7]);
+		struct ibv_wq_attr rdy = { .attr_mask = IBV_WQ_ATTR_STATE, .wq_state = IBV_WQS_RDY };
+		struct ibv_sge rs = { .addr = (uintptr_t)mem + 3500, .length = 55, .lkey = mr->lkey };
+		struct ibv_recv_wr rwr = { .wr_id = 10, .sg_list = &rs, .num_sge = 1 }, *bad_r;
+		CHECK(ibv_modify_wq(wq, &rdy) == 0 && !alloc_holds(&log, &rs, sizeof rs) &&
+			      ibv_post_wq_recv(wq, &rwr, &bad_r) == 0 && alloc_holds(&log, &rs, sizeof rs),
+		      "WQ receives pass through the allocated buffer");
+		CHECK(ibv_destroy_wq(wq) == 0, "parent domain WQ destroyed");
+	}
 	struct ibv_wc wcs[4];
 	CHECK(ibv_poll_cq(cq, 4, wcs) == 0, "the CQ is empty afterwards");
 	ibv_dereg_mr(mr);
