@@ -1,6 +1,5 @@
 //! An opened device (`ibv_open_device`): queries, async events and address resolution.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -11,6 +10,7 @@ use softverbs_engine::types::{
     AhAttr, EventType, Gid, GlobalRoute, WcFlags, WorkCompletion, GID_TYPE_ROCE_V2,
 };
 use softverbs_engine::{Error, Result};
+use softverbs_wire::{GrhPacket, GrhRepr};
 
 use crate::cq::Cq;
 use crate::device::{Device, DeviceAttr, PortAttr, DEFAULT_PKEY};
@@ -21,7 +21,7 @@ use crate::sync::EventQueue;
 use crate::ufile::{UObject, Ufile};
 
 /// Bytes at the start of a UD receive buffer reserved for the network header.
-pub const GRH_LEN: usize = 40;
+pub const GRH_LEN: usize = softverbs_wire::grh::HEADER_LEN;
 
 /// The object an async event is about (`ibv_async_event.element`).
 #[derive(Debug, Clone)]
@@ -309,11 +309,18 @@ impl Context {
                 "the work completion has no GRH (IBV_WC_GRH), which RoCE needs",
             ));
         }
-        let grh: &[u8; GRH_LEN] = grh
+        let grh = grh
             .get(..GRH_LEN)
-            .and_then(|g| g.try_into().ok())
             .ok_or_else(|| Error::invalid("the GRH buffer is shorter than 40 bytes"))?;
-        let (src, dst, traffic_class, flow_label) = parse_grh(grh)?;
+        let GrhRepr {
+            src_addr: src,
+            dst_addr: dst,
+            traffic_class,
+            flow_label,
+            ..
+        } = GrhRepr::parse(&GrhPacket::new_unchecked(grh)).map_err(|_| {
+            Error::invalid("the GRH area holds neither an IPv6 header nor an IPv4 header at byte 20")
+        })?;
         let local = Gid::from_ip(dst);
         let sgid_index = self
             .device
@@ -338,28 +345,4 @@ impl Context {
             port_num: port,
         })
     }
-}
-
-/// (source, destination, traffic class, flow label) of a 40-byte GRH area.
-fn parse_grh(grh: &[u8; GRH_LEN]) -> Result<(IpAddr, IpAddr, u8, u32)> {
-    if grh[0] >> 4 == 6 {
-        let word = u32::from_be_bytes([grh[0], grh[1], grh[2], grh[3]]);
-        let src = Ipv6Addr::from(<[u8; 16]>::try_from(&grh[8..24]).expect("16 bytes"));
-        let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&grh[24..40]).expect("16 bytes"));
-        return Ok((
-            IpAddr::V6(src),
-            IpAddr::V6(dst),
-            (word >> 20) as u8,
-            word & 0xF_FFFF,
-        ));
-    }
-    let ip4 = &grh[20..40];
-    if ip4[0] == 0x45 {
-        let src = Ipv4Addr::new(ip4[12], ip4[13], ip4[14], ip4[15]);
-        let dst = Ipv4Addr::new(ip4[16], ip4[17], ip4[18], ip4[19]);
-        return Ok((IpAddr::V4(src), IpAddr::V4(dst), ip4[1], 0));
-    }
-    Err(Error::invalid(
-        "the GRH area holds neither an IPv6 header nor an IPv4 header at byte 20",
-    ))
 }

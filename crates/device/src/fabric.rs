@@ -1,5 +1,5 @@
-//! Moving packets: each device has a [`Node`] (its QPs, memory keys and inbound packets), and
-//! the process-wide [`Fabric`] carries packets between nodes and runs the progress thread.
+//! Moving packets: each device has a `Node` (its QPs, memory keys and inbound packets), and
+//! the process-wide `Fabric` carries packets between nodes and runs the progress thread.
 //!
 //! Progress happens in three places, so that nothing waits on the application:
 //! - the thread that posts a work request drives the fabric until it is quiet, so an exchange
@@ -18,7 +18,8 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use softverbs_engine::time::Instant;
 use softverbs_engine::transport::{DropReason, RxMeta, Transmit};
 use softverbs_engine::types::Gid;
-use softverbs_wire::RocePacket;
+use softverbs_wire::bth::peek_dest_qpn;
+use softverbs_wire::{is_positive_ack, RocePacket};
 
 use crate::device::McastTable;
 use crate::mem::KeyTable;
@@ -264,14 +265,9 @@ impl Node {
 /// cumulative, so within one batch only the newest of each QP needs to go out. NAKs, responses
 /// and requests are kept, in order.
 fn coalesce_acks(mut txs: Vec<Transmit>) -> Vec<Transmit> {
-    // BTH opcode 0x11 (RC ACKNOWLEDGE) with AETH syndrome type 00 (ACK) in byte 12.
-    let is_ack = |t: &Transmit| t.data.len() > 12 && t.data[0] == 0x11 && t.data[12] >> 5 == 0;
-    let key = |t: &Transmit| {
-        (
-            t.dest.dgid,
-            u32::from_be_bytes([0, t.data[5], t.data[6], t.data[7]]),
-        )
-    };
+    let is_ack = |t: &Transmit| is_positive_ack(&t.data);
+    // Only ever called on positive ACKs, which hold a whole BTH.
+    let key = |t: &Transmit| (t.dest.dgid, peek_dest_qpn(&t.data).unwrap_or(0));
     if txs.iter().filter(|t| is_ack(t)).count() < 2 {
         return txs;
     }
@@ -457,10 +453,7 @@ impl Fabric {
                 traffic_class: tx.dest.traffic_class,
                 hop_limit: tx.dest.hop_limit,
             };
-            let qpn = tx
-                .data
-                .get(5..8)
-                .map_or(0, |b| u32::from_be_bytes([0, b[0], b[1], b[2]]));
+            let qpn = peek_dest_qpn(&tx.data).unwrap_or(0);
             let targets: Vec<&Arc<Node>> = if qpn == MULTICAST_QPN {
                 nodes.iter().filter(|n| n.has_group(&tx.dest.dgid)).collect()
             } else {

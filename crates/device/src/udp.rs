@@ -484,9 +484,7 @@ impl Udp {
             return;
         }
         if is_forwarder {
-            let qpn = bytes
-                .get(5..8)
-                .map_or(0, |b| u32::from_be_bytes([0, b[0], b[1], b[2]]));
+            let qpn = softverbs_wire::bth::peek_dest_qpn(bytes).unwrap_or(0);
             let slot = slot_of(qpn);
             if slot != 0 && slot != self.slot && qpn != crate::fabric::MULTICAST_QPN {
                 self.forward(src, dst_ip, slot, bytes);

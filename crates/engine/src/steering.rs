@@ -5,13 +5,14 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use bitflags::bitflags;
+use softverbs_wire::ipv4::{self, Ipv4Packet, IPPROTO_UDP};
+use softverbs_wire::ipv6::{self, Ipv6Packet};
 
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88A8;
 const ETH_P_IPV4: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86DD;
 const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
 
 /// The L3 header of a frame, as far as steering looks at it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,37 +101,43 @@ impl FrameHeaders {
         }
         let ip = &frame[off..];
         let (proto, l4_off) = match h.ether_type {
-            ETH_P_IPV4 if ip.len() >= 20 && ip[0] >> 4 == 4 => {
-                let ihl = usize::from(ip[0] & 0xF) * 4;
-                let frag = u16::from_be_bytes([ip[6], ip[7]]);
-                h.l3 = Some(L3::V4 {
-                    src: Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]),
-                    dst: Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]),
-                    proto: ip[9],
-                    tos: ip[1],
-                    ttl: ip[8],
-                    flags: (frag >> 13) as u8,
-                });
-                // Only the first fragment carries the ports.
-                (ip[9], (frag & 0x1FFF == 0 && ihl >= 20).then_some(ihl))
-            }
-            ETH_P_IPV6 if ip.len() >= 40 && ip[0] >> 4 == 6 => {
-                let word = u32::from_be_bytes([ip[0], ip[1], ip[2], ip[3]]);
-                let addr =
-                    |o: usize| Ipv6Addr::from(<[u8; 16]>::try_from(&ip[o..o + 16]).unwrap_or_default());
-                h.l3 = Some(L3::V6 {
-                    src: addr(8),
-                    dst: addr(24),
-                    flow_label: word & 0xF_FFFF,
-                    next_hdr: ip[6],
-                    traffic_class: (word >> 20) as u8,
-                    hop_limit: ip[7],
-                });
-                (ip[6], Some(40))
-            }
+            ETH_P_IPV4 => match Ipv4Packet::new_checked(ip) {
+                Ok(v4) if v4.version() == 4 => {
+                    h.l3 = Some(L3::V4 {
+                        src: v4.src_addr(),
+                        dst: v4.dst_addr(),
+                        proto: v4.protocol(),
+                        tos: v4.tos(),
+                        ttl: v4.ttl(),
+                        flags: v4.flags(),
+                    });
+                    // Only the first fragment carries the ports.
+                    let ihl = v4.header_len();
+                    (
+                        v4.protocol(),
+                        (v4.frag_offset() == 0 && ihl >= ipv4::HEADER_LEN).then_some(ihl),
+                    )
+                }
+                _ => return Some(h),
+            },
+            ETH_P_IPV6 => match Ipv6Packet::new_checked(ip) {
+                Ok(v6) if v6.version() == 6 => {
+                    h.l3 = Some(L3::V6 {
+                        src: v6.src_addr(),
+                        dst: v6.dst_addr(),
+                        flow_label: v6.flow_label(),
+                        next_hdr: v6.next_header(),
+                        traffic_class: v6.traffic_class(),
+                        hop_limit: v6.hop_limit(),
+                    });
+                    (v6.next_header(), Some(ipv6::HEADER_LEN))
+                }
+                _ => return Some(h),
+            },
             _ => return Some(h),
         };
         if let Some(o) = l4_off {
+            // TCP and UDP both start with the two ports; 4 bytes are enough to read them.
             if matches!(proto, IPPROTO_TCP | IPPROTO_UDP) && ip.len() >= o + 4 {
                 h.l4 = Some(L4 {
                     proto,

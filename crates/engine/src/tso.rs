@@ -3,6 +3,9 @@
 //! each behind a copy of the header with the IP length, IPv4 ID and checksum, TCP sequence
 //! number, flags and checksum fixed up, as a NIC does.
 
+use softverbs_wire::ipv4::{self, Ipv4Packet};
+use softverbs_wire::ipv6::{self, Ipv6Packet};
+
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88A8;
 const ETH_P_IPV4: u16 = 0x0800;
@@ -40,18 +43,27 @@ pub fn parse_header(hdr: &[u8]) -> Result<TsoLayout, &'static str> {
         ether_type = be16(l3 + 2);
         l3 += 4;
     }
-    let (l4, ipv4) = match ether_type {
-        ETH_P_IPV4 if hdr.len() >= l3 + 20 && hdr[l3] >> 4 == 4 => {
-            if hdr[l3 + 9] != IPPROTO_TCP {
+    let v4 = Ipv4Packet::new_checked(&hdr[l3..])
+        .ok()
+        .filter(|ip| ip.version() == 4);
+    let v6 = Ipv6Packet::new_checked(&hdr[l3..])
+        .ok()
+        .filter(|ip| ip.version() == 6);
+    let (l4, ipv4) = match (ether_type, v4, v6) {
+        (ETH_P_IPV4, Some(ip), _) => {
+            if ip.protocol() != IPPROTO_TCP {
                 return Err("the TSO header's IPv4 protocol is not TCP");
             }
-            (l3 + usize::from(hdr[l3] & 0xF) * 4, true)
+            if ip.header_len() < ipv4::HEADER_LEN {
+                return Err("the TSO header's IPv4 header length is below 20 bytes");
+            }
+            (l3 + ip.header_len(), true)
         }
-        ETH_P_IPV6 if hdr.len() >= l3 + 40 && hdr[l3] >> 4 == 6 => {
-            if hdr[l3 + 6] != IPPROTO_TCP {
+        (ETH_P_IPV6, _, Some(ip)) => {
+            if ip.next_header() != IPPROTO_TCP {
                 return Err("the TSO header's IPv6 next header is not TCP");
             }
-            (l3 + 40, false)
+            (l3 + ipv6::HEADER_LEN, false)
         }
         _ => return Err("the TSO header holds no IPv4 or IPv6 header"),
     };
@@ -84,7 +96,11 @@ pub fn segment(hdr: &[u8], layout: TsoLayout, data: &[u8], mss: usize) -> Vec<Ve
         data.chunks(mss.max(1)).collect()
     };
     let seq0 = u32::from_be_bytes([hdr[l4 + 4], hdr[l4 + 5], hdr[l4 + 6], hdr[l4 + 7]]);
-    let id0 = u16::from_be_bytes([hdr[l3 + 4], hdr[l3 + 5]]);
+    let id0 = if ipv4 {
+        Ipv4Packet::new_unchecked(&hdr[l3..l4]).ident()
+    } else {
+        0
+    };
     let last = chunks.len() - 1;
     let mut offset = 0u32;
     chunks
@@ -96,14 +112,13 @@ pub fn segment(hdr: &[u8], layout: TsoLayout, data: &[u8], mss: usize) -> Vec<Ve
             f.extend_from_slice(chunk);
             let tcp_len = f.len() - l4;
             if ipv4 {
-                let total = (f.len() - l3) as u16;
-                f[l3 + 2..l3 + 4].copy_from_slice(&total.to_be_bytes());
-                f[l3 + 4..l3 + 6].copy_from_slice(&id0.wrapping_add(i as u16).to_be_bytes());
-                f[l3 + 10..l3 + 12].fill(0);
-                let c = fold(sum16(&f[l3..l4]));
-                f[l3 + 10..l3 + 12].copy_from_slice(&c.to_be_bytes());
+                let total = f.len() - l3;
+                let mut ip = Ipv4Packet::new_unchecked(&mut f[l3..l4]);
+                ip.set_total_len(total as u16);
+                ip.set_ident(id0.wrapping_add(i as u16));
+                ip.fill_checksum();
             } else {
-                f[l3 + 4..l3 + 6].copy_from_slice(&(tcp_len as u16).to_be_bytes());
+                Ipv6Packet::new_unchecked(&mut f[l3..l4]).set_payload_len(tcp_len as u16);
             }
             f[l4 + 4..l4 + 8].copy_from_slice(&seq0.wrapping_add(offset).to_be_bytes());
             if i != last {
@@ -116,11 +131,15 @@ pub fn segment(hdr: &[u8], layout: TsoLayout, data: &[u8], mss: usize) -> Vec<Ve
             f[l4 + 16..l4 + 18].fill(0);
             let mut pseudo = Vec::with_capacity(40);
             if ipv4 {
-                pseudo.extend_from_slice(&f[l3 + 12..l3 + 20]);
+                let ip = Ipv4Packet::new_unchecked(&f[l3..l4]);
+                pseudo.extend_from_slice(&ip.src_addr().octets());
+                pseudo.extend_from_slice(&ip.dst_addr().octets());
                 pseudo.extend_from_slice(&[0, IPPROTO_TCP]);
                 pseudo.extend_from_slice(&(tcp_len as u16).to_be_bytes());
             } else {
-                pseudo.extend_from_slice(&f[l3 + 8..l3 + 40]);
+                let ip = Ipv6Packet::new_unchecked(&f[l3..l4]);
+                pseudo.extend_from_slice(&ip.src_addr().octets());
+                pseudo.extend_from_slice(&ip.dst_addr().octets());
                 pseudo.extend_from_slice(&(tcp_len as u32).to_be_bytes());
                 pseudo.extend_from_slice(&[0, 0, 0, IPPROTO_TCP]);
             }

@@ -30,6 +30,10 @@ mod field {
 /// Length of the BTH.
 pub const HEADER_LEN: usize = field::PSN.end;
 
+/// Offset of the byte holding FECN, BECN and reserved bits, which the ICRC
+/// treats as variant.
+pub(crate) const ECN_BYTE: usize = field::ECN;
+
 /// The P_Key rxe sends: the default partition, full member.
 pub const DEFAULT_PKEY: u16 = 0xFFFF;
 
@@ -170,6 +174,13 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> BthPacket<T> {
     pub fn set_psn(&mut self, value: Psn) {
         write_u24(&mut self.data_mut()[field::PSN], value.value());
     }
+}
+
+/// The destination QPN of a packet (BTH first), read without parsing the
+/// rest; `None` if it is shorter than a BTH. For routing a datagram before
+/// it is handed to its QP, which does the full parse.
+pub fn peek_dest_qpn(packet: &[u8]) -> Option<u32> {
+    BthPacket::new_checked(packet).ok().map(|bth| bth.dest_qpn())
 }
 
 /// A validated BTH.
@@ -328,6 +339,15 @@ mod tests {
         buf[4] |= 0x3f;
         buf[8] |= 0x7f;
         assert_eq!(BthRepr::parse(&BthPacket::new_unchecked(&buf[..])), Ok(repr()));
+    }
+
+    #[test]
+    fn peek_reads_the_destination_qpn_only() {
+        assert_eq!(peek_dest_qpn(&BYTES), Some(211));
+        assert_eq!(peek_dest_qpn(&BYTES[..11]), None);
+        let mut unknown = BYTES;
+        unknown[0] = 0x15;
+        assert_eq!(peek_dest_qpn(&unknown), Some(211), "no opcode check");
     }
 
     proptest! {

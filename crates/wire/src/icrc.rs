@@ -15,20 +15,22 @@
 
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use crate::{Error, Result};
+use crate::ipv4::{Ipv4Packet, Ipv4Repr, IPPROTO_UDP};
+use crate::ipv6::{Ipv6Packet, Ipv6Repr};
+use crate::udp::{UdpPacket, UdpRepr};
+use crate::{bth, Error, Result};
 
 /// Length of the ICRC.
 pub const ICRC_LEN: usize = 4;
 /// Length of an IPv4 header without options.
-pub const IPV4_HEADER_LEN: usize = 20;
+pub const IPV4_HEADER_LEN: usize = crate::ipv4::HEADER_LEN;
 /// Length of an IPv6 header.
-pub const IPV6_HEADER_LEN: usize = 40;
+pub const IPV6_HEADER_LEN: usize = crate::ipv6::HEADER_LEN;
 /// Length of a UDP header.
-pub const UDP_HEADER_LEN: usize = 8;
+pub const UDP_HEADER_LEN: usize = crate::udp::HEADER_LEN;
 
 /// Stands in for the InfiniBand LRH, which RoCEv2 does not carry.
 const LRH_STANDIN: [u8; 8] = [0xFF; 8];
-const IPPROTO_UDP: u8 = 17;
 /// Linux's default TTL / hop limit; masked, so only cosmetic.
 const DEFAULT_TTL: u8 = 64;
 
@@ -37,9 +39,10 @@ const DEFAULT_TTL: u8 = 64;
 /// `roce` is the UDP payload without its 4 ICRC bytes (BTH through pad).
 pub fn icrc_ipv4(ip_header: &[u8; IPV4_HEADER_LEN], udp_header: &[u8; UDP_HEADER_LEN], roce: &[u8]) -> u32 {
     let mut ip = *ip_header;
-    ip[1] = 0xFF; // TOS
-    ip[8] = 0xFF; // TTL
-    ip[10..12].fill(0xFF); // header checksum
+    let mut view = Ipv4Packet::new_unchecked(&mut ip);
+    view.set_tos(0xFF);
+    view.set_ttl(0xFF);
+    view.set_checksum(0xFFFF);
     crc(&ip, udp_header, roce)
 }
 
@@ -48,21 +51,23 @@ pub fn icrc_ipv4(ip_header: &[u8; IPV4_HEADER_LEN], udp_header: &[u8; UDP_HEADER
 /// `roce` is the UDP payload without its 4 ICRC bytes (BTH through pad).
 pub fn icrc_ipv6(ip_header: &[u8; IPV6_HEADER_LEN], udp_header: &[u8; UDP_HEADER_LEN], roce: &[u8]) -> u32 {
     let mut ip = *ip_header;
-    ip[0] |= 0x0F; // traffic class, high nibble (the version stays)
-    ip[1..4].fill(0xFF); // traffic class, low nibble, and flow label
-    ip[7] = 0xFF; // hop limit
+    let mut view = Ipv6Packet::new_unchecked(&mut ip);
+    view.set_traffic_class(0xFF);
+    view.set_flow_label(0xF_FFFF);
+    view.set_hop_limit(0xFF);
     crc(&ip, udp_header, roce)
 }
 
 fn crc(ip: &[u8], udp_header: &[u8; UDP_HEADER_LEN], roce: &[u8]) -> u32 {
     let mut udp = *udp_header;
-    udp[6..8].fill(0xFF); // checksum
+    UdpPacket::new_unchecked(&mut udp).set_checksum(0xFFFF);
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&LRH_STANDIN);
     hasher.update(ip);
     hasher.update(&udp);
-    // BTH byte 4 (FECN, BECN, resv6) is variant.
-    match roce.split_at_checked(4) {
+    // The BTH byte with FECN, BECN and resv6 is variant; hashing around it
+    // avoids copying the payload.
+    match roce.split_at_checked(bth::ECN_BYTE) {
         Some((head, [_, tail @ ..])) => {
             hasher.update(head);
             hasher.update(&[0xFF]);
@@ -77,49 +82,52 @@ fn crc(ip: &[u8], udp_header: &[u8; UDP_HEADER_LEN], roce: &[u8]) -> u32 {
 /// bytes (ICRC included) from an unconnected socket with DF set: no
 /// options, TOS 0, ID 0, DF, TTL 64, a valid checksum.
 ///
-/// To cover another ID (bytes 4–5), overwrite it; the checksum is masked.
-/// Lengths are truncated to 16 bits (no such datagram can be sent anyway).
+/// To cover another ID, set it with [`Ipv4Packet::set_ident`]; the
+/// checksum is masked. Lengths saturate at 65535 (no such datagram can be
+/// sent anyway).
 pub fn ipv4_header(src: Ipv4Addr, dst: Ipv4Addr, udp_payload_len: usize) -> [u8; IPV4_HEADER_LEN] {
-    let total = (IPV4_HEADER_LEN + UDP_HEADER_LEN + udp_payload_len) as u16;
     let mut h = [0u8; IPV4_HEADER_LEN];
-    h[0] = 0x45;
-    h[2..4].copy_from_slice(&total.to_be_bytes());
-    h[6] = 0x40; // DF
-    h[8] = DEFAULT_TTL;
-    h[9] = IPPROTO_UDP;
-    h[12..16].copy_from_slice(&src.octets());
-    h[16..20].copy_from_slice(&dst.octets());
-    let sum = h
-        .chunks_exact(2)
-        .fold(0u32, |acc, w| acc + u32::from(u16::from_be_bytes([w[0], w[1]])));
-    let folded = (sum & 0xFFFF) + (sum >> 16);
-    let checksum = !((folded & 0xFFFF) + (folded >> 16)) as u16;
-    h[10..12].copy_from_slice(&checksum.to_be_bytes());
+    Ipv4Repr {
+        src_addr: src,
+        dst_addr: dst,
+        protocol: IPPROTO_UDP,
+        payload_len: UDP_HEADER_LEN.saturating_add(udp_payload_len),
+        tos: 0,
+        ident: 0,
+        dont_frag: true,
+        ttl: DEFAULT_TTL,
+    }
+    .emit(&mut Ipv4Packet::new_unchecked(&mut h));
     h
 }
 
 /// The IPv6 header Linux sends for a UDP payload of `udp_payload_len`
 /// bytes (ICRC included): traffic class 0, flow label 0, hop limit 64.
 pub fn ipv6_header(src: Ipv6Addr, dst: Ipv6Addr, udp_payload_len: usize) -> [u8; IPV6_HEADER_LEN] {
-    let payload = (UDP_HEADER_LEN + udp_payload_len) as u16;
     let mut h = [0u8; IPV6_HEADER_LEN];
-    h[0] = 0x60;
-    h[4..6].copy_from_slice(&payload.to_be_bytes());
-    h[6] = IPPROTO_UDP;
-    h[7] = DEFAULT_TTL;
-    h[8..24].copy_from_slice(&src.octets());
-    h[24..40].copy_from_slice(&dst.octets());
+    Ipv6Repr {
+        src_addr: src,
+        dst_addr: dst,
+        next_header: IPPROTO_UDP,
+        payload_len: UDP_HEADER_LEN.saturating_add(udp_payload_len),
+        hop_limit: DEFAULT_TTL,
+        traffic_class: 0,
+        flow_label: 0,
+    }
+    .emit(&mut Ipv6Packet::new_unchecked(&mut h));
     h
 }
 
 /// The UDP header for a payload of `udp_payload_len` bytes (ICRC
 /// included), with checksum 0 as rxe sends it.
 pub fn udp_header(src_port: u16, dst_port: u16, udp_payload_len: usize) -> [u8; UDP_HEADER_LEN] {
-    let len = (UDP_HEADER_LEN + udp_payload_len) as u16;
     let mut h = [0u8; UDP_HEADER_LEN];
-    h[0..2].copy_from_slice(&src_port.to_be_bytes());
-    h[2..4].copy_from_slice(&dst_port.to_be_bytes());
-    h[4..6].copy_from_slice(&len.to_be_bytes());
+    UdpRepr {
+        src_port,
+        dst_port,
+        payload_len: udp_payload_len,
+    }
+    .emit(&mut UdpPacket::new_unchecked(&mut h));
     h
 }
 

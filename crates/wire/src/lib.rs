@@ -4,7 +4,9 @@
 //! The crate does no I/O and contains no `unsafe`. It covers the UDP payload
 //! of a RoCEv2 packet (destination port [`ROCE_UDP_PORT`]): the Base Transport
 //! Header, the extension headers, the payload, the pad and the invariant CRC.
-//! The IP and UDP headers only matter to the ICRC ([`icrc`]).
+//! The IPv4, IPv6 and UDP headers ([`ipv4`], [`ipv6`], [`udp`]) matter to the
+//! ICRC ([`icrc`]) and to the 40-byte GRH area of UD receive buffers
+//! ([`grh`]); this crate is the only place that knows their layouts.
 //!
 //! # Two levels: `Packet` and `Repr`
 //!
@@ -65,13 +67,17 @@ pub mod atomic;
 pub mod bth;
 pub mod deth;
 pub mod feth;
+pub mod grh;
 pub mod icrc;
 pub mod imm;
+pub mod ipv4;
+pub mod ipv6;
 pub mod opcode;
 pub mod packet;
 pub mod psn;
 pub mod reth;
 pub mod tm;
+pub mod udp;
 pub mod xrceth;
 
 #[cfg(test)]
@@ -84,12 +90,16 @@ pub use atomic::{AtomicAckEthPacket, AtomicAckEthRepr, AtomicEthPacket, AtomicEt
 pub use bth::{BthPacket, BthRepr};
 pub use deth::{DethPacket, DethRepr};
 pub use feth::{FethPacket, FethRepr};
+pub use grh::{GrhPacket, GrhRepr};
 pub use imm::{IethPacket, IethRepr, ImmDtPacket, ImmDtRepr};
+pub use ipv4::{Ipv4Packet, Ipv4Repr};
+pub use ipv6::{Ipv6Packet, Ipv6Repr};
 pub use opcode::{Header, HeaderSet, OpFlags, Opcode, OpcodeInfo, Position, Transport, OPCODE_TABLE};
-pub use packet::{pad_count_for, PacketRepr, ParsedPacket, RocePacket};
+pub use packet::{is_positive_ack, pad_count_for, PacketRepr, ParsedPacket, RocePacket};
 pub use psn::Psn;
 pub use reth::{RethPacket, RethRepr};
 pub use tm::{RvhPacket, RvhRepr, TmHeaders, TmhOpcode, TmhPacket, TmhRepr};
+pub use udp::{UdpPacket, UdpRepr};
 pub use xrceth::{XrcEthPacket, XrcEthRepr};
 
 /// The IANA UDP destination port of RoCEv2.

@@ -3,14 +3,25 @@
 use crate::bth::{self, BthPacket, BthRepr};
 use crate::icrc::ICRC_LEN;
 use crate::{
-    AethPacket, AethRepr, AtomicAckEthPacket, AtomicAckEthRepr, AtomicEthPacket, AtomicEthRepr, DethPacket,
-    DethRepr, Error, FethPacket, FethRepr, Header, IethPacket, IethRepr, ImmDtPacket, ImmDtRepr, Opcode,
-    Result, RethPacket, RethRepr, XrcEthPacket, XrcEthRepr,
+    AethPacket, AethRepr, AethSyndrome, AtomicAckEthPacket, AtomicAckEthRepr, AtomicEthPacket, AtomicEthRepr,
+    DethPacket, DethRepr, Error, FethPacket, FethRepr, Header, IethPacket, IethRepr, ImmDtPacket, ImmDtRepr,
+    Opcode, Result, RethPacket, RethRepr, XrcEthPacket, XrcEthRepr,
 };
 
 /// The pad count that rounds `payload_len` up to a multiple of 4.
 pub const fn pad_count_for(payload_len: usize) -> u8 {
     (payload_len.wrapping_neg() & 3) as u8
+}
+
+/// Whether `packet` is an RC ACKNOWLEDGE with a positive ACK syndrome (not
+/// a NAK or RNR NAK), read from the BTH and AETH alone, without checking
+/// the rest of the packet.
+pub fn is_positive_ack(packet: &[u8]) -> bool {
+    BthPacket::new_checked(packet).is_ok_and(|bth| bth.opcode() == Some(Opcode::RcAcknowledge))
+        && packet
+            .get(bth::HEADER_LEN..)
+            .and_then(|rest| AethPacket::new_checked(rest).ok())
+            .is_some_and(|aeth| aeth.syndrome().is_ok_and(AethSyndrome::is_ack))
 }
 
 /// A structurally checked view of a whole RoCEv2 UDP payload.
@@ -349,7 +360,7 @@ impl PacketRepr {
 mod tests {
     use super::*;
     use crate::opcode::OPCODE_TABLE;
-    use crate::{strategies, AethSyndrome, Psn};
+    use crate::{strategies, NakCode, Psn};
     use proptest::prelude::*;
     use std::vec;
     use std::vec::Vec;
@@ -434,6 +445,24 @@ mod tests {
         let mut repr = PacketRepr::new(BthRepr::new(Opcode::RcAcknowledge, 5, Psn::new(9)), 0);
         repr.aeth = Some(AethRepr { syndrome, msn: 3 });
         repr
+    }
+
+    #[test]
+    fn positive_acks_are_told_from_naks_and_requests() {
+        let bytes = |repr: PacketRepr| {
+            let mut buf = vec![0u8; repr.buffer_len()];
+            repr.emit(&mut buf).unwrap();
+            buf
+        };
+        let ok = bytes(ack(AethSyndrome::ACK_UNLIMITED));
+        assert!(is_positive_ack(&ok));
+        assert!(!is_positive_ack(&ok[..15]), "AETH cut short");
+        assert!(!is_positive_ack(&bytes(ack(AethSyndrome::Nak(
+            NakCode::PsnSequenceError
+        )))));
+        assert!(!is_positive_ack(&bytes(ack(AethSyndrome::RnrNak { timer: 1 }))));
+        let send = PacketRepr::new(BthRepr::new(Opcode::RcSendOnly, 5, Psn::new(9)), 0);
+        assert!(!is_positive_ack(&bytes(send)));
     }
 
     #[test]

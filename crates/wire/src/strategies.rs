@@ -6,7 +6,7 @@ use std::vec::Vec;
 use crate::opcode::OPCODE_TABLE;
 use crate::{
     AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FethRepr, Header, IethRepr,
-    ImmDtRepr, NakCode, Opcode, PacketRepr, Psn, RethRepr, XrcEthRepr,
+    ImmDtRepr, Ipv4Repr, Ipv6Repr, NakCode, Opcode, PacketRepr, Psn, RethRepr, UdpRepr, XrcEthRepr,
 };
 
 pub(crate) fn opcode() -> impl Strategy<Value = Opcode> {
@@ -111,4 +111,56 @@ pub(crate) fn packet() -> impl Strategy<Value = (PacketRepr, Vec<u8>)> {
                 (repr, payload)
             },
         )
+}
+
+pub(crate) fn ipv4() -> impl Strategy<Value = Ipv4Repr> {
+    (
+        any::<([u8; 4], [u8; 4], u8, u16)>(),
+        0..=usize::from(u16::MAX) - crate::ipv4::HEADER_LEN,
+        any::<(u8, u8, bool)>(),
+    )
+        .prop_map(
+            |((src, dst, protocol, ident), payload_len, (tos, ttl, dont_frag))| Ipv4Repr {
+                src_addr: src.into(),
+                dst_addr: dst.into(),
+                protocol,
+                payload_len,
+                tos,
+                ident,
+                dont_frag,
+                ttl,
+            },
+        )
+}
+
+pub(crate) fn ipv6() -> impl Strategy<Value = Ipv6Repr> {
+    (
+        any::<([u8; 16], [u8; 16], u8, u8)>(),
+        0..=usize::from(u16::MAX),
+        any::<u8>(),
+        0..1u32 << 20,
+    )
+        .prop_map(
+            |((src, dst, next_header, hop_limit), payload_len, traffic_class, flow_label)| Ipv6Repr {
+                src_addr: src.into(),
+                dst_addr: dst.into(),
+                next_header,
+                payload_len,
+                hop_limit,
+                traffic_class,
+                flow_label,
+            },
+        )
+}
+
+pub(crate) fn udp() -> impl Strategy<Value = UdpRepr> {
+    (
+        any::<(u16, u16)>(),
+        0..=usize::from(u16::MAX) - crate::udp::HEADER_LEN,
+    )
+        .prop_map(|((src_port, dst_port), payload_len)| UdpRepr {
+            src_port,
+            dst_port,
+            payload_len,
+        })
 }

@@ -1,48 +1,22 @@
 //! The 40-byte network-header area at the start of a UD receive buffer (IBTA Annex 17): the
 //! IPv6 header, or for IPv4 twenty undefined (zero) bytes followed by the IPv4 header.
 
-use std::net::IpAddr;
+use softverbs_wire::{grh, udp, GrhPacket, GrhRepr};
 
 use crate::types::Gid;
 
-/// UDP header bytes.
-const UDP_LEN: usize = 8;
-
 /// The GRH area for a packet of `roce_len` UDP-payload bytes from `sgid` to `dgid`.
 pub fn write_grh(sgid: Gid, dgid: Gid, traffic_class: u8, hop_limit: u8, roce_len: usize) -> [u8; 40] {
-    let mut g = [0u8; 40];
-    match (sgid.to_ip(), dgid.to_ip()) {
-        (IpAddr::V4(src), IpAddr::V4(dst)) => {
-            let h = &mut g[20..40];
-            let total = (20 + UDP_LEN + roce_len).min(usize::from(u16::MAX)) as u16;
-            h[0] = 0x45;
-            h[1] = traffic_class;
-            h[2..4].copy_from_slice(&total.to_be_bytes());
-            h[6] = 0x40; // DF
-            h[8] = hop_limit;
-            h[9] = 17; // UDP
-            h[12..16].copy_from_slice(&src.octets());
-            h[16..20].copy_from_slice(&dst.octets());
-            let mut sum: u32 = h
-                .chunks(2)
-                .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
-                .sum();
-            while sum > 0xFFFF {
-                sum = (sum & 0xFFFF) + (sum >> 16);
-            }
-            h[10..12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-        }
-        _ => {
-            let word = (6u32 << 28) | (u32::from(traffic_class) << 20);
-            g[0..4].copy_from_slice(&word.to_be_bytes());
-            let payload = (UDP_LEN + roce_len).min(usize::from(u16::MAX)) as u16;
-            g[4..6].copy_from_slice(&payload.to_be_bytes());
-            g[6] = 17;
-            g[7] = hop_limit;
-            g[8..24].copy_from_slice(&sgid.0);
-            g[24..40].copy_from_slice(&dgid.0);
-        }
+    let mut g = [0u8; grh::HEADER_LEN];
+    GrhRepr {
+        src_addr: sgid.to_ip(),
+        dst_addr: dgid.to_ip(),
+        traffic_class,
+        flow_label: 0,
+        hop_limit,
+        payload_len: udp::HEADER_LEN + roce_len,
     }
+    .emit(&mut GrhPacket::new_unchecked(&mut g));
     g
 }
 
