@@ -304,9 +304,9 @@ impl Cq {
     /// Called when polling has just emptied the CQ: every completion an event still waiting in
     /// the channel announced is consumed, so that event is withdrawn and the request that fired
     /// it is restored (the next completion raises it again, so none is lost and a waiter cannot
-    /// hang). An HCA behaves alike in effect; without this, programs that poll once per event
-    /// and treat an empty CQ as an error (`ibv_rc_pingpong -t -e`) fail on the spurious event
-    /// `ibv_get_cq_event(3)` warns of. Events already delivered are not touched.
+    /// hang). `ibv_get_cq_event(3)` allows such an event to be delivered with nothing behind
+    /// it, but programs that poll once per event and treat an empty CQ as an error
+    /// (`ibv_rc_pingpong -t -e`) fail on it. Events already delivered are not touched.
     fn withdraw_spent_events(&self, st: &mut CqState) {
         let Some(mode) = st.raised.take() else {
             return;
