@@ -50,7 +50,7 @@ pub struct OdpCaps {
     pub uc_odp_caps: u32,
     /// What UD QPs may do on ODP regions.
     pub ud_odp_caps: u32,
-    /// What XRC QPs may do (none: XRC is not offered).
+    /// What XRC QPs may do on ODP regions.
     pub xrc_odp_caps: u32,
 }
 
@@ -94,7 +94,8 @@ impl DeviceAttrEx {
                 rc_odp_caps: rc,
                 uc_odp_caps: common | odp::WRITE,
                 ud_odp_caps: common,
-                xrc_odp_caps: 0,
+                // XRC reaches memory as RC does; its receives are always an SRQ's.
+                xrc_odp_caps: odp::SEND | odp::SRQ_RECV | odp::WRITE | odp::READ | odp::ATOMIC,
             },
             completion_timestamp_mask: u64::MAX,
             hca_core_clock: HCA_CORE_CLOCK_KHZ,

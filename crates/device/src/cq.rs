@@ -90,12 +90,20 @@ struct CqState {
     held: u32,
     /// Counts raised (or cancelled) held-back events, so a stale period timer does nothing.
     round: u64,
+    /// The request (`Some(solicited_only)`) that events raised since the CQ was last empty
+    /// fired under; they may still wait in the channel (see [`Cq::withdraw_spent_events`]).
+    raised: Option<bool>,
+}
+
+/// Two notification requests in one: a pending "any completion" request is not narrowed by a
+/// solicited-only one.
+fn merge_request(pending: Option<bool>, solicited_only: bool) -> bool {
+    pending != Some(false) && solicited_only
 }
 
 /// What a queued completion does about the completion event.
 enum Notify {
     No,
-    Now,
     /// Raise it at the instant unless the round has ended by then.
     At(Instant, u64),
 }
@@ -186,6 +194,7 @@ impl Cq {
                 moderation: Moderation::default(),
                 held: 0,
                 round: 0,
+                raised: None,
             }),
             uses: UseCount::default(),
             comp_acks: AckCounter::default(),
@@ -302,7 +311,31 @@ impl Cq {
             let (_, counter, value) = st.releases.pop_front().expect("checked");
             counter.fetch_max(value, Ordering::AcqRel);
         }
+        if n > 0 && st.entries.is_empty() {
+            self.withdraw_spent_events(&mut st);
+        }
         n
+    }
+
+    /// Called when polling has just emptied the CQ: every completion an event still waiting in
+    /// the channel announced is consumed, so that event is withdrawn and the request that fired
+    /// it is restored (the next completion raises it again, so none is lost and a waiter cannot
+    /// hang). `ibv_get_cq_event(3)` allows such an event to be delivered with nothing behind
+    /// it, but programs that poll once per event and treat an empty CQ as an error
+    /// (`ibv_rc_pingpong -t -e`) fail on it. Events already delivered are not touched.
+    fn withdraw_spent_events(&self, st: &mut CqState) {
+        let Some(mode) = st.raised.take() else {
+            return;
+        };
+        let Some(ch) = &self.channel else {
+            return;
+        };
+        if ch.events.remove_where(|cq| std::ptr::eq(Arc::as_ptr(cq), self)) > 0 {
+            // A fresh request: moderation counts from zero again.
+            st.armed = Some(merge_request(st.armed, mode));
+            st.held = 0;
+            st.round += 1;
+        }
     }
 
     /// `ibv_req_notify_cq`: requests one completion event for the next completion (or the next
@@ -310,11 +343,7 @@ impl Cq {
     /// fire it.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         let mut st = self.state.lock();
-        // A pending "any completion" request is not narrowed by a later solicited-only one.
-        st.armed = Some(match st.armed {
-            Some(false) => false,
-            _ => solicited_only,
-        });
+        st.armed = Some(merge_request(st.armed, solicited_only));
         Ok(())
     }
 
@@ -402,8 +431,8 @@ impl Cq {
                     let m = st.moderation;
                     st.held += 1;
                     if m.immediate() || m.count_reached(st.held) {
-                        Self::disarm(&mut st);
-                        Notify::Now
+                        self.raise_locked(&mut st);
+                        Notify::No
                     } else if st.held == 1 {
                         m.deadline(Instant::now())
                             .map_or(Notify::No, |at| Notify::At(at, st.round))
@@ -415,11 +444,22 @@ impl Cq {
             }
         };
         match notify {
-            Notify::Now => self.raise_comp_event(),
             Notify::At(at, round) => cq_moderation::schedule(at, self.me.clone(), round),
             Notify::No => {}
         }
         Ok(())
+    }
+
+    /// Ends the current notification request by raising its event. The event is queued under
+    /// the CQ's lock, so a poll that empties the CQ sees every event its completions raised
+    /// (lock order: CQ, then channel).
+    fn raise_locked(&self, st: &mut CqState) {
+        let mode = st.armed.unwrap_or(false);
+        Self::disarm(st);
+        if let (Some(ch), Some(me)) = (&self.channel, self.me.upgrade()) {
+            ch.events.push(me);
+            st.raised = Some(merge_request(st.raised, mode));
+        }
     }
 
     /// Ends the current notification request (its event is raised or cancelled).
@@ -429,26 +469,12 @@ impl Cq {
         st.round += 1;
     }
 
-    /// Queues this CQ's completion event on its channel.
-    fn raise_comp_event(&self) {
-        if let (Some(ch), Some(me)) = (&self.channel, self.me.upgrade()) {
-            ch.events.push(me);
-        }
-    }
-
     /// The moderation period of round `round` ended: raises its held-back event unless it was
     /// raised already.
     pub(crate) fn moderation_expired(&self, round: u64) {
-        let raise = {
-            let mut st = self.state.lock();
-            let due = st.round == round && st.armed.is_some() && st.held > 0;
-            if due {
-                Self::disarm(&mut st);
-            }
-            due
-        };
-        if raise {
-            self.raise_comp_event();
+        let mut st = self.state.lock();
+        if st.round == round && st.armed.is_some() && st.held > 0 {
+            self.raise_locked(&mut st);
         }
     }
 
@@ -473,15 +499,14 @@ impl Cq {
             if st.armed.is_none() || st.held == 0 {
                 Notify::No
             } else if m.immediate() || m.count_reached(st.held) {
-                Self::disarm(&mut st);
-                Notify::Now
+                self.raise_locked(&mut st);
+                Notify::No
             } else {
                 m.deadline(Instant::now())
                     .map_or(Notify::No, |at| Notify::At(at, st.round))
             }
         };
         match notify {
-            Notify::Now => self.raise_comp_event(),
             Notify::At(at, round) => cq_moderation::schedule(at, self.me.clone(), round),
             Notify::No => {}
         }

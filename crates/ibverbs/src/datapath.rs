@@ -229,6 +229,9 @@ pub(crate) unsafe extern "C" fn post_send(
         }
         p = w.next;
     }
+    if let Some(queues) = &q.queues {
+        queues.stage_send(&mut reqs);
+    }
     // Nothing translatable (the first WR is bad): post nothing, report that WR.
     let posted = if reqs.is_empty() {
         Ok(())
@@ -316,7 +319,10 @@ pub(crate) unsafe extern "C" fn post_recv(
         return fail(EINVAL);
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
-    let (reqs, ptrs, conv_err) = unsafe { recv_list(wr) };
+    let (mut reqs, ptrs, conv_err) = unsafe { recv_list(wr) };
+    if let Some(queues) = &q.queues {
+        queues.stage_recv(&mut reqs);
+    }
     let result = q.core.post_recv(&reqs);
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe { finish_recv(result, &ptrs, conv_err, bad) }
@@ -333,7 +339,10 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
         return fail(EINVAL);
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
-    let (reqs, ptrs, conv_err) = unsafe { recv_list(wr) };
+    let (mut reqs, ptrs, conv_err) = unsafe { recv_list(wr) };
+    if let Some(queue) = &s.queue {
+        queue.stage_recv(&mut reqs);
+    }
     let result = s.core.post_recv(&reqs);
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe { finish_recv(result, &ptrs, conv_err, bad) }
@@ -399,7 +408,12 @@ unsafe fn poll_one(cq: *mut ibv_cq_ex) -> c_int {
     // SAFETY: the pointer is a live object of this library, as the verbs API requires.
     let c = unsafe { cq_ex(cq) };
     let mut one = [WorkCompletion::default()];
-    if c.core.poll(&mut one) == 0 {
+    let got = match &c.ring {
+        // A parent domain's CQ stages its completions in the allocated ring here too.
+        Some(ring) => crate::domain::poll_through_ring(c, ring, 1, |_, w| one[0] = *w),
+        None => c.core.poll(&mut one),
+    };
+    if got == 0 {
         return ENOENT;
     }
     c.cur.set(one[0]);
@@ -681,10 +695,13 @@ unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
     let Some((q, mut b)) = (unsafe { batch(qpx) }) else {
         return fail(EINVAL);
     };
-    let WrBatch { reqs, error } = std::mem::take(&mut *b);
+    let WrBatch { mut reqs, error } = std::mem::take(&mut *b);
     drop(b);
     if let Some(e) = error {
         return fail(e);
+    }
+    if let Some(queues) = &q.queues {
+        queues.stage_send(&mut reqs);
     }
     match q.core.post_send(&reqs) {
         Ok(()) => 0,

@@ -10,7 +10,14 @@
 //! - a CQ's poll ring, the completions `ibv_poll_cq` and the `ibv_cq_ex` pollers stage before
 //!   translating them into the caller's array (resource type [`RES_CQ`]);
 //! - a QP's send and receive queue buffers ([`RES_QP_SQ`], [`RES_QP_RQ`]), sized as a HCA's
-//!   WQE rings (one 64-byte-aligned stride per work request).
+//!   WQE rings (one 64-byte-aligned stride per work request). As a driver writes WQEs into its
+//!   ring for the HCA to fetch, each posted work request's data descriptor (its gather or
+//!   scatter list, or its inline bytes) is written into the next slot of the ring, and what the
+//!   device is handed is read back from that slot ([`QpQueues::stage_send`],
+//!   [`QpQueues::stage_recv`]). The device keeps its own copy of outstanding work (it must, to
+//!   retransmit), so the ring holds the most recent WQEs, as on an HCA;
+//! - an SRQ's receive queue buffer ([`RES_SRQ`]) and a receive WQ's ([`RES_WQ`]), used the
+//!   same way.
 //!
 //! `resource_type` is `(rdma_driver_id << 32) | code`; this library is not in the kernel's
 //! driver list, so the upper half is `RDMA_DRIVER_UNKNOWN` (0). Under a thread domain the CQ's
@@ -21,7 +28,9 @@ use std::mem::size_of;
 use std::sync::{Arc, Mutex};
 
 use softverbs_device::domain::{DomainUse, ParentDomain, Td};
-use softverbs_engine::types::{QpCap, WorkCompletion};
+use softverbs_device::qp::SendRequest;
+use softverbs_engine::types::{QpCap, RecvWr, Sge, WorkCompletion};
+use softverbs_engine::wr::Payload;
 use softverbs_engine::Errno;
 
 use crate::abi::*;
@@ -44,6 +53,10 @@ pub(crate) const RES_QP_SQ: u64 = 1;
 pub(crate) const RES_QP_RQ: u64 = 2;
 /// Resource type of a CQ's poll ring.
 pub(crate) const RES_CQ: u64 = 3;
+/// Resource type of an SRQ's receive queue buffer.
+pub(crate) const RES_SRQ: u64 = 4;
+/// Resource type of a receive work queue's buffer (`ibv_create_wq`).
+pub(crate) const RES_WQ: u64 = 5;
 
 /// Alignment of every queue buffer (a cache line, as WQE rings are).
 const QUEUE_ALIGN: usize = 64;
@@ -275,9 +288,171 @@ pub(crate) struct CqRing {
 
 /// A QP's queue buffers.
 pub(crate) struct QpQueues {
-    _sq: QueueBuf,
-    _rq: Option<QueueBuf>,
+    sq: WqeRing,
+    rq: Option<WqeRing>,
     _use: DomainUse,
+}
+
+/// A ring of fixed-size WQE slots in a queue buffer.
+struct WqeRing {
+    buf: QueueBuf,
+    stride: usize,
+    slots: usize,
+    /// The next slot; the lock also makes writing a slot and reading it back one step.
+    next: Mutex<usize>,
+}
+
+/// Bytes before a slot's data descriptor: `wr_id`, the descriptor's kind and its count.
+const WQE_HEADER: usize = 16;
+/// Bytes per gather/scatter entry in a slot: address, length, key.
+const WQE_SGE: usize = 16;
+/// Descriptor kinds in a slot's header.
+const KIND_SGES: u32 = 1;
+const KIND_INLINE: u32 = 2;
+
+impl WqeRing {
+    fn new(buf: QueueBuf, stride: usize, slots: usize) -> Self {
+        Self {
+            buf,
+            stride,
+            slots,
+            next: Mutex::new(0),
+        }
+    }
+
+    /// Writes `bytes` into the next slot and returns what the slot then holds, or `None` (and
+    /// leaves the ring alone) when they do not fit a slot.
+    fn pass(&self, bytes: &[u8]) -> Option<Vec<u8>> {
+        if bytes.len() > self.stride {
+            return None;
+        }
+        let mut next = self.next.lock().unwrap_or_else(|p| p.into_inner());
+        let slot = *next % self.slots;
+        *next = next.wrapping_add(1);
+        // SAFETY: the buffer holds `slots * stride` bytes and `slot < slots`, `bytes.len() <=
+        // stride`; the lock makes this thread the only one of the library using the slot.
+        unsafe {
+            let at = self.buf.ptr.add(slot * self.stride);
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), at, bytes.len());
+            let mut back = vec![0u8; bytes.len()];
+            std::ptr::copy_nonoverlapping(at, back.as_mut_ptr(), bytes.len());
+            Some(back)
+        }
+    }
+}
+
+/// A slot image: header, then the descriptor.
+fn wqe(wr_id: u64, kind: u32, count: usize, body: impl IntoIterator<Item = u8>) -> Vec<u8> {
+    let mut v = Vec::with_capacity(WQE_HEADER);
+    v.extend_from_slice(&wr_id.to_le_bytes());
+    v.extend_from_slice(&kind.to_le_bytes());
+    v.extend_from_slice(&(count as u32).to_le_bytes());
+    v.extend(body);
+    v
+}
+
+fn sge_bytes(list: &[Sge]) -> impl Iterator<Item = u8> + '_ {
+    list.iter().flat_map(|s| {
+        let mut b = [0u8; WQE_SGE];
+        b[..8].copy_from_slice(&s.addr.to_le_bytes());
+        b[8..12].copy_from_slice(&s.length.to_le_bytes());
+        b[12..].copy_from_slice(&s.lkey.to_le_bytes());
+        b
+    })
+}
+
+fn sges_from(body: &[u8]) -> Vec<Sge> {
+    body.chunks_exact(WQE_SGE)
+        .map(|c| Sge {
+            addr: u64::from_le_bytes(c[..8].try_into().expect("8 bytes")),
+            length: u32::from_le_bytes(c[8..12].try_into().expect("4 bytes")),
+            lkey: u32::from_le_bytes(c[12..].try_into().expect("4 bytes")),
+        })
+        .collect()
+}
+
+impl QpQueues {
+    /// Passes each send request's gather list or inline bytes through the send queue ring.
+    /// Requests whose descriptor does not fit a slot (more than the requested capabilities;
+    /// the device rejects them) and TSO requests go to the device unstaged.
+    pub(crate) fn stage_send(&self, reqs: &mut [SendRequest]) {
+        for r in reqs {
+            let image = match &r.payload {
+                Payload::Sges(list) => wqe(r.wr_id, KIND_SGES, list.len(), sge_bytes(list)),
+                Payload::Inline(bytes) => wqe(r.wr_id, KIND_INLINE, bytes.len(), bytes.iter().copied()),
+                Payload::Headed { .. } => continue,
+            };
+            let Some(back) = self.sq.pass(&image) else {
+                continue;
+            };
+            let body = &back[WQE_HEADER..];
+            r.payload = match &r.payload {
+                Payload::Inline(_) => Payload::Inline(body.to_vec()),
+                _ => Payload::Sges(sges_from(body)),
+            };
+        }
+    }
+
+    /// Passes each receive request's scatter list through the receive queue ring (a QP on an
+    /// SRQ has none; its requests are refused by the device anyway).
+    pub(crate) fn stage_recv(&self, reqs: &mut [RecvWr]) {
+        if let Some(rq) = &self.rq {
+            rq.stage_recv(reqs);
+        }
+    }
+}
+
+impl WqeRing {
+    /// Passes each receive request's scatter list through the ring; one with more entries than
+    /// a slot holds goes to the device unstaged (which refuses it).
+    fn stage_recv(&self, reqs: &mut [RecvWr]) {
+        for r in reqs {
+            let image = wqe(r.wr_id, KIND_SGES, r.sg_list.len(), sge_bytes(&r.sg_list));
+            if let Some(back) = self.pass(&image) {
+                r.sg_list = sges_from(&back[WQE_HEADER..]);
+            }
+        }
+    }
+}
+
+/// The receive queue buffer of an SRQ or WQ created through a parent domain.
+pub(crate) struct RecvQueue {
+    rq: WqeRing,
+    _use: DomainUse,
+}
+
+impl RecvQueue {
+    /// Passes each receive request's scatter list through the queue's ring.
+    pub(crate) fn stage_recv(&self, reqs: &mut [RecvWr]) {
+        self.rq.stage_recv(reqs);
+    }
+}
+
+/// The receive queue buffer (of `resource_type`, [`RES_SRQ`] or [`RES_WQ`]) of `max_wr` requests
+/// of `max_sge` entries for a queue created through `pd`, if `pd` is a parent domain (`None` for
+/// a plain PD).
+///
+/// # Safety
+/// `pd` must be NULL or a live PD of this library.
+pub(crate) unsafe fn recv_queue(
+    pd: *mut ibv_pd,
+    max_wr: u32,
+    max_sge: u32,
+    resource_type: u64,
+) -> Result<Option<RecvQueue>, c_int> {
+    // SAFETY: per the contract.
+    let Ok(parent) = (unsafe { parent_of(pd) }) else {
+        return Ok(None);
+    };
+    let hold = parent.core.hold().map_err(|e| errno_of(&e))?;
+    let stride = (WQE_HEADER + WQE_SGE * max_sge.max(1) as usize).div_ceil(QUEUE_ALIGN) * QUEUE_ALIGN;
+    let slots = max_wr.max(1) as usize;
+    // SAFETY: `pd` is the live parent domain `parent` belongs to.
+    let buf = unsafe { QueueBuf::alloc(pd, parent, stride * slots, resource_type) }?;
+    Ok(Some(RecvQueue {
+        rq: WqeRing::new(buf, stride, slots),
+        _use: hold,
+    }))
 }
 
 /// The parent domain behind `pd`: EINVAL unless it is one.
@@ -335,27 +510,26 @@ pub(crate) unsafe fn cq_ring(
 pub(crate) unsafe fn qp_queues(pd: *mut ibv_pd, parent: &Parent, cap: &QpCap) -> Result<QpQueues, c_int> {
     let hold = parent.core.hold().map_err(|e| errno_of(&e))?;
     let round = |n: usize| n.div_ceil(QUEUE_ALIGN) * QUEUE_ALIGN;
-    let send_stride =
-        round((64 + 16 * cap.max_send_sge.max(1) as usize).max(64 + cap.max_inline_data as usize));
-    let recv_stride = round(16 * cap.max_recv_sge.max(1) as usize);
+    let send_stride = round(
+        (WQE_HEADER + WQE_SGE * cap.max_send_sge.max(1) as usize)
+            .max(WQE_HEADER + cap.max_inline_data as usize)
+            .max(64),
+    );
+    let recv_stride = round(WQE_HEADER + WQE_SGE * cap.max_recv_sge.max(1) as usize);
+    let send_slots = cap.max_send_wr.max(1) as usize;
+    let recv_slots = cap.max_recv_wr as usize;
     // SAFETY: per the contract.
-    let sq = unsafe {
-        QueueBuf::alloc(
-            pd,
-            parent,
-            send_stride * cap.max_send_wr.max(1) as usize,
-            RES_QP_SQ,
-        )
-    }?;
-    let rq = if cap.max_recv_wr > 0 {
+    let sq = unsafe { QueueBuf::alloc(pd, parent, send_stride * send_slots, RES_QP_SQ) }?;
+    let rq = if recv_slots > 0 {
         // SAFETY: per the contract.
-        Some(unsafe { QueueBuf::alloc(pd, parent, recv_stride * cap.max_recv_wr as usize, RES_QP_RQ) }?)
+        let buf = unsafe { QueueBuf::alloc(pd, parent, recv_stride * recv_slots, RES_QP_RQ) }?;
+        Some(WqeRing::new(buf, recv_stride, recv_slots))
     } else {
         None
     };
     Ok(QpQueues {
-        _sq: sq,
-        _rq: rq,
+        sq: WqeRing::new(sq, send_stride, send_slots),
+        rq,
         _use: hold,
     })
 }

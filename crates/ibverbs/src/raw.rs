@@ -98,6 +98,8 @@ struct SvFlow {
 struct SvWq {
     wq: ibv_wq,
     core: Arc<Wq>,
+    /// Its receive queue buffer from a parent domain's allocator, if created through one.
+    queue: Option<crate::domain::RecvQueue>,
 }
 
 #[repr(C)]
@@ -341,7 +343,10 @@ unsafe extern "C" fn wq_post_recv(
         return fail(EINVAL);
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
-    let (reqs, ptrs, conv_err) = unsafe { recv_list(wr) };
+    let (mut reqs, ptrs, conv_err) = unsafe { recv_list(wr) };
+    if let Some(queue) = &w.queue {
+        queue.stage_recv(&mut reqs);
+    }
     let result = w.core.post_recv(&reqs);
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe { finish_recv(result, &ptrs, conv_err, bad) }
@@ -369,6 +374,11 @@ pub(crate) unsafe extern "C" fn create_wq(ctx: *mut ibv_context, attr: *mut ibv_
     let (Some(pd), Some(cq)) = (pd, cq) else {
         return fail_null(EINVAL);
     };
+    // SAFETY: `a.pd` is a live PD of this library (checked above).
+    let queue = match unsafe { crate::domain::recv_queue(a.pd, a.max_wr, a.max_sge, crate::domain::RES_WQ) } {
+        Ok(q) => q,
+        Err(e) => return fail_null(e),
+    };
     let core = match Wq::create(&pd.core, &cq.core, a.max_wr, a.max_sge) {
         Ok(w) => w,
         Err(e) => return fail_null(errno_of(&e)),
@@ -389,7 +399,7 @@ pub(crate) unsafe extern "C" fn create_wq(ctx: *mut ibv_context, attr: *mut ibv_
         events_completed: 0,
         comp_mask: 0,
     };
-    Box::into_raw(Box::new(SvWq { wq, core })).cast()
+    Box::into_raw(Box::new(SvWq { wq, core, queue })).cast()
 }
 
 /// The `modify_wq` op: `IBV_WQ_ATTR_STATE` and `IBV_WQ_ATTR_CURR_STATE`; flags are

@@ -57,6 +57,11 @@ pub(crate) unsafe fn create_tm_srq(init: *mut ibv_srq_init_attr_ex) -> *mut ibv_
     };
     // SAFETY: `attr` points into the caller's live struct.
     let a = unsafe { *attr };
+    // SAFETY: `pd` is a live PD of this library (checked above).
+    let queue = match unsafe { crate::domain::recv_queue(pd, a.max_wr, a.max_sge, crate::domain::RES_SRQ) } {
+        Ok(q) => q,
+        Err(e) => return fail_null(e),
+    };
     let core = match Srq::create_tm(
         &p.core,
         &SrqAttr {
@@ -89,7 +94,7 @@ pub(crate) unsafe fn create_tm_srq(init: *mut ibv_srq_init_attr_ex) -> *mut ibv_
         cond: pthread_cond_t([0; 48]),
         events_completed: 0,
     };
-    let b = Box::into_raw(Box::new(SvSrq { srq, core }));
+    let b = Box::into_raw(Box::new(SvSrq { srq, core, queue }));
     // SAFETY: `b` is live.
     unsafe { (*b).core.set_user_data(b as u64) };
     b.cast()

@@ -198,6 +198,41 @@ fn ibv_devinfo_verbose() {
     assert!(!err.contains("version information"), "{err}");
 }
 
+/// Our Rust `ibv_devinfo -v` prints what rdma-core's prints over our library, line for line
+/// (extended capabilities included: ODP, the completion clock, `device_cap_flags_ex`, TSO, RSS,
+/// tag matching, device memory), apart from its own packet counters.
+#[test]
+fn rust_and_c_ibv_devinfo_verbose_agree() {
+    let _serial = serial();
+    require("/usr/bin/ibv_devinfo");
+    let run = |program: &str| {
+        let mut c = command(program);
+        c.args(["-v", "-d", "sv_lo"]);
+        let o = run_bounded(c, LIMIT);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{program}: {out}{err}");
+        out
+    };
+    let c = run("/usr/bin/ibv_devinfo");
+    let rust = run(&rust_tool("ibv_devinfo"));
+    let ours: Vec<&str> = rust
+        .lines()
+        .take_while(|l| *l != "\tsoftverbs counters:")
+        .collect();
+    let theirs: Vec<&str> = c.lines().collect();
+    assert!(theirs.iter().any(|l| l.contains("ODP_SUPPORT_IMPLICIT")), "{c}");
+    assert!(
+        theirs
+            .iter()
+            .any(|l| l.contains("maximum available device memory")),
+        "{c}"
+    );
+    for (i, (a, b)) in theirs.iter().zip(&ours).enumerate() {
+        assert_eq!(a, b, "line {i} differs\n-- rdma-core:\n{c}\n-- ours:\n{rust}");
+    }
+    assert_eq!(theirs.len(), ours.len(), "-- rdma-core:\n{c}\n-- ours:\n{rust}");
+}
+
 #[test]
 fn ibv_asyncwatch_waits_for_events() {
     let _serial = serial();
@@ -267,6 +302,30 @@ fn ibv_rc_pingpong_completion_timestamps() {
             avg_usec > usec_per_iter / 3.0 && avg_usec < usec_per_iter * 3.0,
             "average interval {avg_usec} us against {usec_per_iter} us per iteration:\n{out}"
         );
+    }
+}
+
+/// `-t -e`: with events, the tool polls once per CQ event with `ibv_start_poll` and treats an
+/// empty CQ as fatal, while one pass consumes up to two completions; an event raised for a
+/// completion that pass already consumed must not reach it.
+#[test]
+fn ibv_rc_pingpong_completion_timestamps_with_events() {
+    pingpong("/usr/bin/ibv_rc_pingpong", &["-t", "-e", "-n", "300"]);
+}
+
+/// The other combinations of the new verbs with events and with each other.
+#[test]
+fn ibv_rc_pingpong_combined_options() {
+    for extra in [
+        &["-j", "-t", "-e"][..],
+        &["-o", "-t", "-e"],
+        &["-O", "-P", "-e"],
+        &["-N", "-t", "-e"],
+        &["-j", "-N"],
+        &["-j", "-t"],
+        &["-o", "-N"],
+    ] {
+        pingpong("/usr/bin/ibv_rc_pingpong", extra);
     }
 }
 
@@ -345,6 +404,14 @@ fn xsrq_pingpong(extra: &[&str]) {
 #[test]
 fn ibv_xsrq_pingpong() {
     xsrq_pingpong(&[]);
+}
+
+/// `-o`: the buffers are on-demand-paging regions, reached through XRC QPs and SRQs
+/// (`xrc_odp_caps`); with and without events.
+#[test]
+fn ibv_xsrq_pingpong_odp() {
+    xsrq_pingpong(&["-o"]);
+    xsrq_pingpong(&["-o", "-e"]);
 }
 
 #[test]

@@ -166,6 +166,11 @@ impl Context {
         self.0.core.device().limits().max_dm_size
     }
 
+    /// `ibv_context.num_comp_vectors`: the completion vectors a CQ may name.
+    pub fn num_comp_vectors(&self) -> u32 {
+        softverbs_device::cq::NUM_COMP_VECTORS
+    }
+
     /// `ibv_alloc_td`.
     pub fn alloc_td(&self) -> Result<ThreadDomain> {
         ThreadDomain::alloc(self)

@@ -344,3 +344,86 @@ fn advise_mr_validates_like_the_man_page() {
     );
     assert_eq!(errno(0, 0, &[foreign.sge(0..8).unwrap()]), 1, "another PD: EPERM");
 }
+
+/// ibv_alloc_null_mr(3): a receive skips its first bytes through the null MR, a send gathers
+/// zeros from it, and its rkey gives remote peers nothing.
+#[test]
+fn null_mr_discards_scattered_bytes_and_gathers_zeros() {
+    let (mut a, mut b) = (
+        side(FLUSH_ACCESS, Timestamps::default()),
+        side(FLUSH_ACCESS, Timestamps::default()),
+    );
+    // Scatter lists of two entries.
+    for s in [&mut a, &mut b] {
+        let mut init = QpInit::new(QpType::Rc, &s.cq);
+        init.cap.max_recv_sge = 2;
+        s.qp = s._pd.create_qp(&init).unwrap();
+    }
+    connect(&a, &b, remote_qp_access());
+    let null = b._pd.alloc_null_mr().unwrap();
+    a.mr.write(0, b"headerpayload").unwrap();
+    let skip = Sge {
+        addr: 0x1000,
+        length: 6,
+        lkey: null.lkey(),
+    };
+    b.qp.post_recv(&[RecvWr {
+        wr_id: 7,
+        sg_list: vec![skip, b.mr.sge(100..164).unwrap()],
+    }])
+    .unwrap();
+    let send = |wr_id, sges| SendRequest {
+        payload: Payload::Sges(sges),
+        ..req(
+            wr_id,
+            SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+        )
+    };
+    a.qp.post_send(&[send(1, vec![a.mr.sge(0..13).unwrap()])])
+        .unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    let r = wait(&b.cq, 1);
+    assert_eq!(
+        (r[0].wr_id, r[0].status, r[0].byte_len),
+        (7, WcStatus::Success, 13)
+    );
+    let mut got = [0u8; 8];
+    b.mr.read(100, &mut got).unwrap();
+    assert_eq!(&got, b"payload\0");
+
+    // Gathering from the null MR sends zeros.
+    a.mr.write(200, &[0xff; 16]).unwrap();
+    a.qp.post_recv(&[RecvWr {
+        wr_id: 8,
+        sg_list: vec![a.mr.sge(200..216).unwrap()],
+    }])
+    .unwrap();
+    let zeros = Sge {
+        addr: 0x2000,
+        length: 16,
+        lkey: null.lkey(),
+    };
+    b.qp.post_send(&[send(2, vec![zeros])]).unwrap();
+    assert_eq!(wait(&b.cq, 1)[0].status, WcStatus::Success);
+    assert_eq!(wait(&a.cq, 1)[0].byte_len, 16);
+    let mut got = [0xaau8; 16];
+    a.mr.read(200, &mut got).unwrap();
+    assert_eq!(got, [0; 16]);
+
+    // Not reachable remotely.
+    let write = SendRequest {
+        payload: Payload::Sges(vec![a.mr.sge(0..8).unwrap()]),
+        ..req(
+            3,
+            SendOp::Write {
+                remote: null.remote(0x3000),
+                imm: None,
+            },
+        )
+    };
+    a.qp.post_send(&[write]).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::RemAccessErr);
+}

@@ -409,6 +409,17 @@ mod traffic {
     /// WRITE, READ and atomics use keys of the SRQ's PD.
     #[test]
     fn initiator_to_the_srqs_of_a_targets_domain() {
+        initiator_to_srqs(AccessFlags::empty());
+    }
+
+    /// The same on explicit on-demand-paging regions on both sides, as `xrc_odp_caps`
+    /// advertises (SEND, SRQ receives, WRITE, READ, atomics).
+    #[test]
+    fn initiator_to_the_srqs_of_a_targets_domain_on_odp_regions() {
+        initiator_to_srqs(AccessFlags::ON_DEMAND);
+    }
+
+    fn initiator_to_srqs(extra_access: AccessFlags) {
         let (ca, cb) = (lo(), lo());
         let pa = ca.alloc_pd().unwrap();
         let cqa = ca.create_cq(32, None, 0).unwrap();
@@ -425,7 +436,7 @@ mod traffic {
         xrc_up(&ca, &ini, tgt.qp_num());
         xrc_up(&cb, &tgt, ini.qp_num());
 
-        let local = AccessFlags::LOCAL_WRITE;
+        let local = AccessFlags::LOCAL_WRITE | extra_access;
         let remote =
             local | AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_ATOMIC;
         let m1 = pb1.register(4096, local).unwrap();

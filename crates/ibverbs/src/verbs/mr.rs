@@ -40,35 +40,6 @@ pub(crate) unsafe fn reg(
     }
 }
 
-/// The `alloc_null_mr` op behind the inline `ibv_alloc_null_mr`: `addr` NULL and `length`
-/// `SIZE_MAX` as rdma-core reports a null MR; only the lkey is valid (rkey 0).
-pub(crate) unsafe extern "C" fn alloc_null_mr(pd: *mut ibv_pd) -> *mut ibv_mr {
-    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
-    let Some(p) = (unsafe { outer::<SvPd, _>(pd) }) else {
-        return fail_null(EINVAL);
-    };
-    match softverbs_device::Mr::alloc_null(&p.core) {
-        Ok(core) => {
-            let mr = ibv_mr {
-                // SAFETY: `pd` is live (checked above); read its context pointer.
-                context: unsafe { (*pd).context },
-                pd,
-                addr: std::ptr::null_mut(),
-                length: usize::MAX,
-                handle: core.handle(),
-                lkey: core.lkey(),
-                rkey: 0,
-            };
-            Box::into_raw(Box::new(SvMr {
-                mr,
-                core: Mutex::new(core),
-            }))
-            .cast()
-        }
-        Err(e) => fail_null(errno_of(&e)),
-    }
-}
-
 /// `ibv_reg_mr`.
 pub(crate) unsafe extern "C" fn reg_mr(
     pd: *mut ibv_pd,
@@ -102,6 +73,36 @@ pub(crate) unsafe extern "C" fn reg_mr_iova2(
 ) -> *mut ibv_mr {
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe { reg(pd, addr, length, iova, access as c_int) }
+}
+
+/// `ibv_alloc_null_mr`: a region whose lkey discards what is written through it and reads as
+/// zeros, anywhere; freed with `ibv_dereg_mr`. Its `addr` is NULL, its length the whole address
+/// space, and its `rkey` 0: it is not exposed to remote peers.
+pub(crate) unsafe extern "C" fn alloc_null_mr(pd: *mut ibv_pd) -> *mut ibv_mr {
+    // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
+    let Some(p) = (unsafe { outer::<SvPd, _>(pd) }) else {
+        return fail_null(EINVAL);
+    };
+    match softverbs_device::pd::Mr::alloc_null(&p.core) {
+        Ok(core) => {
+            let mr = ibv_mr {
+                // SAFETY: `pd` is live (checked above); read its context pointer.
+                context: unsafe { (*pd).context },
+                pd,
+                addr: std::ptr::null_mut(),
+                length: usize::MAX,
+                handle: core.handle(),
+                lkey: core.lkey(),
+                rkey: 0,
+            };
+            Box::into_raw(Box::new(SvMr {
+                mr,
+                core: Mutex::new(core),
+            }))
+            .cast()
+        }
+        Err(e) => fail_null(errno_of(&e)),
+    }
 }
 
 /// `ibv_dereg_mr`.

@@ -72,6 +72,8 @@ pub(crate) struct SvCq {
 pub(crate) struct SvSrq {
     pub(crate) srq: ibv_srq,
     pub(crate) core: Arc<Srq>,
+    /// Its receive queue buffer from a parent domain's allocator, if created through one.
+    pub(crate) queue: Option<crate::domain::RecvQueue>,
 }
 
 /// Every QP is an `ibv_qp_ex`, so `ibv_qp_to_qp_ex` works on any QP.

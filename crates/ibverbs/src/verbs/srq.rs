@@ -23,6 +23,8 @@ pub(crate) unsafe fn new_srq(
     }
     // SAFETY: `attr` is a readable and writable `struct ibv_srq_attr`.
     let a = unsafe { *attr };
+    // SAFETY: `pd` is a live PD of this library (checked above).
+    let queue = unsafe { crate::domain::recv_queue(pd, a.max_wr, a.max_sge, crate::domain::RES_SRQ) }?;
     let core = Srq::create(&p.core, &srq_attr_core(&a)).map_err(|e| errno_of(&e))?;
     let actual = core.query();
     // SAFETY: as above; ibv_create_srq(3) returns the actual sizes in the caller's attributes.
@@ -40,7 +42,7 @@ pub(crate) unsafe fn new_srq(
         cond: pthread_cond_t([0; 48]),
         events_completed: 0,
     };
-    let b = Box::into_raw(Box::new(SvSrq { srq, core }));
+    let b = Box::into_raw(Box::new(SvSrq { srq, core, queue }));
     // SAFETY: `b` is live.
     unsafe { (*b).core.set_user_data(b as u64) };
     Ok(b)

@@ -79,6 +79,9 @@ pub(crate) unsafe fn new_xrc_srq(init: *mut ibv_srq_init_attr_ex) -> Result<*mut
             outer::<SvCq, _>(i.cq.cast::<ibv_cq_ex>()).ok_or(EINVAL)?,
         )
     };
+    // SAFETY: `i.pd` is a live PD of this library (checked above).
+    let queue =
+        unsafe { crate::domain::recv_queue(i.pd, i.attr.max_wr, i.attr.max_sge, crate::domain::RES_SRQ) }?;
     let core =
         Srq::create_xrc(&pd.core, &x.core, &cq.core, &srq_attr_core(&i.attr)).map_err(|e| errno_of(&e))?;
     let actual = core.query();
@@ -94,7 +97,7 @@ pub(crate) unsafe fn new_xrc_srq(init: *mut ibv_srq_init_attr_ex) -> Result<*mut
         cond: pthread_cond_t([0; 48]),
         events_completed: 0,
     };
-    let b = Box::into_raw(Box::new(SvSrq { srq, core }));
+    let b = Box::into_raw(Box::new(SvSrq { srq, core, queue }));
     // SAFETY: `b` is live.
     unsafe { (*b).core.set_user_data(b as u64) };
     Ok(b)

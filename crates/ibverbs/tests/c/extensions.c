@@ -155,7 +155,10 @@ static void test_device(void)
 	       IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ | IBV_ODP_SUPPORT_ATOMIC)) ==
 	      (IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
 	       IBV_ODP_SUPPORT_ATOMIC), "RC ODP caps");
-	CHECK(dx.xrc_odp_caps == 0, "no XRC ODP (no XRC)");
+	uint32_t xrc = IBV_ODP_SUPPORT_SEND | IBV_ODP_SUPPORT_SRQ_RECV | IBV_ODP_SUPPORT_WRITE | IBV_ODP_SUPPORT_READ |
+		       IBV_ODP_SUPPORT_ATOMIC;
+	CHECK((dx.orig_attr.device_cap_flags & IBV_DEVICE_XRC) && dx.xrc_odp_caps == xrc,
+	      "XRC ODP caps: send, SRQ receives, write, read, atomics (%#x)", dx.xrc_odp_caps);
 
 	struct ibv_values_ex v = { .comp_mask = 0 };
 	CHECK(ibv_query_rt_values_ex(ctx, &v) == 0 && v.comp_mask == 0, "ibv_query_rt_values_ex with nothing asked");

@@ -820,6 +820,43 @@ static int send_recv(struct ibv_qp *a, struct ibv_qp *b, struct ibv_cq *cq, uint
 	return len;
 }
 
+/* ibv_alloc_null_mr(3): writes through the lkey are discarded, reads give zeros. */
+static void test_null_mr(void)
+{
+	struct ibv_mr *null = ibv_alloc_null_mr(pd);
+	REQUIRE(null && null->pd == pd && null->addr == NULL, "ibv_alloc_null_mr");
+	char *mem = calloc(1, 4096);
+	struct ibv_mr *mr = ibv_reg_mr(pd, mem, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_qp *a = make_qp_on(pd, cq), *b = make_qp_on(pd, cq);
+	REQUIRE(mr && cq && a && b && connect_qp(a, b->qp_num) == 0 && connect_qp(b, a->qp_num) == 0,
+		"RC QPs for null MR traffic");
+	strcpy(mem, "discard this");
+	CHECK(send_recv(a, b, cq, (uintptr_t)mem, 13, mr->lkey, 0x1000, 64, null->lkey) == 13,
+	      "a receive into the null MR completes with the byte count");
+	memset(mem + 512, 0xff, 64);
+	CHECK(send_recv(a, b, cq, 0x2000, 16, null->lkey, (uintptr_t)mem + 512, 64, mr->lkey) == 16 &&
+		      !memcmp(mem + 512, (char[16]){ 0 }, 16) && (unsigned char)mem[512 + 16] == 0xff,
+	      "a send gathering from the null MR sends zeros");
+	/* A scatter list that skips a header through the null MR. */
+	strcpy(mem + 1024, "headerpayload");
+	memset(mem + 2048, 0, 64);
+	struct ibv_sge rs[2] = { { .addr = 0, .length = 6, .lkey = null->lkey },
+				 { .addr = (uintptr_t)mem + 2048, .length = 64, .lkey = mr->lkey } };
+	struct ibv_recv_wr rwr = { .wr_id = 1, .sg_list = rs, .num_sge = 2 }, *bad_r;
+	struct ibv_sge ss = { .addr = (uintptr_t)mem + 1024, .length = 14, .lkey = mr->lkey };
+	struct ibv_send_wr swr = { .wr_id = 2, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
+				   .send_flags = IBV_SEND_SIGNALED }, *bad_s;
+	struct ibv_wc wc;
+	int ok = ibv_post_recv(b, &rwr, &bad_r) == 0 && ibv_post_send(a, &swr, &bad_s) == 0;
+	for (int i = 0; i < 2 && ok; i++)
+		ok = poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS;
+	CHECK(ok && !strcmp(mem + 2048, "payload"), "the null MR skips part of a scatter list");
+	CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0 && ibv_destroy_cq(cq) == 0, "null MR QPs destroyed");
+	CHECK(ibv_dereg_mr(null) == 0 && ibv_dereg_mr(mr) == 0, "ibv_dereg_mr frees the null MR");
+	free(mem);
+}
+
 static void test_device_memory(void)
 {
 	struct ibv_device_attr_ex dx = { 0 };
@@ -919,7 +956,18 @@ struct alloc_log {
 	int allocs, frees, defaults, bad_size;
 	uint64_t types[16];
 	void *live[16];
+	size_t sizes[16];
 };
+
+/* Whether a buffer alloc handed out (and that is not yet freed) holds `len` bytes equal to `pat`. */
+static int alloc_holds(const struct alloc_log *log, const void *pat, size_t len)
+{
+	for (int i = 0; i < 16; i++)
+		for (size_t off = 0; log->live[i] && off + len <= log->sizes[i]; off++)
+			if (!memcmp((const char *)log->live[i] + off, pat, len))
+				return 1;
+	return 0;
+}
 
 static void *pd_alloc(struct ibv_pd *on, void *pd_context, size_t size, size_t alignment, uint64_t type)
 {
@@ -940,6 +988,7 @@ static void *pd_alloc(struct ibv_pd *on, void *pd_context, size_t size, size_t a
 	for (int i = 0; i < 16; i++)
 		if (!log->live[i]) {
 			log->live[i] = p;
+			log->sizes[i] = size;
 			break;
 		}
 	return p;
@@ -1018,6 +1067,81 @@ static void test_parent_domain(void)
 	for (int i = 0; i < 40 && ok; i++)
 		ok = send_recv(a, b, cq, (uintptr_t)mem, 14, mr->lkey, (uintptr_t)mem + 1024, 64, mr->lkey) == 14;
 	CHECK(ok && !strcmp(mem + 1024, "parent domain"), "traffic on parent-domain QPs and CQ (40 round trips)");
+	/* a's send queue and b's receive queue came from alloc: the WQEs were written there. */
+	struct ibv_sge sent = { .addr = (uintptr_t)mem, .length = 14, .lkey = mr->lkey };
+	struct ibv_sge received = { .addr = (uintptr_t)mem + 1024, .length = 64, .lkey = mr->lkey };
+	CHECK(alloc_holds(&log, &sent, sizeof sent) && alloc_holds(&log, &received, sizeof received),
+	      "posted gather and scatter lists pass through the allocated queue buffers");
+	{
+		static const char marker[] = "inline bytes staged in the send queue";
+		struct ibv_sge rs = { .addr = (uintptr_t)mem + 2048, .length = 64, .lkey = mr->lkey };
+		struct ibv_recv_wr rwr = { .wr_id = 3, .sg_list = &rs, .num_sge = 1 }, *bad_r;
+		struct ibv_sge ss = { .addr = (uintptr_t)marker, .length = sizeof marker };
+		struct ibv_send_wr swr = { .wr_id = 4, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
+					   .send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE }, *bad_s;
+		struct ibv_wc wc;
+		int got = 0;
+		if (!ibv_post_recv(b, &rwr, &bad_r) && !ibv_post_send(a, &swr, &bad_s))
+			for (int i = 0; i < 2 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS; i++)
+				got++;
+		CHECK(got == 2 && !strcmp(mem + 2048, marker) && alloc_holds(&log, marker, sizeof marker),
+		      "inline data passes through the allocated send queue");
+	}
+	{
+		/* a's receive queue is the library's (USE_DEFAULT), so this wr_id reaches an allocated
+		 * buffer only through the CQ's poll ring, which the extended pollers use too. */
+		uint64_t id = 0x5eed0123456789abULL;
+		struct ibv_sge rs = { .addr = (uintptr_t)mem + 3072, .length = 64, .lkey = mr->lkey };
+		struct ibv_recv_wr rwr = { .wr_id = id, .sg_list = &rs, .num_sge = 1 }, *bad_r;
+		struct ibv_sge ss = { .addr = (uintptr_t)mem, .length = 14, .lkey = mr->lkey };
+		struct ibv_send_wr swr = { .wr_id = 5, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
+					   .send_flags = IBV_SEND_SIGNALED }, *bad_s;
+		int before = alloc_holds(&log, &id, sizeof id), seen = 0, staged = 0;
+		if (!ibv_post_recv(a, &rwr, &bad_r) && !ibv_post_send(b, &swr, &bad_s)) {
+			struct ibv_poll_cq_attr pa = { 0 };
+			for (int spins = 0; seen < 2 && spins < 10000000; spins++) {
+				if (ibv_start_poll(cqx, &pa))
+					continue;
+				do {
+					seen += cqx->status == IBV_WC_SUCCESS;
+					/* The ring holds the completion being read. */
+					staged |= cqx->wr_id == id && alloc_holds(&log, &id, sizeof id);
+				} while (seen < 2 && ibv_next_poll(cqx) == 0);
+				ibv_end_poll(cqx);
+			}
+		}
+		CHECK(!before && seen == 2 && staged,
+		      "ibv_start_poll stages completions in the allocated poll ring");
+	}
+	{
+		/* Two SRQs: the sixth allocation is answered USE_DEFAULT, the seventh from alloc. */
+		struct ibv_srq_init_attr sa = { .attr = { .max_wr = 8, .max_sge = 1 } };
+		struct ibv_srq *s1 = ibv_create_srq(par, &sa), *s2 = ibv_create_srq(par, &sa);
+		REQUIRE(s1 && s2 && s2->pd == par, "ibv_create_srq on the parent domain");
+		CHECK(log.allocs == 7 && log.types[5] == 4 && log.types[6] == 4,
+		      "each SRQ's receive queue comes from alloc (type %llu)", (unsigned long long)log.types[6]);
+		struct ibv_sge rs = { .addr = (uintptr_t)mem + 3333, .length = 77, .lkey = mr->lkey };
+		struct ibv_recv_wr rwr = { .wr_id = 9, .sg_list = &rs, .num_sge = 1 }, *bad_r;
+		CHECK(!alloc_holds(&log, &rs, sizeof rs) && ibv_post_srq_recv(s2, &rwr, &bad_r) == 0 &&
+			      alloc_holds(&log, &rs, sizeof rs),
+		      "SRQ receives pass through the allocated receive queue");
+		CHECK(ibv_destroy_srq(s1) == 0 && ibv_destroy_srq(s2) == 0, "parent domain SRQs destroyed");
+	}
+	{
+		/* The eighth allocation: a receive WQ's buffer. */
+		struct ibv_wq_init_attr wa = { .wq_type = IBV_WQT_RQ, .max_wr = 8, .max_sge = 1, .pd = par, .cq = cq };
+		struct ibv_wq *wq = ibv_create_wq(ctx, &wa);
+		REQUIRE(wq, "ibv_create_wq on the parent domain");
+		CHECK(log.allocs == 8 && log.types[7] == 5, "the WQ's buffer comes from alloc (type %llu)",
+		      (unsigned long long)log.types[7]);
+		struct ibv_wq_attr rdy = { .attr_mask = IBV_WQ_ATTR_STATE, .wq_state = IBV_WQS_RDY };
+		struct ibv_sge rs = { .addr = (uintptr_t)mem + 3500, .length = 55, .lkey = mr->lkey };
+		struct ibv_recv_wr rwr = { .wr_id = 10, .sg_list = &rs, .num_sge = 1 }, *bad_r;
+		CHECK(ibv_modify_wq(wq, &rdy) == 0 && !alloc_holds(&log, &rs, sizeof rs) &&
+			      ibv_post_wq_recv(wq, &rwr, &bad_r) == 0 && alloc_holds(&log, &rs, sizeof rs),
+		      "WQ receives pass through the allocated buffer");
+		CHECK(ibv_destroy_wq(wq) == 0, "parent domain WQ destroyed");
+	}
 	struct ibv_wc wcs[4];
 	CHECK(ibv_poll_cq(cq, 4, wcs) == 0, "the CQ is empty afterwards");
 	ibv_dereg_mr(mr);
@@ -1636,6 +1760,7 @@ int main(void)
 	test_extended_apis();
 	test_ud();
 	test_device_memory();
+	test_null_mr();
 	test_parent_domain();
 	test_import();
 	test_errno();

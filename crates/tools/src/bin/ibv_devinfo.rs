@@ -6,7 +6,7 @@ use std::net::Ipv6Addr;
 use std::process::ExitCode;
 
 use clap::Parser;
-use softverbs::{devices, AtomicCap, Context, Device, Mtu, PortState, TmCapFlags, TmCaps};
+use softverbs::{devices, odp, AtomicCap, Context, Device, Mtu, OdpCaps, PortState, TmCapFlags};
 use softverbs_tools::cli;
 
 /// Print the attributes of the RDMA devices.
@@ -162,7 +162,7 @@ fn print_device(dev: &Device, port_filter: Option<u8>, verbose: bool) -> Result<
         }
         emit!(o, "\tmax_pkeys:\t\t\t{}", a.max_pkeys);
         emit!(o, "\tlocal_ca_ack_delay:\t\t{}", a.local_ca_ack_delay);
-        print_extended_caps(&mut o, a.device_cap_flags, &ctx.tm_caps());
+        print_extended_caps(&mut o, &ctx);
     }
     for port in 1..=a.phys_port_cnt {
         if port_filter.is_some_and(|p| p != port) {
@@ -276,28 +276,81 @@ fn print_port(o: &mut String, ctx: &Context, port: u8, verbose: bool) -> Result<
     Ok(())
 }
 
-/// The ibv_device_attr_ex part of `-v`: of these capabilities softverbs devices have tag
-/// matching only; for the others this prints what rdma-core prints for a device without them.
-fn print_extended_caps(o: &mut String, cap_flags: u32, tm: &TmCaps) {
-    emit!(o, "\tgeneral_odp_caps:");
-    for t in ["rc", "uc", "ud", "xrc"] {
-        emit!(o, "\t{t}_odp_caps:");
-        emit!(o, "\t\t\t\t\tNO SUPPORT");
+/// The ibv_device_attr_ex part of `-v`, in the layout of rdma-core 44's `ibv_devinfo`.
+fn print_extended_caps(o: &mut String, ctx: &Context) {
+    let ex = ctx.query_device_ex();
+    print_odp_caps(o, &ex.odp_caps);
+    if ex.completion_timestamp_mask != 0 {
+        emit!(
+            o,
+            "\tcompletion timestamp_mask:\t\t\t0x{:016x}",
+            ex.completion_timestamp_mask
+        );
+    } else {
+        emit!(o, "\tcompletion_timestamp_mask not supported");
     }
-    emit!(o, "\tcompletion_timestamp_mask not supported");
-    emit!(o, "\tcore clock not supported");
-    emit!(o, "\tdevice_cap_flags_ex:\t\t0x{:X}", u64::from(cap_flags));
+    if ex.hca_core_clock != 0 {
+        emit!(o, "\thca_core_clock:\t\t\t{}kHZ", ex.hca_core_clock);
+    } else {
+        emit!(o, "\tcore clock not supported");
+    }
+    // raw_packet_caps (VLAN stripping, FCS scatter, checksum offloads) are none here, and
+    // rdma-core prints nothing for none.
+    emit!(o, "\tdevice_cap_flags_ex:\t\t0x{:X}", ex.device_cap_flags_ex);
+    // rdma-core 44 names two of the upper 32 bits; the FLUSH and ATOMIC WRITE bits are newer.
+    let upper = ex.device_cap_flags_ex & 0xffff_ffff_0000_0000;
+    const RAW_SCATTER_FCS: u64 = 1 << 34;
+    const PCI_WRITE_END_PADDING: u64 = 1 << 36;
+    if upper & RAW_SCATTER_FCS != 0 {
+        emit!(o, "\t\t\t\t\tRAW_SCATTER_FCS");
+    }
+    if upper & PCI_WRITE_END_PADDING != 0 {
+        emit!(o, "\t\t\t\t\tPCI_WRITE_END_PADDING");
+    }
+    let unknown = upper & !(RAW_SCATTER_FCS | PCI_WRITE_END_PADDING);
+    if unknown != 0 {
+        emit!(o, "\t\t\t\t\tUnknown flags: 0x{unknown:X}");
+    }
+    let tso = ctx.tso_caps();
     emit!(o, "\ttso_caps:");
-    emit!(o, "\tmax_tso:\t\t\t0");
+    emit!(o, "\t\tmax_tso:\t\t\t{}", tso.max_tso);
+    if tso.max_tso != 0 {
+        emit!(o, "\t\tsupported_qp:");
+        print_qp_types(o, tso.supported_qpts);
+    }
+    let rss = ctx.rss_caps();
     emit!(o, "\trss_caps:");
-    emit!(o, "\t\tmax_rwq_indirection_tables:\t\t\t0");
-    emit!(o, "\t\tmax_rwq_indirection_table_size:\t\t\t0");
-    emit!(o, "\t\trx_hash_function:\t\t\t\t0x0");
-    emit!(o, "\t\trx_hash_fields_mask:\t\t\t\t0x0");
-    emit!(o, "\tmax_wq_type_rq:\t\t\t0");
+    emit!(
+        o,
+        "\t\tmax_rwq_indirection_tables:\t\t\t{}",
+        rss.max_rwq_indirection_tables
+    );
+    emit!(
+        o,
+        "\t\tmax_rwq_indirection_table_size:\t\t\t{}",
+        rss.max_rwq_indirection_table_size
+    );
+    emit!(o, "\t\trx_hash_function:\t\t\t\t0x{:x}", rss.rx_hash_function);
+    emit!(
+        o,
+        "\t\trx_hash_fields_mask:\t\t\t\t0x{:X}",
+        rss.rx_hash_fields_mask
+    );
+    if rss.supported_qpts != 0 {
+        emit!(o, "\t\tsupported_qp:");
+        print_qp_types(o, rss.supported_qpts);
+    }
+    emit!(o, "\tmax_wq_type_rq:\t\t\t{}", rss.max_wq_type_rq);
+    let ex = ctx.query_device_ex();
+    let pacing = ex.packet_pacing_caps;
     emit!(o, "\tpacket_pacing_caps:");
-    emit!(o, "\t\tqp_rate_limit_min:\t0kbps");
-    emit!(o, "\t\tqp_rate_limit_max:\t0kbps");
+    emit!(o, "\t\tqp_rate_limit_min:\t{}kbps", pacing.qp_rate_limit_min);
+    emit!(o, "\t\tqp_rate_limit_max:\t{}kbps", pacing.qp_rate_limit_max);
+    if pacing.supported_qpts != 0 {
+        emit!(o, "\t\tsupported_qp:");
+        print_qp_types(o, pacing.supported_qpts);
+    }
+    let tm = ctx.tm_caps();
     if tm.max_num_tags != 0 {
         emit!(o, "\tmax_rndv_hdr_size:\t\t{}", tm.max_rndv_hdr_size);
         emit!(o, "\tmax_num_tags:\t\t\t{}", tm.max_num_tags);
@@ -309,6 +362,80 @@ fn print_extended_caps(o: &mut String, cap_flags: u32, tm: &TmCaps) {
         }
     } else {
         emit!(o, "\ttag matching not supported");
+    }
+    let (max_cq_count, max_cq_period) = ex.cq_mod_caps;
+    if max_cq_count != 0 && max_cq_period != 0 {
+        emit!(o, "\n\tcq moderation caps:");
+        emit!(o, "\t\tmax_cq_count:\t{max_cq_count}");
+        emit!(o, "\t\tmax_cq_period:\t{max_cq_period} us\n");
+    }
+    if ctx.max_dm_size() != 0 {
+        emit!(
+            o,
+            "\tmaximum available device memory:\t{}Bytes\n",
+            ctx.max_dm_size()
+        );
+    }
+    emit!(o, "\tnum_comp_vectors:\t\t{}", ctx.num_comp_vectors());
+}
+
+/// `odp_caps` and `xrc_odp_caps`.
+fn print_odp_caps(o: &mut String, caps: &OdpCaps) {
+    emit!(o, "\tgeneral_odp_caps:");
+    if caps.general_caps & odp::SUPPORT != 0 {
+        emit!(o, "\t\t\t\t\tODP_SUPPORT");
+    }
+    if caps.general_caps & odp::SUPPORT_IMPLICIT != 0 {
+        emit!(o, "\t\t\t\t\tODP_SUPPORT_IMPLICIT");
+    }
+    let unknown = caps.general_caps & !(odp::SUPPORT | odp::SUPPORT_IMPLICIT);
+    if unknown != 0 {
+        emit!(o, "\t\t\t\t\tUnknown flags: 0x{unknown:X}");
+    }
+    for (name, t) in [
+        ("rc", caps.rc_odp_caps),
+        ("uc", caps.uc_odp_caps),
+        ("ud", caps.ud_odp_caps),
+        ("xrc", caps.xrc_odp_caps),
+    ] {
+        emit!(o, "\t{name}_odp_caps:");
+        if t == 0 {
+            emit!(o, "\t\t\t\t\tNO SUPPORT");
+            continue;
+        }
+        let names = [
+            (odp::SEND, "SUPPORT_SEND"),
+            (odp::RECV, "SUPPORT_RECV"),
+            (odp::WRITE, "SUPPORT_WRITE"),
+            (odp::READ, "SUPPORT_READ"),
+            (odp::ATOMIC, "SUPPORT_ATOMIC"),
+            (odp::SRQ_RECV, "SUPPORT_SRQ"),
+        ];
+        for (bit, n) in names {
+            if t & bit != 0 {
+                emit!(o, "\t\t\t\t\t{n}");
+            }
+        }
+        // FLUSH and ATOMIC WRITE on ODP regions are newer than rdma-core 44's names.
+        let unknown = t & !names.iter().fold(0, |acc, (b, _)| acc | b);
+        if unknown != 0 {
+            emit!(o, "\t\t\t\t\tUnknown flags: 0x{unknown:X}");
+        }
+    }
+}
+
+/// The QP types of a `supported_qpts` mask (a bit per `ibv_qp_type`).
+fn print_qp_types(o: &mut String, qpts: u32) {
+    const RAW_PACKET: u32 = 1 << 8;
+    const UD: u32 = 1 << 4;
+    if qpts & RAW_PACKET != 0 {
+        emit!(o, "\t\t\t\t\tSUPPORT_RAW_PACKET");
+    }
+    if qpts & UD != 0 {
+        emit!(o, "\t\t\t\t\tSUPPORT_UD");
+    }
+    if qpts & !(RAW_PACKET | UD) != 0 {
+        emit!(o, "\t\t\t\t\tUnknown flags: 0x{:X}", qpts & !(RAW_PACKET | UD));
     }
 }
 
