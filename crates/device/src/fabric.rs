@@ -296,10 +296,7 @@ fn coalesce_acks(mut txs: Vec<Transmit>) -> Vec<Transmit> {
 pub(crate) struct Fabric {
     nodes: RwLock<Vec<Weak<Node>>>,
     epoch: std::time::Instant,
-    /// The progress thread's next wake-up (nanoseconds since the epoch; MAX: none).
-    wake_at: AtomicU64,
-    wake_lock: Mutex<()>,
-    wake: Condvar,
+    wake: WakeUp,
     qpns: Mutex<QpnTable>,
     udp: OnceLock<Arc<Udp>>,
     /// Serialises attempts to start the UDP driver.
@@ -364,9 +361,7 @@ pub(crate) fn fabric() -> &'static Fabric {
         Fabric {
             nodes: RwLock::new(Vec::new()),
             epoch: std::time::Instant::now(),
-            wake_at: AtomicU64::new(u64::MAX),
-            wake_lock: Mutex::new(()),
-            wake: Condvar::new(),
+            wake: WakeUp::new(),
             qpns: Mutex::new(QpnTable::new(FIRST_QPN, LAST_QPN_INDEX)),
             udp: OnceLock::new(),
             udp_start: Mutex::new(()),
@@ -404,16 +399,7 @@ fn receive_thread(udp: &Udp) {
 fn progress_thread() {
     let f = fabric();
     loop {
-        // From here on, `schedule` merges each new deadline into `wake_at` (fetch_min under
-        // `wake_lock`), and the earliest node timer found below is merged into it too, never
-        // stored over it. A deadline set before this store is already in its node's state, which
-        // `run_timers` reads after it; one set later lowers `wake_at` and is kept. Storing the
-        // computed `next` instead (as an earlier version did) lost any deadline scheduled while
-        // the timers were being run.
-        f.wake_at.store(u64::MAX, Ordering::Release);
-        // Pairs with the fence in `schedule`: either it sees this store, or `run_timers` below
-        // sees the QP's deadline stored before it.
-        std::sync::atomic::fence(Ordering::SeqCst);
+        f.wake.begin_pass();
         let now = f.now();
         f.drive(now);
         let mut next = None;
@@ -423,17 +409,70 @@ fn progress_thread() {
             }
         }
         f.drive(f.now());
-        let mut guard = f.wake_lock.lock();
-        let found = next.map_or(u64::MAX, |d| d.as_nanos());
-        // Under the lock, so a `schedule` after this sees the value and notifies a waiting thread.
-        let target = f.wake_at.fetch_min(found, Ordering::AcqRel).min(found);
+        let (mut guard, target) = f.wake.end_pass(next.map_or(u64::MAX, |d| d.as_nanos()));
         if target == u64::MAX {
-            f.wake.wait(&mut guard);
+            f.wake.cv.wait(&mut guard);
         } else {
             let wait = Duration::from_nanos(target.saturating_sub(f.now().as_nanos()));
             if !wait.is_zero() {
-                f.wake.wait_for(&mut guard, wait);
+                f.wake.cv.wait_for(&mut guard, wait);
             }
+        }
+    }
+}
+
+/// The progress thread's next wake-up, lowered by the threads that set transport deadlines.
+#[derive(Debug)]
+struct WakeUp {
+    /// Nanoseconds since the fabric's epoch; MAX: none.
+    at: AtomicU64,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+impl WakeUp {
+    fn new() -> Self {
+        Self {
+            at: AtomicU64::new(u64::MAX),
+            lock: Mutex::new(()),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn load(&self) -> u64 {
+        self.at.load(Ordering::Acquire)
+    }
+
+    /// Starts a pass of the progress thread over the timers. From here on `schedule` merges
+    /// each new deadline into `at`, and `end_pass` merges the earliest node timer into it too,
+    /// never storing over it. A deadline set before this is already in its QP, which the pass
+    /// reads after it; one set later lowers `at` and is kept. (Storing the pass's result, as an
+    /// earlier version did, lost any deadline scheduled while the timers were being run.)
+    fn begin_pass(&self) {
+        self.at.store(u64::MAX, Ordering::Release);
+        // Pairs with the fence in `schedule`: either it sees this store, or the pass sees the
+        // QP's deadline stored before it.
+        std::sync::atomic::fence(Ordering::SeqCst);
+    }
+
+    /// Ends a pass whose earliest node timer is `found`: the time to wake at, with the lock
+    /// held so that a `schedule` from here on notifies the waiting thread.
+    fn end_pass(&self, found: u64) -> (parking_lot::MutexGuard<'_, ()>, u64) {
+        let guard = self.lock.lock();
+        let target = self.at.fetch_min(found, Ordering::AcqRel).min(found);
+        (guard, target)
+    }
+
+    /// Makes the thread wake by `at`. A deadline at or after `at` needs nothing: the thread
+    /// wakes by then, or is in a pass, which only lowers `at`.
+    fn schedule(&self, at: u64) {
+        // The caller stored the deadline in its QP first; see `begin_pass`.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if at < self.load() {
+            let _guard = self.lock.lock();
+            // The minimum: a concurrent, later deadline must not replace an earlier one.
+            self.at.fetch_min(at, Ordering::AcqRel);
+            self.cv.notify_one();
         }
     }
 }
@@ -454,17 +493,8 @@ impl Fabric {
     }
 
     /// Tells the progress thread about a deadline, waking it if it would sleep past it.
-    /// A deadline at or after `wake_at` needs nothing: the thread wakes by then, or is computing
-    /// its next wake-up, which only lowers `wake_at` (see `progress_thread`).
     pub(crate) fn schedule(&self, at: Instant) {
-        // The caller stored the deadline in its QP first; see `progress_thread`.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if at.as_nanos() < self.wake_at.load(Ordering::Acquire) {
-            let _guard = self.wake_lock.lock();
-            // The minimum: a concurrent, later deadline must not replace an earlier one.
-            self.wake_at.fetch_min(at.as_nanos(), Ordering::AcqRel);
-            self.wake.notify_one();
-        }
+        self.wake.schedule(at.as_nanos());
     }
 
     /// Drives every node until no packet is left in flight.
@@ -490,7 +520,7 @@ impl Fabric {
             u.try_receive(|d| self.deliver_datagrams(d));
         }
         self.drive(now);
-        if self.wake_at.load(Ordering::Acquire) <= now.as_nanos() {
+        if self.wake.load() <= now.as_nanos() {
             for n in self.live_nodes() {
                 n.run_timers(now);
             }
@@ -688,6 +718,31 @@ mod tests {
         t.free(0x13);
         assert_eq!(t.alloc(), Some(0x13), "a freed index is found again");
         assert_eq!(t.alloc(), None);
+    }
+
+    #[test]
+    fn deadline_scheduled_during_a_pass_is_kept() {
+        let w = WakeUp::new();
+        w.begin_pass();
+        // A QP sets a deadline while the progress thread runs the timers (after it read that
+        // QP), and the pass finds only a later one elsewhere.
+        w.schedule(100);
+        let (guard, target) = w.end_pass(500);
+        drop(guard);
+        assert_eq!(target, 100, "the scheduled deadline survives the pass");
+        assert_eq!(w.load(), 100);
+        // A later deadline never replaces an earlier one.
+        w.schedule(300);
+        assert_eq!(w.load(), 100);
+        // The next pass starts afresh: what is due is in the QPs' state, which it reads.
+        w.begin_pass();
+        let (guard, target) = w.end_pass(u64::MAX);
+        drop(guard);
+        assert_eq!(target, u64::MAX);
+        w.begin_pass();
+        let (guard, target) = w.end_pass(700);
+        drop(guard);
+        assert_eq!(target, 700);
     }
 
     fn rss_bytes() -> u64 {
