@@ -183,13 +183,18 @@ fn which(program: &str) -> bool {
     std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).exists()))
 }
 
-/// The debug build of the drop-in library, built with cargo if this run has not built it.
+/// The drop-in library of this test's build profile, built with cargo if this run has not
+/// built it.
 fn library(bin_dir: &Path) -> PathBuf {
     let lib = bin_dir.join("libibverbs.so");
     if !lib.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut args = vec!["build", "-p", "softverbs-ibverbs"];
+        if bin_dir.ends_with("release") {
+            args.push("--release");
+        }
         let c = Command::new(cargo)
-            .args(["build", "-p", "softverbs-ibverbs"])
+            .args(&args)
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
