@@ -4,8 +4,11 @@
 //!
 //! - `verbs_api.c`: the verbs of rdma-core 44 and their return/errno conventions;
 //! - `extensions.c`: ATOMIC WRITE, completion timestamps and on-demand paging;
-//! - `misc_verbs.c`: CQ moderation, null MRs, flow counters, rate limits and the verbs that stay EOPNOTSUPP
-//!   (ECE, ESP flow actions).
+//! - `misc_verbs.c`: CQ moderation, null MRs, flow counters, rate limits and the verbs that stay
+//!   EOPNOTSUPP (ECE, ESP flow actions);
+//! - `raw_packet.c`: raw packet QPs, flows, WQs and RSS.
+//!
+//! `check.h` holds the CHECK/REQUIRE reporting they share.
 
 mod common;
 
@@ -14,9 +17,8 @@ use std::time::Duration;
 
 use common::*;
 
-/// Compiles `tests/c/<name>.c`, runs it, and checks that at least `min_checks` checks ran and
-/// none failed.
-fn run_c_program(name: &str, min_checks: usize) {
+/// Compiles `tests/c/<name>.c` against the system header and our library; returns the program.
+fn compile(name: &str) -> std::path::PathBuf {
     require("gcc");
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
     let exe = lib_dir().join(name);
@@ -34,58 +36,50 @@ fn run_c_program(name: &str, min_checks: usize) {
         "gcc failed:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let o = run_bounded(command(exe.to_str().unwrap()), Duration::from_secs(120));
+    exe
+}
+
+/// Runs a compiled program and checks that none of its checks failed and at least
+/// `min_checks` ran; returns its output.
+fn expect_passes(cmd: Command, min_checks: usize) -> String {
+    let o = run_bounded(cmd, Duration::from_secs(120));
     let (stdout, stderr) = text(&o);
     println!("{stdout}");
     assert!(o.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("\n0 failed"), "{stdout}");
     let checks = stdout.lines().filter(|l| l.starts_with("ok - ")).count();
     assert!(checks >= min_checks, "only {checks} checks ran:\n{stdout}");
+    stdout
+}
+
+/// `exe` in a network namespace of its own, whose loopback carries only this program's frames
+/// (the host's is shared with everything else that runs).
+fn isolated(exe: &std::path::Path) -> Command {
+    require("unshare");
+    let mut c = command("unshare");
+    c.args(["-n", "sh", "-c", "ip link set lo up && exec \"$0\""])
+        .arg(exe);
+    c
 }
 
 #[test]
 fn verbs_api_conformance() {
-    run_c_program("verbs_api", 80);
+    let exe = compile("verbs_api");
+    expect_passes(command(exe.to_str().unwrap()), 80);
 }
 
 #[test]
 fn atomic_write_timestamps_and_odp() {
-    run_c_program("extensions", 55);
+    let exe = compile("extensions");
+    expect_passes(command(exe.to_str().unwrap()), 55);
 }
 
 /// `tests/c/misc_verbs.c`, in a network namespace of its own so that the loopback carries only
 /// its counted frames.
 #[test]
 fn cq_moderation_null_mr_counters_and_unoffered_verbs() {
-    require("gcc");
-    require("unshare");
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/misc_verbs.c");
-    let exe = lib_dir().join("misc_verbs");
-    let out = Command::new("gcc")
-        .args(["-Wall", "-Werror", "-O1", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg("-L")
-        .arg(lib_dir())
-        .arg("-libverbs")
-        .output()
-        .expect("gcc runs");
-    assert!(
-        out.status.success(),
-        "gcc failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let mut isolated = command("unshare");
-    isolated
-        .args(["-n", "sh", "-c", "ip link set lo up && exec \"$0\""])
-        .arg(&exe);
-    let o = run_bounded(isolated, Duration::from_secs(120));
-    let (stdout, stderr) = text(&o);
-    println!("{stdout}");
-    assert!(o.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("\n0 failed"), "{stdout}");
-    let checks = stdout.lines().filter(|l| l.starts_with("ok - ")).count();
-    assert!(checks >= 60, "only {checks} checks ran:\n{stdout}");
+    let exe = compile("misc_verbs");
+    expect_passes(isolated(&exe), 60);
 }
 
 /// Raw packet QPs, flows, WQs and RSS through the header's inline wrappers
@@ -93,49 +87,16 @@ fn cq_moderation_null_mr_counters_and_unoffered_verbs() {
 /// and RSS QPs are EPERM.
 #[test]
 fn raw_packet_conformance() {
-    require("gcc");
     require("setpriv");
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/raw_packet.c");
-    let exe = lib_dir().join("raw_packet");
-    let out = Command::new("gcc")
-        .args(["-Wall", "-Werror", "-O1", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg("-L")
-        .arg(lib_dir())
-        .arg("-libverbs")
-        .output()
-        .expect("gcc runs");
-    assert!(
-        out.status.success(),
-        "gcc failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // In a network namespace of its own, whose loopback carries only this program's frames
-    // (the host's is shared with everything else that runs).
-    require("unshare");
-    let mut isolated = command("unshare");
-    isolated
-        .args(["-n", "sh", "-c", "ip link set lo up && exec \"$0\""])
-        .arg(&exe);
-    let o = run_bounded(isolated, Duration::from_secs(120));
-    let (stdout, stderr) = text(&o);
-    println!("{stdout}");
-    assert!(o.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("\n0 failed"), "{stdout}");
-    let checks = stdout.lines().filter(|l| l.starts_with("ok - ")).count();
-    assert!(checks >= 40, "only {checks} checks ran:\n{stdout}");
+    let exe = compile("raw_packet");
+    expect_passes(isolated(&exe), 40);
 
     let mut noperm = command("setpriv");
     noperm
         .args(["--inh-caps=-all", "--bounding-set=-net_raw"])
         .arg(&exe)
         .arg("noperm");
-    let o = run_bounded(noperm, Duration::from_secs(60));
-    let (stdout, stderr) = text(&o);
-    println!("{stdout}");
-    assert!(o.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("\n0 failed"), "{stdout}");
+    let stdout = expect_passes(noperm, 2);
     for check in [
         "raw QP without CAP_NET_RAW: NULL, EPERM",
         "RSS QP without CAP_NET_RAW: NULL, EPERM",

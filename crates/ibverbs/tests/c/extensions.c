@@ -18,30 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int failures;
-#define CHECK(cond, ...) check_(!!(cond), __LINE__, __VA_ARGS__)
-#define REQUIRE(cond, ...)                                                      \
-	do {                                                                    \
-		if (!check_(!!(cond), __LINE__, __VA_ARGS__)) {                 \
-			printf("stopping\n");                                   \
-			exit(1);                                                \
-		}                                                               \
-	} while (0)
-static int check_(int ok, int line, const char *fmt, ...)
-{
-	va_list ap;
-	if (ok) {
-		printf("ok - ");
-	} else {
-		printf("not ok (line %d, errno %d) - ", line, errno);
-		failures++;
-	}
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	printf("\n");
-	return ok;
-}
+#include "check.h"
 
 static struct ibv_context *ctx;
 static struct ibv_pd *pd;

@@ -19,30 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int failures;
-#define CHECK(cond, ...) check_(!!(cond), __LINE__, __VA_ARGS__)
-#define REQUIRE(cond, ...)                                                      \
-	do {                                                                    \
-		if (!check_(!!(cond), __LINE__, __VA_ARGS__)) {                 \
-			printf("stopping\n");                                   \
-			exit(1);                                                \
-		}                                                               \
-	} while (0)
-static int check_(int ok, int line, const char *fmt, ...)
-{
-	va_list ap;
-	if (ok) {
-		printf("ok - ");
-	} else {
-		printf("not ok (line %d, errno %d) - ", line, errno);
-		failures++;
-	}
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	printf("\n");
-	return ok;
-}
+#include "check.h"
 
 static const uint8_t ms_key[40] = {
 	0x6d, 0x5a, 0x56, 0xda, 0x25, 0x5b, 0x0e, 0xc2, 0x41, 0x67, 0x25, 0x3d, 0x43, 0xa3,

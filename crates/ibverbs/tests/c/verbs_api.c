@@ -19,31 +19,7 @@
 
 int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size);
 
-static int failures;
-#define CHECK(cond, ...) check_(!!(cond), __LINE__, __VA_ARGS__)
-#define REQUIRE(cond, ...)                                                      \
-	do {                                                                    \
-		if (!check_(!!(cond), __LINE__, __VA_ARGS__)) {                 \
-			printf("stopping\n");                                   \
-			exit(1);                                                \
-		}                                                               \
-	} while (0)
-#include <stdarg.h>
-static int check_(int ok, int line, const char *fmt, ...)
-{
-	va_list ap;
-	if (ok) {
-		printf("ok - ");
-	} else {
-		printf("not ok (line %d, errno %d) - ", line, errno);
-		failures++;
-	}
-	va_start(ap, fmt);
-	vprintf(fmt, ap);
-	va_end(ap);
-	printf("\n");
-	return ok;
-}
+#include "check.h"
 
 /*
  * A verb that returns an errno value failed with `want` and left the same value in errno, as
@@ -363,7 +339,7 @@ static void test_memory_windows(void)
 	struct ibv_send_wr inv = { .wr_id = 4, .opcode = IBV_WR_LOCAL_INV, .invalidate_rkey = rkey2 };
 	CHECK(post_and_poll(b, &inv, cq, &wc) && wc.status == IBV_WC_SUCCESS && wc.opcode == IBV_WC_LOCAL_INV,
 	      "IBV_WR_LOCAL_INV completes with IBV_WC_LOCAL_INV");
-	strcpy(src, "XXXXXXXX");
+	strcpy(src, "stale!!");  /* must not reach the peer */
 	w.wr_id = 5;
 	CHECK(post_and_poll(a, &w, cq, &wc) && wc.status == IBV_WC_REM_ACCESS_ERR &&
 		      !strcmp(mem + 4196, "through the window"),
@@ -492,7 +468,7 @@ static void test_memory_windows(void)
 	CHECK(ibv_wr_complete(qx) == 0 && poll_one(cq, &wc) && wc.status == IBV_WC_SUCCESS &&
 		      wc.opcode == IBV_WC_LOCAL_INV && wc.wr_id == 16,
 	      "ibv_wr_local_inv");
-	strcpy(src, "XXXXXX");
+	strcpy(src, "stale");  /* must not reach the peer */
 	w.wr_id = 17;
 	CHECK(post_and_poll(a, &w, cq, &wc) && wc.status == IBV_WC_REM_ACCESS_ERR && !strcmp(mem + 64, "wr api"),
 	      "a WRITE after ibv_wr_local_inv: IBV_WC_REM_ACCESS_ERR");
@@ -1435,6 +1411,7 @@ static void test_xrc(void)
 	CHECK(ibv_query_device(ctx, &da) == 0 && (da.device_cap_flags & IBV_DEVICE_XRC) && da.max_srq > 0,
 	      "IBV_DEVICE_XRC and max_srq are reported");
 
+	/* mkstemp(3) replaces the trailing six characters with a unique name. */
 	char path[] = "/tmp/softverbs-xrcd-XXXXXX";
 	int fd = mkstemp(path);
 	REQUIRE(fd >= 0, "XRC checks: a file for the domain");
