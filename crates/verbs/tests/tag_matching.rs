@@ -59,54 +59,15 @@ struct Tm {
 }
 
 fn connect(ctx: &Context, qp: &QueuePair, dest: u32, mtu: Mtu) {
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: ALL_ACCESS - AccessFlags::LOCAL_WRITE,
-            ..Default::default()
-        },
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            ah_attr: ah_attr(ctx),
-            path_mtu: mtu,
-            dest_qp_num: dest,
-            rq_psn: 1,
-            max_dest_rd_atomic: 4,
-            min_rnr_timer: 1,
-            ..Default::default()
-        },
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: 1,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 4,
-            ..Default::default()
-        },
-        QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
+    let path = RcPath {
+        access: ALL_ACCESS - AccessFlags::LOCAL_WRITE,
+        mtu,
+        psn: 1,
+        rd_atomic: 4,
+        timeout: 14,
+        retry_cnt: 7,
+    };
+    connect_rc(ctx, qp, dest, &path);
 }
 
 fn setup(tm: TmCap) -> Tm {

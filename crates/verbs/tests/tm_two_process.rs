@@ -8,10 +8,10 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::Ipv4Addr;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{connect_rc, RcPath};
 use softverbs::*;
 use softverbs_wire::tm::{RvhRepr, TmHeaders, TmhOpcode, TmhRepr, RVH_LEN, TMH_LEN};
 
@@ -42,73 +42,16 @@ fn headers(opcode: TmhOpcode, tag: u64, rvh: Option<RvhRepr>) -> Vec<u8> {
     b
 }
 
-fn gid_index(ctx: &Context) -> u8 {
-    (0..16)
-        .find(|&i| ctx.query_gid(1, i).unwrap() == Gid::from(Ipv4Addr::LOCALHOST))
-        .unwrap() as u8
-}
-
 fn connect(ctx: &Context, qp: &QueuePair, dest: u32) {
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: ACCESS - AccessFlags::LOCAL_WRITE,
-            ..Default::default()
-        },
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        path_mtu: Mtu::Mtu1024,
-        dest_qp_num: dest,
-        rq_psn: 0xFF_FFF0,
-        max_dest_rd_atomic: 8,
-        min_rnr_timer: 1,
-        ah_attr: AhAttr {
-            grh: GlobalRoute {
-                dgid: Gid::from(Ipv4Addr::LOCALHOST),
-                sgid_index: gid_index(ctx),
-                hop_limit: 64,
-                ..Default::default()
-            },
-            is_global: true,
-            port_num: 1,
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    qp.modify(
-        &rtr,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        sq_psn: 0xFF_FFF0,
+    let path = RcPath {
+        access: ACCESS - AccessFlags::LOCAL_WRITE,
+        mtu: Mtu::Mtu1024,
+        psn: 0xFF_FFF0,
+        rd_atomic: 8,
         timeout: 14,
         retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 8,
-        ..Default::default()
     };
-    qp.modify(
-        &rts,
-        QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
+    connect_rc(ctx, qp, dest, &path);
 }
 
 fn wait(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {

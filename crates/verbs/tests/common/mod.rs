@@ -161,3 +161,68 @@ pub(crate) fn drain(cq: &CompletionQueue) -> Vec<WorkCompletion> {
         }
     }
 }
+
+/// The connection parameters of [`connect_rc`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RcPath {
+    pub(crate) access: AccessFlags,
+    pub(crate) mtu: Mtu,
+    /// First PSN in both directions.
+    pub(crate) psn: u32,
+    /// `max_rd_atomic` and `max_dest_rd_atomic`.
+    pub(crate) rd_atomic: u8,
+    pub(crate) timeout: u8,
+    pub(crate) retry_cnt: u8,
+}
+
+/// Moves an RC `qp` through INIT, RTR (to `dest` on 127.0.0.1) and RTS with `path`.
+pub(crate) fn connect_rc(ctx: &Context, qp: &QueuePair, dest: u32, path: &RcPath) {
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: path.access,
+            ..Default::default()
+        },
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: path.mtu,
+            dest_qp_num: dest,
+            rq_psn: path.psn,
+            max_dest_rd_atomic: path.rd_atomic,
+            min_rnr_timer: 1,
+            ah_attr: ah_attr(ctx),
+            ..Default::default()
+        },
+        QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER,
+    )
+    .unwrap();
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: path.psn,
+            timeout: path.timeout,
+            retry_cnt: path.retry_cnt,
+            rnr_retry: 7,
+            max_rd_atomic: path.rd_atomic,
+            ..Default::default()
+        },
+        QpAttrMask::STATE
+            | QpAttrMask::SQ_PSN
+            | QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::MAX_QP_RD_ATOMIC,
+    )
+    .unwrap();
+}
