@@ -4,13 +4,18 @@
 //! implementation (Python's zlib) checks. Needs root and iproute2, nftables, tcpdump, tshark and
 //! python3 (installed by scripts/setup-deps).
 
-use std::io::{BufRead, BufReader, Write};
+mod common;
+
+use std::io::{BufRead, BufReader};
 use std::net::{IpAddr, Ipv4Addr};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::netns::{run, Hosts};
 use softverbs::*;
+
+/// The two hosts' addresses on the veth pair.
+const IPS: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 77, 0, 1), Ipv4Addr::new(10, 77, 0, 2)];
 
 const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
@@ -26,122 +31,6 @@ fn pattern(seed: u8) -> Vec<u8> {
 }
 
 /// Runs a command to completion, failing on a non-zero exit.
-fn run(cmd: &str, args: &[&str]) {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Two namespaces and a veth pair between them; removed on drop.
-struct Hosts {
-    ns: [String; 2],
-    ifs: [String; 2],
-    ips: [Ipv4Addr; 2],
-}
-
-impl Hosts {
-    fn new(tag: &str) -> Self {
-        let id = std::process::id() % 100_000;
-        let ns = [format!("sv{tag}{id}a"), format!("sv{tag}{id}b")];
-        let ifs = [format!("sv{id}{tag}a"), format!("sv{id}{tag}b")];
-        let ips = [Ipv4Addr::new(10, 77, 0, 1), Ipv4Addr::new(10, 77, 0, 2)];
-        let h = Self { ns, ifs, ips };
-        for ns in &h.ns {
-            run("ip", &["netns", "add", ns]);
-        }
-        run(
-            "ip",
-            &[
-                "link", "add", &h.ifs[0], "netns", &h.ns[0], "type", "veth", "peer", "name", &h.ifs[1],
-                "netns", &h.ns[1],
-            ],
-        );
-        for i in 0..2 {
-            let ns = &h.ns[i];
-            run(
-                "ip",
-                &[
-                    "-n",
-                    ns,
-                    "addr",
-                    "add",
-                    &format!("{}/24", h.ips[i]),
-                    "dev",
-                    &h.ifs[i],
-                ],
-            );
-            run("ip", &["-n", ns, "link", "set", &h.ifs[i], "up"]);
-            run("ip", &["-n", ns, "link", "set", "lo", "up"]);
-        }
-        h
-    }
-
-    /// Runs this executable as `role` in host `i`, on the veth's device only.
-    fn spawn(&self, i: usize, role: &str) -> Peer {
-        let exe = std::env::current_exe().unwrap();
-        let mut child = Command::new("ip")
-            .args(["netns", "exec", &self.ns[i]])
-            .arg(exe)
-            .args(["--role", role])
-            .env("SOFTVERBS_INTERFACES", &self.ifs[i])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(stdout).lines() {
-                if tx.send(l.unwrap_or_default()).is_err() {
-                    return;
-                }
-            }
-        });
-        Peer { child, stdin, lines }
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        // Deleting the namespaces also removes the veth pair.
-        for ns in &self.ns {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-    }
-}
-
-struct Peer {
-    child: Child,
-    stdin: ChildStdin,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Peer {
-    fn line(&mut self, limit: Duration) -> String {
-        self.lines
-            .recv_timeout(limit)
-            .unwrap_or_else(|_| panic!("no answer from the peer within {limit:?}"))
-    }
-
-    fn say(&mut self, s: &str) {
-        writeln!(self.stdin, "{s}").unwrap();
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The side running inside a namespace.
 struct Node {
     cq: CompletionQueue,
@@ -342,8 +231,8 @@ fn role(which: &str, len: usize) {
 
 /// Connects a server in host 1 and a client in host 0 and checks the whole exchange.
 fn exchange(hosts: &Hosts, len: usize) -> String {
-    let mut server = hosts.spawn(1, &format!("server:{len}"));
-    let mut client = hosts.spawn(0, &format!("client:{len}"));
+    let mut server = hosts.spawn(1, &["--role", &format!("server:{len}")]);
+    let mut client = hosts.spawn(0, &["--role", &format!("client:{len}")]);
     let limit = Duration::from_secs(30);
     let s_info = server.line(limit);
     let c_info = client.line(limit);
@@ -362,12 +251,12 @@ fn exchange(hosts: &Hosts, len: usize) -> String {
 }
 
 fn over_veth() {
-    let hosts = Hosts::new("v");
+    let hosts = Hosts::new("sv", "v", IPS, true);
     exchange(&hosts, LEN);
 }
 
 fn five_percent_loss() {
-    let hosts = Hosts::new("l");
+    let hosts = Hosts::new("sv", "l", IPS, true);
     // Drop 5 % of the receiver's incoming RoCE packets.
     let ns = &hosts.ns[1];
     run(
@@ -402,7 +291,7 @@ fn five_percent_loss() {
 }
 
 fn capture_decodes_and_icrc_agrees() {
-    let hosts = Hosts::new("c");
+    let hosts = Hosts::new("sv", "c", IPS, true);
     let dir = std::env::temp_dir().join(format!("svcap{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pcap = dir.join("roce.pcap");
@@ -431,8 +320,8 @@ fn capture_decodes_and_icrc_agrees() {
     err.read_line(&mut l).unwrap();
     assert!(l.contains("listening"), "{l}");
     let len = 5000;
-    let mut server = hosts.spawn(1, &format!("server:{len}"));
-    let mut client = hosts.spawn(0, &format!("client:{len}"));
+    let mut server = hosts.spawn(1, &["--role", &format!("server:{len}")]);
+    let mut client = hosts.spawn(0, &["--role", &format!("client:{len}")]);
     let limit = Duration::from_secs(30);
     let s_info = server.line(limit);
     let c_info = client.line(limit);

@@ -6,12 +6,14 @@
 #[path = "raw/frames.rs"]
 mod frames;
 
-use std::io::{BufRead, BufReader, Write};
+mod common;
+
+use std::io::BufRead;
 use std::net::{Ipv4Addr, UdpSocket};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::netns::{Hosts, Peer};
 use frames::*;
 use softverbs::*;
 
@@ -27,122 +29,6 @@ const MS_KEY: [u8; 40] = [
     0xca, 0x2b, 0xcb, 0xae, 0x7b, 0x30, 0xb4, 0x77, 0xcb, 0x2d, 0xa3, 0x80, 0x30, 0xf2, 0x0c, 0x6a, 0x42,
     0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa,
 ];
-
-fn run(cmd: &str, args: &[&str]) {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Two namespaces joined by a veth pair, IPv6 off so that no neighbour discovery or MLD
-/// traffic reaches the raw QPs; removed on drop.
-struct Hosts {
-    ns: [String; 2],
-    ifs: [String; 2],
-}
-
-impl Hosts {
-    fn new(tag: &str) -> Self {
-        let id = std::process::id() % 100_000;
-        let h = Self {
-            ns: [format!("svr{tag}{id}a"), format!("svr{tag}{id}b")],
-            ifs: [format!("svr{id}{tag}a"), format!("svr{id}{tag}b")],
-        };
-        for ns in &h.ns {
-            run("ip", &["netns", "add", ns]);
-            for key in ["all", "default"] {
-                run(
-                    "ip",
-                    &[
-                        "netns",
-                        "exec",
-                        ns,
-                        "sysctl",
-                        "-qw",
-                        &format!("net.ipv6.conf.{key}.disable_ipv6=1"),
-                    ],
-                );
-            }
-        }
-        run(
-            "ip",
-            &[
-                "link", "add", &h.ifs[0], "netns", &h.ns[0], "type", "veth", "peer", "name", &h.ifs[1],
-                "netns", &h.ns[1],
-            ],
-        );
-        for ((ns, ifname), ip) in h.ns.iter().zip(&h.ifs).zip(IPS) {
-            let addr = format!("{ip}/24");
-            run("ip", &["-n", ns, "addr", "add", &addr, "dev", ifname]);
-            run("ip", &["-n", ns, "link", "set", ifname, "up"]);
-        }
-        h
-    }
-
-    fn spawn(&self, i: usize, role: &str) -> Peer {
-        let exe = std::env::current_exe().unwrap();
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", &self.ns[i]])
-            .arg(exe)
-            .args(["--role", role, &self.ifs[i]])
-            .env("SOFTVERBS_INTERFACES", &self.ifs[i]);
-        Peer::spawn(cmd)
-    }
-}
-
-impl Drop for Hosts {
-    fn drop(&mut self) {
-        for ns in &self.ns {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
-    }
-}
-
-struct Peer {
-    child: Child,
-    stdin: ChildStdin,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Peer {
-    fn spawn(mut cmd: Command) -> Self {
-        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-        let stdin = child.stdin.take().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for l in BufReader::new(stdout).lines() {
-                if tx.send(l.unwrap_or_default()).is_err() {
-                    return;
-                }
-            }
-        });
-        Self { child, stdin, lines }
-    }
-
-    fn line(&mut self) -> String {
-        self.lines
-            .recv_timeout(LIMIT)
-            .unwrap_or_else(|_| panic!("no answer from the peer within {LIMIT:?}"))
-    }
-
-    fn say(&mut self, s: &str) {
-        writeln!(self.stdin, "{s}").unwrap();
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A raw packet QP in RTS with receive slots of `SLOT` bytes in one MR.
 struct RawNode {
@@ -584,14 +470,14 @@ fn role_noperm(_ifname: &str) {
 }
 
 fn frames_cross_the_veth_byte_exact() {
-    let hosts = Hosts::new("o");
-    let mut b = hosts.spawn(1, "observe");
-    let mut a = hosts.spawn(0, "send");
-    let port: u16 = b.line().strip_prefix("ready ").unwrap().parse().unwrap();
-    assert_eq!(a.line(), "ready");
+    let hosts = Hosts::new("svr", "o", IPS, false);
+    let mut b = hosts.spawn(1, &["--role", "observe", &hosts.ifs[1]]);
+    let mut a = hosts.spawn(0, &["--role", "send", &hosts.ifs[0]]);
+    let port: u16 = b.line(LIMIT).strip_prefix("ready ").unwrap().parse().unwrap();
+    assert_eq!(a.line(LIMIT), "ready");
     a.say(&format!("{} udp {port}", hex(&mac_of_ns(&hosts, 1))));
-    let sent = unhex(a.line().strip_prefix("sent ").unwrap());
-    let udp = b.line();
+    let sent = unhex(a.line(LIMIT).strip_prefix("sent ").unwrap());
+    let udp = b.line(LIMIT);
     let v: Vec<&str> = udp.split_whitespace().collect();
     assert_eq!(v[1], format!("{}:40000", IPS[0]), "the datagram's source");
     assert_eq!(
@@ -599,7 +485,7 @@ fn frames_cross_the_veth_byte_exact() {
         sent[42..],
         "the UDP payload, through the peer's IP stack"
     );
-    let frame = unhex(b.line().strip_prefix("frame ").unwrap());
+    let frame = unhex(b.line(LIMIT).strip_prefix("frame ").unwrap());
     assert_eq!(frame, sent, "the whole frame, byte-exact");
     println!(
         "  {}-byte frame: payload via UDP socket, frame via sniffer QP",
@@ -623,33 +509,33 @@ fn mac_of_ns(hosts: &Hosts, i: usize) -> [u8; 6] {
 }
 
 fn flows_steer_by_spec_priority_drop_and_tag() {
-    let hosts = Hosts::new("s");
-    let mut b = hosts.spawn(1, "steer");
-    let mut a = hosts.spawn(0, "send");
-    assert_eq!(b.line(), "ready");
-    assert_eq!(a.line(), "ready");
+    let hosts = Hosts::new("svr", "s", IPS, false);
+    let mut b = hosts.spawn(1, &["--role", "steer", &hosts.ifs[1]]);
+    let mut a = hosts.spawn(0, &["--role", "send", &hosts.ifs[0]]);
+    assert_eq!(b.line(LIMIT), "ready");
+    assert_eq!(a.line(LIMIT), "ready");
     a.say(&format!("{} steer", hex(&mac_of_ns(&hosts, 1))));
-    assert_eq!(a.line(), "sent 6");
+    assert_eq!(a.line(LIMIT), "sent 6");
     b.say("collect");
     // 7001 -> QP 0 (tag 0x11); 7002 dropped (priority 0 beats QP 1's catch-all); 7003 -> QP 3
     // by its DONT_TRAP rule and QP 1 by its priority-1 rule, 7004 by QP 1's priority-2 one; the
     // 0x88b5 frames -> ALL_DEFAULT, the multicast one to MC_DEFAULT as well.
     assert_eq!(
-        b.line(),
+        b.line(LIMIT),
         r#"steered [["7001:0x11"], ["7003:0x22", "7004:0x33"], ["88b5:0x0", "mc-88b5:0x0"], ["7003:0x44", "mc-88b5:0x0"]]"#
     );
 }
 
 fn rss_spreads_frames_by_toeplitz_hash() {
-    let hosts = Hosts::new("r");
-    let mut b = hosts.spawn(1, "rss");
-    let mut a = hosts.spawn(0, "send");
-    assert_eq!(b.line(), "ready");
-    assert_eq!(a.line(), "ready");
+    let hosts = Hosts::new("svr", "r", IPS, false);
+    let mut b = hosts.spawn(1, &["--role", "rss", &hosts.ifs[1]]);
+    let mut a = hosts.spawn(0, &["--role", "send", &hosts.ifs[0]]);
+    assert_eq!(b.line(LIMIT), "ready");
+    assert_eq!(a.line(LIMIT), "ready");
     a.say(&format!("{} rss", hex(&mac_of_ns(&hosts, 1))));
-    assert_eq!(a.line(), "sent 64");
+    assert_eq!(a.line(LIMIT), "sent 64");
     b.say("collect");
-    let l = b.line();
+    let l = b.line(LIMIT);
     assert!(l.starts_with("rss 64 mismatches 0 "), "{l}");
     let per: Vec<usize> = l
         .split('[')
@@ -664,17 +550,17 @@ fn rss_spreads_frames_by_toeplitz_hash() {
 }
 
 fn tso_cuts_a_tcp_payload_into_checked_segments() {
-    let hosts = Hosts::new("t");
-    let mut b = hosts.spawn(1, "tso");
-    let mut a = hosts.spawn(0, "send");
-    assert_eq!(b.line(), "ready");
-    assert_eq!(a.line(), "ready");
+    let hosts = Hosts::new("svr", "t", IPS, false);
+    let mut b = hosts.spawn(1, &["--role", "tso", &hosts.ifs[1]]);
+    let mut a = hosts.spawn(0, &["--role", "send", &hosts.ifs[0]]);
+    assert_eq!(b.line(LIMIT), "ready");
+    assert_eq!(a.line(LIMIT), "ready");
     a.say(&format!("{} tso", hex(&mac_of_ns(&hosts, 1))));
-    assert_eq!(a.line(), "sent tso");
+    assert_eq!(a.line(LIMIT), "sent tso");
     b.say("collect");
     // (payload bytes : checksums and length valid : sequence offset : TCP flags : IPv4 ID + i)
     assert_eq!(
-        b.line(),
+        b.line(LIMIT),
         "tso 1000:true:0x0:0x90:true 1000:true:0x3e8:0x10:true 1000:true:0x7d0:0x10:true \
          500:true:0xbb8:0x19:true data true"
     );
@@ -687,7 +573,7 @@ fn eperm_without_cap_net_raw() {
         .arg(exe)
         .args(["--role", "noperm", "lo"]);
     let mut p = Peer::spawn(cmd);
-    assert_eq!(p.line(), "raw 1 rss 1 rc true");
+    assert_eq!(p.line(LIMIT), "raw 1 rss 1 rc true");
 }
 
 /// In this process, on the loopback device: a frame sent by one raw QP reaches another through

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub(crate) mod netns;
+
 use softverbs::*;
 use std::net::Ipv4Addr;
 

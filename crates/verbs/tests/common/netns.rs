@@ -1,0 +1,130 @@
+//! Two network namespaces joined by a veth pair (the "hosts" of the multi-host tests), and the
+//! child processes the tests run inside them.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::Ipv4Addr;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// Runs a set-up command, failing the test if it fails.
+pub(crate) fn run(cmd: &str, args: &[&str]) {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Two namespaces and a veth pair between them, with `ips` on the two ends; removed on drop.
+pub(crate) struct Hosts {
+    pub(crate) ns: [String; 2],
+    pub(crate) ifs: [String; 2],
+    pub(crate) ips: [Ipv4Addr; 2],
+}
+
+impl Hosts {
+    /// Names carry `prefix`, `tag` and this process's id, so concurrent runs do not collide.
+    /// With `ipv6` false, IPv6 is off in both namespaces (no neighbour discovery or MLD
+    /// traffic on the link).
+    pub(crate) fn new(prefix: &str, tag: &str, ips: [Ipv4Addr; 2], ipv6: bool) -> Self {
+        let id = std::process::id() % 100_000;
+        let h = Self {
+            ns: [format!("{prefix}{tag}{id}a"), format!("{prefix}{tag}{id}b")],
+            ifs: [format!("{prefix}{id}{tag}a"), format!("{prefix}{id}{tag}b")],
+            ips,
+        };
+        for ns in &h.ns {
+            run("ip", &["netns", "add", ns]);
+            if !ipv6 {
+                for key in ["all", "default"] {
+                    let knob = format!("net.ipv6.conf.{key}.disable_ipv6=1");
+                    run("ip", &["netns", "exec", ns, "sysctl", "-qw", &knob]);
+                }
+            }
+        }
+        run(
+            "ip",
+            &[
+                "link", "add", &h.ifs[0], "netns", &h.ns[0], "type", "veth", "peer", "name", &h.ifs[1],
+                "netns", &h.ns[1],
+            ],
+        );
+        for i in 0..2 {
+            let (ns, ifname) = (&h.ns[i], &h.ifs[i]);
+            let addr = format!("{}/24", h.ips[i]);
+            run("ip", &["-n", ns, "addr", "add", &addr, "dev", ifname]);
+            run("ip", &["-n", ns, "link", "set", ifname, "up"]);
+            run("ip", &["-n", ns, "link", "set", "lo", "up"]);
+        }
+        h
+    }
+
+    /// Runs this test executable with `args` in host `i`, on the veth's device only.
+    pub(crate) fn spawn(&self, i: usize, args: &[&str]) -> Peer {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.ns[i]])
+            .arg(std::env::current_exe().unwrap())
+            .args(args)
+            .env("SOFTVERBS_INTERFACES", &self.ifs[i]);
+        Peer::spawn(cmd)
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        // Deleting the namespaces also removes the veth pair.
+        for ns in &self.ns {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+/// A child process spoken to line by line over its stdin and stdout; killed on drop.
+pub(crate) struct Peer {
+    child: Child,
+    stdin: ChildStdin,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Peer {
+    /// Starts `cmd` with piped stdin and stdout.
+    pub(crate) fn spawn(mut cmd: Command) -> Self {
+        let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        // A reader thread, so that every wait for a line is bounded.
+        std::thread::spawn(move || {
+            for l in BufReader::new(stdout).lines() {
+                if tx.send(l.unwrap_or_default()).is_err() {
+                    return;
+                }
+            }
+        });
+        Self { child, stdin, lines }
+    }
+
+    /// The next line, waiting at most `limit`.
+    pub(crate) fn line(&mut self, limit: Duration) -> String {
+        self.lines
+            .recv_timeout(limit)
+            .unwrap_or_else(|_| panic!("no answer from the peer within {limit:?}"))
+    }
+
+    /// Sends one line.
+    pub(crate) fn say(&mut self, s: &str) {
+        writeln!(self.stdin, "{s}").unwrap();
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
