@@ -78,26 +78,8 @@ pub(crate) unsafe fn create_tm_srq(init: *mut ibv_srq_init_attr_ex) -> *mut ibv_
         Ok(s) => s,
         Err(e) => return fail_null(errno_of(&e)),
     };
-    let actual = core.query();
     // SAFETY: as above; the actual sizes go back into the caller's attributes.
-    unsafe {
-        (*attr).max_wr = actual.max_wr;
-        (*attr).max_sge = actual.max_sge;
-    }
-    let srq = ibv_srq {
-        // SAFETY: `pd` is live.
-        context: unsafe { (*pd).context },
-        srq_context,
-        pd,
-        handle: core.handle(),
-        mutex: pthread_mutex_t([0; 40]),
-        cond: pthread_cond_t([0; 48]),
-        events_completed: 0,
-    };
-    let b = Box::into_raw(Box::new(SvSrq { srq, core, queue }));
-    // SAFETY: `b` is live.
-    unsafe { (*b).core.set_user_data(b as u64) };
-    b.cast()
+    unsafe { crate::verbs::box_srq(pd, srq_context, &mut *attr, core, queue) }.cast()
 }
 
 /// One `ibv_ops_wr`, or EINVAL for an unknown opcode or a bad scatter list.

@@ -2,6 +2,7 @@
 
 use std::ffi::{c_int, c_void};
 use std::ptr::addr_of_mut;
+use std::sync::Arc;
 
 use softverbs_device::Srq;
 
@@ -26,14 +27,26 @@ pub(crate) unsafe fn new_srq(
     // SAFETY: `pd` is a live PD of this library (checked above).
     let queue = unsafe { crate::domain::recv_queue(pd, a.max_wr, a.max_sge, crate::domain::RES_SRQ) }?;
     let core = Srq::create(&p.core, &srq_attr_core(&a)).map_err(|e| errno_of(&e))?;
-    let actual = core.query();
     // SAFETY: as above; ibv_create_srq(3) returns the actual sizes in the caller's attributes.
-    unsafe {
-        (*attr).max_wr = actual.max_wr;
-        (*attr).max_sge = actual.max_sge;
-    }
+    Ok(unsafe { box_srq(pd, srq_context, &mut *attr, core, queue) })
+}
+
+/// Boxes a created core SRQ for C, writing its actual `max_wr` and `max_sge` into `attr`.
+///
+/// # Safety
+/// `pd` is a live PD of this library.
+pub(crate) unsafe fn box_srq(
+    pd: *mut ibv_pd,
+    srq_context: *mut c_void,
+    attr: &mut ibv_srq_attr,
+    core: Arc<Srq>,
+    queue: Option<crate::domain::RecvQueue>,
+) -> *mut SvSrq {
+    let actual = core.query();
+    attr.max_wr = actual.max_wr;
+    attr.max_sge = actual.max_sge;
     let srq = ibv_srq {
-        // SAFETY: `pd` is live.
+        // SAFETY: `pd` is live (the caller's contract).
         context: unsafe { (*pd).context },
         srq_context,
         pd,
@@ -43,9 +56,9 @@ pub(crate) unsafe fn new_srq(
         events_completed: 0,
     };
     let b = Box::into_raw(Box::new(SvSrq { srq, core, queue }));
-    // SAFETY: `b` is live.
+    // SAFETY: `b` was just allocated and is live.
     unsafe { (*b).core.set_user_data(b as u64) };
-    Ok(b)
+    b
 }
 
 /// `ibv_create_srq`.

@@ -84,23 +84,8 @@ pub(crate) unsafe fn new_xrc_srq(init: *mut ibv_srq_init_attr_ex) -> Result<*mut
         unsafe { crate::domain::recv_queue(i.pd, i.attr.max_wr, i.attr.max_sge, crate::domain::RES_SRQ) }?;
     let core =
         Srq::create_xrc(&pd.core, &x.core, &cq.core, &srq_attr_core(&i.attr)).map_err(|e| errno_of(&e))?;
-    let actual = core.query();
-    i.attr.max_wr = actual.max_wr;
-    i.attr.max_sge = actual.max_sge;
-    let srq = ibv_srq {
-        // SAFETY: `pd` is live.
-        context: unsafe { (*i.pd).context },
-        srq_context: i.srq_context,
-        pd: i.pd,
-        handle: core.handle(),
-        mutex: pthread_mutex_t([0; 40]),
-        cond: pthread_cond_t([0; 48]),
-        events_completed: 0,
-    };
-    let b = Box::into_raw(Box::new(SvSrq { srq, core, queue }));
-    // SAFETY: `b` is live.
-    unsafe { (*b).core.set_user_data(b as u64) };
-    Ok(b)
+    // SAFETY: `i.pd` is a live PD of this library (checked above).
+    Ok(unsafe { super::box_srq(i.pd, i.srq_context, &mut i.attr, core, queue) })
 }
 
 /// The value of an XRC_RECV QP handle: no PD, CQs or SRQ.
