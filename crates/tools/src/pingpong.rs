@@ -141,38 +141,12 @@ impl Dest {
 
     /// Parses a wire message (text up to the first NUL).
     pub fn from_wire(msg: &[u8]) -> Result<Self, ToolError> {
-        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
-        let bad = || {
-            ToolError::new(format!(
-                "malformed address message {:?}",
-                String::from_utf8_lossy(&msg[..end])
-            ))
-        };
-        let text = std::str::from_utf8(&msg[..end]).map_err(|_| bad())?;
-        let mut fields = text.splitn(4, ':');
-        let mut hex = |max: u32| -> Result<u32, ToolError> {
-            let f = fields.next().ok_or_else(bad)?;
-            u32::from_str_radix(f, 16)
-                .ok()
-                .filter(|v| *v <= max)
-                .ok_or_else(bad)
-        };
-        let lid = hex(0xffff)? as u16;
-        let qpn = hex(0xff_ffff)?;
-        let psn = hex(0xff_ffff)?;
-        let g = fields.next().ok_or_else(bad)?;
-        if g.len() != 32 || !g.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(bad());
-        }
-        let mut gid = [0u8; 16];
-        for (i, b) in gid.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&g[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
-        }
+        let (v, gid) = parse_wire(msg, &[0xffff, 0xff_ffff, 0xff_ffff])?;
         Ok(Self {
-            lid,
-            qpn,
-            psn,
-            gid: Gid(gid),
+            lid: v[0] as u16,
+            qpn: v[1],
+            psn: v[2],
+            gid,
         })
     }
 
@@ -324,6 +298,43 @@ impl Report {
             usec / f64::from(self.iters)
         )
     }
+}
+
+/// Parses the address message the rdma-core pingpong programs exchange: text up to the first
+/// NUL, hexadecimal fields separated by `:`, each at most its entry of `maxes`, then the GID as
+/// 32 hexadecimal digits.
+pub(crate) fn parse_wire(msg: &[u8], maxes: &[u32]) -> Result<(Vec<u32>, Gid), ToolError> {
+    let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
+    let bad = || {
+        ToolError::new(format!(
+            "malformed address message {:?}",
+            String::from_utf8_lossy(&msg[..end])
+        ))
+    };
+    let text = std::str::from_utf8(&msg[..end]).map_err(|_| bad())?;
+    let fields: Vec<&str> = text.splitn(maxes.len() + 1, ':').collect();
+    if fields.len() != maxes.len() + 1 {
+        return Err(bad());
+    }
+    let values = fields
+        .iter()
+        .zip(maxes)
+        .map(|(f, &max)| {
+            u32::from_str_radix(f, 16)
+                .ok()
+                .filter(|v| *v <= max)
+                .ok_or_else(bad)
+        })
+        .collect::<Result<Vec<u32>, ToolError>>()?;
+    let g = fields[maxes.len()];
+    if g.len() != 32 || !g.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(bad());
+    }
+    let mut gid = [0u8; 16];
+    for (i, b) in gid.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&g[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+    }
+    Ok((values, Gid(gid)))
 }
 
 /// One side of a ping-pong: every verbs object it uses, created and in INIT with receives posted.

@@ -26,7 +26,7 @@ use softverbs::{
     O_CREAT,
 };
 
-use crate::pingpong::{pick_gid, random_psn, Role};
+use crate::pingpong::{parse_wire, pick_gid, random_psn, Role};
 use crate::{OrFail, ToolError};
 
 /// Bytes of one address message: `"%04x:%06x:%06x:%06x:%06x:%32s"` plus the NUL.
@@ -72,35 +72,15 @@ impl Dest {
 
     /// Parses a wire message (text up to the first NUL).
     pub fn from_wire(msg: &[u8]) -> Result<Self, ToolError> {
-        let end = msg.iter().position(|&b| b == 0).unwrap_or(msg.len());
-        let bad = || {
-            ToolError::new(format!(
-                "malformed address message {:?}",
-                String::from_utf8_lossy(&msg[..end])
-            ))
-        };
-        let text = std::str::from_utf8(&msg[..end]).map_err(|_| bad())?;
-        let f: Vec<&str> = text.splitn(6, ':').collect();
-        if f.len() != 6 || f[5].len() != 32 {
-            return Err(bad());
-        }
-        let hex = |s: &str, max: u32| {
-            u32::from_str_radix(s, 16)
-                .ok()
-                .filter(|v| *v <= max)
-                .ok_or_else(bad)
-        };
-        let mut gid = [0u8; 16];
-        for (i, b) in gid.iter_mut().enumerate() {
-            *b = u8::from_str_radix(f[5].get(2 * i..2 * i + 2).ok_or_else(bad)?, 16).map_err(|_| bad())?;
-        }
+        let q = 0xff_ffff;
+        let (v, gid) = parse_wire(msg, &[0xffff, q, q, q, q])?;
         Ok(Self {
-            lid: hex(f[0], 0xffff)? as u16,
-            recv_qpn: hex(f[1], 0xff_ffff)?,
-            send_qpn: hex(f[2], 0xff_ffff)?,
-            psn: hex(f[3], 0xff_ffff)?,
-            srqn: hex(f[4], 0xff_ffff)?,
-            gid: Gid(gid),
+            lid: v[0] as u16,
+            recv_qpn: v[1],
+            send_qpn: v[2],
+            psn: v[3],
+            srqn: v[4],
+            gid,
         })
     }
 
