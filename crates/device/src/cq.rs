@@ -13,7 +13,6 @@ use softverbs_engine::{Error, Result};
 use crate::context::{Context, EventElement};
 use crate::cq_moderation::{self, Moderation, MAX_CQ_PERIOD};
 use crate::device::Resource;
-use crate::fabric::fabric;
 use crate::sync::{AckCounter, EventQueue, UseCount};
 
 /// Number of completion vectors (`ibv_context.num_comp_vectors`).
@@ -289,7 +288,7 @@ impl Cq {
         }
         // Nothing yet: make progress ourselves, so a program that only polls never waits on
         // another thread.
-        let f = fabric();
+        let f = self.ctx.device().node().fabric();
         f.progress(f.now());
         let n = self.take(out);
         if n == 0 {

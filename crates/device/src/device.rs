@@ -12,8 +12,14 @@ use softverbs_engine::types::{AtomicCap, Gid, Mtu, PortState};
 use softverbs_engine::{Error, Result};
 
 use crate::config::{Config, Limits};
-use crate::fabric::{fabric, CounterSnapshot, Node};
+use crate::fabric::CounterSnapshot;
 use crate::netif::{self, Interface};
+use crate::qp::Qp;
+
+/// The fabric the devices of this crate are on: its endpoints are QPs.
+pub(crate) type Fabric = crate::fabric::Fabric<Qp>;
+/// A device's endpoint on the fabric.
+pub(crate) type Node = crate::fabric::Node<Qp>;
 
 /// Number of entries in every port's GID table. Unused entries read as zero.
 pub const GID_TABLE_LEN: usize = 16;
@@ -202,13 +208,13 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    fn new(gids: &[Gid], ifindex: u32) -> Self {
+    fn new(gids: &[Gid], ifindex: u32, fabric: &Arc<Fabric>) -> Self {
         Self {
             counts: Default::default(),
             dm_bytes: AtomicU64::new(0),
             keys: Mutex::new(HashSet::new()),
             mw_indices: Mutex::new(HashSet::new()),
-            node: Node::new(gids, ifindex),
+            node: fabric.add_node(gids, ifindex),
             raw: Default::default(),
             ind_tables: AtomicU32::new(0),
             xrc_domains: Default::default(),
@@ -244,8 +250,13 @@ impl PartialEq for Device {
 impl Eq for Device {}
 
 impl Device {
-    /// Builds the device of one interface.
+    /// Builds the device of one interface, on the process's fabric.
     pub fn from_interface(ifc: &Interface, config: &Config) -> Self {
+        Self::on_fabric(ifc, config, &registry().fabric)
+    }
+
+    /// Builds the device of one interface on `fabric`.
+    pub(crate) fn on_fabric(ifc: &Interface, config: &Config, fabric: &Arc<Fabric>) -> Self {
         let guid = node_guid(ifc);
         let limits = config.limits;
         let attr = DeviceAttr {
@@ -345,7 +356,7 @@ impl Device {
                 port,
                 gids,
                 config: config.clone(),
-                shared: Shared::new(&gids, ifc.index),
+                shared: Shared::new(&gids, ifc.index, fabric),
             }),
         }
     }
@@ -483,24 +494,26 @@ impl Device {
 
     /// A fresh QP number, unique among live QPs of this process; ENOMEM when none is left.
     pub(crate) fn alloc_qpn(&self) -> Result<u32> {
-        fabric().alloc_qpn(self.config().udp_port, self.config().udp_slots)
+        self.node()
+            .fabric()
+            .alloc_qpn(self.config().udp_port, self.config().udp_slots)
     }
 
     /// The UDP driver of this process as (slot, own UDP port, whether it holds the standard
     /// port); `None` before the first QP is created, or if no port could be bound.
     pub fn udp_status(&self) -> Option<(u8, u16, bool)> {
-        fabric().udp_status()
+        self.node().fabric().udp_status()
     }
 
     /// Datagrams with the forwarding header that this process dropped because they did not come
     /// from the holder of the standard RoCE port (forgeries by other local senders).
     pub fn forged_forwards(&self) -> u64 {
-        fabric().forged_forwards()
+        self.node().fabric().forged_forwards()
     }
 
     /// Releases a QP number.
     pub(crate) fn free_qpn(&self, qpn: u32) {
-        fabric().free_qpn(qpn);
+        self.node().fabric().free_qpn(qpn);
     }
 
     /// The XRC domains of this device in this process, by inode.
@@ -572,15 +585,29 @@ pub fn discover(config: &Config) -> Result<Vec<Device>> {
     Ok(list)
 }
 
+/// What the process's devices share: the fabric between them (created here, with the first
+/// device, and owned by every device's node) and the devices by name.
+struct Registry {
+    fabric: Arc<Fabric>,
+    devices: Mutex<HashMap<String, Device>>,
+}
+
+fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| Registry {
+        fabric: Fabric::new(),
+        devices: Mutex::new(HashMap::new()),
+    })
+}
+
 /// The process-wide devices for the environment's configuration (`ibv_get_device_list`).
 ///
 /// A device keeps its identity for the life of the process, so that resource limits and memory
 /// keys are shared by every context opened on it; interfaces that appear later are added.
 pub fn device_list() -> Result<Vec<Device>> {
-    static REGISTRY: OnceLock<Mutex<HashMap<String, Device>>> = OnceLock::new();
     let config = Config::from_env()?;
     let fresh = discover(&config)?;
-    let mut known = REGISTRY.get_or_init(Default::default).lock();
+    let mut known = registry().devices.lock();
     Ok(fresh
         .into_iter()
         .map(|d| {

@@ -1,15 +1,28 @@
-//! Moving packets: each device has a `Node` (its QPs, memory keys and inbound packets), and
-//! the process-wide `Fabric` carries packets between nodes and runs the progress thread.
+//! Moving packets: each device has a [`Node`] (its QPs, memory keys and inbound packets), and
+//! a [`Fabric`] carries packets between nodes, through its drivers, and runs the progress
+//! thread.
 //!
-//! Progress happens in three places, so that nothing waits on the application:
+//! The fabric is an owned object: the device registry creates one for the process and every
+//! node holds an `Arc` of it; the fabric holds its nodes weakly. It knows QPs only through the
+//! [`Endpoint`] trait, so this module does not depend on the QP's internals, and it reads
+//! packet headers only through `softverbs-wire` views.
+//!
+//! Routing: a packet whose destination GID and QP number belong to a node of this fabric goes
+//! through the in-process driver ([`InProcess`]); every other packet goes out through the UDP
+//! driver ([`Udp`]), which starts with the first QP number the process allocates (its slot
+//! numbers the QPs). A multicast packet goes both ways. Received batches, whichever driver
+//! they came from, are handed to the nodes whose GIDs they were sent to.
+//!
+//! Progress happens in four places, so that nothing waits on the application:
 //! - the thread that posts a work request drives the fabric until it is quiet, so an exchange
 //!   between QPs of this process completes at once;
 //! - polling an empty CQ drives it too (a single-threaded program that posts and then polls
-//!   always completes);
+//!   always completes), reading the UDP sockets without blocking;
+//! - the receive thread waits on the UDP driver's readiness and handles what arrives;
 //! - the progress thread sleeps until the earliest transport deadline (retransmission, RNR
 //!   wait) and handles it; it uses no CPU when no deadline is pending.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
@@ -20,22 +33,16 @@ use softverbs_engine::transport::{DropReason, RxMeta, Transmit};
 use softverbs_engine::types::Gid;
 use softverbs_engine::{Error, Result};
 use softverbs_wire::bth::peek_dest_qpn;
-use softverbs_wire::{is_positive_ack, RocePacket};
+use softverbs_wire::{is_positive_ack, ParsedPacket, RocePacket};
 
 use crate::device::McastTable;
+use crate::driver::{Driver, IcrcCheck, PacketBatch, Route};
+use crate::local::InProcess;
 use crate::mem::KeyTable;
-use crate::qp::Qp;
-use crate::udp::{Datagram, Udp};
+use crate::udp::Udp;
 
 /// The multicast destination QPN.
 pub const MULTICAST_QPN: u32 = 0xFF_FFFF;
-
-/// A received packet with what the network told about it.
-#[derive(Debug)]
-pub(crate) struct Packet {
-    pub(crate) data: Vec<u8>,
-    pub(crate) meta: RxMeta,
-}
 
 /// Packet counters of one device, readable through the verbs API.
 #[derive(Debug, Default)]
@@ -101,47 +108,69 @@ fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
+/// What the fabric needs of a QP: the boundary between packet moving and the transport.
+pub(crate) trait Endpoint: Send + Sync + 'static {
+    /// The QP number.
+    fn number(&self) -> u32;
+
+    /// Handles a received packet. Returns the packets to send in reply, the ticket to
+    /// [`Endpoint::release`] once they were sent, and why the packet was dropped if it was.
+    fn receive_packet(
+        &self,
+        now: Instant,
+        pkt: &ParsedPacket<'_>,
+        meta: &RxMeta,
+    ) -> (Vec<Transmit>, u64, Option<DropReason>);
+
+    /// Makes the completions held under `ticket` (and earlier ones) visible: their packets
+    /// were handed to the fabric.
+    fn release_ticket(&self, ticket: u64);
+
+    /// The next transport deadline.
+    fn next_deadline(&self) -> Option<Instant>;
+
+    /// Runs expired transport timers, sending what they produce.
+    fn on_timeout(&self, now: Instant);
+}
+
 /// One device's endpoint on the fabric.
-#[derive(Debug)]
-pub(crate) struct Node {
+pub(crate) struct Node<E> {
+    fabric: Arc<Fabric<E>>,
     gids: Vec<Gid>,
     ifindex: u32,
-    qps: RwLock<HashMap<u32, Weak<Qp>>>,
+    qps: RwLock<HashMap<u32, Weak<E>>>,
     /// Multicast group -> attached QP numbers.
     pub(crate) mcast: Mutex<McastTable>,
     pub(crate) keys: KeyTable,
-    inbound: Mutex<VecDeque<Packet>>,
+    inbound: Mutex<PacketBatch>,
+    /// The batch being processed; only the driving thread touches it.
+    processing: Mutex<PacketBatch>,
     driving: AtomicBool,
     pub(crate) counters: NodeCounters,
 }
 
-impl Node {
-    pub(crate) fn new(gids: &[Gid], ifindex: u32) -> Arc<Self> {
-        let node = Arc::new(Self {
-            gids: gids.iter().copied().filter(|g| !g.is_zero()).collect(),
-            ifindex,
-            qps: RwLock::new(HashMap::new()),
-            mcast: Mutex::new(McastTable::default()),
-            keys: KeyTable::default(),
-            inbound: Mutex::new(VecDeque::new()),
-            driving: AtomicBool::new(false),
-            counters: NodeCounters::default(),
-        });
-        let mut nodes = fabric().nodes.write();
-        // Devices are built on every device listing and most are dropped at once: forget the
-        // dead ones here, or the list (and each dead node's memory) grows with every call.
-        nodes.retain(|n| n.strong_count() > 0);
-        nodes.push(Arc::downgrade(&node));
-        drop(nodes);
-        node
+impl<E> std::fmt::Debug for Node<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("gids", &self.gids)
+            .field("ifindex", &self.ifindex)
+            .field("counters", &self.counters)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E: Endpoint> Node<E> {
+    /// The fabric this node is on.
+    pub(crate) fn fabric(&self) -> &Arc<Fabric<E>> {
+        &self.fabric
     }
 
-    pub(crate) fn add_qp(&self, qp: &Arc<Qp>) {
-        self.qps.write().insert(qp.qpn(), Arc::downgrade(qp));
+    pub(crate) fn add_qp(&self, qp: &Arc<E>) {
+        self.qps.write().insert(qp.number(), Arc::downgrade(qp));
     }
 
     /// The live QP numbered `qpn` on this node.
-    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<Qp>> {
+    pub(crate) fn qp(&self, qpn: u32) -> Option<Arc<E>> {
         self.qps.read().get(&qpn).and_then(Weak::upgrade)
     }
 
@@ -161,11 +190,11 @@ impl Node {
         self.mcast.lock().groups.contains_key(gid)
     }
 
-    pub(crate) fn deliver(&self, pkt: Packet) {
-        self.inbound.lock().push_back(pkt);
+    fn deliver(&self, data: &[u8], meta: RxMeta) {
+        self.inbound.lock().push(data, meta, IcrcCheck::Ok);
     }
 
-    fn qps(&self) -> Vec<Arc<Qp>> {
+    fn qps(&self) -> Vec<Arc<E>> {
         self.qps.read().values().filter_map(Weak::upgrade).collect()
     }
 
@@ -177,25 +206,28 @@ impl Node {
             if self.driving.swap(true, Ordering::Acquire) {
                 return did;
             }
+            let mut batch = self.processing.lock();
             loop {
-                let batch: Vec<Packet> = self.inbound.lock().drain(..).collect();
+                self.inbound.lock().swap(&mut batch);
                 if batch.is_empty() {
                     break;
                 }
                 did = true;
                 let mut out = Vec::new();
                 let mut tickets = Vec::new();
-                for pkt in batch {
-                    self.receive(now, pkt, &mut out, &mut tickets);
+                for (data, desc) in batch.iter() {
+                    self.receive(now, data, &desc.meta, &mut out, &mut tickets);
                 }
+                batch.clear();
                 // One send for the whole batch: fewer system calls, and one ACK per QP. Only
                 // then do the batch's completions become visible: an application that sees its
                 // last completion and exits must not leave the peer without the ACK.
-                fabric().send_all(self, coalesce_acks(out));
+                self.fabric.send_all(self, coalesce_acks(out));
                 for (qp, ticket) in tickets {
-                    qp.release(ticket);
+                    qp.release_ticket(ticket);
                 }
             }
+            drop(batch);
             self.driving.store(false, Ordering::Release);
             // A packet may have arrived after the last check but before the release.
             if self.inbound.lock().is_empty() {
@@ -204,19 +236,26 @@ impl Node {
         }
     }
 
-    fn receive(&self, now: Instant, pkt: Packet, out: &mut Vec<Transmit>, tickets: &mut Vec<(Arc<Qp>, u64)>) {
+    fn receive(
+        &self,
+        now: Instant,
+        data: &[u8],
+        meta: &RxMeta,
+        out: &mut Vec<Transmit>,
+        tickets: &mut Vec<(Arc<E>, u64)>,
+    ) {
         bump(&self.counters.rx_packets);
-        let Ok(parsed) = RocePacket::parse(&pkt.data) else {
+        let Ok(parsed) = RocePacket::parse(data) else {
             bump(&self.counters.rx_malformed);
             return;
         };
         let qpn = parsed.repr.bth.dest_qpn;
-        let targets: Vec<Arc<Qp>> = if qpn == MULTICAST_QPN {
+        let targets: Vec<Arc<E>> = if qpn == MULTICAST_QPN {
             let members: Vec<u32> = self
                 .mcast
                 .lock()
                 .groups
-                .get(&pkt.meta.dgid)
+                .get(&meta.dgid)
                 .map(|m| m.iter().copied().collect())
                 .unwrap_or_default();
             let qps = self.qps.read();
@@ -237,15 +276,15 @@ impl Node {
             return;
         }
         for qp in targets {
-            let (outputs, dropped) = qp.handle_packet(now, &parsed, &pkt.meta);
+            let (txs, ticket, dropped) = qp.receive_packet(now, &parsed, meta);
             match dropped {
                 None => {}
                 Some(DropReason::BadPkey) => bump(&self.counters.rx_bad_pkey),
                 Some(DropReason::BadQkey) => bump(&self.counters.rx_bad_qkey),
                 Some(_) => bump(&self.counters.rx_dropped),
             }
-            out.extend(outputs.txs);
-            tickets.push((qp, outputs.ticket));
+            out.extend(txs);
+            tickets.push((qp, ticket));
         }
     }
 
@@ -253,13 +292,10 @@ impl Node {
     fn run_timers(&self, now: Instant) -> Option<Instant> {
         let mut next: Option<Instant> = None;
         for qp in self.qps() {
-            let due = qp.deadline();
-            if due.is_some_and(|d| d <= now) {
-                let out = qp.handle_timeout(now);
-                qp.transmit(out.txs);
-                qp.release(out.ticket);
+            if qp.next_deadline().is_some_and(|d| d <= now) {
+                qp.on_timeout(now);
             }
-            if let Some(d) = qp.deadline() {
+            if let Some(d) = qp.next_deadline() {
                 next = Some(next.map_or(d, |n: Instant| n.min(d)));
             }
         }
@@ -291,18 +327,35 @@ fn coalesce_acks(mut txs: Vec<Transmit>) -> Vec<Transmit> {
     txs
 }
 
-/// The process-wide fabric between nodes.
-#[derive(Debug)]
-pub(crate) struct Fabric {
-    nodes: RwLock<Vec<Weak<Node>>>,
+/// The fabric between the nodes of this process: routes packets through its drivers and
+/// runs the progress and receive threads. Created by the device registry; nodes own it.
+pub(crate) struct Fabric<E> {
+    me: Weak<Self>,
+    nodes: RwLock<Vec<Weak<Node<E>>>>,
     epoch: std::time::Instant,
-    wake: WakeUp,
+    wake: Arc<WakeUp>,
     qpns: Mutex<QpnTable>,
+    /// Packets between nodes of this process.
+    local: InProcess,
+    /// The in-process driver's receive batch; holding it is the right to receive from it.
+    local_rx: Mutex<PacketBatch>,
+    /// The UDP driver, once a QP number was allocated.
     udp: OnceLock<Arc<Udp>>,
+    /// The UDP driver's receive batch; holding it is the right to receive from it.
+    udp_rx: Mutex<PacketBatch>,
     /// Serialises attempts to start the UDP driver.
     udp_start: Mutex<()>,
     /// When an application thread last polled an empty CQ (engine nanoseconds).
     app_poll_at: AtomicU64,
+}
+
+impl<E> std::fmt::Debug for Fabric<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fabric")
+            .field("nodes", &self.nodes.read().len())
+            .field("udp", &self.udp.get())
+            .finish_non_exhaustive()
+    }
 }
 
 /// QPNs 0 and 1 are the special management QPs; ordinary QPs start above them, as on hardware.
@@ -350,33 +403,14 @@ impl QpnTable {
     }
 }
 
-/// The fabric of this process.
-pub(crate) fn fabric() -> &'static Fabric {
-    static FABRIC: OnceLock<Fabric> = OnceLock::new();
-    FABRIC.get_or_init(|| {
-        std::thread::Builder::new()
-            .name("softverbs-progress".into())
-            .spawn(progress_thread)
-            .expect("spawn the progress thread");
-        Fabric {
-            nodes: RwLock::new(Vec::new()),
-            epoch: std::time::Instant::now(),
-            wake: WakeUp::new(),
-            qpns: Mutex::new(QpnTable::new(FIRST_QPN, LAST_QPN_INDEX)),
-            udp: OnceLock::new(),
-            udp_start: Mutex::new(()),
-            app_poll_at: AtomicU64::new(0),
-        }
-    })
-}
-
 /// How recently an application thread must have polled for the receive thread to leave the
 /// socket to it.
 const APP_POLLING: Duration = Duration::from_micros(200);
 
-fn receive_thread(udp: &Udp) {
-    let f = fabric();
+/// Waits on the UDP driver and handles what arrives; ends once the fabric is gone.
+fn receive_thread<E: Endpoint>(fabric: Weak<Fabric<E>>, udp: Arc<Udp>) {
     loop {
+        let Some(f) = fabric.upgrade() else { return };
         // While an application thread polls a CQ, it reads the socket itself with no thread
         // hand-off: do not even wait on the socket, since every wake-up would take a core from a
         // spinning thread.
@@ -384,22 +418,25 @@ fn receive_thread(udp: &Udp) {
             .now()
             .as_nanos()
             .saturating_sub(f.app_poll_at.load(Ordering::Relaxed));
+        drop(f);
         if since < APP_POLLING.as_nanos() as u64 {
             std::thread::sleep(APP_POLLING);
             continue;
         }
         // Wakes at least once a second to take over the standard port if it was freed.
-        if udp.wait_readable(Duration::from_secs(1)) {
-            udp.receive(|d| f.deliver_datagrams(d));
+        if udp.wait(Duration::from_secs(1)) {
+            let Some(f) = fabric.upgrade() else { return };
+            f.pump_udp(true);
             f.drive(f.now());
         }
     }
 }
 
-fn progress_thread() {
-    let f = fabric();
+/// Runs transport timers when they are due; ends once the fabric is gone.
+fn progress_thread<E: Endpoint>(fabric: Weak<Fabric<E>>, wake: Arc<WakeUp>) {
     loop {
-        f.wake.begin_pass();
+        let Some(f) = fabric.upgrade() else { return };
+        wake.begin_pass();
         let now = f.now();
         f.drive(now);
         let mut next = None;
@@ -409,13 +446,19 @@ fn progress_thread() {
             }
         }
         f.drive(f.now());
-        let (mut guard, target) = f.wake.end_pass(next.map_or(u64::MAX, |d| d.as_nanos()));
+        let wait_from = f.now().as_nanos();
+        // Not kept across the wait: the fabric ends when its last owner lets go.
+        drop(f);
+        let (mut guard, target) = wake.end_pass(next.map_or(u64::MAX, |d| d.as_nanos()));
+        if wake.closed.load(Ordering::Acquire) {
+            return;
+        }
         if target == u64::MAX {
-            f.wake.cv.wait(&mut guard);
+            wake.cv.wait(&mut guard);
         } else {
-            let wait = Duration::from_nanos(target.saturating_sub(f.now().as_nanos()));
+            let wait = Duration::from_nanos(target.saturating_sub(wait_from));
             if !wait.is_zero() {
-                f.wake.cv.wait_for(&mut guard, wait);
+                wake.cv.wait_for(&mut guard, wait);
             }
         }
     }
@@ -428,6 +471,8 @@ struct WakeUp {
     at: AtomicU64,
     lock: Mutex<()>,
     cv: Condvar,
+    /// The fabric is gone: the progress thread ends.
+    closed: AtomicBool,
 }
 
 impl WakeUp {
@@ -436,6 +481,7 @@ impl WakeUp {
             at: AtomicU64::new(u64::MAX),
             lock: Mutex::new(()),
             cv: Condvar::new(),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -463,6 +509,13 @@ impl WakeUp {
         (guard, target)
     }
 
+    /// Ends the progress thread.
+    fn close(&self) {
+        let _guard = self.lock.lock();
+        self.closed.store(true, Ordering::Release);
+        self.cv.notify_one();
+    }
+
     /// Makes the thread wake by `at`. A deadline at or after `at` needs nothing: the thread
     /// wakes by then, or is in a pass, which only lowers `at`.
     fn schedule(&self, at: u64) {
@@ -477,14 +530,75 @@ impl WakeUp {
     }
 }
 
-impl Fabric {
+impl<E> Drop for Fabric<E> {
+    fn drop(&mut self) {
+        self.wake.close();
+        if let Some(u) = self.udp.get() {
+            u.wake();
+        }
+    }
+}
+
+impl<E: Endpoint> Fabric<E> {
+    /// A fabric with no node yet, and its progress thread.
+    pub(crate) fn new() -> Arc<Self> {
+        let f = Arc::new_cyclic(|me| Self {
+            me: me.clone(),
+            nodes: RwLock::new(Vec::new()),
+            epoch: std::time::Instant::now(),
+            wake: Arc::new(WakeUp::new()),
+            qpns: Mutex::new(QpnTable::new(FIRST_QPN, LAST_QPN_INDEX)),
+            local: InProcess::default(),
+            local_rx: Mutex::new(PacketBatch::default()),
+            udp: OnceLock::new(),
+            udp_rx: Mutex::new(PacketBatch::default()),
+            udp_start: Mutex::new(()),
+            app_poll_at: AtomicU64::new(0),
+        });
+        let (me, wake) = (Arc::downgrade(&f), f.wake.clone());
+        std::thread::Builder::new()
+            .name("softverbs-progress".into())
+            .spawn(move || progress_thread(me, wake))
+            .expect("spawn the progress thread");
+        f
+    }
+
+    /// A node for a device with these GIDs on interface `ifindex`.
+    pub(crate) fn add_node(self: &Arc<Self>, gids: &[Gid], ifindex: u32) -> Arc<Node<E>> {
+        let node = Arc::new(Node {
+            fabric: self.clone(),
+            gids: gids.iter().copied().filter(|g| !g.is_zero()).collect(),
+            ifindex,
+            qps: RwLock::new(HashMap::new()),
+            mcast: Mutex::new(McastTable::default()),
+            keys: KeyTable::default(),
+            inbound: Mutex::new(PacketBatch::default()),
+            processing: Mutex::new(PacketBatch::default()),
+            driving: AtomicBool::new(false),
+            counters: NodeCounters::default(),
+        });
+        let mut nodes = self.nodes.write();
+        // Devices are built on every device listing and most are dropped at once: forget the
+        // dead ones here, or the list (and each dead node's memory) grows with every call.
+        nodes.retain(|n| n.strong_count() > 0);
+        nodes.push(Arc::downgrade(&node));
+        drop(nodes);
+        node
+    }
+
+    /// Nodes registered (live or not yet forgotten).
+    #[cfg(test)]
+    fn node_count(&self) -> usize {
+        self.nodes.read().len()
+    }
+
     /// The engine's clock: nanoseconds since the fabric started.
     pub(crate) fn now(&self) -> Instant {
         Instant(u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
 
-    fn live_nodes(&self) -> Vec<Arc<Node>> {
-        let nodes: Vec<Arc<Node>> = self.nodes.read().iter().filter_map(Weak::upgrade).collect();
+    fn live_nodes(&self) -> Vec<Arc<Node<E>>> {
+        let nodes: Vec<Arc<Node<E>>> = self.nodes.read().iter().filter_map(Weak::upgrade).collect();
         if nodes.len() < self.nodes.read().len() {
             // Devices were dropped: forget them (rare, so the hot path only reads).
             self.nodes.write().retain(|n| n.strong_count() > 0);
@@ -501,7 +615,7 @@ impl Fabric {
     pub(crate) fn drive(&self, now: Instant) {
         let nodes = self.live_nodes();
         loop {
-            let mut did = false;
+            let mut did = self.pump_local(&nodes);
             for n in &nodes {
                 did |= n.drive(now);
             }
@@ -516,9 +630,7 @@ impl Fabric {
     /// progress thread to be scheduled).
     pub(crate) fn progress(&self, now: Instant) {
         self.app_poll_at.store(now.as_nanos(), Ordering::Relaxed);
-        if let Some(u) = self.udp() {
-            u.try_receive(|d| self.deliver_datagrams(d));
-        }
+        self.pump_udp(false);
         self.drive(now);
         if self.wake.load() <= now.as_nanos() {
             for n in self.live_nodes() {
@@ -528,69 +640,81 @@ impl Fabric {
         }
     }
 
-    /// Routes packets from `from` to their destination nodes: to a node of this process, or out
-    /// over UDP (runs of packets to one destination QP leave in one batch).
-    pub(crate) fn send_all(&self, from: &Node, txs: Vec<Transmit>) {
+    /// Hands what the in-process driver holds to the nodes. Returns whether there was any.
+    fn pump_local(&self, nodes: &[Arc<Node<E>>]) -> bool {
+        let mut batch = self.local_rx.lock();
+        if self.local.recv(&mut batch) == 0 {
+            return false;
+        }
+        self.deliver_batch(nodes, &batch);
+        batch.clear();
+        true
+    }
+
+    /// Reads the UDP driver and hands what it got to the nodes before another thread may read
+    /// (so packets reach the nodes in the order the sockets held them). With `wait` false, an
+    /// application thread gives way if another thread is reading.
+    fn pump_udp(&self, wait: bool) {
+        let Some(udp) = self.udp.get() else { return };
+        let mut batch = if wait {
+            self.udp_rx.lock()
+        } else {
+            let Some(b) = self.udp_rx.try_lock() else { return };
+            b
+        };
+        if udp.recv(&mut batch) > 0 {
+            self.deliver_batch(&self.live_nodes(), &batch);
+        }
+        batch.clear();
+    }
+
+    /// Routes packets from `from` to their destinations: through the in-process driver to a
+    /// node of this fabric that has the destination GID and QP, otherwise out over UDP. Runs
+    /// of packets along one route leave in one batch.
+    pub(crate) fn send_all(&self, from: &Node<E>, txs: Vec<Transmit>) {
         if txs.is_empty() {
             return;
         }
         let nodes = self.live_nodes();
-        // Packets for other processes, in runs with one (source GID, destination GID, QP).
-        type Run = ((Gid, Gid, u32), Vec<Vec<u8>>);
-        let mut remote: Vec<Run> = Vec::new();
-        for mut tx in txs {
+        // Runs of packets along one route, each with whether it stays in this process.
+        let mut runs: Vec<(bool, Route, Vec<Vec<u8>>)> = Vec::new();
+        let mut add = |local: bool, route: Route, data: Vec<u8>| match runs.last_mut() {
+            Some((l, r, batch)) if *l == local && *r == route => batch.push(data),
+            _ => runs.push((local, route, vec![data])),
+        };
+        for tx in txs {
             bump(&from.counters.tx_packets);
-            let meta = RxMeta {
+            let qpn = peek_dest_qpn(&tx.data).unwrap_or(0);
+            let route = Route {
                 sgid: from
                     .gids
                     .get(usize::from(tx.dest.sgid_index))
                     .copied()
                     .unwrap_or(Gid::ZERO),
                 dgid: tx.dest.dgid,
+                dest_qpn: qpn,
                 traffic_class: tx.dest.traffic_class,
                 hop_limit: tx.dest.hop_limit,
+                ifindex: from.ifindex,
             };
-            let qpn = peek_dest_qpn(&tx.data).unwrap_or(0);
-            let targets: Vec<&Arc<Node>> = if qpn == MULTICAST_QPN {
-                nodes.iter().filter(|n| n.has_group(&tx.dest.dgid)).collect()
+            if qpn == MULTICAST_QPN {
+                // Members may live in this process, other processes and other hosts.
+                if nodes.iter().any(|n| n.has_group(&tx.dest.dgid)) {
+                    add(true, route, tx.data.clone());
+                }
+                add(false, route, tx.data);
             } else {
-                nodes
-                    .iter()
-                    .filter(|n| n.has_gid(&tx.dest.dgid) && n.has_qp(qpn))
-                    .take(1)
-                    .collect()
-            };
-            // Multicast members may live in other processes and hosts too.
-            if targets.is_empty() || qpn == MULTICAST_QPN {
-                let key = (meta.sgid, tx.dest.dgid, qpn);
-                let only_remote = targets.is_empty();
-                let data = if only_remote {
-                    std::mem::take(&mut tx.data)
-                } else {
-                    tx.data.clone()
-                };
-                match remote.last_mut() {
-                    Some((k, batch)) if *k == key => batch.push(data),
-                    _ => remote.push((key, vec![data])),
-                }
-                if only_remote {
-                    continue;
-                }
+                let local = nodes.iter().any(|n| n.has_gid(&tx.dest.dgid) && n.has_qp(qpn));
+                add(local, route, tx.data);
             }
-            let (last, rest) = targets.split_last().expect("non-empty");
-            for n in rest {
-                n.deliver(Packet {
-                    data: tx.data.clone(),
-                    meta,
-                });
-            }
-            last.deliver(Packet { data: tx.data, meta });
         }
-        for ((sgid, dgid, qpn), mut batch) in remote {
-            let sent = self.udp().map_or(0, |u| {
-                u.send(sgid.to_ip(), dgid.to_ip(), from.ifindex, qpn, &mut batch)
-            });
-            if qpn != MULTICAST_QPN {
+        for (local, route, mut batch) in runs {
+            if local {
+                self.local.send(&route, &mut batch);
+                continue;
+            }
+            let sent = self.udp.get().map_or(0, |u| u.send(&route, &mut batch));
+            if route.dest_qpn != MULTICAST_QPN {
                 for _ in sent..batch.len() {
                     bump(&from.counters.tx_unroutable);
                 }
@@ -598,10 +722,10 @@ impl Fabric {
         }
     }
 
-    /// Starts the UDP driver (once per process) on the first free slot of `slots` above
+    /// Starts the UDP driver (once per fabric) on the first free slot of `slots` above
     /// `base_port`; its slot numbers this process's QPs. `None` while every slot is taken: the
     /// next call tries again.
-    pub(crate) fn start_udp(&'static self, base_port: u16, slots: u8) -> Option<&'static Arc<Udp>> {
+    fn start_udp(&self, base_port: u16, slots: u8) -> Option<&Arc<Udp>> {
         if let Some(u) = self.udp.get() {
             return Some(u);
         }
@@ -617,34 +741,30 @@ impl Fabric {
             );
             return None;
         };
-        let u = udp.clone();
+        let (me, u) = (self.me.clone(), udp.clone());
         std::thread::Builder::new()
             .name("softverbs-rx".into())
-            .spawn(move || receive_thread(&u))
+            .spawn(move || receive_thread(me, u))
             .expect("spawn the receive thread");
         let _ = self.udp.set(udp);
         self.udp.get()
     }
 
-    fn udp(&self) -> Option<&Arc<Udp>> {
-        self.udp.get()
-    }
-
     /// Forwarded datagrams the UDP driver dropped as forged.
     pub(crate) fn forged_forwards(&self) -> u64 {
-        self.udp().map_or(0, |u| u.forged_forwards())
+        self.udp.get().map_or(0, |u| u.forged_forwards())
     }
 
     /// (slot, own UDP port, holds the standard port) if the UDP driver runs.
     pub(crate) fn udp_status(&self) -> Option<(u8, u16, bool)> {
-        self.udp().map(|u| (u.slot(), u.port(), u.is_forwarder()))
+        self.udp.get().map(|u| (u.slot(), u.port(), u.is_forwarder()))
     }
 
     /// A fresh QP number, unique among live QPs of this host: the process's UDP slot in bits
     /// 16..24 and a per-process index below. Fails with ENOMEM once every index is in use, or
     /// while this process has no UDP slot: a number without one would collide with another
     /// process's and its traffic would go astray, so no QP is better than a silent one.
-    pub(crate) fn alloc_qpn(&'static self, base_port: u16, slots: u8) -> Result<u32> {
+    pub(crate) fn alloc_qpn(&self, base_port: u16, slots: u8) -> Result<u32> {
         let slot = self
             .start_udp(base_port, slots)
             .map(|u| u32::from(u.slot()))
@@ -664,44 +784,55 @@ impl Fabric {
         Ok((slot << 16) | idx)
     }
 
-    /// Hands received datagrams to their nodes' inbound queues, in order.
-    fn deliver_datagrams(&self, dgrams: Vec<Datagram>) {
-        if dgrams.is_empty() {
-            return;
-        }
-        let nodes = self.live_nodes();
-        for d in dgrams {
-            let multicast = d.meta.dgid.is_multicast();
-            let targets: Vec<&Arc<Node>> = nodes
-                .iter()
-                .filter(|n| {
-                    if multicast {
-                        n.has_group(&d.meta.dgid)
-                    } else {
-                        n.has_gid(&d.meta.dgid)
-                    }
-                })
-                .collect();
-            let Some(first) = targets.first() else { continue };
-            if d.bad_icrc {
-                bump(&first.counters.rx_bad_icrc);
+    /// Hands received packets to their nodes' inbound queues, in order: a multicast packet to
+    /// every node in its group, any other to the node with its destination GID (the one that
+    /// has its QP, if several share the GID).
+    fn deliver_batch(&self, nodes: &[Arc<Node<E>>], batch: &PacketBatch) {
+        for (data, desc) in batch.iter() {
+            let dgid = desc.meta.dgid;
+            if dgid.is_multicast() {
+                let mut members = nodes.iter().filter(|n| n.has_group(&dgid)).peekable();
+                let Some(first) = members.peek() else { continue };
+                if !count_icrc(first, desc.icrc) {
+                    continue;
+                }
+                for n in members {
+                    n.deliver(data, desc.meta);
+                }
                 continue;
             }
-            if d.icrc_unverified {
-                bump(&first.counters.rx_icrc_unverified);
+            let mut owners = nodes.iter().filter(|n| n.has_gid(&dgid));
+            let Some(first) = owners.next() else { continue };
+            if !count_icrc(first, desc.icrc) {
+                continue;
             }
-            for n in targets.iter().take(if multicast { usize::MAX } else { 1 }) {
-                n.deliver(Packet {
-                    data: d.data.clone(),
-                    meta: d.meta,
-                });
-            }
+            let qpn = peek_dest_qpn(data);
+            let target = match qpn {
+                Some(q) if !first.has_qp(q) => owners.find(|n| n.has_qp(q)).unwrap_or(first),
+                _ => first,
+            };
+            target.deliver(data, desc.meta);
         }
     }
 
     /// Releases a QP number.
     pub(crate) fn free_qpn(&self, qpn: u32) {
         self.qpns.lock().free(qpn & LAST_QPN_INDEX);
+    }
+}
+
+/// Counts a received packet's ICRC verdict on `node`; false if the packet is to be dropped.
+fn count_icrc<E>(node: &Node<E>, icrc: IcrcCheck) -> bool {
+    match icrc {
+        IcrcCheck::Ok => true,
+        IcrcCheck::Unverified => {
+            bump(&node.counters.rx_icrc_unverified);
+            true
+        }
+        IcrcCheck::Bad => {
+            bump(&node.counters.rx_bad_icrc);
+            false
+        }
     }
 }
 
@@ -763,7 +894,10 @@ mod tests {
             crate::device::device_list().unwrap();
         }
         // Live nodes: the registry's devices plus the ones other tests of this process hold.
-        let nodes = fabric().nodes.read().len();
+        let nodes = crate::device::device_list().unwrap()[0]
+            .node()
+            .fabric()
+            .node_count();
         assert!(
             nodes <= per_call + 64,
             "{nodes} nodes registered after 40,000 listings"

@@ -19,8 +19,9 @@ use softverbs_wire::ParsedPacket;
 
 use crate::context::{Context, EventElement};
 use crate::cq::Cq;
+use crate::device::Node;
 use crate::device::{cap_flags, Resource};
-use crate::fabric::{fabric, Node};
+use crate::fabric::Endpoint;
 use crate::held::Held;
 use crate::pd::{Ah, Pd};
 use crate::raw::{require_cap_net_raw, RawPort};
@@ -495,7 +496,7 @@ impl Qp {
             rss.deliver(frame, flow_tag);
             return;
         }
-        let now = fabric().now();
+        let now = self.fabric().now();
         let mut inner = self.inner.lock();
         let node = self.node();
         let _ = match &self.init.srq {
@@ -527,6 +528,10 @@ impl Qp {
 
     fn node(&self) -> &Arc<Node> {
         self.context().device().node()
+    }
+
+    fn fabric(&self) -> &Arc<crate::device::Fabric> {
+        self.node().fabric()
     }
 
     /// The QP number.
@@ -648,7 +653,7 @@ impl Qp {
         self.deadline
             .store(deadline.map_or(u64::MAX, Instant::as_nanos), Ordering::Release);
         if let Some(d) = deadline {
-            fabric().schedule(d);
+            self.fabric().schedule(d);
         }
         Outputs { txs, ticket }
     }
@@ -686,13 +691,13 @@ impl Qp {
             // A CQ overrun leaves the QP unusable: move it to ERR and flush (the flushed
             // completions are lost too, the CQ being in error).
             tracing::warn!(qpn = self.qpn, "CQ overrun: QP moves to the error state");
-            let now = fabric().now();
+            let now = self.fabric().now();
             inner.attr.qp_state = QpState::Err;
             let attr = inner.attr;
             inner.engine.set_attr(now, &attr);
             self.raise(EventType::QpFatal);
             let out = self.drain(&mut inner, now);
-            fabric().send_all(self.node(), out.txs);
+            self.fabric().send_all(self.node(), out.txs);
             ticket = out.ticket;
         }
     }
@@ -702,7 +707,7 @@ impl Qp {
     fn emit(&self, out: Outputs) {
         self.transmit(out.txs);
         self.release(out.ticket);
-        let f = fabric();
+        let f = self.fabric();
         f.drive(f.now());
     }
 
@@ -717,7 +722,7 @@ impl Qp {
                     }
                 }
             }
-            None => fabric().send_all(self.node(), txs),
+            None => self.fabric().send_all(self.node(), txs),
         }
     }
 
@@ -791,7 +796,7 @@ impl Qp {
             ));
         }
         let ctx = self.context();
-        let now = fabric().now();
+        let now = self.fabric().now();
         let mask = effective_mask(self.qp_type(), mask);
         let out = {
             let mut inner = self.inner.lock();
@@ -824,7 +829,7 @@ impl Qp {
     /// `typical_pkt_sz`, 0: the port MTU). EINVAL for other QP types or states, a rate outside
     /// `packet_pacing_caps`, or burst or packet size without a rate.
     pub fn modify_rate_limit(&self, rate_kbps: u32, max_burst_sz: u32, typical_pkt_sz: u16) -> Result<()> {
-        let now = fabric().now();
+        let now = self.fabric().now();
         let out = {
             let mut inner = self.inner.lock();
             crate::rate_limit::check(
@@ -862,7 +867,7 @@ impl Qp {
         if self.rss.is_some() {
             return fail(0, Error::invalid("an RSS QP receives through its WQs"));
         }
-        let now = fabric().now();
+        let now = self.fabric().now();
         let mut inner = self.inner.lock();
         if inner.attr.qp_state == QpState::Reset {
             return fail(
@@ -909,7 +914,7 @@ impl Qp {
                 error: Error::invalid("an RSS QP is receive-only"),
             });
         }
-        let now = fabric().now();
+        let now = self.fabric().now();
         let mut inner = self.inner.lock();
         let state = inner.attr.qp_state;
         if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
@@ -1540,5 +1545,36 @@ impl Drop for Srq {
         if !self.uses.is_retired() {
             self.teardown();
         }
+    }
+}
+
+/// How the fabric reaches a QP.
+impl Endpoint for Qp {
+    fn number(&self) -> u32 {
+        self.qpn
+    }
+
+    fn receive_packet(
+        &self,
+        now: Instant,
+        pkt: &ParsedPacket<'_>,
+        meta: &RxMeta,
+    ) -> (Vec<Transmit>, u64, Option<DropReason>) {
+        let (out, dropped) = self.handle_packet(now, pkt, meta);
+        (out.txs, out.ticket, dropped)
+    }
+
+    fn release_ticket(&self, ticket: u64) {
+        self.release(ticket);
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.deadline()
+    }
+
+    fn on_timeout(&self, now: Instant) {
+        let out = self.handle_timeout(now);
+        self.transmit(out.txs);
+        self.release(out.ticket);
     }
 }

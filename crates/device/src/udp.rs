@@ -17,13 +17,15 @@
 
 use std::io::{IoSlice, IoSliceMut};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
 use nix::errno::Errno;
 use nix::libc;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use nix::sys::socket::{
     bind, getsockopt, recvmsg, sendmsg, setsockopt, socket, sockopt, AddressFamily, ControlMessage,
     ControlMessageOwned, MsgFlags, SockFlag, SockType, SockaddrIn, SockaddrIn6, SockaddrStorage,
@@ -33,6 +35,7 @@ use softverbs_engine::transport::RxMeta;
 use softverbs_engine::types::Gid;
 use softverbs_wire::icrc;
 
+use crate::driver::{Driver, IcrcCheck, PacketBatch, Route};
 use crate::pace::Pacer;
 
 /// First bytes of a forwarded datagram. 0x53 is an RD opcode, which no valid packet here uses.
@@ -41,21 +44,12 @@ const FORWARD_MAGIC: [u8; 4] = *b"SVFW";
 const FORWARD_HEADER: usize = 4 + 16 + 2 + 16;
 /// Largest receive: a GRO-coalesced batch of datagrams.
 const MAX_DATAGRAM: usize = 65536;
+/// Bytes after which a receive call stops reading (the rest is read by the next call).
+const RX_BATCH_BYTES: usize = 1 << 20;
 /// Most datagrams sent in one GSO batch (the kernel's limit is 64).
 const GSO_MAX_SEGMENTS: usize = 64;
 /// Most bytes in one GSO batch (the UDP payload limit).
 const GSO_MAX_BYTES: usize = 65_000;
-
-/// What the receive side hands to the fabric.
-#[derive(Debug)]
-pub(crate) struct Datagram {
-    pub(crate) data: Vec<u8>,
-    pub(crate) meta: RxMeta,
-    /// The ICRC could be checked and was wrong.
-    pub(crate) bad_icrc: bool,
-    /// The ICRC could not be checked (IPv4 with a non-zero IP ID).
-    pub(crate) icrc_unverified: bool,
-}
 
 /// A bound socket pair (IPv4 and, where available, IPv6) on one port.
 #[derive(Debug)]
@@ -139,19 +133,18 @@ pub(crate) struct Udp {
     /// The standard port, when this process holds it.
     forwarder: Mutex<Option<Arc<Sockets>>>,
     last_takeover_try: Mutex<StdInstant>,
-    rx: Mutex<RxBuffers>,
+    /// Control-message space for receives (the fabric has one receiver at a time).
+    cmsg: Mutex<Vec<u8>>,
+    /// Readable while a socket is, or after `wake`.
+    epoll: Epoll,
+    /// Ends a `wait` early.
+    waker: EventFd,
     /// Whether the kernel accepts UDP segmentation offload (GSO) sends.
     gso: std::sync::atomic::AtomicBool,
     /// Holds back floods towards receivers on this host that cannot keep up.
     pacer: Pacer,
     /// Forwarded datagrams dropped because they did not come from the standard port.
     forged: std::sync::atomic::AtomicU64,
-}
-
-#[derive(Debug)]
-struct RxBuffers {
-    data: Vec<u8>,
-    cmsg: Vec<u8>,
 }
 
 /// The slot of a QP number: which process (and port) owns it.
@@ -168,16 +161,27 @@ impl Udp {
             Sockets::bind(port).ok().map(|s| (k, s))
         })?;
         let rcvbuf = getsockopt(&own.v4, sockopt::RcvBuf).unwrap_or(0);
+        let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).ok()?;
+        let waker = EventFd::from_flags(EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK).ok()?;
+        epoll
+            .add(&waker, EpollEvent::new(EpollFlags::EPOLLIN, WAKER))
+            .ok()?;
+        for fd in own.fds() {
+            epoll.add(fd, EpollEvent::new(EpollFlags::EPOLLIN, 0)).ok()?;
+        }
+        let forwarder = Sockets::bind(base).ok().map(Arc::new);
+        if let Some(f) = &forwarder {
+            watch(&epoll, f);
+        }
         let udp = Arc::new(Self {
             slot,
             base,
             own,
-            forwarder: Mutex::new(Sockets::bind(base).ok().map(Arc::new)),
+            forwarder: Mutex::new(forwarder),
             last_takeover_try: Mutex::new(StdInstant::now()),
-            rx: Mutex::new(RxBuffers {
-                data: vec![0u8; MAX_DATAGRAM],
-                cmsg: nix::cmsg_space!(libc::in6_pktinfo, i32),
-            }),
+            cmsg: Mutex::new(nix::cmsg_space!(libc::in6_pktinfo, i32)),
+            epoll,
+            waker,
             gso: std::sync::atomic::AtomicBool::new(true),
             pacer: Pacer::new(rcvbuf),
             forged: std::sync::atomic::AtomicU64::new(0),
@@ -222,7 +226,7 @@ impl Udp {
     /// filling in their ICRCs. Runs of equal-sized packets go out as one GSO batch: one system
     /// call, segmented by the kernel. `scope` is the interface index for link-local IPv6.
     /// Returns how many were handed to the kernel.
-    pub(crate) fn send(
+    fn send_packets(
         &self,
         src: IpAddr,
         dst: IpAddr,
@@ -358,142 +362,120 @@ impl Udp {
         }
     }
 
-    /// Waits up to `timeout` until a datagram can be read; false on timeout.
-    pub(crate) fn wait_readable(&self, timeout: Duration) -> bool {
-        self.maybe_take_over();
-        let fwd = self.forwarder.lock().clone();
-        let mut pfds: Vec<PollFd<'_>> = self
-            .own
-            .fds()
-            .map(|f| PollFd::new(f.as_fd(), PollFlags::POLLIN))
-            .collect();
-        if let Some(f) = fwd.as_ref() {
-            pfds.extend(f.fds().map(|f| PollFd::new(f.as_fd(), PollFlags::POLLIN)));
-        }
-        let ms = PollTimeout::try_from(timeout.as_millis().min(60_000) as i32).unwrap_or(PollTimeout::MAX);
-        matches!(poll(&mut pfds, ms), Ok(n) if n > 0)
-    }
-
-    /// Reads every datagram waiting, without blocking, and hands them to `deliver` before
-    /// another thread may read: datagrams reach the fabric in the order the socket had them
-    /// (two readers delivering their batches in the other order would reorder a QP's packets,
-    /// which UC cannot recover from).
-    pub(crate) fn receive(&self, deliver: impl FnOnce(Vec<Datagram>)) {
-        let mut rx = self.rx.lock();
-        let out = self.receive_locked(&mut rx);
-        deliver(out);
-    }
-
-    /// Like [`Udp::receive`] for a polling application thread; false (and nothing read) if
-    /// another thread is receiving.
-    pub(crate) fn try_receive(&self, deliver: impl FnOnce(Vec<Datagram>)) -> bool {
-        let Some(mut rx) = self.rx.try_lock() else {
-            return false;
-        };
-        let out = self.receive_locked(&mut rx);
-        deliver(out);
-        true
-    }
-
-    fn receive_locked(&self, rx: &mut RxBuffers) -> Vec<Datagram> {
+    /// Reads the datagrams waiting on every socket into `batch`, without blocking.
+    fn receive_into(&self, batch: &mut PacketBatch) -> usize {
+        let before = batch.len();
         let fwd = self.forwarder.lock().clone();
         let mut fds: Vec<(&OwnedFd, bool)> = self.own.fds().map(|f| (f, false)).collect();
         if let Some(f) = fwd.as_ref() {
             fds.extend(f.fds().map(|f| (f, true)));
         }
-        let mut out = Vec::new();
         // One readiness check over every socket costs less than a failing recvmsg on each.
         let mut pfds: Vec<PollFd<'_>> = fds
             .iter()
             .map(|(f, _)| PollFd::new(f.as_fd(), PollFlags::POLLIN))
             .collect();
         if !matches!(poll(&mut pfds, PollTimeout::ZERO), Ok(n) if n > 0) {
-            return out;
+            return 0;
         }
         let ready: Vec<bool> = pfds
             .iter()
             .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
             .collect();
         drop(pfds);
+        let mut cmsg = self.cmsg.lock();
         for ((fd, is_forwarder), ready) in fds.into_iter().zip(ready) {
             if !ready {
                 continue;
             }
-            // Bounded, so one busy socket does not starve the others.
+            // Bounded, so one busy socket does not starve the others and a batch stays small;
+            // what is left is read on the next call (the socket stays readable).
             for _ in 0..256 {
-                if !self.recv_one(fd, is_forwarder, rx, &mut out) {
+                if batch.bytes() >= RX_BATCH_BYTES || !self.recv_one(fd, is_forwarder, &mut cmsg, batch) {
                     break;
                 }
             }
         }
-        out
+        batch.len() - before
     }
 
-    /// Reads one datagram, or one GRO batch of them, into `out`; false when the socket is empty.
+    /// Reads one datagram, or one GRO batch of them, straight into `batch`; false when the
+    /// socket is empty.
     fn recv_one(
         &self,
         fd: &OwnedFd,
         is_forwarder: bool,
-        rx: &mut RxBuffers,
-        out: &mut Vec<Datagram>,
+        cmsg: &mut Vec<u8>,
+        batch: &mut PacketBatch,
     ) -> bool {
-        let RxBuffers { data, cmsg } = rx;
         cmsg.clear();
-        let mut iov = [IoSliceMut::new(&mut data[..])];
-        let msg = match recvmsg::<SockaddrStorage>(fd.as_raw_fd(), &mut iov, Some(cmsg), MsgFlags::empty()) {
-            Ok(m) => m,
-            Err(Errno::EAGAIN) => return false,
-            Err(e) => {
-                tracing::debug!(error = %e, "UDP receive failed");
-                return false;
-            }
-        };
-        let len = msg.bytes;
-        let src = msg.address.and_then(|a| {
-            a.as_sockaddr_in()
-                .map(|s| SocketAddr::from(SocketAddrV4::from(*s)))
-                .or_else(|| {
-                    a.as_sockaddr_in6()
-                        .map(|s| SocketAddr::from(SocketAddrV6::from(*s)))
-                })
-        });
-        let mut dst_ip = None;
-        let mut segment = len;
-        if let Ok(cmsgs) = msg.cmsgs() {
-            for c in cmsgs {
-                match c {
-                    ControlMessageOwned::UdpGroSegments(size) if size > 0 => segment = size as usize,
-                    ControlMessageOwned::Ipv4PacketInfo(i) => {
-                        dst_ip = Some(IpAddr::V4(Ipv4Addr::from(i.ipi_addr.s_addr.to_ne_bytes())));
+        let (len, src, dst_ip, segment) = {
+            let mut iov = [IoSliceMut::new(&mut batch.spare(MAX_DATAGRAM)[..MAX_DATAGRAM])];
+            let msg =
+                match recvmsg::<SockaddrStorage>(fd.as_raw_fd(), &mut iov, Some(cmsg), MsgFlags::empty()) {
+                    Ok(m) => m,
+                    Err(Errno::EAGAIN) => return false,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "UDP receive failed");
+                        return false;
                     }
-                    ControlMessageOwned::Ipv6PacketInfo(i) => {
-                        dst_ip = Some(IpAddr::V6(Ipv6Addr::from(i.ipi6_addr.s6_addr)));
+                };
+            let len = msg.bytes;
+            let src = msg.address.and_then(|a| {
+                a.as_sockaddr_in()
+                    .map(|s| SocketAddr::from(SocketAddrV4::from(*s)))
+                    .or_else(|| {
+                        a.as_sockaddr_in6()
+                            .map(|s| SocketAddr::from(SocketAddrV6::from(*s)))
+                    })
+            });
+            let mut dst_ip = None;
+            let mut segment = len;
+            if let Ok(cmsgs) = msg.cmsgs() {
+                for c in cmsgs {
+                    match c {
+                        ControlMessageOwned::UdpGroSegments(size) if size > 0 => segment = size as usize,
+                        ControlMessageOwned::Ipv4PacketInfo(i) => {
+                            dst_ip = Some(IpAddr::V4(Ipv4Addr::from(i.ipi_addr.s_addr.to_ne_bytes())));
+                        }
+                        ControlMessageOwned::Ipv6PacketInfo(i) => {
+                            dst_ip = Some(IpAddr::V6(Ipv6Addr::from(i.ipi6_addr.s6_addr)));
+                        }
+                        _ => {}
                     }
-                    _ => {}
                 }
             }
-        }
+            (len, src, dst_ip, segment.max(1))
+        };
         let (Some(src), Some(dst_ip)) = (src, dst_ip) else {
             return true;
         };
-        for bytes in data[..len].chunks(segment.max(1)) {
-            self.accept(src, dst_ip, is_forwarder, bytes, out);
+        let mut at = 0;
+        while at < len {
+            let end = (at + segment).min(len);
+            let kept = self.accept(src, dst_ip, is_forwarder, &batch.spare(0)[at..end]);
+            if let Some((skip, meta, icrc)) = kept {
+                batch.add(at + skip..end, meta, icrc);
+            }
+            at = end;
         }
+        batch.commit(len);
         true
     }
 
     /// Handles one received datagram: unwraps forwarded ones, forwards those of other slots.
+    /// Returns what to keep: how many leading bytes to skip (a forwarding header), what the
+    /// network told about the packet, and its ICRC verdict.
     fn accept(
         &self,
         src: SocketAddr,
         dst_ip: IpAddr,
         is_forwarder: bool,
         bytes: &[u8],
-        out: &mut Vec<Datagram>,
-    ) {
+    ) -> Option<(usize, RxMeta, IcrcCheck)> {
         let port = if is_forwarder { self.base } else { self.own.port };
 
-        if bytes.len() >= FORWARD_HEADER && bytes[..4] == FORWARD_MAGIC {
+        if let Some(fw) = ForwardHeader::parse(bytes) {
             // Only the holder of the standard port may forward: it sends from that port, from
             // the local address the packet reached to the same address. No other local socket
             // can use the port while it is held, and Linux drops packets from off the host
@@ -502,39 +484,27 @@ impl Udp {
             if is_forwarder || src.port() != self.base || src.ip() != dst_ip {
                 self.forged.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::debug!(%src, %dst_ip, "dropped a forwarded datagram not from the RoCE port");
-                return;
+                return None;
             }
             // Forwarded to us by the holder of the standard port: restore the real addresses.
-            let ip = |b: &[u8]| {
-                let v6 = Ipv6Addr::from(<[u8; 16]>::try_from(b).expect("16 bytes"));
-                v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
-            };
-            let orig_src = SocketAddr::new(ip(&bytes[4..20]), u16::from_be_bytes([bytes[20], bytes[21]]));
-            let orig_dst = SocketAddr::new(ip(&bytes[22..38]), self.base);
-            out.push(datagram(orig_src, orig_dst, &bytes[FORWARD_HEADER..]));
-            return;
+            let orig_dst = SocketAddr::new(fw.dst_ip, self.base);
+            let (meta, icrc) = classify(fw.src, orig_dst, &bytes[FORWARD_HEADER..]);
+            return Some((FORWARD_HEADER, meta, icrc));
         }
         if is_forwarder {
             let qpn = softverbs_wire::bth::peek_dest_qpn(bytes).unwrap_or(0);
             let slot = slot_of(qpn);
             if slot != 0 && slot != self.slot && qpn != crate::fabric::MULTICAST_QPN {
                 self.forward(src, dst_ip, slot, bytes);
-                return;
+                return None;
             }
         }
-        out.push(datagram(src, SocketAddr::new(dst_ip, port), bytes));
+        let (meta, icrc) = classify(src, SocketAddr::new(dst_ip, port), bytes);
+        Some((0, meta, icrc))
     }
 
     fn forward(&self, src: SocketAddr, dst_ip: IpAddr, slot: u8, bytes: &[u8]) {
-        let mapped = |ip: IpAddr| match ip {
-            IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-            IpAddr::V6(v6) => v6.octets(),
-        };
-        let mut header = [0u8; FORWARD_HEADER];
-        header[..4].copy_from_slice(&FORWARD_MAGIC);
-        header[4..20].copy_from_slice(&mapped(src.ip()));
-        header[20..22].copy_from_slice(&src.port().to_be_bytes());
-        header[22..38].copy_from_slice(&mapped(dst_ip));
+        let header = ForwardHeader { src, dst_ip }.emit();
         let to = SocketAddr::new(dst_ip, self.base.saturating_add(u16::from(slot)));
         // From the standard port, which is how the receiver tells a forward from a forgery.
         let Some(fwd) = self.forwarder.lock().clone() else {
@@ -559,31 +529,128 @@ impl Udp {
         let mut fwd = self.forwarder.lock();
         if fwd.is_none() {
             *fwd = Sockets::bind(self.base).ok().map(Arc::new);
-            if fwd.is_some() {
+            if let Some(f) = fwd.as_ref() {
+                watch(&self.epoll, f);
                 tracing::info!(port = self.base, "took over the standard RoCE port");
             }
         }
     }
 }
 
-fn datagram(src: SocketAddr, dst: SocketAddr, bytes: &[u8]) -> Datagram {
-    let icrc_ok = icrc::verify(src, dst, bytes);
-    let (bad_icrc, icrc_unverified) = match (icrc_ok, src.ip()) {
-        (true, _) => (false, false),
+/// The epoll token of the waker (sockets use 0).
+const WAKER: u64 = 1;
+
+/// Adds the standard port's sockets to the readiness set.
+fn watch(epoll: &Epoll, s: &Sockets) {
+    for fd in s.fds() {
+        if let Err(e) = epoll.add(fd, EpollEvent::new(EpollFlags::EPOLLIN, 0)) {
+            tracing::warn!(error = %e, "the standard port's socket cannot be watched");
+        }
+    }
+}
+
+impl Driver for Udp {
+    fn send(&self, route: &Route, packets: &mut [Vec<u8>]) -> usize {
+        self.send_packets(
+            route.sgid.to_ip(),
+            route.dgid.to_ip(),
+            route.ifindex,
+            route.dest_qpn,
+            packets,
+        )
+    }
+
+    fn recv(&self, batch: &mut PacketBatch) -> usize {
+        self.receive_into(batch)
+    }
+
+    fn wait(&self, timeout: Duration) -> bool {
+        self.maybe_take_over();
+        let mut events = [EpollEvent::empty(); 8];
+        let ms = PollTimeout::try_from(timeout.as_millis().min(60_000) as i32).unwrap_or(PollTimeout::MAX);
+        let n = self.epoll.wait(&mut events, ms).unwrap_or(0);
+        let mut readable = false;
+        for e in &events[..n] {
+            if e.data() == WAKER {
+                let _ = self.waker.read();
+            } else {
+                readable = true;
+            }
+        }
+        readable
+    }
+
+    fn wake(&self) {
+        let _ = self.waker.write(1);
+    }
+
+    fn readiness(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.epoll.0.as_fd())
+    }
+}
+
+/// What a received packet's addresses tell the engine, and its ICRC verdict.
+fn classify(src: SocketAddr, dst: SocketAddr, bytes: &[u8]) -> (RxMeta, IcrcCheck) {
+    let icrc = match (icrc::verify(src, dst, bytes), src.ip()) {
+        (true, _) => IcrcCheck::Ok,
         // Only the sender knows the IPv4 ID it used; see the module documentation.
-        (false, IpAddr::V4(_)) => (false, true),
-        (false, IpAddr::V6(_)) => (true, false),
+        (false, IpAddr::V4(_)) => IcrcCheck::Unverified,
+        (false, IpAddr::V6(_)) => IcrcCheck::Bad,
     };
-    Datagram {
-        data: bytes.to_vec(),
-        meta: RxMeta {
-            sgid: Gid::from_ip(src.ip()),
-            dgid: Gid::from_ip(dst.ip()),
-            traffic_class: 0,
-            hop_limit: 64,
-        },
-        bad_icrc,
-        icrc_unverified,
+    let meta = RxMeta {
+        sgid: Gid::from_ip(src.ip()),
+        dgid: Gid::from_ip(dst.ip()),
+        traffic_class: 0,
+        hop_limit: 64,
+    };
+    (meta, icrc)
+}
+
+/// The wrapping the holder of the standard port puts in front of a datagram it forwards to
+/// another slot: magic, original source address and port, and the address it reached (IPv4
+/// as IPv4-mapped IPv6), so that the receiver checks the ICRC and builds GRHs as if the peer
+/// had sent to it directly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ForwardHeader {
+    src: SocketAddr,
+    dst_ip: IpAddr,
+}
+
+impl ForwardHeader {
+    /// The header at the start of `bytes`, if it carries one.
+    fn parse(bytes: &[u8]) -> Option<Self> {
+        let h: &[u8; FORWARD_HEADER] = bytes.get(..FORWARD_HEADER)?.try_into().ok()?;
+        let (magic, rest) = h.split_at(4);
+        if magic != FORWARD_MAGIC {
+            return None;
+        }
+        let (src_ip, rest) = rest.split_at(16);
+        let (src_port, dst_ip) = rest.split_at(2);
+        let ip = |b: &[u8]| {
+            let v6 = Ipv6Addr::from(<[u8; 16]>::try_from(b).expect("16 bytes"));
+            v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+        };
+        let port = u16::from_be_bytes(src_port.try_into().expect("2 bytes"));
+        Some(Self {
+            src: SocketAddr::new(ip(src_ip), port),
+            dst_ip: ip(dst_ip),
+        })
+    }
+
+    fn emit(&self) -> [u8; FORWARD_HEADER] {
+        let mapped = |ip: IpAddr| match ip {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+            IpAddr::V6(v6) => v6.octets(),
+        };
+        let mut h = [0u8; FORWARD_HEADER];
+        let (magic, rest) = h.split_at_mut(4);
+        magic.copy_from_slice(&FORWARD_MAGIC);
+        let (src_ip, rest) = rest.split_at_mut(16);
+        src_ip.copy_from_slice(&mapped(self.src.ip()));
+        let (src_port, dst_ip) = rest.split_at_mut(2);
+        src_port.copy_from_slice(&self.src.port().to_be_bytes());
+        dst_ip.copy_from_slice(&mapped(self.dst_ip));
+        h
     }
 }
 
@@ -616,15 +683,18 @@ mod tests {
 
     /// Runs the holder's receive side (which keeps nothing: it forwards) until `to` gets a
     /// datagram or `wait` passes.
-    fn forward_within(holder: &Udp, to: &Udp, wait: Duration) -> Vec<Datagram> {
+    fn forward_within(holder: &Udp, to: &Udp, wait: Duration) -> Vec<(Vec<u8>, RxMeta)> {
         let deadline = StdInstant::now() + wait;
         let mut got = Vec::new();
+        let mut batch = PacketBatch::default();
         while got.is_empty() && StdInstant::now() < deadline {
-            if holder.wait_readable(Duration::from_millis(20)) {
-                holder.receive(|d| assert!(d.is_empty(), "forwarded, not kept"));
+            if holder.wait(Duration::from_millis(20)) {
+                assert_eq!(holder.recv(&mut batch), 0, "forwarded, not kept");
             }
-            if to.wait_readable(Duration::from_millis(20)) {
-                to.receive(|d| got.extend(d));
+            if to.wait(Duration::from_millis(20)) {
+                to.recv(&mut batch);
+                got.extend(batch.iter().map(|(d, p)| (d.to_vec(), p.meta)));
+                batch.clear();
             }
         }
         got
@@ -644,8 +714,8 @@ mod tests {
         peer.send_to(&packet(dest_qpn, 1), ("127.0.0.1", base)).unwrap();
         let got = forward_within(&holder, &other, Duration::from_secs(10));
         assert_eq!(got.len(), 1, "the forwarded packet arrives");
-        assert_eq!(got[0].data, packet(dest_qpn, 1));
-        assert_eq!(got[0].meta.sgid, Gid::from_ip(peer.local_addr().unwrap().ip()));
+        assert_eq!(got[0].0, packet(dest_qpn, 1));
+        assert_eq!(got[0].1.sgid, Gid::from_ip(peer.local_addr().unwrap().ip()));
         assert_eq!(other.forged_forwards(), 0);
 
         // The same wrapping from an ordinary socket, claiming another source, is dropped.
@@ -661,8 +731,9 @@ mod tests {
         let deadline = StdInstant::now() + Duration::from_secs(10);
         while other.forged_forwards() + holder.forged_forwards() < 2 && StdInstant::now() < deadline {
             for u in [&holder, &other] {
-                if u.wait_readable(Duration::from_millis(50)) {
-                    u.receive(|d| assert!(d.is_empty(), "a forged forward was delivered: {d:?}"));
+                if u.wait(Duration::from_millis(50)) {
+                    let mut batch = PacketBatch::default();
+                    assert_eq!(u.recv(&mut batch), 0, "a forged forward was delivered: {batch:?}");
                 }
             }
         }
@@ -672,5 +743,37 @@ mod tests {
             1,
             "dropped and counted at the standard port"
         );
+    }
+
+    #[test]
+    fn forward_header_round_trips() {
+        for (src, dst) in [
+            ("192.0.2.7:49152", "192.0.2.1"),
+            ("[2001:db8::7]:4791", "2001:db8::1"),
+        ] {
+            let h = ForwardHeader {
+                src: src.parse().unwrap(),
+                dst_ip: dst.parse().unwrap(),
+            };
+            let mut bytes = h.emit().to_vec();
+            bytes.extend_from_slice(&packet(0x11, 1));
+            assert_eq!(ForwardHeader::parse(&bytes), Some(h));
+            assert_eq!(
+                ForwardHeader::parse(&bytes[..FORWARD_HEADER - 1]),
+                None,
+                "too short"
+            );
+        }
+        assert_eq!(ForwardHeader::parse(&[0u8; 64]), None, "no magic");
+    }
+
+    #[test]
+    fn wake_ends_a_wait_early() {
+        let udp = Udp::start(free_base_port(), 255).expect("a slot");
+        udp.wake();
+        let start = StdInstant::now();
+        assert!(!udp.wait(Duration::from_secs(20)), "woken, nothing to read");
+        assert!(start.elapsed() < Duration::from_secs(10));
+        assert!(udp.readiness().is_some());
     }
 }

@@ -1,0 +1,230 @@
+//! Packet drivers: what carries RoCE packets between the fabric's nodes.
+//!
+//! The [`Fabric`](crate::fabric::Fabric) decides where each packet goes; a [`Driver`] only moves
+//! batches of packets and says when there may be more to read. Two drivers exist:
+//! - [`InProcess`](crate::local::InProcess): between nodes of this process (a queue in memory);
+//! - [`Udp`](crate::udp::Udp): RoCEv2 over UDP, to other processes and hosts.
+//!
+//! A shared-memory driver between processes of one host plugs in the same way: `send` writes a
+//! batch into the peer's ring (a shared mapping set up when the peer was found), `recv` copies
+//! this process's ring into the caller's [`PacketBatch`], [`Driver::readiness`] returns an
+//! eventfd the peer signals after writing to an empty ring, and [`Driver::wake`] signals it
+//! locally. The fabric then picks that driver for destinations whose GID and slot belong to a
+//! process it has a ring with, before falling back to UDP.
+
+use std::fmt;
+use std::ops::Range;
+use std::os::fd::BorrowedFd;
+use std::time::Duration;
+
+use softverbs_engine::transport::RxMeta;
+use softverbs_engine::types::Gid;
+
+/// Where a run of packets goes: one source and destination address and one destination QP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Route {
+    /// The sender's GID (its source address).
+    pub(crate) sgid: Gid,
+    /// The destination GID (an address or a multicast group).
+    pub(crate) dgid: Gid,
+    /// The destination QP number of every packet of the run.
+    pub(crate) dest_qpn: u32,
+    /// Traffic class / TOS.
+    pub(crate) traffic_class: u8,
+    /// Hop limit / TTL.
+    pub(crate) hop_limit: u8,
+    /// The sending device's interface (the scope of link-local IPv6 addresses).
+    pub(crate) ifindex: u32,
+}
+
+impl Route {
+    /// What a receiver on the same fabric learns about a packet sent along this route.
+    pub(crate) fn meta(&self) -> RxMeta {
+        RxMeta {
+            sgid: self.sgid,
+            dgid: self.dgid,
+            traffic_class: self.traffic_class,
+            hop_limit: self.hop_limit,
+        }
+    }
+}
+
+/// What a driver found out about a received packet's ICRC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IcrcCheck {
+    /// Verified, or not needed (the packet never left this process).
+    Ok,
+    /// Checked and wrong: the packet must be dropped.
+    Bad,
+    /// Could not be checked (IPv4 sent with a non-zero IP ID); the packet is kept.
+    Unverified,
+}
+
+/// One packet of a [`PacketBatch`].
+#[derive(Debug, Clone)]
+pub(crate) struct PacketDesc {
+    range: Range<usize>,
+    /// What the network told about the packet.
+    pub(crate) meta: RxMeta,
+    /// The driver's ICRC verdict.
+    pub(crate) icrc: IcrcCheck,
+}
+
+/// Received packets in one reusable buffer: the bytes back to back, and a descriptor per
+/// packet. Clearing keeps the memory, so a batch reused for every receive allocates nothing
+/// once it has grown to the largest burst.
+#[derive(Debug, Default)]
+pub(crate) struct PacketBatch {
+    /// Zero-filled once when grown; `used` bytes of it hold packets.
+    buf: Vec<u8>,
+    used: usize,
+    pkts: Vec<PacketDesc>,
+}
+
+/// Memory a batch keeps after a burst; more is given back when it is cleared.
+const KEEP_BYTES: usize = 4 << 20;
+
+impl PacketBatch {
+    /// Forgets every packet, keeping the memory (up to a bound).
+    pub(crate) fn clear(&mut self) {
+        self.used = 0;
+        self.pkts.clear();
+        if self.buf.len() > KEEP_BYTES {
+            self.buf.truncate(KEEP_BYTES);
+            self.buf.shrink_to_fit();
+        }
+    }
+
+    /// Number of packets.
+    pub(crate) fn len(&self) -> usize {
+        self.pkts.len()
+    }
+
+    /// Whether the batch holds no packet.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.pkts.is_empty()
+    }
+
+    /// Bytes of packet data held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.used
+    }
+
+    /// Appends a copy of `data`.
+    pub(crate) fn push(&mut self, data: &[u8], meta: RxMeta, icrc: IcrcCheck) {
+        let start = self.used;
+        self.spare(data.len())[..data.len()].copy_from_slice(data);
+        self.pkts.push(PacketDesc {
+            range: start..start + data.len(),
+            meta,
+            icrc,
+        });
+        self.used += data.len();
+    }
+
+    /// At least `min` writable bytes after the packets held, for a driver to receive into
+    /// directly; describe what landed there with [`PacketBatch::add`] and keep it with
+    /// [`PacketBatch::commit`].
+    pub(crate) fn spare(&mut self, min: usize) -> &mut [u8] {
+        let need = self.used + min;
+        if self.buf.len() < need {
+            self.buf.resize(need.max(self.buf.len() * 2), 0);
+        }
+        &mut self.buf[self.used..]
+    }
+
+    /// Records a packet at `range` of the last [`PacketBatch::spare`] area.
+    pub(crate) fn add(&mut self, range: Range<usize>, meta: RxMeta, icrc: IcrcCheck) {
+        let range = self.used + range.start..self.used + range.end;
+        debug_assert!(range.end <= self.buf.len());
+        self.pkts.push(PacketDesc { range, meta, icrc });
+    }
+
+    /// Keeps the first `n` bytes of the last [`PacketBatch::spare`] area.
+    pub(crate) fn commit(&mut self, n: usize) {
+        self.used += n;
+        debug_assert!(self.used <= self.buf.len());
+    }
+
+    /// The packets, oldest first.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &PacketDesc)> {
+        self.pkts.iter().map(|d| (&self.buf[d.range.clone()], d))
+    }
+
+    /// Exchanges the contents of two batches (no copy).
+    pub(crate) fn swap(&mut self, other: &mut Self) {
+        std::mem::swap(self, other);
+    }
+}
+
+/// A carrier of RoCE packets (the payload of a RoCEv2 UDP datagram: BTH to ICRC).
+///
+/// The fabric calls `recv` from one thread at a time per driver and hands the batch on before
+/// the next call, so a driver that reads a FIFO keeps each QP's packets in order.
+pub(crate) trait Driver: Send + Sync + fmt::Debug {
+    /// Sends a run of packets along `route`, filling in their ICRCs if the carrier needs them.
+    /// Returns how many were accepted; the rest are lost (as on a network).
+    fn send(&self, route: &Route, packets: &mut [Vec<u8>]) -> usize;
+
+    /// Appends the packets waiting now to `batch`, without blocking. Returns how many were
+    /// appended. A driver may stop early (the batch is large); the rest stays for the next
+    /// call and readiness stays signalled.
+    fn recv(&self, batch: &mut PacketBatch) -> usize;
+
+    /// Blocks until `recv` may find packets, [`Driver::wake`] is called or `timeout` passes.
+    /// Returns whether packets may be waiting.
+    fn wait(&self, timeout: Duration) -> bool;
+
+    /// Ends a [`Driver::wait`] in another thread early.
+    fn wake(&self);
+
+    /// A descriptor that polls readable while packets may be waiting (for an event loop that
+    /// waits on several drivers at once); `None` if the driver is only ever pumped by the
+    /// threads that send to it. The fabric's own threads use [`Driver::wait`]; this is for an
+    /// event loop over several drivers, which the shared-memory driver will bring.
+    #[cfg_attr(not(test), allow(dead_code))]
+    fn readiness(&self) -> Option<BorrowedFd<'_>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(n: u8) -> RxMeta {
+        RxMeta {
+            sgid: Gid::ZERO,
+            dgid: Gid::ZERO,
+            traffic_class: n,
+            hop_limit: 64,
+        }
+    }
+
+    #[test]
+    fn batch_keeps_packets_in_order_and_reuses_memory() {
+        let mut b = PacketBatch::default();
+        b.push(&[1, 2, 3], meta(1), IcrcCheck::Ok);
+        let spare = b.spare(8);
+        spare[..5].copy_from_slice(&[9, 9, 4, 5, 6]);
+        // A driver received 5 bytes, of which the last 3 are a packet (a 2-byte wrapper).
+        b.add(2..5, meta(2), IcrcCheck::Unverified);
+        b.commit(5);
+        let got: Vec<(Vec<u8>, u8, IcrcCheck)> = b
+            .iter()
+            .map(|(d, p)| (d.to_vec(), p.meta.traffic_class, p.icrc))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (vec![1, 2, 3], 1, IcrcCheck::Ok),
+                (vec![4, 5, 6], 2, IcrcCheck::Unverified)
+            ]
+        );
+        assert_eq!((b.len(), b.bytes()), (2, 8));
+        let cap = b.buf.capacity();
+        b.clear();
+        assert!(b.is_empty());
+        b.push(&[7; 8], meta(3), IcrcCheck::Ok);
+        assert_eq!(b.buf.capacity(), cap, "a cleared batch reuses its memory");
+        assert_eq!(b.iter().next().map(|(d, _)| d.to_vec()), Some(vec![7; 8]));
+    }
+}
