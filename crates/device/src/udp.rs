@@ -673,10 +673,10 @@ mod tests {
 
     /// A BTH-sized packet for `qpn` with a recognisable payload.
     fn packet(qpn: u32, tag: u8) -> Vec<u8> {
+        use softverbs_wire::{BthPacket, BthRepr, Opcode, Psn};
         let mut p = vec![0u8; 12 + 4 + 4];
-        p[0] = 0x64; // UD SEND only
-        p[2..4].copy_from_slice(&0xFFFFu16.to_be_bytes());
-        p[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+        let bth = BthRepr::new(Opcode::UdSendOnly, qpn, Psn::new(0));
+        bth.emit(&mut BthPacket::new_unchecked(&mut p[..]));
         p[16] = tag;
         p
     }
