@@ -1,15 +1,15 @@
-//! Moving packets: each device has a [`Node`] (its QPs, memory keys and inbound packets), and
-//! a [`Fabric`] carries packets between nodes, through its drivers, and runs the progress
+//! Moving packets: each device has a `Node` (its QPs, memory keys and inbound packets), and
+//! a `Fabric` carries packets between nodes, through its drivers, and runs the progress
 //! thread.
 //!
 //! The fabric is an owned object: the device registry creates one for the process and every
 //! node holds an `Arc` of it; the fabric holds its nodes weakly. It knows QPs only through the
-//! [`Endpoint`] trait, so this module does not depend on the QP's internals, and it reads
+//! `Endpoint` trait, so this module does not depend on the QP's internals, and it reads
 //! packet headers only through `softverbs-wire` views.
 //!
 //! Routing: a packet whose destination GID and QP number belong to a node of this fabric goes
-//! through the in-process driver ([`InProcess`]); every other packet goes out through the UDP
-//! driver ([`Udp`]), which starts with the first QP number the process allocates (its slot
+//! through the in-process driver (`InProcess`); every other packet goes out through the UDP
+//! driver (`Udp`), which starts with the first QP number the process allocates (its slot
 //! numbers the QPs). A multicast packet goes both ways. Received batches, whichever driver
 //! they came from, are handed to the nodes whose GIDs they were sent to.
 //!

@@ -424,9 +424,7 @@ impl Udp {
     /// Reads up to `RECV_MMSG` datagrams (each possibly a GRO batch) in one `recvmmsg` call,
     /// straight into `batch`. Returns how many were read; 0 when the socket is empty.
     fn recv_many(&self, fd: &OwnedFd, is_forwarder: bool, batch: &mut PacketBatch) -> usize {
-        // What each datagram was: its length, source, the address it reached, GRO segment size.
-        let mut got: [Option<(usize, Option<SocketAddr>, Option<IpAddr>, usize)>; RECV_MMSG] =
-            [None; RECV_MMSG];
+        let mut got: [Option<Received>; RECV_MMSG] = [None; RECV_MMSG];
         {
             let spare = &mut batch.spare(RECV_MMSG * MAX_DATAGRAM)[..RECV_MMSG * MAX_DATAGRAM];
             let mut iovs: Vec<[IoSliceMut<'_>; 1]> = spare
@@ -477,7 +475,12 @@ impl Udp {
                         }
                     }
                 }
-                *slot = Some((len, src, dst_ip, segment.max(1)));
+                *slot = Some(Received {
+                    len,
+                    src,
+                    dst_ip,
+                    segment: segment.max(1),
+                });
             }
         }
         // Datagram i landed at i * MAX_DATAGRAM: move each down behind the previous one, so the
@@ -485,7 +488,13 @@ impl Udp {
         let mut read = 0;
         let mut dense = 0;
         for (i, info) in got.iter().enumerate() {
-            let Some((len, src, dst_ip, segment)) = *info else {
+            let Some(Received {
+                len,
+                src,
+                dst_ip,
+                segment,
+            }) = *info
+            else {
                 break;
             };
             read += 1;
@@ -659,6 +668,17 @@ fn send_mmsg_to<'a>(
         MsgFlags::empty(),
     )?;
     Ok(results.count())
+}
+
+/// What `recvmmsg` said about one datagram.
+#[derive(Debug, Clone, Copy)]
+struct Received {
+    len: usize,
+    src: Option<SocketAddr>,
+    /// The address it reached.
+    dst_ip: Option<IpAddr>,
+    /// The GRO segment size (the length if it is one datagram).
+    segment: usize,
 }
 
 /// The epoll token of the waker (sockets use 0).
