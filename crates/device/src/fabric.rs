@@ -840,6 +840,132 @@ fn count_icrc<E>(node: &Node<E>, icrc: IcrcCheck) -> bool {
 mod tests {
     use super::*;
 
+    use softverbs_engine::transport::Dest;
+    use softverbs_wire::{BthPacket, BthRepr, Opcode, Psn};
+
+    /// An endpoint that records what the fabric hands it (no QP behind it: the fabric needs
+    /// nothing of a QP but the `Endpoint` trait).
+    #[derive(Debug, Default)]
+    struct Probe {
+        qpn: u32,
+        got: Mutex<Vec<(Vec<u8>, RxMeta)>>,
+        released: Mutex<Vec<u64>>,
+    }
+
+    impl Endpoint for Probe {
+        fn number(&self) -> u32 {
+            self.qpn
+        }
+
+        fn receive_packet(
+            &self,
+            _now: Instant,
+            pkt: &ParsedPacket<'_>,
+            meta: &RxMeta,
+        ) -> (Vec<Transmit>, u64, Option<DropReason>) {
+            let mut got = self.got.lock();
+            got.push((pkt.payload.to_vec(), *meta));
+            (Vec::new(), got.len() as u64, None)
+        }
+
+        fn release_ticket(&self, ticket: u64) {
+            self.released.lock().push(ticket);
+        }
+
+        fn next_deadline(&self) -> Option<Instant> {
+            None
+        }
+
+        fn on_timeout(&self, _now: Instant) {}
+    }
+
+    /// An RC SEND ONLY to `qpn` carrying `payload` (4 bytes, so no pad), with a zero ICRC.
+    fn send_only(qpn: u32, payload: [u8; 4]) -> Vec<u8> {
+        let mut p = vec![0u8; 12];
+        BthRepr::new(Opcode::RcSendOnly, qpn, Psn::new(1)).emit(&mut BthPacket::new_unchecked(&mut p[..]));
+        p.extend_from_slice(&payload);
+        p.extend_from_slice(&[0; 4]);
+        p
+    }
+
+    fn to(dgid: Gid, data: Vec<u8>) -> Transmit {
+        Transmit {
+            dest: Dest {
+                dgid,
+                sgid_index: 0,
+                traffic_class: 5,
+                hop_limit: 7,
+                flow_label: 0,
+            },
+            data,
+        }
+    }
+
+    #[test]
+    fn routes_between_nodes_through_the_in_process_driver() {
+        let gid = |s: &str| Gid::from_ip(s.parse().unwrap());
+        let (ga, gb, group) = (gid("10.0.0.1"), gid("10.0.0.2"), gid("ff0e::1"));
+        let fabric = Fabric::<Probe>::new();
+        let a = fabric.add_node(&[ga], 1);
+        let b = fabric.add_node(&[gb], 1);
+        let probe = Arc::new(Probe {
+            qpn: 0x11,
+            ..Probe::default()
+        });
+        b.add_qp(&probe);
+        b.mcast.lock().groups.entry(group).or_default().insert(0x11);
+
+        fabric.send_all(
+            &a,
+            vec![
+                to(gb, send_only(0x11, *b"one.")),
+                // No such QP here, and no UDP driver yet: counted as unroutable.
+                to(gb, send_only(0x12, *b"lost")),
+                to(group, send_only(MULTICAST_QPN, *b"all.")),
+            ],
+        );
+        fabric.drive(fabric.now());
+
+        let meta = |dgid| RxMeta {
+            sgid: ga,
+            dgid,
+            traffic_class: 5,
+            hop_limit: 7,
+        };
+        assert_eq!(
+            *probe.got.lock(),
+            [(b"one.".to_vec(), meta(gb)), (b"all.".to_vec(), meta(group))],
+            "in order, with the sender's addresses"
+        );
+        assert_eq!(
+            *probe.released.lock(),
+            [1, 2],
+            "every ticket released after its send"
+        );
+        let (ca, cb) = (a.counters.snapshot(), b.counters.snapshot());
+        assert_eq!((ca.tx_packets, ca.tx_unroutable), (3, 1));
+        assert_eq!((cb.rx_packets, cb.rx_unknown_qp), (2, 0));
+    }
+
+    #[test]
+    fn the_progress_thread_ends_with_its_fabric() {
+        let fabric = Fabric::<Probe>::new();
+        let node = fabric.add_node(&[Gid::from_ip("10.0.0.3".parse().unwrap())], 1);
+        let wake = fabric.wake.clone();
+        // Nodes own the fabric: it lives until the last one is gone.
+        drop(fabric);
+        assert!(!wake.closed.load(Ordering::Acquire));
+        drop(node);
+        // The progress thread may hold the fabric for the rest of a pass; then it is dropped
+        // there.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while Arc::strong_count(&wake) > 1 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(wake.closed.load(Ordering::Acquire), "the fabric was dropped");
+        assert_eq!(Arc::strong_count(&wake), 1, "the progress thread ended");
+    }
+
     #[test]
     fn full_qpn_table_fails_instead_of_spinning() {
         let mut t = QpnTable::new(FIRST_QPN, FIRST_QPN + 3);
