@@ -19,8 +19,7 @@ use softverbs_wire::ParsedPacket;
 
 use crate::context::{Context, EventElement};
 use crate::cq::Cq;
-use crate::device::Node;
-use crate::device::{cap_flags, Resource};
+use crate::device::{cap_flags, Fabric, Node, Resource};
 use crate::fabric::Endpoint;
 use crate::held::Held;
 use crate::pd::{Ah, Pd};
@@ -530,7 +529,7 @@ impl Qp {
         self.context().device().node()
     }
 
-    fn fabric(&self) -> &Arc<crate::device::Fabric> {
+    fn fabric(&self) -> &Arc<Fabric> {
         self.node().fabric()
     }
 
