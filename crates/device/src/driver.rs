@@ -60,19 +60,48 @@ pub(crate) enum IcrcCheck {
     Unverified,
 }
 
+/// Where a packet's bytes are.
+#[derive(Debug, Clone)]
+enum Bytes {
+    /// In the batch's shared buffer.
+    Shared(Range<usize>),
+    /// In a buffer of its own, handed over by a sender in this process (moved, not copied).
+    Owned(Vec<u8>),
+}
+
 /// One packet of a [`PacketBatch`].
 #[derive(Debug, Clone)]
 pub(crate) struct PacketDesc {
-    range: Range<usize>,
+    bytes: Bytes,
     /// What the network told about the packet.
     pub(crate) meta: RxMeta,
     /// The driver's ICRC verdict.
     pub(crate) icrc: IcrcCheck,
 }
 
-/// Received packets in one reusable buffer: the bytes back to back, and a descriptor per
-/// packet. Clearing keeps the memory, so a batch reused for every receive allocates nothing
-/// once it has grown to the largest burst.
+/// A packet taken out of a batch by [`PacketBatch::drain`].
+#[derive(Debug)]
+pub(crate) enum PacketData<'a> {
+    /// Bytes still in the batch's buffer: copy them to keep them.
+    Shared(&'a [u8]),
+    /// A buffer of its own, now the caller's.
+    Owned(Vec<u8>),
+}
+
+impl PacketData<'_> {
+    /// The bytes.
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Shared(b) => b,
+            Self::Owned(v) => v,
+        }
+    }
+}
+
+/// Received packets: the bytes back to back in one reusable buffer (what a driver receives
+/// into), or in buffers of their own that senders in this process handed over, plus a
+/// descriptor per packet. Clearing keeps the shared buffer, so a batch reused for every
+/// receive allocates nothing once it has grown to the largest burst.
 #[derive(Debug, Default)]
 pub(crate) struct PacketBatch {
     /// Zero-filled once when grown; `used` bytes of it hold packets.
@@ -105,7 +134,7 @@ impl PacketBatch {
         self.pkts.is_empty()
     }
 
-    /// Bytes of packet data held.
+    /// Bytes of packet data held in the shared buffer.
     pub(crate) fn bytes(&self) -> usize {
         self.used
     }
@@ -115,11 +144,29 @@ impl PacketBatch {
         let start = self.used;
         self.spare(data.len())[..data.len()].copy_from_slice(data);
         self.pkts.push(PacketDesc {
-            range: start..start + data.len(),
+            bytes: Bytes::Shared(start..start + data.len()),
             meta,
             icrc,
         });
         self.used += data.len();
+    }
+
+    /// Appends a packet that keeps its own buffer (no copy).
+    pub(crate) fn push_owned(&mut self, data: Vec<u8>, meta: RxMeta, icrc: IcrcCheck) {
+        self.pkts.push(PacketDesc {
+            bytes: Bytes::Owned(data),
+            meta,
+            icrc,
+        });
+    }
+
+    /// Appends a packet taken from another batch: moved if it has its own buffer, copied
+    /// otherwise.
+    pub(crate) fn push_data(&mut self, data: PacketData<'_>, meta: RxMeta, icrc: IcrcCheck) {
+        match data {
+            PacketData::Shared(b) => self.push(b, meta, icrc),
+            PacketData::Owned(v) => self.push_owned(v, meta, icrc),
+        }
     }
 
     /// At least `min` writable bytes after the packets held, for a driver to receive into
@@ -137,7 +184,11 @@ impl PacketBatch {
     pub(crate) fn add(&mut self, range: Range<usize>, meta: RxMeta, icrc: IcrcCheck) {
         let range = self.used + range.start..self.used + range.end;
         debug_assert!(range.end <= self.buf.len());
-        self.pkts.push(PacketDesc { range, meta, icrc });
+        self.pkts.push(PacketDesc {
+            bytes: Bytes::Shared(range),
+            meta,
+            icrc,
+        });
     }
 
     /// Keeps the first `n` bytes of the last [`PacketBatch::spare`] area.
@@ -148,7 +199,27 @@ impl PacketBatch {
 
     /// The packets, oldest first.
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&[u8], &PacketDesc)> {
-        self.pkts.iter().map(|d| (&self.buf[d.range.clone()], d))
+        self.pkts.iter().map(|d| {
+            let data = match &d.bytes {
+                Bytes::Shared(r) => &self.buf[r.clone()],
+                Bytes::Owned(v) => v.as_slice(),
+            };
+            (data, d)
+        })
+    }
+
+    /// Takes the packets out, oldest first, with their meta data and ICRC verdicts; the batch
+    /// is empty afterwards (and keeps its memory).
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = (PacketData<'_>, RxMeta, IcrcCheck)> {
+        self.used = 0;
+        let buf = &self.buf;
+        self.pkts.drain(..).map(move |d| {
+            let data = match d.bytes {
+                Bytes::Shared(r) => PacketData::Shared(&buf[r]),
+                Bytes::Owned(v) => PacketData::Owned(v),
+            };
+            (data, d.meta, d.icrc)
+        })
     }
 
     /// Exchanges the contents of two batches (no copy).
@@ -163,7 +234,8 @@ impl PacketBatch {
 /// the next call, so a driver that reads a FIFO keeps each QP's packets in order.
 pub(crate) trait Driver: Send + Sync + fmt::Debug {
     /// Sends a run of packets along `route`, filling in their ICRCs if the carrier needs them.
-    /// Returns how many were accepted; the rest are lost (as on a network).
+    /// Returns how many were accepted; the rest are lost (as on a network). A driver that
+    /// keeps packets in memory may take their buffers, leaving empty ones behind.
     fn send(&self, route: &Route, packets: &mut [Vec<u8>]) -> usize;
 
     /// Appends the packets waiting now to `batch`, without blocking. Returns how many were
@@ -226,5 +298,36 @@ mod tests {
         b.push(&[7; 8], meta(3), IcrcCheck::Ok);
         assert_eq!(b.buf.capacity(), cap, "a cleared batch reuses its memory");
         assert_eq!(b.iter().next().map(|(d, _)| d.to_vec()), Some(vec![7; 8]));
+    }
+
+    #[test]
+    fn owned_packets_move_and_shared_ones_are_copied() {
+        let mut b = PacketBatch::default();
+        let owned = vec![5u8; 100];
+        let at = owned.as_ptr();
+        b.push(&[1, 2], meta(1), IcrcCheck::Ok);
+        b.push_owned(owned, meta(2), IcrcCheck::Ok);
+        b.push(&[3], meta(3), IcrcCheck::Bad);
+        let mut to = PacketBatch::default();
+        for (data, m, icrc) in b.drain() {
+            if let PacketData::Owned(v) = &data {
+                assert_eq!(v.as_ptr(), at, "the buffer itself moves");
+            }
+            to.push_data(data, m, icrc);
+        }
+        assert!(b.is_empty() && b.bytes() == 0);
+        let got: Vec<(Vec<u8>, u8, IcrcCheck)> = to
+            .iter()
+            .map(|(d, p)| (d.to_vec(), p.meta.traffic_class, p.icrc))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (vec![1, 2], 1, IcrcCheck::Ok),
+                (vec![5; 100], 2, IcrcCheck::Ok),
+                (vec![3], 3, IcrcCheck::Bad)
+            ]
+        );
+        assert_eq!(to.bytes(), 3, "only the shared packets take buffer space");
     }
 }

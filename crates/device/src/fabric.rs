@@ -36,7 +36,7 @@ use softverbs_wire::bth::peek_dest_qpn;
 use softverbs_wire::{is_positive_ack, ParsedPacket, RocePacket};
 
 use crate::device::McastTable;
-use crate::driver::{Driver, IcrcCheck, PacketBatch, Route};
+use crate::driver::{Driver, IcrcCheck, PacketBatch, PacketData, Route};
 use crate::local::InProcess;
 use crate::mem::KeyTable;
 use crate::udp::Udp;
@@ -190,8 +190,8 @@ impl<E: Endpoint> Node<E> {
         self.mcast.lock().groups.contains_key(gid)
     }
 
-    fn deliver(&self, data: &[u8], meta: RxMeta) {
-        self.inbound.lock().push(data, meta, IcrcCheck::Ok);
+    fn deliver(&self, data: PacketData<'_>, meta: RxMeta) {
+        self.inbound.lock().push_data(data, meta, IcrcCheck::Ok);
     }
 
     fn qps(&self) -> Vec<Arc<E>> {
@@ -641,13 +641,20 @@ impl<E: Endpoint> Fabric<E> {
     }
 
     /// Hands what the in-process driver holds to the nodes. Returns whether there was any.
+    /// One thread at a time receives, so packets keep their order; another waits its turn
+    /// (briefly: delivering only queues packets), which costs a busy poller less than giving
+    /// up its time slice.
     fn pump_local(&self, nodes: &[Arc<Node<E>>]) -> bool {
+        // Without the lock: an idle driver costs polling threads no shared writes. A sender
+        // always sees its own packets here.
+        if !self.local.has_pending() {
+            return false;
+        }
         let mut batch = self.local_rx.lock();
         if self.local.recv(&mut batch) == 0 {
             return false;
         }
-        self.deliver_batch(nodes, &batch);
-        batch.clear();
+        self.deliver_batch(nodes, &mut batch);
         true
     }
 
@@ -663,7 +670,7 @@ impl<E: Endpoint> Fabric<E> {
             b
         };
         if udp.recv(&mut batch) > 0 {
-            self.deliver_batch(&self.live_nodes(), &batch);
+            self.deliver_batch(&self.live_nodes(), &mut batch);
         }
         batch.clear();
     }
@@ -676,13 +683,14 @@ impl<E: Endpoint> Fabric<E> {
             return;
         }
         let nodes = self.live_nodes();
-        // Runs of packets along one route, each with whether it stays in this process.
-        let mut runs: Vec<(bool, Route, Vec<Vec<u8>>)> = Vec::new();
-        let mut add = |local: bool, route: Route, data: Vec<u8>| match runs.last_mut() {
-            Some((l, r, batch)) if *l == local && *r == route => batch.push(data),
-            _ => runs.push((local, route, vec![data])),
+        // Packets for other processes, in runs along one route (one batch each for the UDP
+        // driver). Packets for this process go to the in-process driver at once.
+        let mut remote: Vec<(Route, Vec<Vec<u8>>)> = Vec::new();
+        let mut add_remote = |route: Route, data: Vec<u8>| match remote.last_mut() {
+            Some((r, batch)) if *r == route => batch.push(data),
+            _ => remote.push((route, vec![data])),
         };
-        for tx in txs {
+        for mut tx in txs {
             bump(&from.counters.tx_packets);
             let qpn = peek_dest_qpn(&tx.data).unwrap_or(0);
             let route = Route {
@@ -700,19 +708,16 @@ impl<E: Endpoint> Fabric<E> {
             if qpn == MULTICAST_QPN {
                 // Members may live in this process, other processes and other hosts.
                 if nodes.iter().any(|n| n.has_group(&tx.dest.dgid)) {
-                    add(true, route, tx.data.clone());
+                    self.local.send(&route, &mut [tx.data.clone()]);
                 }
-                add(false, route, tx.data);
+                add_remote(route, tx.data);
+            } else if nodes.iter().any(|n| n.has_gid(&tx.dest.dgid) && n.has_qp(qpn)) {
+                self.local.send(&route, std::slice::from_mut(&mut tx.data));
             } else {
-                let local = nodes.iter().any(|n| n.has_gid(&tx.dest.dgid) && n.has_qp(qpn));
-                add(local, route, tx.data);
+                add_remote(route, tx.data);
             }
         }
-        for (local, route, mut batch) in runs {
-            if local {
-                self.local.send(&route, &mut batch);
-                continue;
-            }
+        for (route, mut batch) in remote {
             let sent = self.udp.get().map_or(0, |u| u.send(&route, &mut batch));
             if route.dest_qpn != MULTICAST_QPN {
                 for _ in sent..batch.len() {
@@ -786,32 +791,36 @@ impl<E: Endpoint> Fabric<E> {
 
     /// Hands received packets to their nodes' inbound queues, in order: a multicast packet to
     /// every node in its group, any other to the node with its destination GID (the one that
-    /// has its QP, if several share the GID).
-    fn deliver_batch(&self, nodes: &[Arc<Node<E>>], batch: &PacketBatch) {
-        for (data, desc) in batch.iter() {
-            let dgid = desc.meta.dgid;
-            if dgid.is_multicast() {
-                let mut members = nodes.iter().filter(|n| n.has_group(&dgid)).peekable();
-                let Some(first) = members.peek() else { continue };
-                if !count_icrc(first, desc.icrc) {
+    /// has its QP, if several share the GID). Packets with buffers of their own move there.
+    fn deliver_batch(&self, nodes: &[Arc<Node<E>>], batch: &mut PacketBatch) {
+        for (data, meta, icrc) in batch.drain() {
+            let dgid = meta.dgid;
+            let targets: Vec<&Arc<Node<E>>> = if dgid.is_multicast() {
+                nodes.iter().filter(|n| n.has_group(&dgid)).collect()
+            } else {
+                let mut owners = nodes.iter().filter(|n| n.has_gid(&dgid));
+                let Some(first) = owners.next() else { continue };
+                let target = match peek_dest_qpn(data.as_slice()) {
+                    Some(q) if !first.has_qp(q) => owners.find(|n| n.has_qp(q)).unwrap_or(first),
+                    _ => first,
+                };
+                // The verdict counts on the first node with the GID, as before the choice.
+                if !count_icrc(first, icrc) {
                     continue;
                 }
-                for n in members {
-                    n.deliver(data, desc.meta);
-                }
+                target.deliver(data, meta);
                 continue;
-            }
-            let mut owners = nodes.iter().filter(|n| n.has_gid(&dgid));
-            let Some(first) = owners.next() else { continue };
-            if !count_icrc(first, desc.icrc) {
-                continue;
-            }
-            let qpn = peek_dest_qpn(data);
-            let target = match qpn {
-                Some(q) if !first.has_qp(q) => owners.find(|n| n.has_qp(q)).unwrap_or(first),
-                _ => first,
             };
-            target.deliver(data, desc.meta);
+            let Some((last, rest)) = targets.split_last() else {
+                continue;
+            };
+            if !count_icrc(targets[0], icrc) {
+                continue;
+            }
+            for n in rest {
+                n.deliver(PacketData::Shared(data.as_slice()), meta);
+            }
+            last.deliver(data, meta);
         }
     }
 
