@@ -2,7 +2,8 @@
 //!
 //! The [`Fabric`](crate::fabric::Fabric) decides where each packet goes; a [`Driver`] only moves
 //! batches of packets and says when there may be more to read. Two drivers exist:
-//! - [`InProcess`](crate::local::InProcess): between nodes of this process (a queue in memory);
+//! - [`InProcess`](crate::local::InProcess): between nodes of this process (each node's inbound
+//!   queue in memory, into which the fabric also delivers what other drivers received);
 //! - [`Udp`](crate::udp::Udp): RoCEv2 over UDP, to other processes and hosts.
 //!
 //! A shared-memory driver between processes of one host plugs in the same way: `send` writes a
@@ -231,7 +232,9 @@ impl PacketBatch {
 /// A carrier of RoCE packets (the payload of a RoCEv2 UDP datagram: BTH to ICRC).
 ///
 /// The fabric calls `recv` from one thread at a time per driver and hands the batch on before
-/// the next call, so a driver that reads a FIFO keeps each QP's packets in order.
+/// the next call, so a driver that reads a FIFO keeps each QP's packets in order (the UDP
+/// driver's batch is behind a lock; a node's in-process driver is read by the thread driving
+/// the node).
 pub(crate) trait Driver: Send + Sync + fmt::Debug {
     /// Sends a run of packets along `route`, filling in their ICRCs if the carrier needs them.
     /// Returns how many were accepted; the rest are lost (as on a network). A driver that

@@ -8,10 +8,11 @@
 //! packet headers only through `softverbs-wire` views.
 //!
 //! Routing: a packet whose destination GID and QP number belong to a node of this fabric goes
-//! through the in-process driver (`InProcess`); every other packet goes out through the UDP
-//! driver (`Udp`), which starts with the first QP number the process allocates (its slot
-//! numbers the QPs). A multicast packet goes both ways. Received batches, whichever driver
-//! they came from, are handed to the nodes whose GIDs they were sent to.
+//! to that node's in-process driver (`InProcess`, the node's inbound queue); every other packet
+//! goes out through the UDP driver (`Udp`), which starts with the first QP number the process
+//! allocates (its slot numbers the QPs). A multicast packet goes to every member node here and
+//! out over UDP. A batch the UDP driver received is handed to the nodes whose GIDs its packets
+//! were sent to, into the same inbound queues.
 //!
 //! Progress happens in four places, so that nothing waits on the application:
 //! - the thread that posts a work request drives the fabric until it is quiet, so an exchange
@@ -142,7 +143,9 @@ pub(crate) struct Node<E> {
     /// Multicast group -> attached QP numbers.
     pub(crate) mcast: Mutex<McastTable>,
     pub(crate) keys: KeyTable,
-    inbound: Mutex<PacketBatch>,
+    /// Packets for this node: the in-process driver's queue, where other drivers' packets are
+    /// delivered too.
+    inbound: InProcess,
     /// The batch being processed; only the driving thread touches it.
     processing: Mutex<PacketBatch>,
     driving: AtomicBool,
@@ -191,7 +194,7 @@ impl<E: Endpoint> Node<E> {
     }
 
     fn deliver(&self, data: PacketData<'_>, meta: RxMeta) {
-        self.inbound.lock().push_data(data, meta, IcrcCheck::Ok);
+        self.inbound.deliver(data, meta);
     }
 
     fn qps(&self) -> Vec<Arc<E>> {
@@ -202,16 +205,16 @@ impl<E: Endpoint> Node<E> {
     /// Only one thread drives a node at a time, so packets of a QP are handled in order.
     fn drive(&self, now: Instant) -> bool {
         let mut did = false;
+        // Without a lock: whoever queues a packet drives the fabric next, and sees its own.
+        if !self.inbound.has_pending() {
+            return did;
+        }
         loop {
             if self.driving.swap(true, Ordering::Acquire) {
                 return did;
             }
             let mut batch = self.processing.lock();
-            loop {
-                self.inbound.lock().swap(&mut batch);
-                if batch.is_empty() {
-                    break;
-                }
+            while self.inbound.recv(&mut batch) > 0 {
                 did = true;
                 let mut out = Vec::new();
                 let mut tickets = Vec::new();
@@ -230,7 +233,7 @@ impl<E: Endpoint> Node<E> {
             drop(batch);
             self.driving.store(false, Ordering::Release);
             // A packet may have arrived after the last check but before the release.
-            if self.inbound.lock().is_empty() {
+            if self.inbound.is_empty() {
                 return did;
             }
         }
@@ -335,10 +338,6 @@ pub(crate) struct Fabric<E> {
     epoch: std::time::Instant,
     wake: Arc<WakeUp>,
     qpns: Mutex<QpnTable>,
-    /// Packets between nodes of this process.
-    local: InProcess,
-    /// The in-process driver's receive batch; holding it is the right to receive from it.
-    local_rx: Mutex<PacketBatch>,
     /// The UDP driver, once a QP number was allocated.
     udp: OnceLock<Arc<Udp>>,
     /// The UDP driver's receive batch; holding it is the right to receive from it.
@@ -548,8 +547,6 @@ impl<E: Endpoint> Fabric<E> {
             epoch: std::time::Instant::now(),
             wake: Arc::new(WakeUp::new()),
             qpns: Mutex::new(QpnTable::new(FIRST_QPN, LAST_QPN_INDEX)),
-            local: InProcess::default(),
-            local_rx: Mutex::new(PacketBatch::default()),
             udp: OnceLock::new(),
             udp_rx: Mutex::new(PacketBatch::default()),
             udp_start: Mutex::new(()),
@@ -572,7 +569,7 @@ impl<E: Endpoint> Fabric<E> {
             qps: RwLock::new(HashMap::new()),
             mcast: Mutex::new(McastTable::default()),
             keys: KeyTable::default(),
-            inbound: Mutex::new(PacketBatch::default()),
+            inbound: InProcess::default(),
             processing: Mutex::new(PacketBatch::default()),
             driving: AtomicBool::new(false),
             counters: NodeCounters::default(),
@@ -615,7 +612,7 @@ impl<E: Endpoint> Fabric<E> {
     pub(crate) fn drive(&self, now: Instant) {
         let nodes = self.live_nodes();
         loop {
-            let mut did = self.pump_local(&nodes);
+            let mut did = false;
             for n in &nodes {
                 did |= n.drive(now);
             }
@@ -638,24 +635,6 @@ impl<E: Endpoint> Fabric<E> {
             }
             self.drive(self.now());
         }
-    }
-
-    /// Hands what the in-process driver holds to the nodes. Returns whether there was any.
-    /// One thread at a time receives, so packets keep their order; another waits its turn
-    /// (briefly: delivering only queues packets), which costs a busy poller less than giving
-    /// up its time slice.
-    fn pump_local(&self, nodes: &[Arc<Node<E>>]) -> bool {
-        // Without the lock: an idle driver costs polling threads no shared writes. A sender
-        // always sees its own packets here.
-        if !self.local.has_pending() {
-            return false;
-        }
-        let mut batch = self.local_rx.lock();
-        if self.local.recv(&mut batch) == 0 {
-            return false;
-        }
-        self.deliver_batch(nodes, &mut batch);
-        true
     }
 
     /// Reads the UDP driver and hands what it got to the nodes before another thread may read
@@ -684,7 +663,7 @@ impl<E: Endpoint> Fabric<E> {
         }
         let nodes = self.live_nodes();
         // Packets for other processes, in runs along one route (one batch each for the UDP
-        // driver). Packets for this process go to the in-process driver at once.
+        // driver). Packets for this process go to their node's in-process driver at once.
         let mut remote: Vec<(Route, Vec<Vec<u8>>)> = Vec::new();
         let mut add_remote = |route: Route, data: Vec<u8>| match remote.last_mut() {
             Some((r, batch)) if *r == route => batch.push(data),
@@ -707,12 +686,12 @@ impl<E: Endpoint> Fabric<E> {
             };
             if qpn == MULTICAST_QPN {
                 // Members may live in this process, other processes and other hosts.
-                if nodes.iter().any(|n| n.has_group(&tx.dest.dgid)) {
-                    self.local.send(&route, &mut [tx.data.clone()]);
+                for n in nodes.iter().filter(|n| n.has_group(&tx.dest.dgid)) {
+                    n.inbound.send(&route, &mut [tx.data.clone()]);
                 }
                 add_remote(route, tx.data);
-            } else if nodes.iter().any(|n| n.has_gid(&tx.dest.dgid) && n.has_qp(qpn)) {
-                self.local.send(&route, std::slice::from_mut(&mut tx.data));
+            } else if let Some(n) = nodes.iter().find(|n| n.has_gid(&tx.dest.dgid) && n.has_qp(qpn)) {
+                n.inbound.send(&route, std::slice::from_mut(&mut tx.data));
             } else {
                 add_remote(route, tx.data);
             }

@@ -1,9 +1,12 @@
 //! The in-process driver: packets between nodes of this process, through a queue in memory.
 //!
-//! Sending moves the packets' buffers into the queue; receiving hands the whole queue over by
-//! exchanging batches, so a packet goes from the sending QP to the receiving one uncopied.
-//! The threads that send also pump the fabric, so nothing has to wait on this driver; `wait`
-//! and `wake` exist for the trait's sake.
+//! Each node has one, as its inbound queue: the fabric sends to the destination node's driver,
+//! and the node receives from its own when it is driven. Sending moves the packets' buffers
+//! into the queue; receiving hands the whole queue over by exchanging batches, so a packet goes
+//! from the sending QP to the receiving one uncopied. Packets other drivers received are queued
+//! here too ([`InProcess::deliver`]), so a node has a single queue, in arrival order. The
+//! threads that send also drive the fabric, so nothing has to wait on this driver; `wait` and
+//! `wake` exist for the trait's sake.
 
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +14,8 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::driver::{Driver, IcrcCheck, PacketBatch, Route};
+use crate::driver::{Driver, IcrcCheck, PacketBatch, PacketData, Route};
+use softverbs_engine::transport::RxMeta;
 
 /// Packets between nodes of this process.
 #[derive(Debug, Default)]
@@ -28,6 +32,20 @@ impl InProcess {
     /// (a sender always sees its own packets).
     pub(crate) fn has_pending(&self) -> bool {
         self.pending.load(Ordering::Acquire)
+    }
+
+    /// Whether the queue is empty, under its lock: ordered with every send and receive.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.queue.lock().is_empty()
+    }
+
+    /// Queues a packet another driver received (moved if it has a buffer of its own).
+    pub(crate) fn deliver(&self, data: PacketData<'_>, meta: RxMeta) {
+        let mut q = self.queue.lock();
+        q.push_data(data, meta, IcrcCheck::Ok);
+        self.pending.store(true, Ordering::Release);
+        drop(q);
+        self.ready.notify_all();
     }
 }
 

@@ -52,6 +52,8 @@ const RX_BATCH_BYTES: usize = 1 << 20;
 const MMSG_MAX: usize = 64;
 /// Most datagrams read in one `recvmmsg` call (each gets room for a GRO batch).
 const RECV_MMSG: usize = 8;
+/// Largest received datagram moved to close the gap behind the previous one.
+const COMPACT_MAX: usize = 1024;
 /// Most datagrams sent in one GSO batch (the kernel's limit is 64).
 const GSO_MAX_SEGMENTS: usize = 64;
 /// Most bytes in one GSO batch (the UDP payload limit).
@@ -483,8 +485,9 @@ impl Udp {
                 });
             }
         }
-        // Datagram i landed at i * MAX_DATAGRAM: move each down behind the previous one, so the
-        // batch stays dense, and keep the packets it carries.
+        // Datagram i landed at i * MAX_DATAGRAM. Small ones move down behind the previous one,
+        // so the batch stays dense; large ones (GRO batches, full-MTU packets) stay where they
+        // are rather than be copied again.
         let mut read = 0;
         let mut dense = 0;
         for (i, info) in got.iter().enumerate() {
@@ -502,19 +505,22 @@ impl Udp {
                 continue;
             };
             let from = i * MAX_DATAGRAM;
-            if from != dense {
+            let start = if len <= COMPACT_MAX && from != dense {
                 batch.spare(0).copy_within(from..from + len, dense);
-            }
-            let mut at = dense;
-            while at < dense + len {
-                let end = (at + segment).min(dense + len);
+                dense
+            } else {
+                from
+            };
+            let mut at = start;
+            while at < start + len {
+                let end = (at + segment).min(start + len);
                 let kept = self.accept(src, dst_ip, is_forwarder, &batch.spare(0)[at..end]);
                 if let Some((skip, meta, icrc)) = kept {
                     batch.add(at + skip..end, meta, icrc);
                 }
                 at = end;
             }
-            dense += len;
+            dense = start + len;
         }
         batch.commit(dense);
         read
@@ -981,9 +987,14 @@ mod tests {
         let udp = Udp::start(free_base_port(), 255).expect("a slot");
         let qpn = (u32::from(udp.slot()) << 16) | 0x11;
         let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
-        // Equal sizes (which the kernel may coalesce into GRO batches) and odd ones.
+        // Equal sizes (which the kernel may coalesce into GRO batches), odd ones, and some
+        // too large to be moved together after a receive.
         let sizes: Vec<usize> = (0..RECV_MMSG * 5 + 3)
-            .map(|i| if i % 4 == 3 { 33 + i } else { 64 })
+            .map(|i| match i % 7 {
+                3 => 33 + i,
+                5 => COMPACT_MAX + 100 * i,
+                _ => 64,
+            })
             .collect();
         let packets = sized_packets(qpn, &sizes);
         for p in &packets {
