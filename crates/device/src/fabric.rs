@@ -115,7 +115,7 @@ pub(crate) trait Endpoint: Send + Sync + 'static {
     fn number(&self) -> u32;
 
     /// Handles a received packet. Returns the packets to send in reply, the ticket to
-    /// [`Endpoint::release`] once they were sent, and why the packet was dropped if it was.
+    /// [`Endpoint::release_ticket`] once they were sent, and why the packet was dropped if it was.
     fn receive_packet(
         &self,
         now: Instant,
@@ -654,9 +654,9 @@ impl<E: Endpoint> Fabric<E> {
         batch.clear();
     }
 
-    /// Routes packets from `from` to their destinations: through the in-process driver to a
-    /// node of this fabric that has the destination GID and QP, otherwise out over UDP. Runs
-    /// of packets along one route leave in one batch.
+    /// Routes packets from `from` to their destinations: to the in-process driver of the node
+    /// of this fabric that has the destination GID and QP, otherwise out over UDP (runs of
+    /// packets along one route in one batch).
     pub(crate) fn send_all(&self, from: &Node<E>, txs: Vec<Transmit>) {
         if txs.is_empty() {
             return;
