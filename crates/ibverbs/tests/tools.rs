@@ -79,6 +79,17 @@ fn pair(program: &str, args: &[&str]) -> (Output, Output) {
 
 /// Runs `server args` and `client args 127.0.0.1`; both must exit 0.
 fn pair_of(program: &str, client_program: &str, args: &[&str]) -> (Output, Output) {
+    let (s, mut c) = server_and_clients(program, client_program, args, 1);
+    (c.remove(0), s)
+}
+
+/// Runs `server args` and `clients` processes `client args 127.0.0.1`; all must exit 0.
+fn server_and_clients(
+    program: &str,
+    client_program: &str,
+    args: &[&str],
+    clients: usize,
+) -> (Output, Vec<Output>) {
     let _serial = serial();
     let port = free_port().to_string();
     let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
@@ -94,20 +105,29 @@ fn pair_of(program: &str, client_program: &str, args: &[&str]) -> (Output, Outpu
     }
     let mut cargs = args.clone();
     cargs.push("127.0.0.1".into());
-    let client = spawn(client_program, &cargs);
-    let c = wait_bounded(client, LIMIT);
+    let children: Vec<Child> = (0..clients).map(|_| spawn(client_program, &cargs)).collect();
+    let cs: Vec<Output> = children.into_iter().map(|c| wait_bounded(c, LIMIT)).collect();
     let s = wait_bounded(server, LIMIT);
-    let (cout, cerr) = text(&c);
     let (sout, serr) = text(&s);
-    let report = format!(
-        "{program} {args:?}\n-- client ({:?}) stdout:\n{cout}\nstderr:\n{cerr}\n-- server ({:?}) stdout:\n{sout}\nstderr:\n{serr}",
-        c.status, s.status
+    let mut report = format!(
+        "{program} {args:?}\n-- server ({:?}) stdout:\n{sout}\nstderr:\n{serr}",
+        s.status
     );
-    assert!(c.status.success() && s.status.success(), "{report}");
-    for e in [&cerr, &serr] {
-        assert!(!e.contains("version information"), "{report}");
+    for (i, c) in cs.iter().enumerate() {
+        let (cout, cerr) = text(c);
+        report += &format!(
+            "\n-- client {i} ({:?}) stdout:\n{cout}\nstderr:\n{cerr}",
+            c.status
+        );
     }
-    (c, s)
+    assert!(
+        s.status.success() && cs.iter().all(|c| c.status.success()),
+        "{report}"
+    );
+    for o in cs.iter().chain([&s]) {
+        assert!(!text(o).1.contains("version information"), "{report}");
+    }
+    (s, cs)
 }
 
 fn pingpong(program: &str, extra: &[&str]) {
@@ -404,6 +424,46 @@ fn xsrq_pingpong(extra: &[&str]) {
 #[test]
 fn ibv_xsrq_pingpong() {
     xsrq_pingpong(&[]);
+}
+
+/// With several clients the server reaches client `i`'s SRQ through the target QP of client
+/// `(i + n) % clients`, another process: every client's target must deliver into the SRQs of
+/// the other clients sharing the domain of `/tmp/xrc_domain`.
+#[test]
+fn ibv_xsrq_pingpong_several_clients() {
+    let gid = gid_index();
+    for (clients, extra) in [
+        ("3", &["-n", "200"][..]),
+        ("2", &["-e", "-s", "5000", "-m", "256"][..]),
+    ] {
+        let mut args = vec!["-d", "sv_lo", "-g", gid.as_str(), "-c", clients];
+        args.extend_from_slice(extra);
+        let n: usize = clients.parse().unwrap();
+        let (s, cs) = server_and_clients(
+            "/usr/bin/ibv_xsrq_pingpong",
+            "/usr/bin/ibv_xsrq_pingpong",
+            &args,
+            n,
+        );
+        let (sout, _) = text(&s);
+        assert!(sout.contains("success"), "{sout}");
+        // The server printed one remote SRQ number per client, each that client's own.
+        for c in &cs {
+            let (cout, _) = text(c);
+            assert!(cout.contains("success"), "{cout}");
+            let local = cout
+                .lines()
+                .find(|l| l.trim_start().starts_with("local:"))
+                .and_then(|l| l.split("SRQN ").nth(1))
+                .and_then(|l| l.split(',').next())
+                .unwrap_or_else(|| panic!("no SRQN in {cout}"));
+            assert!(
+                sout.lines()
+                    .any(|l| l.trim_start().starts_with("remote:") && l.contains(&format!("SRQN {local},"))),
+                "client SRQN {local} unknown to the server:\n{sout}"
+            );
+        }
+    }
 }
 
 /// `-o`: the buffers are on-demand-paging regions, reached through XRC QPs and SRQs

@@ -11,9 +11,8 @@
 //! side tears down while the peer's last message may still be on the way.
 //!
 //! As in the C program, with several clients the server sends to client `i`'s SRQ through the
-//! initiator connected to client `(i + count) % clients`, whose target must then deliver into
-//! another process's SRQ of the same domain; softverbs keeps SRQs per process, so only one
-//! client per server works across processes.
+//! initiator connected to client `(i + count) % clients`, whose target QP then delivers into
+//! another process's SRQ of the same domain (the device relays it to the SRQ's owner).
 
 use std::io::{Read, Write};
 use std::net::Ipv6Addr;
