@@ -138,7 +138,10 @@ fn join_host_domain(path: &Path, oflags: i32) -> Result<Flock<File>> {
             Err((file, Errno::EWOULDBLOCK)) => {
                 // Blocking: another process may hold the exclusive lock only for its own
                 // check, or to remove the file.
-                (Flock::lock(file, FlockArg::LockShared).map_err(|(_, e)| os(e))?, false)
+                (
+                    Flock::lock(file, FlockArg::LockShared).map_err(|(_, e)| os(e))?,
+                    false,
+                )
             }
             Err((_, e)) => return Err(os(e)),
         };

@@ -174,22 +174,23 @@ impl<'a> Dec<'a> {
         Some(RecvWr { wr_id, sg_list })
     }
     pub(super) fn wc(&mut self) -> Option<WorkCompletion> {
-        let mut wc = WorkCompletion::default();
-        wc.wr_id = self.u64()?;
-        wc.status = WcStatus::from_raw(self.u32()?)?;
-        wc.opcode = WcOpcode::from_raw(self.u32()?)?;
-        wc.vendor_err = self.u32()?;
-        wc.byte_len = self.u32()?;
-        wc.imm_data = self.u32()?;
-        wc.qp_num = self.u32()?;
-        wc.src_qp = self.u32()?;
-        wc.wc_flags = WcFlags::from_bits_truncate(self.u32()?);
-        wc.pkey_index = self.u16()?;
-        wc.slid = self.u16()?;
-        wc.sl = self.u8()?;
-        wc.dlid_path_bits = self.u8()?;
-        wc.solicited = self.u8()? != 0;
-        Some(wc)
+        Some(WorkCompletion {
+            wr_id: self.u64()?,
+            status: WcStatus::from_raw(self.u32()?)?,
+            opcode: WcOpcode::from_raw(self.u32()?)?,
+            vendor_err: self.u32()?,
+            byte_len: self.u32()?,
+            imm_data: self.u32()?,
+            qp_num: self.u32()?,
+            src_qp: self.u32()?,
+            wc_flags: WcFlags::from_bits_truncate(self.u32()?),
+            pkey_index: self.u16()?,
+            slid: self.u16()?,
+            sl: self.u8()?,
+            dlid_path_bits: self.u8()?,
+            solicited: self.u8()? != 0,
+            ..Default::default()
+        })
     }
 }
 
@@ -264,15 +265,17 @@ mod tests {
                 },
             ],
         };
-        let mut wc = WorkCompletion::default();
-        wc.wr_id = 5;
-        wc.status = WcStatus::LocLenErr;
-        wc.opcode = WcOpcode::RecvRdmaWithImm;
-        wc.byte_len = 77;
-        wc.imm_data = 0x0102_0304;
-        wc.qp_num = 0x0001_0011;
-        wc.wc_flags = WcFlags::WITH_IMM;
-        wc.solicited = true;
+        let wc = WorkCompletion {
+            wr_id: 5,
+            status: WcStatus::LocLenErr,
+            opcode: WcOpcode::RecvRdmaWithImm,
+            byte_len: 77,
+            imm_data: 0x0102_0304,
+            qp_num: 0x0001_0011,
+            wc_flags: WcFlags::WITH_IMM,
+            solicited: true,
+            ..Default::default()
+        };
         let key = KeyRef {
             key: 0x1234_5678,
             pd: 3,

@@ -20,7 +20,7 @@
 //! [`RecvSource`]: softverbs_engine::transport::RecvSource
 
 use std::collections::HashMap;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -61,16 +61,9 @@ fn decode_pd(pd: u32) -> Option<(u8, u32)> {
 /// private to us (then nothing is served or trusted there).
 fn socket_dir() -> Option<PathBuf> {
     let uid = nix::unistd::getuid().as_raw();
-    let base = PathBuf::from("/dev/shm");
-    let base = if base.is_dir() { base } else { std::env::temp_dir() };
-    let dir = base.join(format!("softverbs-xrc-{uid}"));
-    let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
-    let meta = std::fs::symlink_metadata(&dir).ok()?;
-    let private = meta.is_dir() && meta.uid() == uid && meta.permissions().mode() & 0o077 == 0;
-    if !private {
-        tracing::warn!(dir = %dir.display(), "XRC relay directory is not private: not used");
-    }
-    private.then_some(dir)
+    softverbs_shm::private_dir(&format!("softverbs-xrc-{uid}"))
+        .inspect_err(|e| tracing::warn!("XRC relay directory unusable: {e}"))
+        .ok()
 }
 
 /// The socket of the process whose UDP slot port is `port`, in this network namespace.
@@ -92,9 +85,12 @@ pub(crate) fn owner_port(srqn: u32) -> Option<u16> {
     (slot != own && slot != 0).then(|| base.checked_add(u16::from(slot)))?
 }
 
+/// A connection to one SRQ owner (`None` until connected, or after a failure).
+type Connection = Arc<Mutex<Option<UnixStream>>>;
+
 /// Connections to the owners of remote SRQs, by slot port; each carries one call at a time.
-fn peers() -> &'static Mutex<HashMap<u16, Arc<Mutex<Option<UnixStream>>>>> {
-    static PEERS: OnceLock<Mutex<HashMap<u16, Arc<Mutex<Option<UnixStream>>>>>> = OnceLock::new();
+fn peers() -> &'static Mutex<HashMap<u16, Connection>> {
+    static PEERS: OnceLock<Mutex<HashMap<u16, Connection>>> = OnceLock::new();
     PEERS.get_or_init(Default::default)
 }
 
