@@ -113,7 +113,7 @@ impl Host {
     }
 }
 
-/// Waits (at most 10 s) for `n` completions.
+/// Waits (at most 10 s) for `n` completions; more than `n` fails.
 fn wait(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
     let deadline = Instant::now() + Duration::from_secs(10);
     let mut got = Vec::new();
@@ -122,6 +122,7 @@ fn wait(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
         assert!(Instant::now() < deadline, "timed out with {got:?}");
         std::thread::yield_now();
     }
+    assert_eq!(got.len(), n, "more completions than expected: {got:?}");
     got
 }
 
