@@ -179,7 +179,11 @@ impl FrameHeaders {
             dst_mac,
             src_mac: None,
             vlan_tag: None,
-            ether_type: if matches!(l3, L3::V4 { .. }) { ETH_P_IPV4 } else { ETH_P_IPV6 },
+            ether_type: if matches!(l3, L3::V4 { .. }) {
+                ETH_P_IPV4
+            } else {
+                ETH_P_IPV6
+            },
             l3: Some(l3),
             l4: Some(L4 {
                 proto: IPPROTO_UDP,

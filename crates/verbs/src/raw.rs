@@ -44,8 +44,10 @@ impl Flow {
 }
 
 impl QueuePair {
-    /// `ibv_create_flow`: steers the frames the rule matches to this raw packet QP. Needs
-    /// CAP_NET_RAW (EPERM); UD QPs are EOPNOTSUPP, other types EINVAL.
+    /// `ibv_create_flow`: steers the frames the rule matches to this raw packet QP, or, on a UD
+    /// QP, a copy of each received RoCEv2 UD datagram whose outer headers match (beside the QP
+    /// it is addressed to; TAG and DROP actions are EOPNOTSUPP there). Needs CAP_NET_RAW
+    /// (EPERM); other QP types are EINVAL.
     pub fn create_flow(&self, attr: &core::FlowAttr) -> Result<Flow> {
         Ok(Flow {
             core: core::Flow::create(&self.0.core, attr)?,

@@ -216,14 +216,12 @@ fn ipv4_rule_with_the_udp_port_gets_a_copy_beside_the_addressed_qp() {
     let (a, b, c, d) = (h.qp(), h.qp(), h.qp(), h.qp());
     let port = h.port();
     let lo4 = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    let _fc = c
-        .qp
-        .create_flow(&normal(0, vec![ipv4_dst(Ipv4Addr::LOCALHOST), udp_dst(port)]))
-        .unwrap();
-    let _fd = d
-        .qp
-        .create_flow(&normal(0, vec![udp_dst(port.wrapping_add(1))]))
-        .unwrap();
+    let _fc =
+        c.qp.create_flow(&normal(0, vec![ipv4_dst(Ipv4Addr::LOCALHOST), udp_dst(port)]))
+            .unwrap();
+    let _fd =
+        d.qp.create_flow(&normal(0, vec![udp_dst(port.wrapping_add(1))]))
+            .unwrap();
     // A rule on the addressed QP itself: it still gets one copy.
     let _fb = b.qp.create_flow(&normal(0, vec![udp_dst(port)])).unwrap();
     h.send(&a, &h.ah(lo4), b.qp.qp_num(), b"to b");
@@ -244,21 +242,37 @@ fn ipv6_rule_matches_only_ipv6_datagrams() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let h = Host::new();
     let (a, b, c) = (h.qp(), h.qp(), h.qp());
-    let _fc = c
-        .qp
-        .create_flow(&normal(0, vec![ipv6_dst(Ipv6Addr::LOCALHOST), udp_dst(h.port())]))
-        .unwrap();
-    h.send(&a, &h.ah(IpAddr::V4(Ipv4Addr::LOCALHOST)), b.qp.qp_num(), b"over v4");
+    let _fc =
+        c.qp.create_flow(&normal(0, vec![ipv6_dst(Ipv6Addr::LOCALHOST), udp_dst(h.port())]))
+            .unwrap();
+    h.send(
+        &a,
+        &h.ah(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        b.qp.qp_num(),
+        b"over v4",
+    );
     wait(&b.cq, 1);
-    assert!(settle(&c.cq).is_empty(), "an IPv4 datagram does not match an IPv6 spec");
-    h.send(&a, &h.ah(IpAddr::V6(Ipv6Addr::LOCALHOST)), b.qp.qp_num(), b"over v6");
+    assert!(
+        settle(&c.cq).is_empty(),
+        "an IPv4 datagram does not match an IPv6 spec"
+    );
+    h.send(
+        &a,
+        &h.ah(IpAddr::V6(Ipv6Addr::LOCALHOST)),
+        b.qp.qp_num(),
+        b"over v6",
+    );
     assert_eq!(h.payload(&wait(&b.cq, 1)[0]), b"over v6");
     let at_c = wait(&c.cq, 1);
     assert_eq!(h.payload(&at_c[0]), b"over v6");
     let mut grh = [0u8; 40];
     h.mr.read(at_c[0].wr_id as usize * 1024, &mut grh).unwrap();
     let back = h.ctx.init_ah_from_wc(1, &at_c[0], &grh).unwrap();
-    assert_eq!(back.grh.dgid, Gid::from(Ipv6Addr::LOCALHOST), "the GRH names the sender");
+    assert_eq!(
+        back.grh.dgid,
+        Gid::from(Ipv6Addr::LOCALHOST),
+        "the GRH names the sender"
+    );
 }
 
 #[test]
@@ -316,7 +330,11 @@ fn priorities_and_the_default_rule() {
     let _fd = default.qp.create_flow(&of_type(FlowType::AllDefault)).unwrap();
     h.send(&a, &ah, b.qp.qp_num(), b"p1");
     wait(&b.cq, 1);
-    assert_eq!(recvs(&wait(&first.cq, 1)), 1, "the lowest priority value takes it");
+    assert_eq!(
+        recvs(&wait(&first.cq, 1)),
+        1,
+        "the lowest priority value takes it"
+    );
     assert!(settle(&second.cq).is_empty());
     assert!(settle(&default.cq).is_empty(), "a NORMAL rule took it");
     drop(f1);
@@ -327,7 +345,11 @@ fn priorities_and_the_default_rule() {
     drop(f2);
     h.send(&a, &ah, b.qp.qp_num(), b"dflt");
     wait(&b.cq, 1);
-    assert_eq!(h.payload(&wait(&default.cq, 1)[0]), b"dflt", "no NORMAL rule took it");
+    assert_eq!(
+        h.payload(&wait(&default.cq, 1)[0]),
+        b"dflt",
+        "no NORMAL rule took it"
+    );
     assert!(settle(&first.cq).is_empty() && settle(&second.cq).is_empty());
 }
 
@@ -340,10 +362,9 @@ fn datagram_from_a_udp_socket_matches_by_its_source_port() {
     let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
     let sport = sock.local_addr().unwrap().port();
     let _fc = c.qp.create_flow(&normal(0, vec![udp_src(sport)])).unwrap();
-    let _fd = d
-        .qp
-        .create_flow(&normal(0, vec![udp_src(sport.wrapping_add(1))]))
-        .unwrap();
+    let _fd =
+        d.qp.create_flow(&normal(0, vec![udp_src(sport.wrapping_add(1))]))
+            .unwrap();
     // A UD SEND ONLY as another stack would send it, to this process's own port.
     let repr = PacketRepr {
         deth: Some(DethRepr {
@@ -359,7 +380,10 @@ fn datagram_from_a_udp_socket_matches_by_its_source_port() {
     sock.send_to(&pkt, dst).unwrap();
     assert_eq!(h.payload(&wait(&b.cq, 1)[0]), b"socket");
     let at_c = wait(&c.cq, 1);
-    assert_eq!((h.payload(&at_c[0]).as_slice(), at_c[0].src_qp), (&b"socket"[..], 0x1234));
+    assert_eq!(
+        (h.payload(&at_c[0]).as_slice(), at_c[0].src_qp),
+        (&b"socket"[..], 0x1234)
+    );
     // The same datagram went to both rules' tables at once: the other one has had its chance.
     assert!(settle(&d.cq).is_empty(), "another source port does not match");
 }
@@ -370,7 +394,14 @@ fn invalid_rules_are_refused() {
     let h = Host::new();
     let u = h.qp();
     let errno = |attr: &FlowAttr| u.qp.create_flow(attr).unwrap_err().errno();
-    assert_eq!(errno(&FlowAttr { port: 2, ..normal(0, vec![]) }), EINVAL, "no port 2");
+    assert_eq!(
+        errno(&FlowAttr {
+            port: 2,
+            ..normal(0, vec![])
+        }),
+        EINVAL,
+        "no port 2"
+    );
     assert_eq!(
         errno(&FlowAttr {
             specs: vec![udp_dst(1)],
@@ -386,7 +417,13 @@ fn invalid_rules_are_refused() {
         }),
         EINVAL
     );
-    assert_eq!(errno(&FlowAttr { flags: 1 << 9, ..normal(0, vec![]) }), EINVAL);
+    assert_eq!(
+        errno(&FlowAttr {
+            flags: 1 << 9,
+            ..normal(0, vec![])
+        }),
+        EINVAL
+    );
     assert_eq!(
         errno(&FlowAttr {
             tag: Some(5),
@@ -412,6 +449,10 @@ fn invalid_rules_are_refused() {
     let cq = h.ctx.create_cq(4, None, 0).unwrap();
     for t in [QpType::Rc, QpType::Uc] {
         let qp = h.pd.create_qp(&QpInit::new(t, &cq)).unwrap();
-        assert_eq!(qp.create_flow(&normal(0, vec![])).unwrap_err().errno(), EINVAL, "{t:?}");
+        assert_eq!(
+            qp.create_flow(&normal(0, vec![])).unwrap_err().errno(),
+            EINVAL,
+            "{t:?}"
+        );
     }
 }

@@ -223,7 +223,10 @@ fn roce_datagram_headers_match_udp_and_ip_specs_but_never_tcp() {
     let dst: SocketAddr = "10.0.0.2:4791".parse().unwrap();
     let h = FrameHeaders::roce_datagram(mac, src, dst, 0, 64);
     let udp = |dst_port: u16, mask: u16| FlowSpec::Udp {
-        val: PortFilter { dst_port, src_port: 0 },
+        val: PortFilter {
+            dst_port,
+            src_port: 0,
+        },
         mask: PortFilter {
             dst_port: mask,
             src_port: 0,
