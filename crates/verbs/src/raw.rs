@@ -1,7 +1,8 @@
 //! Raw packet QPs: flow steering rules, receive work queues, indirection tables and RSS QPs.
 //!
 //! A raw packet QP is an ordinary [`QueuePair`] of type [`QpType::RawPacket`]: sends and
-//! receives carry whole Ethernet frames. It receives only what a [`Flow`] steers to it.
+//! receives carry whole Ethernet frames. It receives only what a [`Flow`] steers to it. A flow
+//! on a UD QP adds copies of received UD datagrams to what the QP receives by its number.
 
 use std::sync::Arc;
 
