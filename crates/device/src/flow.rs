@@ -8,7 +8,7 @@
 //! MC_DEFAULT rules if it is multicast, and to the ALL_DEFAULT rules. SNIFFER rules get every
 //! frame, including the ones this host sends. Nothing reaches a raw QP without a rule.
 //!
-//! Rules on UD QPs ([`UdFlows`], one table per device) see the RoCEv2 UD datagrams the device
+//! Rules on UD QPs (`UdFlows`, one table per device) see the RoCEv2 UD datagrams the device
 //! receives (over UDP or from a QP of this process), as the Ethernet frame they arrived in as
 //! far as the device knows it (`FrameHeaders::roce_datagram`: addresses, UDP ports, IPv4 or
 //! IPv6 ethertype, destination MAC the interface's or the group's; no source MAC or VLAN tag).
