@@ -18,12 +18,11 @@
 //! sniffers see received datagrams only; ALL_DEFAULT rules get the datagrams no NORMAL rule
 //! took, MC_DEFAULT rules those of them sent to a multicast group.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use std::net::SocketAddr;
-
 use softverbs_engine::steering::{FlowSpec, FrameHeaders};
 use softverbs_engine::transport::RxMeta;
 use softverbs_engine::types::QpType;
@@ -227,7 +226,8 @@ pub(crate) struct UdFlows {
 impl UdFlows {
     /// Adds to `targets` (the QPs the datagram is addressed to) the QPs whose rules take a
     /// received UD datagram, once each: sniffers, then NORMAL or default rules as for raw
-    /// frames (see [`Steering::select`]). `ports` are its UDP source and destination ports.
+    /// frames (see [`Steering::select`]). `ports` are its UDP source and destination ports;
+    /// `len` (the RoCE bytes, BTH to ICRC) is what a rule's counters add.
     /// Non-UD packets, and every packet while no UD rule exists, cost one check.
     pub(crate) fn steer(
         &self,
