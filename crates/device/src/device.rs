@@ -227,6 +227,7 @@ struct DeviceInner {
     name: String,
     netdev: String,
     ifindex: u32,
+    mac: [u8; 6],
     guid: u64,
     attr: DeviceAttr,
     port: PortAttr,
@@ -340,6 +341,7 @@ impl Device {
                 name: format!("sv_{}", ifc.name),
                 netdev: ifc.name.clone(),
                 ifindex: ifc.index,
+                mac: ifc.mac.unwrap_or_default(),
                 guid,
                 attr,
                 port,
@@ -363,6 +365,11 @@ impl Device {
     /// The kernel index of the network interface.
     pub fn ifindex(&self) -> u32 {
         self.inner.ifindex
+    }
+
+    /// The interface's MAC address (zeros on a link without one, such as loopback).
+    pub fn mac(&self) -> [u8; 6] {
+        self.inner.mac
     }
 
     /// The node GUID (`ibv_get_device_guid`), as a host-order number whose big-endian bytes are

@@ -35,6 +35,8 @@ pub const MULTICAST_QPN: u32 = 0xFF_FFFF;
 pub(crate) struct Packet {
     pub(crate) data: Vec<u8>,
     pub(crate) meta: RxMeta,
+    /// UDP source and destination ports (for UD flow rules).
+    pub(crate) ports: (u16, u16),
 }
 
 /// Packet counters of one device, readable through the verbs API.
@@ -110,6 +112,8 @@ pub(crate) struct Node {
     /// Multicast group -> attached QP numbers.
     pub(crate) mcast: Mutex<McastTable>,
     pub(crate) keys: KeyTable,
+    /// Flow rules of UD QPs.
+    pub(crate) ud_flows: crate::flow::UdFlows,
     inbound: Mutex<VecDeque<Packet>>,
     driving: AtomicBool,
     pub(crate) counters: NodeCounters,
@@ -123,6 +127,7 @@ impl Node {
             qps: RwLock::new(HashMap::new()),
             mcast: Mutex::new(McastTable::default()),
             keys: KeyTable::default(),
+            ud_flows: Default::default(),
             inbound: Mutex::new(VecDeque::new()),
             driving: AtomicBool::new(false),
             counters: NodeCounters::default(),
@@ -211,7 +216,7 @@ impl Node {
             return;
         };
         let qpn = parsed.repr.bth.dest_qpn;
-        let targets: Vec<Arc<Qp>> = if qpn == MULTICAST_QPN {
+        let mut targets: Vec<Arc<Qp>> = if qpn == MULTICAST_QPN {
             let members: Vec<u32> = self
                 .mcast
                 .lock()
@@ -234,8 +239,9 @@ impl Node {
         };
         if targets.is_empty() {
             bump(&self.counters.rx_unknown_qp);
-            return;
         }
+        let (meta, len) = (&pkt.meta, pkt.data.len());
+        self.ud_flows.steer(&parsed, meta, pkt.ports, len, &mut targets);
         for qp in targets {
             let (outputs, dropped) = qp.handle_packet(now, &parsed, &pkt.meta);
             match dropped {
@@ -551,6 +557,8 @@ impl Fabric {
                 hop_limit: tx.dest.hop_limit,
             };
             let qpn = peek_dest_qpn(&tx.data).unwrap_or(0);
+            // The ports the datagram would have had over UDP.
+            let ports = self.udp().map_or((0, 0), |u| (u.port(), u.dest_port(qpn)));
             let targets: Vec<&Arc<Node>> = if qpn == MULTICAST_QPN {
                 nodes.iter().filter(|n| n.has_group(&tx.dest.dgid)).collect()
             } else {
@@ -582,9 +590,14 @@ impl Fabric {
                 n.deliver(Packet {
                     data: tx.data.clone(),
                     meta,
+                    ports,
                 });
             }
-            last.deliver(Packet { data: tx.data, meta });
+            last.deliver(Packet {
+                data: tx.data,
+                meta,
+                ports,
+            });
         }
         for ((sgid, dgid, qpn), mut batch) in remote {
             let sent = self.udp().map_or(0, |u| {
@@ -694,6 +707,7 @@ impl Fabric {
                 n.deliver(Packet {
                     data: d.data.clone(),
                     meta: d.meta,
+                    ports: d.ports,
                 });
             }
         }

@@ -51,6 +51,8 @@ const GSO_MAX_BYTES: usize = 65_000;
 pub(crate) struct Datagram {
     pub(crate) data: Vec<u8>,
     pub(crate) meta: RxMeta,
+    /// UDP source and destination ports.
+    pub(crate) ports: (u16, u16),
     /// The ICRC could be checked and was wrong.
     pub(crate) bad_icrc: bool,
     /// The ICRC could not be checked (IPv4 with a non-zero IP ID).
@@ -218,6 +220,17 @@ impl Udp {
         }
     }
 
+    /// The UDP port packets for `dest_qpn` go to: its slot's, or the standard port for
+    /// standard peers (slot 0) and multicast.
+    pub(crate) fn dest_port(&self, dest_qpn: u32) -> u16 {
+        let slot = slot_of(dest_qpn);
+        if slot == 0 || dest_qpn == crate::fabric::MULTICAST_QPN {
+            self.base
+        } else {
+            self.base.saturating_add(u16::from(slot))
+        }
+    }
+
     /// Sends RoCE packets (BTH..ICRC) from `src` to `dst` for destination QP `dest_qpn`,
     /// filling in their ICRCs. Runs of equal-sized packets go out as one GSO batch: one system
     /// call, segmented by the kernel. `scope` is the interface index for link-local IPv6.
@@ -230,12 +243,7 @@ impl Udp {
         dest_qpn: u32,
         packets: &mut [Vec<u8>],
     ) -> usize {
-        let slot = slot_of(dest_qpn);
-        let port = if slot == 0 || dest_qpn == crate::fabric::MULTICAST_QPN {
-            self.base
-        } else {
-            self.base.saturating_add(u16::from(slot))
-        };
+        let port = self.dest_port(dest_qpn);
         let src_sa = SocketAddr::new(src, self.own.port);
         let dst_sa = SocketAddr::new(dst, port);
         for p in packets.iter_mut() {
@@ -582,6 +590,7 @@ fn datagram(src: SocketAddr, dst: SocketAddr, bytes: &[u8]) -> Datagram {
             traffic_class: 0,
             hop_limit: 64,
         },
+        ports: (src.port(), dst.port()),
         bad_icrc,
         icrc_unverified,
     }
