@@ -1303,6 +1303,31 @@ mod tests {
     }
 
     #[test]
+    fn receive_clock_gaps_as_rdma_core_counts_them() {
+        let mut m = RecvClockMeter::new(0xffff);
+        assert_eq!(m.result(), None);
+        m.record(100);
+        assert_eq!(m.result(), None, "one receive has no gap");
+        m.record(130);
+        m.record(0xfff0);
+        // Wrapped at the mask: 0xffff - 0xfff0 + 5 + 1.
+        m.record(5);
+        let c = m.result().unwrap();
+        assert_eq!((c.max, c.min, c.total, c.samples), (0xfff0 - 130, 22, 30 + 0xfff0 - 130 + 22, 3));
+        let lines = RecvClock {
+            max: 7,
+            min: 2,
+            total: 10,
+            samples: 4,
+        }
+        .lines();
+        assert_eq!(
+            lines,
+            "Max receive completion clock cycles = 7\nMin receive completion clock cycles = 2\nAverage receive completion clock cycles = 2.500000"
+        );
+    }
+
+    #[test]
     fn summary_lines() {
         let r = Report {
             bytes: 8192000,
