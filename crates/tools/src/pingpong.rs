@@ -1313,7 +1313,7 @@ mod tests {
         // Wrapped at the mask: 0xffff - 0xfff0 + 5 + 1.
         m.record(5);
         let c = m.result().unwrap();
-        assert_eq!((c.max, c.min, c.total, c.samples), (0xfff0 - 130, 22, 30 + 0xfff0 - 130 + 22, 3));
+        assert_eq!((c.max, c.min, c.total, c.samples), (0xfff0 - 130, 21, 30 + 0xfff0 - 130 + 21, 3));
         let lines = RecvClock {
             max: 7,
             min: 2,
