@@ -535,12 +535,7 @@ fn c_and_rust_rc_pingpong_with(c_is_server: bool, extra: &[&str]) {
 /// buffer lives and what is printed, never the wire.
 #[test]
 fn c_and_rust_rc_pingpong_odp_timestamps_and_device_memory() {
-    for extra in [
-        &["-o", "-e"][..],
-        &["-O", "-P"],
-        &["-t"],
-        &["-j", "-t", "-e"],
-    ] {
+    for extra in [&["-o", "-e"][..], &["-O", "-P"], &["-t"], &["-j", "-t", "-e"]] {
         for c_is_server in [true, false] {
             c_and_rust_rc_pingpong_with(c_is_server, extra);
         }

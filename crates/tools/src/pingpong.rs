@@ -14,6 +14,13 @@
 //!    peer's answer have completed, until `iters` sends and receives are done. Then the summary
 //!    is printed and, with `check`, the server verifies the received bytes.
 //!
+//! `ibv_rc_pingpong`'s buffer options change only where the buffer lives, never the wire: an
+//! on-demand-paging region (`-o`), host memory reached through an implicit ODP region (`-O`),
+//! either prefetched with `ibv_advise_mr` (`-P`), or device memory (`-j`) that the client
+//! fills by copying its buffer in and the server copies out before checking. With `-t` the CQ
+//! records completion timestamps and each side prints the spread of the gaps between its
+//! receive completions, in device clock cycles, after the summary.
+//!
 //! The data check is rdma-core's: the client writes 0 at the start of every page of its buffer
 //! and the server, whose buffer starts filled with `0x7b`, checks those bytes. That is all the C
 //! client writes, so a stricter check would reject a C peer.
@@ -23,10 +30,10 @@ use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
 use softverbs::{
-    odp, AccessFlags, AddressHandle, AhAttr, CompletionChannel, CompletionQueue, Context, DeviceMemory, Error,
-    Gid, GlobalRoute, HostBuffer, ImplicitOdpRegion, MemoryRegion, Mtu, Payload, PortAttr, ProtectionDomain,
-    QpAttr, QpAttrMask, QpCap, QpInit, QpState, QpType, QueuePair, RecvWr, SendFlags, SendOp, SendRequest,
-    SharedReceiveQueue, Sge, SrqAttr, Timestamps, WcStatus, WorkCompletion,
+    odp, AccessFlags, AddressHandle, AhAttr, CompletionChannel, CompletionQueue, Context, DeviceMemory,
+    Error, Gid, GlobalRoute, HostBuffer, ImplicitOdpRegion, MemoryRegion, Mtu, Payload, PortAttr,
+    ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInit, QpState, QpType, QueuePair, RecvWr, SendFlags,
+    SendOp, SendRequest, Sge, SharedReceiveQueue, SrqAttr, Timestamps, WcStatus, WorkCompletion,
 };
 
 use crate::{OrFail, ToolError};
@@ -566,7 +573,8 @@ impl PingPong {
         let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
         let ts_mask = check_device(ctx, &cfg)?;
         let buf = alloc_buffer(ctx, &pd, &cfg)?;
-        let cqe = i32::try_from(cfg.rx_depth + if t == Transport::Srq { cfg.num_qp } else { 1 }).unwrap_or(i32::MAX);
+        let cqe = i32::try_from(cfg.rx_depth + if t == Transport::Srq { cfg.num_qp } else { 1 })
+            .unwrap_or(i32::MAX);
         let cq = if ts_mask.is_some() {
             let ts = Timestamps {
                 raw: true,
@@ -1130,15 +1138,18 @@ fn check_device(ctx: &Context, cfg: &Config) -> Result<Option<u64>, ToolError> {
 /// Allocates and registers the buffer as `cfg` asks (`pp_init_ctx`), filled with [`FILL`]
 /// where the program sees it, and prefetches it with `prefetch`.
 fn alloc_buffer(ctx: &Context, pd: &ProtectionDomain, cfg: &Config) -> Result<Buffer, ToolError> {
-    let len = cfg.size + if cfg.transport == Transport::Ud { UD_GRH_LEN } else { 0 };
+    let len = cfg.size
+        + if cfg.transport == Transport::Ud {
+            UD_GRH_LEN
+        } else {
+            0
+        };
     let mut access = AccessFlags::LOCAL_WRITE;
     if cfg.on_demand() {
         access |= AccessFlags::ON_DEMAND;
     }
     let buf = if cfg.device_memory {
-        let dm = ctx
-            .alloc_dm(len as u64, 0)
-            .or_fail("Dev mem allocation failed")?;
+        let dm = ctx.alloc_dm(len as u64, 0).or_fail("Dev mem allocation failed")?;
         let mr = pd
             .register_dm(&dm, 0, len as u64, access | AccessFlags::ZERO_BASED)
             .or_fail("Couldn't register MR")?;
@@ -1151,9 +1162,7 @@ fn alloc_buffer(ctx: &Context, pd: &ProtectionDomain, cfg: &Config) -> Result<Bu
     } else if cfg.implicit_odp {
         let buf = HostBuffer::new(len).or_fail("Couldn't allocate work buf.")?;
         buf.fill(FILL);
-        let region = pd
-            .register_implicit_odp(access)
-            .or_fail("Couldn't register MR")?;
+        let region = pd.register_implicit_odp(access).or_fail("Couldn't register MR")?;
         Buffer::Implicit { region, buf }
     } else {
         let mr = pd.register(len, access).or_fail("Couldn't register MR")?;
@@ -1313,7 +1322,10 @@ mod tests {
         // Wrapped at the mask: 0xffff - 0xfff0 + 5 + 1.
         m.record(5);
         let c = m.result().unwrap();
-        assert_eq!((c.max, c.min, c.total, c.samples), (0xfff0 - 130, 21, 30 + 0xfff0 - 130 + 21, 3));
+        assert_eq!(
+            (c.max, c.min, c.total, c.samples),
+            (0xfff0 - 130, 21, 30 + 0xfff0 - 130 + 21, 3)
+        );
         let lines = RecvClock {
             max: 7,
             min: 2,

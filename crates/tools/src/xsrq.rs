@@ -20,8 +20,8 @@ use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
 use softverbs::{
-    odp, AccessFlags, CompletionChannel, CompletionQueue, Context, Error, Gid, GlobalRoute, MemoryRegion, Mtu,
-    Payload, ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInit, QpState, QpType, QueuePair, RecvWr,
+    odp, AccessFlags, CompletionChannel, CompletionQueue, Context, Error, Gid, GlobalRoute, MemoryRegion,
+    Mtu, Payload, ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInit, QpState, QpType, QueuePair, RecvWr,
     SendFlags, SendOp, SendRequest, SharedReceiveQueue, SrqAttr, WcStatus, WorkCompletion, XrcDomain,
     O_CREAT,
 };

@@ -383,7 +383,10 @@ mod threads {
             c.odp = true;
             c.device_memory = true;
         };
-        assert_eq!(refused(&odp_dm, Transport::Rc), "DM memory region can't be on demand");
+        assert_eq!(
+            refused(&odp_dm, Transport::Rc),
+            "DM memory region can't be on demand"
+        );
         let prefetch = |c: &mut Config| c.prefetch = true;
         assert_eq!(
             refused(&prefetch, Transport::Rc),

@@ -59,8 +59,11 @@ fn server_and_client_threads() {
     for (events, odp) in [(false, false), (true, false), (false, true)] {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let server =
-            thread::spawn(move || side(config(events, odp), Role::Server, move || listener.accept().unwrap().0));
+        let server = thread::spawn(move || {
+            side(config(events, odp), Role::Server, move || {
+                listener.accept().unwrap().0
+            })
+        });
         let client = thread::spawn(move || {
             side(config(events, odp), Role::Client, move || {
                 TcpStream::connect(addr).unwrap()
@@ -106,7 +109,10 @@ fn a_malformed_address_is_refused() {
         let mut rest = Vec::new();
         let _ = s.read_to_end(&mut rest);
     });
-    let e = side(config(false, false), Role::Server, move || listener.accept().unwrap().0).unwrap_err();
+    let e = side(config(false, false), Role::Server, move || {
+        listener.accept().unwrap().0
+    })
+    .unwrap_err();
     assert!(e.contains("malformed address"), "{e}");
     peer.join().unwrap();
 }
