@@ -562,9 +562,15 @@ fn rust_tool(name: &str) -> String {
 /// rdma-core's C ibv_rc_pingpong and softverbs' Rust one, in both roles: the same TCP exchange
 /// and the same packets on the wire.
 fn c_and_rust_rc_pingpong(c_is_server: bool) {
+    c_and_rust_rc_pingpong_with(c_is_server, &[]);
+}
+
+/// As [`c_and_rust_rc_pingpong`], both sides with the options `extra` too.
+fn c_and_rust_rc_pingpong_with(c_is_server: bool, extra: &[&str]) {
     let gid = gid_index();
     let rust = rust_tool("ibv_rc_pingpong");
-    let args = ["-d", "sv_lo", "-g", gid.as_str(), "-n", "100", "-s", "8192", "-c"];
+    let mut args = vec!["-d", "sv_lo", "-g", gid.as_str(), "-n", "100", "-s", "8192", "-c"];
+    args.extend_from_slice(extra);
     let (server, client) = if c_is_server {
         ("/usr/bin/ibv_rc_pingpong", rust.as_str())
     } else {
@@ -573,8 +579,26 @@ fn c_and_rust_rc_pingpong(c_is_server: bool) {
     let (c, s) = pair_of(server, client, &args);
     for o in [&c, &s] {
         let (out, _) = text(o);
-        assert!(out.contains("1638400 bytes in"), "{out}");
-        assert!(out.contains("100 iters in"), "{out}");
+        assert!(out.contains("1638400 bytes in"), "{extra:?}: {out}");
+        assert!(out.contains("100 iters in"), "{extra:?}: {out}");
+        assert!(!out.contains("invalid data"), "{extra:?}: {out}");
+        let ts = extra.contains(&"-t");
+        for key in ["Max", "Min", "Average"] {
+            let line = format!("{key} receive completion clock cycles = ");
+            assert_eq!(out.contains(&line), ts, "{extra:?}: {out}");
+        }
+    }
+}
+
+/// The C and Rust ibv_rc_pingpong in both roles with on-demand paging (explicit, implicit,
+/// prefetched), completion timestamps and device memory: each option changes only where the
+/// buffer lives and what is printed, never the wire.
+#[test]
+fn c_and_rust_rc_pingpong_odp_timestamps_and_device_memory() {
+    for extra in [&["-o", "-e"][..], &["-O", "-P"], &["-t"], &["-j", "-t", "-e"]] {
+        for c_is_server in [true, false] {
+            c_and_rust_rc_pingpong_with(c_is_server, extra);
+        }
     }
 }
 
@@ -590,9 +614,15 @@ fn rust_server_c_client_rc_pingpong() {
 
 /// rdma-core's C ibv_xsrq_pingpong and softverbs' Rust one, in both roles.
 fn c_and_rust_xsrq_pingpong(c_is_server: bool) {
+    c_and_rust_xsrq_pingpong_with(c_is_server, &[]);
+}
+
+/// As [`c_and_rust_xsrq_pingpong`], both sides with the options `extra` too.
+fn c_and_rust_xsrq_pingpong_with(c_is_server: bool, extra: &[&str]) {
     let gid = gid_index();
     let rust = rust_tool("ibv_xsrq_pingpong");
-    let args = ["-d", "sv_lo", "-g", gid.as_str(), "-n", "100", "-s", "6000"];
+    let mut args = vec!["-d", "sv_lo", "-g", gid.as_str(), "-n", "100", "-s", "6000"];
+    args.extend_from_slice(extra);
     let (server, client) = if c_is_server {
         ("/usr/bin/ibv_xsrq_pingpong", rust.as_str())
     } else {
@@ -613,6 +643,14 @@ fn c_server_rust_client_xsrq_pingpong() {
 #[test]
 fn rust_server_c_client_xsrq_pingpong() {
     c_and_rust_xsrq_pingpong(false);
+}
+
+/// `-o` on both sides, in both roles.
+#[test]
+fn c_and_rust_xsrq_pingpong_odp() {
+    for c_is_server in [true, false] {
+        c_and_rust_xsrq_pingpong_with(c_is_server, &["-o"]);
+    }
 }
 
 /// perftest over XRC (`-c XRC`): XRC domains from files, XRC SRQs, XRC_SEND and XRC_RECV QPs,

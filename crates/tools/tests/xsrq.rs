@@ -27,10 +27,11 @@ fn lo() -> Context {
         .unwrap()
 }
 
-fn config(events: bool) -> Config {
+fn config(events: bool, odp: bool) -> Config {
     Config {
         num_tests: 40,
         use_events: events,
+        odp,
         size: 3000,
         mtu: Mtu::Mtu512,
         timeout: Some(Duration::from_secs(20)),
@@ -54,13 +55,17 @@ fn side(cfg: Config, role: Role, stream: impl FnOnce() -> TcpStream) -> SideResu
 #[test]
 fn server_and_client_threads() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for events in [false, true] {
+    // Polling, events, and an on-demand-paging buffer (-o).
+    for (events, odp) in [(false, false), (true, false), (false, true)] {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let server =
-            thread::spawn(move || side(config(events), Role::Server, move || listener.accept().unwrap().0));
+        let server = thread::spawn(move || {
+            side(config(events, odp), Role::Server, move || {
+                listener.accept().unwrap().0
+            })
+        });
         let client = thread::spawn(move || {
-            side(config(events), Role::Client, move || {
+            side(config(events, odp), Role::Client, move || {
                 TcpStream::connect(addr).unwrap()
             })
         });
@@ -104,7 +109,10 @@ fn a_malformed_address_is_refused() {
         let mut rest = Vec::new();
         let _ = s.read_to_end(&mut rest);
     });
-    let e = side(config(false), Role::Server, move || listener.accept().unwrap().0).unwrap_err();
+    let e = side(config(false, false), Role::Server, move || {
+        listener.accept().unwrap().0
+    })
+    .unwrap_err();
     assert!(e.contains("malformed address"), "{e}");
     peer.join().unwrap();
 }
@@ -208,6 +216,7 @@ fn run_processes(clients: usize, extra: &[&str]) {
 fn two_processes() {
     run_processes(1, &[]);
     run_processes(1, &["-e", "-s", "5000", "-m", "256"]);
+    run_processes(1, &["-o"]);
 }
 
 /// With several clients the server reaches client `i`'s SRQ through the target QP of another
