@@ -18,6 +18,7 @@
 
 pub mod cli;
 pub mod error;
+pub mod scale;
 pub mod stats;
 
 mod bw;
