@@ -72,6 +72,12 @@ pub struct ScaleArgs {
     #[arg(long, value_enum, default_value_t = ScaleOp::Write)]
     pub test: ScaleOp,
 
+    /// RC ACK timeout exponent of every QP (4.096 us * 2^N; 14 is 67 ms, perftest's default).
+    /// Every message of a burst is queued behind all those in flight on every QP, so with
+    /// thousands of QPs a loaded host can exceed a short timeout and retransmit.
+    #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
+    pub ack_timeout: u8,
+
     /// Seconds of each idle-CPU window (0 skips them).
     #[arg(long, default_value_t = 3.0)]
     pub idle: f64,
@@ -252,6 +258,7 @@ struct Rig {
     depth: u32,
     op: ScaleOp,
     seed: u8,
+    ack_timeout: u8,
 }
 
 /// The device named `name` (device or interface name) and its GID for 127.0.0.1 (or its first
@@ -328,6 +335,7 @@ impl Rig {
             depth: args.depth,
             op: args.test,
             seed,
+            ack_timeout: args.ack_timeout,
         })
     }
 
@@ -401,7 +409,7 @@ impl Rig {
             &QpAttr {
                 qp_state: QpState::Rts,
                 sq_psn: psn,
-                timeout: 14,
+                timeout: self.ack_timeout,
                 retry_cnt: 7,
                 rnr_retry: 7,
                 max_rd_atomic: 1,
@@ -564,6 +572,38 @@ impl Rig {
         Ok(n)
     }
 
+    /// Transport counters summed over the QPs: (packets sent, retransmitted, ACK timeouts,
+    /// RNR NAKs received, sequence NAKs received, duplicates, receive drops).
+    fn counters(&self) -> [u64; 7] {
+        self.qps.iter().fold([0; 7], |mut a, qp| {
+            let c = qp.counters();
+            for (x, y) in a.iter_mut().zip([
+                c.tx_packets,
+                c.retransmits,
+                c.timeouts,
+                c.rnr_naks_received,
+                c.seq_naks_received,
+                c.duplicates,
+                c.rx_dropped,
+            ]) {
+                *x += y;
+            }
+            a
+        })
+    }
+
+    /// [`Rig::burst`], with the transport counters in the error if it fails.
+    fn burst_explained(&self, targets: &[Target], deadline: Instant) -> Result<(u64, f64)> {
+        self.burst(targets, deadline).map_err(|e| {
+            let c = self.counters();
+            Error::msg(format!(
+                "{e} (over all QPs: {} packets sent, {} retransmitted, {} ACK timeouts, {} RNR NAKs, \
+                 {} sequence NAKs, {} duplicates, {} receive drops)",
+                c[0], c[1], c[2], c[3], c[4], c[5], c[6]
+            ))
+        })
+    }
+
     /// Posts the initial receive WRs (SEND bursts).
     fn post_initial_recvs(&self) -> Result<()> {
         if self.op == ScaleOp::Send {
@@ -671,7 +711,8 @@ fn one_process(args: &ScaleArgs) -> Result<Vec<Figure>> {
             slot: q ^ 1,
         })
         .collect();
-    let (msgs, secs) = rig.burst(&targets, deadline)?;
+    let (msgs, secs) = rig.burst_explained(&targets, deadline)?;
+    let c = rig.counters();
     // QP q's messages land in slot q ^ 1, so slot r holds what QP r ^ 1 sent.
     let verified = rig.verify(rig.seed, |r| r ^ 1)?;
     let idle_after = if args.idle > 0.0 {
@@ -702,6 +743,11 @@ fn one_process(args: &ScaleArgs) -> Result<Vec<Figure>> {
         fig("msg_rate", msgs as f64 / secs, "msg/s"),
         fig("completions_ok", msgs as f64, ""),
         fig("qps_verified", verified as f64, ""),
+        fig("packets_sent", c[0] as f64, ""),
+        fig("retransmits", c[1] as f64, ""),
+        fig("ack_timeouts", c[2] as f64, ""),
+        fig("rnr_naks", c[3] as f64, ""),
+        fig("seq_naks", c[4] as f64, ""),
         fig("idle_cpu_after_traffic", idle_after, "% of a core"),
         fig("threads", threads, ""),
         fig("rss_after_traffic", rss_connected as f64, "B"),
@@ -838,6 +884,8 @@ fn processes(args: &ScaleArgs, p: u32) -> Result<Vec<Figure>> {
             &args.device,
             "--timeout",
             &args.timeout.to_string(),
+            "--ack-timeout",
+            &args.ack_timeout.to_string(),
             "--test",
             match args.test {
                 ScaleOp::Write => "write",
@@ -900,6 +948,8 @@ fn processes(args: &ScaleArgs, p: u32) -> Result<Vec<Figure>> {
     let done = ch.gather("SENT")?;
     let wall = t_go.elapsed().as_secs_f64();
     let msgs: f64 = done.iter().map(|r| num(r, 0)).sum::<Result<f64>>()?;
+    let retransmits: f64 = done.iter().map(|r| num(r, 2)).sum::<Result<f64>>()?;
+    let timeouts: f64 = done.iter().map(|r| num(r, 3)).sum::<Result<f64>>()?;
     let per_proc_rate: f64 = done
         .iter()
         .map(|r| Ok(num(r, 0)? / num(r, 1)?))
@@ -934,6 +984,8 @@ fn processes(args: &ScaleArgs, p: u32) -> Result<Vec<Figure>> {
         fig("msg_rate_sum_of_processes", per_proc_rate, "msg/s"),
         fig("completions_ok", msgs, ""),
         fig("qps_verified", verified, ""),
+        fig("retransmits", retransmits, ""),
+        fig("ack_timeouts", timeouts, ""),
     ])
 }
 
@@ -982,8 +1034,9 @@ fn child(args: &ScaleArgs, role: Role) -> Result<()> {
             slot: q,
         })
         .collect();
-    let (msgs, secs) = rig.burst(&targets, deadline)?;
-    io.say(&format!("SENT {msgs} {secs}"))?;
+    let (msgs, secs) = rig.burst_explained(&targets, deadline)?;
+    let c = rig.counters();
+    io.say(&format!("SENT {msgs} {secs} {} {}", c[1], c[2]))?;
     io.expect("VERIFY")?;
     let verified = rig.verify(peer_seed, |r| r)?;
     io.say(&format!("VERIFIED {verified}"))?;
@@ -1022,5 +1075,93 @@ impl<W: Write, R: BufRead> Pipe<W, R> {
             Some(rest) => Ok(rest.trim().to_string()),
             None => bail!("expected {tag}, got {line:?}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The only test of this crate's library that opens a device: it points the process at a
+    /// private UDP port range and the loopback interface before the first device listing.
+    fn args(qps: u32, test: ScaleOp) -> ScaleArgs {
+        static ENV: std::sync::Once = std::sync::Once::new();
+        ENV.call_once(|| {
+            std::env::set_var("SOFTVERBS_INTERFACES", "lo");
+            std::env::set_var("SOFTVERBS_UDP_PORT", free_base_port(2).unwrap().to_string());
+            std::env::set_var("SOFTVERBS_UDP_SLOTS", "1");
+        });
+        ScaleArgs::parse_from(["softverbs-scale", "-q", &qps.to_string(), "-n", "3", "-s", "40"])
+            .with_test(test)
+    }
+
+    impl ScaleArgs {
+        fn with_test(mut self, test: ScaleOp) -> Self {
+            self.test = test;
+            self
+        }
+    }
+
+    /// A pair-connected rig of `n` QPs after a burst of `op`.
+    fn rig_after_burst(n: usize, op: ScaleOp) -> Rig {
+        let a = args(n as u32, op);
+        let mut rig = Rig::new(&a, n, 0x11).unwrap();
+        rig.create_qps(n, recv_depth(&a)).unwrap();
+        let psn = psns(n);
+        let (gid, mtu) = (rig.gid, rig.mtu);
+        for q in 0..n {
+            rig.connect(q, psn[q], (rig.qps[q ^ 1].qp_num(), psn[q ^ 1]), gid, mtu)
+                .unwrap();
+        }
+        rig.post_initial_recvs().unwrap();
+        let targets: Vec<Target> = (0..n)
+            .map(|q| Target {
+                addr: rig.mr.addr(),
+                rkey: rig.mr.rkey(),
+                slot: q ^ 1,
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (msgs, _) = rig.burst(&targets, deadline).unwrap();
+        assert_eq!(msgs, 3 * n as u64);
+        rig
+    }
+
+    #[test]
+    fn verification_catches_one_wrong_byte() {
+        for op in [ScaleOp::Write, ScaleOp::Send] {
+            let rig = rig_after_burst(6, op);
+            assert_eq!(rig.verify(0x11, |r| r ^ 1).unwrap(), 6);
+            // Slots read as if each QP had received its own data: wrong everywhere.
+            assert!(rig.verify(0x11, |r| r).is_err());
+            let off = rig.slot_len() + 5 * 40 + 39;
+            let mut b = [0u8];
+            rig.mr.read(off, &mut b).unwrap();
+            rig.mr.write(off, &[b[0] ^ 1]).unwrap();
+            let e = rig.verify(0x11, |r| r ^ 1).unwrap_err();
+            assert!(e.message().contains("QP 5: byte 39"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_burst_to_a_bad_rkey_fails_instead_of_counting() {
+        let a = args(2, ScaleOp::Write);
+        let mut rig = Rig::new(&a, 2, 0x22).unwrap();
+        rig.create_qps(2, 0).unwrap();
+        let psn = psns(2);
+        let (gid, mtu) = (rig.gid, rig.mtu);
+        for q in 0..2 {
+            rig.connect(q, psn[q], (rig.qps[q ^ 1].qp_num(), psn[q ^ 1]), gid, mtu)
+                .unwrap();
+        }
+        let bad = Target {
+            addr: rig.mr.addr(),
+            rkey: rig.mr.rkey() ^ 0x100,
+            slot: 1,
+        };
+        let e = rig
+            .burst(&[bad, bad], Instant::now() + Duration::from_secs(60))
+            .unwrap_err();
+        assert!(e.message().contains("completed with"), "{e}");
     }
 }
