@@ -154,7 +154,9 @@ pub fn run_scale(args: &ScaleArgs) -> Result<Vec<Figure>> {
     if args.size == 0 || args.iters == 0 || args.depth == 0 {
         bail!("--size, --iters and --depth must be at least 1");
     }
-    if !(args.idle >= 0.0 && args.idle.is_finite()) || !(args.timeout > 0.0 && args.timeout.is_finite()) {
+    let idle_ok = args.idle >= 0.0 && args.idle.is_finite();
+    let timeout_ok = args.timeout > 0.0 && args.timeout.is_finite();
+    if !(idle_ok && timeout_ok) {
         bail!("--idle must be >= 0 and --timeout positive");
     }
     if let Some(role) = args.role {
@@ -504,7 +506,10 @@ impl Rig {
                 check(wc, send_opcode(self.op), 0)?;
                 let (q, k) = split_wr_id(wc.wr_id);
                 if q >= n || k != sent[q] {
-                    bail!("completion for QP {q} message {k} out of order (expected {})", sent.get(q).copied().unwrap_or(0));
+                    bail!(
+                        "completion for QP {q} message {k} out of order (expected {})",
+                        sent.get(q).copied().unwrap_or(0)
+                    );
                 }
                 sent[q] += 1;
                 sent_total += 1;
@@ -548,7 +553,11 @@ impl Rig {
         }
         let secs = t0.elapsed().as_secs_f64();
         if let Some(q) = (0..n).find(|&q| sent[q] != iters || (recv_want > 0 && received[q] != iters)) {
-            bail!("QP {q}: {} sends and {} receives completed, expected {iters}", sent[q], received[q]);
+            bail!(
+                "QP {q}: {} sends and {} receives completed, expected {iters}",
+                sent[q],
+                received[q]
+            );
         }
         Ok((sent_total, secs))
     }
@@ -643,7 +652,12 @@ fn send_opcode(op: ScaleOp) -> WcOpcode {
 /// A completion must be a success of `opcode`; receives must carry `len` bytes.
 fn check(wc: &WorkCompletion, opcode: WcOpcode, len: usize) -> Result<()> {
     if wc.status != WcStatus::Success {
-        bail!("work request {:#x} of QP {:#x} completed with {:?}", wc.wr_id, wc.qp_num, wc.status);
+        bail!(
+            "work request {:#x} of QP {:#x} completed with {:?}",
+            wc.wr_id,
+            wc.qp_num,
+            wc.status
+        );
     }
     if wc.opcode != opcode {
         bail!("completion opcode {:?}, expected {opcode:?}", wc.opcode);
@@ -762,7 +776,8 @@ fn one_process(args: &ScaleArgs) -> Result<Vec<Figure>> {
 
 /// A base UDP port whose `slots + 1` ports are free now, away from the standard one.
 fn free_base_port(slots: u16) -> Result<u16> {
-    let free = |port: u16| UdpSocket::bind(("0.0.0.0", port)).is_ok() && UdpSocket::bind(("::", port)).is_ok();
+    let free =
+        |port: u16| UdpSocket::bind(("0.0.0.0", port)).is_ok() && UdpSocket::bind(("::", port)).is_ok();
     let seed = std::process::id() as u16;
     (0..2000u16)
         .map(|i| 20_000 + (seed.wrapping_add(i.wrapping_mul(397)) % 40_000))
@@ -975,8 +990,16 @@ fn processes(args: &ScaleArgs, p: u32) -> Result<Vec<Figure>> {
         fig("setup_s", setup_s, "s"),
         fig("rss_per_process_mean", mean(&rss), "B"),
         fig("rss_per_process_max", max(&rss), "B"),
-        fig("idle_cpu_per_process_mean", if idle.is_empty() { f64::NAN } else { mean(&idle) }, "% of a core"),
-        fig("idle_cpu_per_process_max", if idle.is_empty() { f64::NAN } else { max(&idle) }, "% of a core"),
+        fig(
+            "idle_cpu_per_process_mean",
+            if idle.is_empty() { f64::NAN } else { mean(&idle) },
+            "% of a core",
+        ),
+        fig(
+            "idle_cpu_per_process_max",
+            if idle.is_empty() { f64::NAN } else { max(&idle) },
+            "% of a core",
+        ),
         fig("messages", msgs, ""),
         fig("message_size", f64::from(args.size), "B"),
         fig("burst_wall_s", wall, "s"),
