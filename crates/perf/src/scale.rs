@@ -222,12 +222,33 @@ fn cpu_seconds() -> Result<f64> {
     Ok(secs(u.user_time()) + secs(u.system_time()))
 }
 
-/// Sleeps `secs` and returns the CPU used meanwhile as a percentage of one core.
-fn idle_percent(secs: f64) -> Result<f64> {
-    let (c0, t0) = (cpu_seconds()?, Instant::now());
+/// Context switches (voluntary + involuntary) of every thread of this process but the
+/// calling one: while the caller sleeps, each is a wake-up of a library thread.
+fn other_threads_switches() -> u64 {
+    let me = nix::unistd::gettid().as_raw().to_string();
+    let Ok(dir) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    dir.filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_str() != Some(me.as_str()))
+        .filter_map(|e| std::fs::read_to_string(e.path().join("status")).ok())
+        .map(|s| {
+            s.lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
+}
+
+/// Sleeps `secs`; returns the CPU used meanwhile as a percentage of one core, and the wake-ups
+/// of the other threads (the library's) per second.
+fn idle_percent(secs: f64) -> Result<(f64, f64)> {
+    let (c0, w0, t0) = (cpu_seconds()?, other_threads_switches(), Instant::now());
     std::thread::sleep(Duration::from_secs_f64(secs));
     let (cpu, wall) = (cpu_seconds()? - c0, t0.elapsed().as_secs_f64());
-    Ok(100.0 * cpu / wall)
+    let wakeups = other_threads_switches().saturating_sub(w0) as f64;
+    Ok((100.0 * cpu / wall, wakeups / wall))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -711,10 +732,10 @@ fn one_process(args: &ScaleArgs) -> Result<Vec<Figure>> {
         (Some(a), Some(b)) => b.saturating_sub(a) as f64 / n as f64,
         _ => f64::NAN,
     };
-    let idle_connected = if args.idle > 0.0 {
+    let (idle_connected, wakeups_connected) = if args.idle > 0.0 {
         idle_percent(args.idle)?
     } else {
-        f64::NAN
+        (f64::NAN, f64::NAN)
     };
     rig.post_initial_recvs()?;
     let (addr, rkey) = (rig.mr.addr(), rig.mr.rkey());
@@ -729,10 +750,10 @@ fn one_process(args: &ScaleArgs) -> Result<Vec<Figure>> {
     let c = rig.counters();
     // QP q's messages land in slot q ^ 1, so slot r holds what QP r ^ 1 sent.
     let verified = rig.verify(rig.seed, |r| r ^ 1)?;
-    let idle_after = if args.idle > 0.0 {
+    let (idle_after, wakeups_after) = if args.idle > 0.0 {
         idle_percent(args.idle)?
     } else {
-        f64::NAN
+        (f64::NAN, f64::NAN)
     };
     let threads = threads();
     let hwm = status_bytes("VmHWM").map_or(f64::NAN, |b| b as f64);
@@ -751,6 +772,7 @@ fn one_process(args: &ScaleArgs) -> Result<Vec<Figure>> {
         fig("rss_before_qps", rss0 as f64, "B"),
         fig("rss_connected", rss1 as f64, "B"),
         fig("idle_cpu_connected", idle_connected, "% of a core"),
+        fig("idle_wakeups_connected", wakeups_connected, "/s"),
         fig("messages", msgs as f64, ""),
         fig("message_size", args.size as f64, "B"),
         fig("burst_s", secs, "s"),
@@ -763,6 +785,7 @@ fn one_process(args: &ScaleArgs) -> Result<Vec<Figure>> {
         fig("rnr_naks", c[3] as f64, ""),
         fig("seq_naks", c[4] as f64, ""),
         fig("idle_cpu_after_traffic", idle_after, "% of a core"),
+        fig("idle_wakeups_after_traffic", wakeups_after, "/s"),
         fig("threads", threads, ""),
         fig("rss_after_traffic", rss_connected as f64, "B"),
         fig("vm_hwm", hwm, "B"),
@@ -949,14 +972,15 @@ fn processes(args: &ScaleArgs, p: u32) -> Result<Vec<Figure>> {
     let setup_s = t_spawn.elapsed().as_secs_f64();
     let rss: Vec<f64> = ready.iter().map(|r| num(r, 0)).collect::<Result<_>>()?;
     // Idle: every process connected, none sending.
-    let idle: Vec<f64> = if args.idle > 0.0 {
+    let (idle, wakeups): (Vec<f64>, Vec<f64>) = if args.idle > 0.0 {
         ch.send_all(&format!("IDLE {}", args.idle))?;
-        ch.gather("IDLECPU")?
-            .iter()
-            .map(|r| num(r, 0))
-            .collect::<Result<_>>()?
+        let r = ch.gather("IDLECPU")?;
+        (
+            r.iter().map(|r| num(r, 0)).collect::<Result<_>>()?,
+            r.iter().map(|r| num(r, 1)).collect::<Result<_>>()?,
+        )
     } else {
-        Vec::new()
+        (Vec::new(), Vec::new())
     };
     let t_go = Instant::now();
     ch.send_all("GO")?;
@@ -999,6 +1023,15 @@ fn processes(args: &ScaleArgs, p: u32) -> Result<Vec<Figure>> {
             "idle_cpu_per_process_max",
             if idle.is_empty() { f64::NAN } else { max(&idle) },
             "% of a core",
+        ),
+        fig(
+            "idle_wakeups_per_process_max",
+            if wakeups.is_empty() {
+                f64::NAN
+            } else {
+                max(&wakeups)
+            },
+            "/s",
         ),
         fig("messages", msgs, ""),
         fig("message_size", f64::from(args.size), "B"),
@@ -1043,7 +1076,8 @@ fn child(args: &ScaleArgs, role: Role) -> Result<()> {
         let cmd = io.line()?;
         if let Some(secs) = cmd.strip_prefix("IDLE ") {
             let secs: f64 = secs.parse().map_err(|_| Error::msg("bad IDLE"))?;
-            io.say(&format!("IDLECPU {}", idle_percent(secs)?))?;
+            let (cpu, wakeups) = idle_percent(secs)?;
+            io.say(&format!("IDLECPU {cpu} {wakeups}"))?;
         } else if cmd == "GO" {
             break;
         } else {

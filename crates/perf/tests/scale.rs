@@ -107,6 +107,11 @@ fn get(m: &HashMap<String, f64>, k: &str) -> f64 {
 /// thread polling or waking per QP would use.
 const IDLE_MAX: f64 = 5.0;
 
+/// Wake-ups per second of the library's threads in an idle process: they block (today about
+/// one a second, the receive thread's look at the standard port); a poller would show
+/// thousands.
+const WAKEUPS_MAX: f64 = 100.0;
+
 #[test]
 fn two_thousand_qps_in_one_process() {
     let m = figures(&["--qps", "2000", "--iters", "10", "--size", "64", "--idle", "1"]);
@@ -121,6 +126,10 @@ fn two_thousand_qps_in_one_process() {
     for k in ["idle_cpu_connected", "idle_cpu_after_traffic"] {
         let v = get(&m, k);
         assert!((0.0..IDLE_MAX).contains(&v), "{k}: {v} % of a core");
+    }
+    for k in ["idle_wakeups_connected", "idle_wakeups_after_traffic"] {
+        let v = get(&m, k);
+        assert!((0.0..WAKEUPS_MAX).contains(&v), "{k}: {v} wake-ups/s");
     }
     assert!(get(&m, "msg_rate") > 0.0);
 }
@@ -144,6 +153,8 @@ fn sixteen_processes_share_the_device() {
     assert_eq!(get(&m, "qps_verified"), 32.0);
     let idle = get(&m, "idle_cpu_per_process_max");
     assert!((0.0..IDLE_MAX).contains(&idle), "idle CPU of a process: {idle} %");
+    let w = get(&m, "idle_wakeups_per_process_max");
+    assert!((0.0..WAKEUPS_MAX).contains(&w), "wake-ups of an idle process: {w}/s");
     assert!(get(&m, "rss_per_process_max") > 0.0);
 }
 
