@@ -73,10 +73,11 @@ pub struct ScaleArgs {
     pub test: ScaleOp,
 
     /// RC ACK timeout exponent of every QP (4.096 us * 2^N; 14 is 67 ms, perftest's default).
-    /// Every message of a burst is queued behind all those in flight on every QP, so with
-    /// thousands of QPs a loaded host can exceed a short timeout and retransmit.
-    #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(1..=31))]
-    pub ack_timeout: u8,
+    /// Every message of a burst is queued behind all those in flight on every QP (and in
+    /// every process), so the default is the smallest N from 14 up that allows 10 us for each
+    /// of them: with a shorter timeout, a loaded host retransmits, and may give up.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=31))]
+    pub ack_timeout: Option<u8>,
 
     /// Seconds of each idle-CPU window (0 skips them).
     #[arg(long, default_value_t = 3.0)]
@@ -358,7 +359,7 @@ impl Rig {
             depth: args.depth,
             op: args.test,
             seed,
-            ack_timeout: args.ack_timeout,
+            ack_timeout: ack_timeout(args, nqps as u64),
         })
     }
 
@@ -648,6 +649,17 @@ impl Rig {
     }
 }
 
+/// The ACK timeout exponent: `--ack-timeout`, or one that allows 10 us for each of the
+/// messages `qps` QPs (over all processes) keep in flight, and at least 67 ms.
+fn ack_timeout(args: &ScaleArgs, qps: u64) -> u8 {
+    args.ack_timeout.unwrap_or_else(|| {
+        let need_us = qps.saturating_mul(u64::from(args.depth)).saturating_mul(10);
+        (14..31)
+            .find(|&t| (4.096 * (1u64 << t) as f64) >= need_us as f64)
+            .unwrap_or(31)
+    })
+}
+
 /// Receive WRs kept posted per QP for SEND: twice the send depth, so that a sender whose
 /// previous messages completed rarely finds the receiver not yet topped up (it would meet an
 /// RNR NAK and retry, which is correct but slow).
@@ -780,6 +792,7 @@ fn one_process(args: &ScaleArgs) -> Result<Vec<Figure>> {
         fig("completions_ok", msgs as f64, ""),
         fig("qps_verified", verified as f64, ""),
         fig("packets_sent", c[0] as f64, ""),
+        fig("ack_timeout_exp", f64::from(rig.ack_timeout), ""),
         fig("retransmits", c[1] as f64, ""),
         fig("ack_timeouts", c[2] as f64, ""),
         fig("rnr_naks", c[3] as f64, ""),
@@ -923,7 +936,7 @@ fn processes(args: &ScaleArgs, p: u32) -> Result<Vec<Figure>> {
             "--timeout",
             &args.timeout.to_string(),
             "--ack-timeout",
-            &args.ack_timeout.to_string(),
+            &ack_timeout(args, u64::from(p) * u64::from(qps)).to_string(),
             "--test",
             match args.test {
                 ScaleOp::Write => "write",
@@ -1040,6 +1053,11 @@ fn processes(args: &ScaleArgs, p: u32) -> Result<Vec<Figure>> {
         fig("msg_rate_sum_of_processes", per_proc_rate, "msg/s"),
         fig("completions_ok", msgs, ""),
         fig("qps_verified", verified, ""),
+        fig(
+            "ack_timeout_exp",
+            f64::from(ack_timeout(args, u64::from(p) * u64::from(qps))),
+            "",
+        ),
         fig("retransmits", retransmits, ""),
         fig("ack_timeouts", timeouts, ""),
     ])

@@ -154,7 +154,10 @@ fn sixteen_processes_share_the_device() {
     let idle = get(&m, "idle_cpu_per_process_max");
     assert!((0.0..IDLE_MAX).contains(&idle), "idle CPU of a process: {idle} %");
     let w = get(&m, "idle_wakeups_per_process_max");
-    assert!((0.0..WAKEUPS_MAX).contains(&w), "wake-ups of an idle process: {w}/s");
+    assert!(
+        (0.0..WAKEUPS_MAX).contains(&w),
+        "wake-ups of an idle process: {w}/s"
+    );
     assert!(get(&m, "rss_per_process_max") > 0.0);
 }
 
