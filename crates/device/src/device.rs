@@ -233,6 +233,7 @@ struct DeviceInner {
     name: String,
     netdev: String,
     ifindex: u32,
+    mac: [u8; 6],
     guid: u64,
     attr: DeviceAttr,
     port: PortAttr,
@@ -351,6 +352,7 @@ impl Device {
                 name: format!("sv_{}", ifc.name),
                 netdev: ifc.name.clone(),
                 ifindex: ifc.index,
+                mac: ifc.mac.unwrap_or_default(),
                 guid,
                 attr,
                 port,
@@ -374,6 +376,11 @@ impl Device {
     /// The kernel index of the network interface.
     pub fn ifindex(&self) -> u32 {
         self.inner.ifindex
+    }
+
+    /// The interface's MAC address (zeros on a link without one, such as loopback).
+    pub fn mac(&self) -> [u8; 6] {
+        self.inner.mac
     }
 
     /// The node GUID (`ibv_get_device_guid`), as a host-order number whose big-endian bytes are
@@ -598,6 +605,13 @@ fn registry() -> &'static Registry {
         fabric: Fabric::new(),
         devices: Mutex::new(HashMap::new()),
     })
+}
+
+/// The UDP slot of this process, as [`Device::udp_status`] gives it, for code that names
+/// processes by slot without a device at hand (the XRC relay). A slot is the process's, not a
+/// device's: every device's node is on the registry's one fabric.
+pub(crate) fn process_udp_status() -> Option<(u8, u16, bool)> {
+    registry().fabric.udp_status()
 }
 
 /// The process-wide devices for the environment's configuration (`ibv_get_device_list`).

@@ -36,6 +36,9 @@ pub(crate) struct Route {
     pub(crate) hop_limit: u8,
     /// The sending device's interface (the scope of link-local IPv6 addresses).
     pub(crate) ifindex: u32,
+    /// The UDP source and destination ports the packet has on the wire, or would have had if
+    /// it stays in this process (UD flow rules match them).
+    pub(crate) ports: (u16, u16),
 }
 
 impl Route {
@@ -78,6 +81,8 @@ pub(crate) struct PacketDesc {
     pub(crate) meta: RxMeta,
     /// The driver's ICRC verdict.
     pub(crate) icrc: IcrcCheck,
+    /// UDP source and destination ports (see [`Route::ports`]).
+    pub(crate) ports: (u16, u16),
 }
 
 /// A packet taken out of a batch by [`PacketBatch::drain`].
@@ -141,32 +146,40 @@ impl PacketBatch {
     }
 
     /// Appends a copy of `data`.
-    pub(crate) fn push(&mut self, data: &[u8], meta: RxMeta, icrc: IcrcCheck) {
+    pub(crate) fn push(&mut self, data: &[u8], meta: RxMeta, icrc: IcrcCheck, ports: (u16, u16)) {
         let start = self.used;
         self.spare(data.len())[..data.len()].copy_from_slice(data);
         self.pkts.push(PacketDesc {
             bytes: Bytes::Shared(start..start + data.len()),
             meta,
             icrc,
+            ports,
         });
         self.used += data.len();
     }
 
     /// Appends a packet that keeps its own buffer (no copy).
-    pub(crate) fn push_owned(&mut self, data: Vec<u8>, meta: RxMeta, icrc: IcrcCheck) {
+    pub(crate) fn push_owned(&mut self, data: Vec<u8>, meta: RxMeta, icrc: IcrcCheck, ports: (u16, u16)) {
         self.pkts.push(PacketDesc {
             bytes: Bytes::Owned(data),
             meta,
             icrc,
+            ports,
         });
     }
 
     /// Appends a packet taken from another batch: moved if it has its own buffer, copied
     /// otherwise.
-    pub(crate) fn push_data(&mut self, data: PacketData<'_>, meta: RxMeta, icrc: IcrcCheck) {
+    pub(crate) fn push_data(
+        &mut self,
+        data: PacketData<'_>,
+        meta: RxMeta,
+        icrc: IcrcCheck,
+        ports: (u16, u16),
+    ) {
         match data {
-            PacketData::Shared(b) => self.push(b, meta, icrc),
-            PacketData::Owned(v) => self.push_owned(v, meta, icrc),
+            PacketData::Shared(b) => self.push(b, meta, icrc, ports),
+            PacketData::Owned(v) => self.push_owned(v, meta, icrc, ports),
         }
     }
 
@@ -182,13 +195,14 @@ impl PacketBatch {
     }
 
     /// Records a packet at `range` of the last [`PacketBatch::spare`] area.
-    pub(crate) fn add(&mut self, range: Range<usize>, meta: RxMeta, icrc: IcrcCheck) {
+    pub(crate) fn add(&mut self, range: Range<usize>, meta: RxMeta, icrc: IcrcCheck, ports: (u16, u16)) {
         let range = self.used + range.start..self.used + range.end;
         debug_assert!(range.end <= self.buf.len());
         self.pkts.push(PacketDesc {
             bytes: Bytes::Shared(range),
             meta,
             icrc,
+            ports,
         });
     }
 
@@ -209,9 +223,9 @@ impl PacketBatch {
         })
     }
 
-    /// Takes the packets out, oldest first, with their meta data and ICRC verdicts; the batch
-    /// is empty afterwards (and keeps its memory).
-    pub(crate) fn drain(&mut self) -> impl Iterator<Item = (PacketData<'_>, RxMeta, IcrcCheck)> {
+    /// Takes the packets out, oldest first, with their meta data, ICRC verdicts and ports; the
+    /// batch is empty afterwards (and keeps its memory).
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = (PacketData<'_>, RxMeta, IcrcCheck, (u16, u16))> {
         self.used = 0;
         let buf = &self.buf;
         self.pkts.drain(..).map(move |d| {
@@ -219,7 +233,7 @@ impl PacketBatch {
                 Bytes::Shared(r) => PacketData::Shared(&buf[r]),
                 Bytes::Owned(v) => PacketData::Owned(v),
             };
-            (data, d.meta, d.icrc)
+            (data, d.meta, d.icrc, d.ports)
         })
     }
 
@@ -277,11 +291,11 @@ mod tests {
     #[test]
     fn batch_keeps_packets_in_order_and_reuses_memory() {
         let mut b = PacketBatch::default();
-        b.push(&[1, 2, 3], meta(1), IcrcCheck::Ok);
+        b.push(&[1, 2, 3], meta(1), IcrcCheck::Ok, (1, 2));
         let spare = b.spare(8);
         spare[..5].copy_from_slice(&[9, 9, 4, 5, 6]);
         // A driver received 5 bytes, of which the last 3 are a packet (a 2-byte wrapper).
-        b.add(2..5, meta(2), IcrcCheck::Unverified);
+        b.add(2..5, meta(2), IcrcCheck::Unverified, (3, 4));
         b.commit(5);
         let got: Vec<(Vec<u8>, u8, IcrcCheck)> = b
             .iter()
@@ -298,7 +312,7 @@ mod tests {
         let cap = b.buf.capacity();
         b.clear();
         assert!(b.is_empty());
-        b.push(&[7; 8], meta(3), IcrcCheck::Ok);
+        b.push(&[7; 8], meta(3), IcrcCheck::Ok, (0, 0));
         assert_eq!(b.buf.capacity(), cap, "a cleared batch reuses its memory");
         assert_eq!(b.iter().next().map(|(d, _)| d.to_vec()), Some(vec![7; 8]));
     }
@@ -308,15 +322,16 @@ mod tests {
         let mut b = PacketBatch::default();
         let owned = vec![5u8; 100];
         let at = owned.as_ptr();
-        b.push(&[1, 2], meta(1), IcrcCheck::Ok);
-        b.push_owned(owned, meta(2), IcrcCheck::Ok);
-        b.push(&[3], meta(3), IcrcCheck::Bad);
+        b.push(&[1, 2], meta(1), IcrcCheck::Ok, (1, 1));
+        b.push_owned(owned, meta(2), IcrcCheck::Ok, (2, 2));
+        b.push(&[3], meta(3), IcrcCheck::Bad, (3, 3));
         let mut to = PacketBatch::default();
-        for (data, m, icrc) in b.drain() {
+        for (data, m, icrc, ports) in b.drain() {
             if let PacketData::Owned(v) = &data {
                 assert_eq!(v.as_ptr(), at, "the buffer itself moves");
             }
-            to.push_data(data, m, icrc);
+            assert_eq!(ports, (m.traffic_class.into(), m.traffic_class.into()));
+            to.push_data(data, m, icrc, ports);
         }
         assert!(b.is_empty() && b.bytes() == 0);
         let got: Vec<(Vec<u8>, u8, IcrcCheck)> = to

@@ -132,10 +132,25 @@ pub(crate) trait Endpoint: Send + Sync + 'static {
 
     /// Runs expired transport timers, sending what they produce.
     fn on_timeout(&self, now: Instant);
+
+    /// A node's flow rules for received packets (UD flow steering).
+    type Steering: Default + Send + Sync + std::fmt::Debug;
+
+    /// Adds to `targets` (the endpoints a received packet is addressed to) the endpoints whose
+    /// rules in `steering` take it. `ports` are its UDP source and destination ports (those
+    /// it would have had over UDP if it stayed in this process); `len` its length.
+    fn steer(
+        steering: &Self::Steering,
+        pkt: &ParsedPacket<'_>,
+        meta: &RxMeta,
+        ports: (u16, u16),
+        len: usize,
+        targets: &mut Vec<Arc<Self>>,
+    );
 }
 
 /// One device's endpoint on the fabric.
-pub(crate) struct Node<E> {
+pub(crate) struct Node<E: Endpoint> {
     fabric: Arc<Fabric<E>>,
     gids: Vec<Gid>,
     ifindex: u32,
@@ -143,6 +158,8 @@ pub(crate) struct Node<E> {
     /// Multicast group -> attached QP numbers.
     pub(crate) mcast: Mutex<McastTable>,
     pub(crate) keys: KeyTable,
+    /// Flow rules of UD QPs.
+    pub(crate) ud_flows: E::Steering,
     /// Packets for this node: the in-process driver's queue, where other drivers' packets are
     /// delivered too.
     inbound: InProcess,
@@ -152,7 +169,7 @@ pub(crate) struct Node<E> {
     pub(crate) counters: NodeCounters,
 }
 
-impl<E> std::fmt::Debug for Node<E> {
+impl<E: Endpoint> std::fmt::Debug for Node<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Node")
             .field("gids", &self.gids)
@@ -193,8 +210,8 @@ impl<E: Endpoint> Node<E> {
         self.mcast.lock().groups.contains_key(gid)
     }
 
-    fn deliver(&self, data: PacketData<'_>, meta: RxMeta) {
-        self.inbound.deliver(data, meta);
+    fn deliver(&self, data: PacketData<'_>, meta: RxMeta, ports: (u16, u16)) {
+        self.inbound.deliver(data, meta, ports);
     }
 
     fn qps(&self) -> Vec<Arc<E>> {
@@ -219,7 +236,7 @@ impl<E: Endpoint> Node<E> {
                 let mut out = Vec::new();
                 let mut tickets = Vec::new();
                 for (data, desc) in batch.iter() {
-                    self.receive(now, data, &desc.meta, &mut out, &mut tickets);
+                    self.receive(now, data, &desc.meta, desc.ports, &mut out, &mut tickets);
                 }
                 batch.clear();
                 // One send for the whole batch: fewer system calls, and one ACK per QP. Only
@@ -244,6 +261,7 @@ impl<E: Endpoint> Node<E> {
         now: Instant,
         data: &[u8],
         meta: &RxMeta,
+        ports: (u16, u16),
         out: &mut Vec<Transmit>,
         tickets: &mut Vec<(Arc<E>, u64)>,
     ) {
@@ -253,7 +271,7 @@ impl<E: Endpoint> Node<E> {
             return;
         };
         let qpn = parsed.repr.bth.dest_qpn;
-        let targets: Vec<Arc<E>> = if qpn == MULTICAST_QPN {
+        let mut targets: Vec<Arc<E>> = if qpn == MULTICAST_QPN {
             let members: Vec<u32> = self
                 .mcast
                 .lock()
@@ -276,8 +294,8 @@ impl<E: Endpoint> Node<E> {
         };
         if targets.is_empty() {
             bump(&self.counters.rx_unknown_qp);
-            return;
         }
+        E::steer(&self.ud_flows, &parsed, meta, ports, data.len(), &mut targets);
         for qp in targets {
             let (txs, ticket, dropped) = qp.receive_packet(now, &parsed, meta);
             match dropped {
@@ -332,7 +350,7 @@ fn coalesce_acks(mut txs: Vec<Transmit>) -> Vec<Transmit> {
 
 /// The fabric between the nodes of this process: routes packets through its drivers and
 /// runs the progress and receive threads. Created by the device registry; nodes own it.
-pub(crate) struct Fabric<E> {
+pub(crate) struct Fabric<E: Endpoint> {
     me: Weak<Self>,
     nodes: RwLock<Vec<Weak<Node<E>>>>,
     epoch: std::time::Instant,
@@ -348,7 +366,7 @@ pub(crate) struct Fabric<E> {
     app_poll_at: AtomicU64,
 }
 
-impl<E> std::fmt::Debug for Fabric<E> {
+impl<E: Endpoint> std::fmt::Debug for Fabric<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Fabric")
             .field("nodes", &self.nodes.read().len())
@@ -529,7 +547,7 @@ impl WakeUp {
     }
 }
 
-impl<E> Drop for Fabric<E> {
+impl<E: Endpoint> Drop for Fabric<E> {
     fn drop(&mut self) {
         self.wake.close();
         if let Some(u) = self.udp.get() {
@@ -569,6 +587,7 @@ impl<E: Endpoint> Fabric<E> {
             qps: RwLock::new(HashMap::new()),
             mcast: Mutex::new(McastTable::default()),
             keys: KeyTable::default(),
+            ud_flows: Default::default(),
             inbound: InProcess::default(),
             processing: Mutex::new(PacketBatch::default()),
             driving: AtomicBool::new(false),
@@ -683,6 +702,8 @@ impl<E: Endpoint> Fabric<E> {
                 traffic_class: tx.dest.traffic_class,
                 hop_limit: tx.dest.hop_limit,
                 ifindex: from.ifindex,
+                // The ports the datagram has, or would have had, over UDP.
+                ports: self.udp.get().map_or((0, 0), |u| (u.port(), u.dest_port(qpn))),
             };
             if qpn == MULTICAST_QPN {
                 // Members may live in this process, other processes and other hosts.
@@ -772,7 +793,7 @@ impl<E: Endpoint> Fabric<E> {
     /// every node in its group, any other to the node with its destination GID (the one that
     /// has its QP, if several share the GID). Packets with buffers of their own move there.
     fn deliver_batch(&self, nodes: &[Arc<Node<E>>], batch: &mut PacketBatch) {
-        for (data, meta, icrc) in batch.drain() {
+        for (data, meta, icrc, ports) in batch.drain() {
             let dgid = meta.dgid;
             let targets: Vec<&Arc<Node<E>>> = if dgid.is_multicast() {
                 nodes.iter().filter(|n| n.has_group(&dgid)).collect()
@@ -787,7 +808,7 @@ impl<E: Endpoint> Fabric<E> {
                 if !count_icrc(first, icrc) {
                     continue;
                 }
-                target.deliver(data, meta);
+                target.deliver(data, meta, ports);
                 continue;
             };
             let Some((last, rest)) = targets.split_last() else {
@@ -797,9 +818,9 @@ impl<E: Endpoint> Fabric<E> {
                 continue;
             }
             for n in rest {
-                n.deliver(PacketData::Shared(data.as_slice()), meta);
+                n.deliver(PacketData::Shared(data.as_slice()), meta, ports);
             }
-            last.deliver(data, meta);
+            last.deliver(data, meta, ports);
         }
     }
 
@@ -810,7 +831,7 @@ impl<E: Endpoint> Fabric<E> {
 }
 
 /// Counts a received packet's ICRC verdict on `node`; false if the packet is to be dropped.
-fn count_icrc<E>(node: &Node<E>, icrc: IcrcCheck) -> bool {
+fn count_icrc<E: Endpoint>(node: &Node<E>, icrc: IcrcCheck) -> bool {
     match icrc {
         IcrcCheck::Ok => true,
         IcrcCheck::Unverified => {
@@ -865,6 +886,10 @@ mod tests {
         }
 
         fn on_timeout(&self, _now: Instant) {}
+
+        type Steering = ();
+
+        fn steer(_: &(), _: &ParsedPacket<'_>, _: &RxMeta, _: (u16, u16), _: usize, _: &mut Vec<Arc<Self>>) {}
     }
 
     /// An RC SEND ONLY to `qpn` carrying `payload` (4 bytes, so no pad), with a zero ICRC.

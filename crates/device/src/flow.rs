@@ -1,4 +1,5 @@
-//! Flow steering (`ibv_create_flow`): rules that pick which raw packet QPs receive a frame.
+//! Flow steering (`ibv_create_flow`): rules that pick which raw packet QPs receive a frame,
+//! and which UD QPs receive a copy of a RoCEv2 UD datagram.
 //!
 //! For each received frame, NORMAL rules are tried by priority (lowest value first). All
 //! matching rules of the first priority that has a match take the frame: a DROP rule discards
@@ -6,14 +7,28 @@
 //! there unless every matching rule has `DONT_TRAP`. A frame no NORMAL rule took goes to the
 //! MC_DEFAULT rules if it is multicast, and to the ALL_DEFAULT rules. SNIFFER rules get every
 //! frame, including the ones this host sends. Nothing reaches a raw QP without a rule.
+//!
+//! Rules on UD QPs (`UdFlows`, one table per device) see the RoCEv2 UD datagrams the device
+//! receives (over UDP or from a QP of this process), as the Ethernet frame they arrived in as
+//! far as the device knows it (`FrameHeaders::roce_datagram`: addresses, UDP ports, IPv4 or
+//! IPv6 ethertype, destination MAC the interface's or the group's; no source MAC or VLAN tag).
+//! The same selection picks rules, but a UD rule adds a copy: the QP the destination QPN names
+//! (or the multicast group's members) still receives the datagram, and each QP gets one copy.
+//! The copy is an ordinary UD receive: Q_Key, state and receive queue checks apply. UD
+//! sniffers see received datagrams only; ALL_DEFAULT rules get the datagrams no NORMAL rule
+//! took, MC_DEFAULT rules those of them sent to a multicast group.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
 use softverbs_engine::steering::{FlowSpec, FrameHeaders};
+use softverbs_engine::transport::RxMeta;
 use softverbs_engine::types::QpType;
 use softverbs_engine::{Error, Result};
+use softverbs_wire::opcode::Transport;
+use softverbs_wire::packet::ParsedPacket;
 
 use crate::counters::Counters;
 use crate::qp::Qp;
@@ -86,15 +101,15 @@ impl Rule {
         self.attr.specs.iter().all(|s| s.matches(h))
     }
 
-    fn count(&self, frame: &[u8]) {
+    fn count(&self, len: usize) {
         if let Some(c) = &self.counters {
-            c.count(frame.len());
+            c.count(len);
         }
     }
 
     /// Counts the frame, and hands it to the QP unless an earlier rule already did.
     fn deliver(&self, frame: &[u8], done: &mut Vec<*const Qp>) {
-        self.count(frame);
+        self.count(frame.len());
         let p = Arc::as_ptr(&self.qp);
         if !done.contains(&p) {
             done.push(p);
@@ -102,6 +117,10 @@ impl Rule {
         }
     }
 }
+
+/// The rules that take one packet: its sniffers, and the other rules that took it, each with
+/// whether it delivers (false: a DROP rule).
+type Selection = (Vec<Arc<Rule>>, Vec<(Arc<Rule>, bool)>);
 
 /// The rules of one device, sorted by priority.
 #[derive(Debug, Default)]
@@ -118,46 +137,66 @@ impl Steering {
         let Some(h) = FrameHeaders::parse(frame) else {
             return;
         };
-        let rules = self.rules.read().clone();
+        let (sniffers, taken) = self.select(&h, outgoing);
         let mut done = Vec::new();
-        for r in rules.iter().filter(|r| r.attr.flow_type == FlowType::Sniffer) {
+        for r in &sniffers {
             r.deliver(frame, &mut done);
         }
-        if outgoing {
-            return;
-        }
         done.clear();
-        let mut taken = false;
+        for (r, deliver) in &taken {
+            if *deliver {
+                r.deliver(frame, &mut done);
+            } else {
+                r.count(frame.len());
+            }
+        }
+    }
+
+    /// The rules a packet with headers `h` goes to: every sniffer; unless `outgoing`, the
+    /// matching NORMAL rules of the first priority with a match (and of later ones past
+    /// DONT_TRAP rules), or, if none matched, the ALL_DEFAULT rules and, for a multicast
+    /// destination, the MC_DEFAULT ones.
+    fn select(&self, h: &FrameHeaders, outgoing: bool) -> Selection {
+        let rules = self.rules.read().clone();
+        let sniffers = rules
+            .iter()
+            .filter(|r| r.attr.flow_type == FlowType::Sniffer)
+            .cloned()
+            .collect();
+        let mut taken = Vec::new();
+        if outgoing {
+            return (sniffers, taken);
+        }
         let normal: Vec<&Arc<Rule>> = rules
             .iter()
             .filter(|r| r.attr.flow_type == FlowType::Normal)
             .collect();
         for group in normal.chunk_by(|a, b| a.attr.priority == b.attr.priority) {
-            let hits: Vec<&&Arc<Rule>> = group.iter().filter(|r| r.matches(&h)).collect();
+            let hits: Vec<&&Arc<Rule>> = group.iter().filter(|r| r.matches(h)).collect();
             if hits.is_empty() {
                 continue;
             }
-            taken = true;
-            for r in &hits {
-                if r.attr.drop {
-                    r.count(frame);
-                } else {
-                    r.deliver(frame, &mut done);
-                }
-            }
+            taken.extend(hits.iter().map(|r| (Arc::clone(r), !r.attr.drop)));
             if !hits.iter().all(|r| r.attr.flags & FLOW_FLAG_DONT_TRAP != 0) {
                 break;
             }
         }
-        if taken {
-            return;
+        if taken.is_empty() {
+            taken.extend(
+                rules
+                    .iter()
+                    .filter(|r| {
+                        r.attr.flow_type == FlowType::AllDefault
+                            || (r.attr.flow_type == FlowType::McDefault && h.is_multicast())
+                    })
+                    .map(|r| (r.clone(), true)),
+            );
         }
-        for r in rules.iter().filter(|r| {
-            r.attr.flow_type == FlowType::AllDefault
-                || (r.attr.flow_type == FlowType::McDefault && h.is_multicast())
-        }) {
-            r.deliver(frame, &mut done);
-        }
+        (sniffers, taken)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.rules.read().is_empty()
     }
 
     fn insert(&self, rule: Arc<Rule>) {
@@ -175,6 +214,50 @@ impl Steering {
     }
 }
 
+/// The flow rules of a device's UD QPs. They match the outer headers of received RoCEv2 UD
+/// datagrams and add their QPs to the ones the datagram's destination QPN addresses.
+#[derive(Debug, Default)]
+pub(crate) struct UdFlows {
+    steering: Steering,
+    /// The interface's MAC, the destination of unicast datagrams (set with the first rule).
+    mac: parking_lot::Mutex<[u8; 6]>,
+}
+
+impl UdFlows {
+    /// Adds to `targets` (the QPs the datagram is addressed to) the QPs whose rules take a
+    /// received UD datagram, once each: sniffers, then NORMAL or default rules as for raw
+    /// frames (see [`Steering::select`]). `ports` are its UDP source and destination ports;
+    /// `len` (the RoCE bytes, BTH to ICRC) is what a rule's counters add.
+    /// Non-UD packets, and every packet while no UD rule exists, cost one check.
+    pub(crate) fn steer(
+        &self,
+        pkt: &ParsedPacket<'_>,
+        meta: &RxMeta,
+        ports: (u16, u16),
+        len: usize,
+        targets: &mut Vec<Arc<Qp>>,
+    ) {
+        if pkt.opcode().transport() != Transport::Ud || self.steering.is_empty() {
+            return;
+        }
+        let h = FrameHeaders::roce_datagram(
+            *self.mac.lock(),
+            SocketAddr::new(meta.sgid.to_ip(), ports.0),
+            SocketAddr::new(meta.dgid.to_ip(), ports.1),
+            meta.traffic_class,
+            meta.hop_limit,
+        );
+        let (sniffers, taken) = self.steering.select(&h, false);
+        // UD rules never drop (refused at creation), so every rule taken delivers.
+        for r in sniffers.iter().chain(taken.iter().map(|(r, _)| r)) {
+            r.count(len);
+            if !targets.iter().any(|q| Arc::ptr_eq(q, &r.qp)) {
+                targets.push(r.qp.clone());
+            }
+        }
+    }
+}
+
 /// A flow steering rule attached to a QP (`ibv_create_flow`). The QP cannot be destroyed
 /// (EBUSY) while the rule exists.
 #[derive(Debug)]
@@ -184,9 +267,11 @@ pub struct Flow {
 }
 
 impl Flow {
-    /// `ibv_create_flow`: raw packet QPs only (UD QPs have no Ethernet steering here:
-    /// EOPNOTSUPP; RC/UC: EINVAL), CAP_NET_RAW (EPERM), port 1, DONT_TRAP only on NORMAL rules,
-    /// EGRESS rules are not offered (EOPNOTSUPP).
+    /// `ibv_create_flow`: raw packet and UD QPs (other types: EINVAL, as the kernel does),
+    /// CAP_NET_RAW (EPERM), port 1, DONT_TRAP only on NORMAL rules, EGRESS rules are not
+    /// offered (EOPNOTSUPP). On a UD QP the rule matches received RoCEv2 UD datagrams by
+    /// their outer headers (see the module documentation); TAG and DROP actions are
+    /// EOPNOTSUPP there.
     pub fn create(qp: &Arc<Qp>, attr: &FlowAttr) -> Result<Arc<Self>> {
         Self::create_counted(qp, attr, None)
     }
@@ -199,19 +284,15 @@ impl Flow {
         attr: &FlowAttr,
         counters: Option<&Arc<Counters>>,
     ) -> Result<Arc<Self>> {
-        match qp.qp_type() {
-            QpType::RawPacket => {}
-            QpType::Ud => {
-                return Err(Error::not_supported(
-                    "flow steering of UD QPs: UD traffic arrives over UDP, not as Ethernet frames",
-                ))
-            }
+        let ud = match qp.qp_type() {
+            QpType::RawPacket => false,
+            QpType::Ud => true,
             t => {
                 return Err(Error::invalid(format!(
                     "flows attach to UD or raw packet QPs, not {t}"
                 )))
             }
-        }
+        };
         if attr.port != 1 {
             return Err(Error::invalid(format!("port {} does not exist", attr.port)));
         }
@@ -238,10 +319,25 @@ impl Flow {
         if counters.is_some_and(|c| !c.context().device().eq(qp.context().device())) {
             return Err(Error::invalid("the counters belong to another device"));
         }
+        if ud && attr.tag.is_some() {
+            return Err(Error::not_supported(
+                "flow tags on UD QPs: a UD receive completion carries no flow tag",
+            ));
+        }
+        if ud && attr.drop {
+            return Err(Error::not_supported(
+                "DROP rules on UD QPs: UD rules add copies of a datagram, never take it away",
+            ));
+        }
         require_cap_net_raw("ibv_create_flow")?;
-        let port = qp
-            .raw_port()
-            .ok_or_else(|| Error::invalid("the QP has no packet port"))?;
+        let port = if ud {
+            None
+        } else {
+            Some(
+                qp.raw_port()
+                    .ok_or_else(|| Error::invalid("the QP has no packet port"))?,
+            )
+        };
         if let Some(c) = counters {
             c.bind()?;
         }
@@ -257,7 +353,15 @@ impl Flow {
             qp: qp.clone(),
             counters: counters.cloned(),
         });
-        port.steering.insert(rule.clone());
+        match port {
+            Some(port) => port.steering.insert(rule.clone()),
+            None => {
+                let device = qp.context().device();
+                let flows = &device.node().ud_flows;
+                *flows.mac.lock() = device.mac();
+                flows.steering.insert(rule.clone());
+            }
+        }
         Ok(Arc::new(Self {
             rule,
             destroyed: parking_lot::Mutex::new(false),
@@ -281,9 +385,18 @@ impl Flow {
             return Err(Error::invalid("the flow has already been destroyed"));
         }
         *d = true;
-        if let Some(port) = self.rule.qp.raw_port() {
-            port.steering.remove(self.rule.id);
-        }
+        match self.rule.qp.raw_port() {
+            Some(port) => port.steering.remove(self.rule.id),
+            None => self
+                .rule
+                .qp
+                .context()
+                .device()
+                .node()
+                .ud_flows
+                .steering
+                .remove(self.rule.id),
+        };
         if let Some(c) = &self.rule.counters {
             c.unbind();
         }

@@ -38,6 +38,7 @@ mod udp;
 mod ufile;
 pub mod wq;
 pub mod xrc;
+mod xrc_relay;
 
 pub use attr_ex::{DeviceAttrEx, OdpCaps};
 pub use config::{Config, Limits};

@@ -40,9 +40,9 @@ impl InProcess {
     }
 
     /// Queues a packet another driver received (moved if it has a buffer of its own).
-    pub(crate) fn deliver(&self, data: PacketData<'_>, meta: RxMeta) {
+    pub(crate) fn deliver(&self, data: PacketData<'_>, meta: RxMeta, ports: (u16, u16)) {
         let mut q = self.queue.lock();
-        q.push_data(data, meta, IcrcCheck::Ok);
+        q.push_data(data, meta, IcrcCheck::Ok, ports);
         self.pending.store(true, Ordering::Release);
         drop(q);
         self.ready.notify_all();
@@ -55,7 +55,7 @@ impl Driver for InProcess {
         let mut q = self.queue.lock();
         for p in packets.iter_mut() {
             // Nothing here can corrupt a packet, so there is no ICRC to check.
-            q.push_owned(std::mem::take(p), meta, IcrcCheck::Ok);
+            q.push_owned(std::mem::take(p), meta, IcrcCheck::Ok, route.ports);
         }
         self.pending.store(!q.is_empty(), Ordering::Release);
         drop(q);
@@ -74,8 +74,8 @@ impl Driver for InProcess {
             // The common case: take the queue's buffer and leave it the caller's empty one.
             q.swap(batch);
         } else {
-            for (data, meta, icrc) in q.drain() {
-                batch.push_data(data, meta, icrc);
+            for (data, meta, icrc, ports) in q.drain() {
+                batch.push_data(data, meta, icrc, ports);
             }
         }
         n
@@ -114,6 +114,7 @@ mod tests {
             traffic_class: 3,
             hop_limit: 9,
             ifindex: 1,
+            ports: (4792, 4793),
         };
         assert!(!d.wait(Duration::from_millis(1)), "nothing queued");
         assert!(!d.has_pending());
@@ -122,11 +123,13 @@ mod tests {
         assert!(d.wait(Duration::ZERO));
         assert!(d.has_pending());
         let mut b = PacketBatch::default();
-        b.push(&[0], route.meta(), IcrcCheck::Ok);
+        b.push(&[0], route.meta(), IcrcCheck::Ok, route.ports);
         assert_eq!(d.recv(&mut b), 3);
         let got: Vec<Vec<u8>> = b.iter().map(|(p, _)| p.to_vec()).collect();
         assert_eq!(got, [vec![0], vec![1], vec![2, 2], vec![3]]);
-        assert!(b.iter().all(|(_, m)| m.meta == route.meta()));
+        assert!(b
+            .iter()
+            .all(|(_, m)| m.meta == route.meta() && m.ports == route.ports));
         let mut empty = PacketBatch::default();
         assert_eq!(d.recv(&mut empty), 0, "the queue was emptied");
         assert!(!d.has_pending());

@@ -28,6 +28,7 @@ use crate::sync::{AckCounter, UseCount};
 use crate::tm::{QpRendezvous, TmRecv, TmShared, TmState};
 use crate::wq::{Rss, RwqIndTable, RxHashConf};
 use crate::xrc::{XrcDomain, Xrcd};
+use crate::xrc_relay;
 
 /// Rounds a queue depth up to a power of two, as ring-based hardware does; 0 stays 0.
 fn round_depth(n: u32) -> u32 {
@@ -157,27 +158,62 @@ pub struct Qp {
 /// Receive WQEs from a shared receive queue, for the engine.
 struct SrqRecv<'a>(&'a Srq);
 
-/// Receive WQEs of an XRC target: from the SRQ of its domain each request names.
+/// Receive WQEs of an XRC target: from the SRQ of its domain each request names, in this
+/// process or, through the relay, in another process sharing the domain.
 struct XrcRecv<'a> {
     domain: &'a XrcDomain,
-    selected: Option<Arc<Srq>>,
+    device: &'a str,
+    selected: Option<XrcSelected>,
+}
+
+enum XrcSelected {
+    Local(Arc<Srq>),
+    /// An SRQ of the process serving `port`.
+    Remote {
+        port: u16,
+        srqn: u32,
+    },
+}
+
+impl XrcRecv<'_> {
+    fn remote(&self) -> Option<xrc_relay::DomainRef<'_>> {
+        Some(xrc_relay::DomainRef {
+            device: self.device,
+            inode: self.domain.inode()?,
+        })
+    }
 }
 
 impl RecvSource for XrcRecv<'_> {
     fn take(&mut self) -> Option<RecvWr> {
-        self.selected.as_ref().and_then(|s| s.take())
+        match self.selected.as_ref()? {
+            XrcSelected::Local(s) => s.take(),
+            XrcSelected::Remote { port, srqn } => self.remote()?.take(*port, *srqn),
+        }
     }
 
     fn put_back(&mut self, wr: RecvWr) {
-        if let Some(s) = &self.selected {
-            s.put_back(wr);
+        match &self.selected {
+            Some(XrcSelected::Local(s)) => s.put_back(wr),
+            Some(XrcSelected::Remote { port, srqn }) => {
+                if let Some(r) = self.remote() {
+                    r.put_back(*port, *srqn, &wr);
+                }
+            }
+            None => {}
         }
     }
 
     fn select_xrc_srq(&mut self, srqn: u32) -> Option<u32> {
-        let srq = self.domain.srq(srqn)?;
-        let pd = srq.pd().handle();
-        self.selected = Some(srq);
+        if let Some(srq) = self.domain.srq(srqn) {
+            let pd = srq.pd().handle();
+            self.selected = Some(XrcSelected::Local(srq));
+            return Some(pd);
+        }
+        // Not ours: the SRQ may belong to another process of a domain shared by file.
+        let port = xrc_relay::owner_port(srqn)?;
+        let pd = self.remote()?.select(port, srqn)?;
+        self.selected = Some(XrcSelected::Remote { port, srqn });
         Some(pd)
     }
 }
@@ -672,11 +708,25 @@ impl Qp {
                     WorkQueue::Recv => tm_cq.or(self.init.recv_cq.as_ref()).cloned(),
                     // An XRC target completes on the CQ of the SRQ the WQE came from; if that
                     // SRQ is gone, so is its CQ's interest in the completion.
-                    WorkQueue::XrcSrq(srqn) => self
-                        .xrcd
-                        .as_ref()
-                        .and_then(|x| x.domain().srq(srqn))
-                        .and_then(|s| s.xrc_cq().cloned()),
+                    WorkQueue::XrcSrq(srqn) => {
+                        let Some(domain) = self.xrcd.as_ref().map(|x| x.domain()) else {
+                            continue;
+                        };
+                        if let Some(srq) = domain.srq(srqn) {
+                            srq.xrc_cq().cloned()
+                        } else {
+                            // Another process's SRQ: its owner queues the completion.
+                            if let (Some(port), Some(inode)) = (xrc_relay::owner_port(srqn), domain.inode()) {
+                                let device = self.context().device();
+                                xrc_relay::DomainRef {
+                                    device: device.name(),
+                                    inode,
+                                }
+                                .complete(port, srqn, &c.wc);
+                            }
+                            continue;
+                        }
+                    }
                     // Consumed by the drain, never held.
                     WorkQueue::Internal => continue,
                 };
@@ -737,13 +787,19 @@ impl Qp {
         let node = self.node();
         let dropped = match &self.init.srq {
             None if self.xrcd.is_some() => {
+                let device = self.context().device();
                 let mut src = XrcRecv {
                     domain: self.xrcd.as_ref().expect("checked").domain(),
+                    device: device.name(),
                     selected: None,
+                };
+                let mem = xrc_relay::XrcMemory {
+                    local: &node.keys,
+                    device: device.name(),
                 };
                 inner
                     .engine
-                    .handle_packet(now, pkt, meta, &node.keys, Some(&mut src))
+                    .handle_packet(now, pkt, meta, &mem, Some(&mut src))
                     .err()
             }
             Some(srq) if srq.is_tm() => {
@@ -1333,6 +1389,7 @@ impl Srq {
         });
         if let SrqKind::Xrc { xrcd, .. } = &srq.kind {
             xrcd.domain().add_srq(srqn, &srq);
+            xrc_relay::export(ctx.device(), xrcd.domain());
         }
         Ok(srq)
     }
@@ -1575,5 +1632,18 @@ impl Endpoint for Qp {
         let out = self.handle_timeout(now);
         self.transmit(out.txs);
         self.release(out.ticket);
+    }
+
+    type Steering = crate::flow::UdFlows;
+
+    fn steer(
+        steering: &Self::Steering,
+        pkt: &ParsedPacket<'_>,
+        meta: &RxMeta,
+        ports: (u16, u16),
+        len: usize,
+        targets: &mut Vec<Arc<Self>>,
+    ) {
+        steering.steer(pkt, meta, ports, len, targets);
     }
 }

@@ -227,6 +227,17 @@ impl Udp {
         }
     }
 
+    /// The UDP port packets for `dest_qpn` go to: its slot's, or the standard port for
+    /// standard peers (slot 0) and multicast.
+    pub(crate) fn dest_port(&self, dest_qpn: u32) -> u16 {
+        let slot = slot_of(dest_qpn);
+        if slot == 0 || dest_qpn == crate::fabric::MULTICAST_QPN {
+            self.base
+        } else {
+            self.base.saturating_add(u16::from(slot))
+        }
+    }
+
     /// Sends RoCE packets (BTH..ICRC) from `src` to `dst` for destination QP `dest_qpn`,
     /// filling in their ICRCs. Runs of equal-sized packets go out as one GSO batch: one system
     /// call, segmented by the kernel. `scope` is the interface index for link-local IPv6.
@@ -239,12 +250,7 @@ impl Udp {
         dest_qpn: u32,
         packets: &mut [Vec<u8>],
     ) -> usize {
-        let slot = slot_of(dest_qpn);
-        let port = if slot == 0 || dest_qpn == crate::fabric::MULTICAST_QPN {
-            self.base
-        } else {
-            self.base.saturating_add(u16::from(slot))
-        };
+        let port = self.dest_port(dest_qpn);
         let src_sa = SocketAddr::new(src, self.own.port);
         let dst_sa = SocketAddr::new(dst, port);
         for p in packets.iter_mut() {
@@ -515,8 +521,8 @@ impl Udp {
             while at < start + len {
                 let end = (at + segment).min(start + len);
                 let kept = self.accept(src, dst_ip, is_forwarder, &batch.spare(0)[at..end]);
-                if let Some((skip, meta, icrc)) = kept {
-                    batch.add(at + skip..end, meta, icrc);
+                if let Some((skip, meta, icrc, ports)) = kept {
+                    batch.add(at + skip..end, meta, icrc, ports);
                 }
                 at = end;
             }
@@ -528,14 +534,14 @@ impl Udp {
 
     /// Handles one received datagram: unwraps forwarded ones, forwards those of other slots.
     /// Returns what to keep: how many leading bytes to skip (a forwarding header), what the
-    /// network told about the packet, and its ICRC verdict.
+    /// network told about the packet, its ICRC verdict and its UDP ports.
     fn accept(
         &self,
         src: SocketAddr,
         dst_ip: IpAddr,
         is_forwarder: bool,
         bytes: &[u8],
-    ) -> Option<(usize, RxMeta, IcrcCheck)> {
+    ) -> Option<(usize, RxMeta, IcrcCheck, (u16, u16))> {
         let port = if is_forwarder { self.base } else { self.own.port };
 
         if let Some(fw) = ForwardHeader::parse(bytes) {
@@ -552,7 +558,7 @@ impl Udp {
             // Forwarded to us by the holder of the standard port: restore the real addresses.
             let orig_dst = SocketAddr::new(fw.dst_ip, self.base);
             let (meta, icrc) = classify(fw.src, orig_dst, &bytes[FORWARD_HEADER..]);
-            return Some((FORWARD_HEADER, meta, icrc));
+            return Some((FORWARD_HEADER, meta, icrc, (fw.src.port(), self.base)));
         }
         if is_forwarder {
             let qpn = softverbs_wire::bth::peek_dest_qpn(bytes).unwrap_or(0);
@@ -563,7 +569,7 @@ impl Udp {
             }
         }
         let (meta, icrc) = classify(src, SocketAddr::new(dst_ip, port), bytes);
-        Some((0, meta, icrc))
+        Some((0, meta, icrc, (src.port(), port)))
     }
 
     fn forward(&self, src: SocketAddr, dst_ip: IpAddr, slot: u8, bytes: &[u8]) {

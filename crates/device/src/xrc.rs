@@ -9,9 +9,9 @@
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -41,8 +41,22 @@ pub struct XrcDomain {
     id: u64,
     inode: Option<InodeKey>,
     srqs: Mutex<HashMap<u32, Weak<Srq>>>,
-    /// The shared lock that announces the domain to other processes (inode domains only).
-    _host_lock: Option<Flock<File>>,
+    /// The shared lock that announces the domain to other processes, and the registry file's
+    /// path (inode domains only).
+    host_lock: Option<(Flock<File>, PathBuf)>,
+}
+
+impl Drop for XrcDomain {
+    /// The last holder on the host removes the registry file: holding the exclusive lock, no
+    /// other process has the domain, and one that opened the file meanwhile sees it gone once
+    /// it gets its lock, and starts again.
+    fn drop(&mut self) {
+        if let Some((lock, path)) = self.host_lock.take() {
+            if lock.relock(FlockArg::LockExclusiveNonblock).is_ok() {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+    }
 }
 
 impl XrcDomain {
@@ -85,21 +99,23 @@ fn registry_dir() -> PathBuf {
     }
 }
 
-/// Opens the registry file of `key` on `device`, created readable and writable by every user
-/// (so domains can be shared between users, as files can). The files are never removed: removing
-/// one could split a domain between a process that still has the old file and one that creates a
-/// new one; each is empty.
-fn registry_file(device: &str, key: InodeKey) -> Result<File> {
-    let path = registry_dir().join(format!("softverbs-xrcd-{device}-{}-{}", key.0, key.1));
+/// The registry file of `key` on `device`.
+fn registry_path(device: &str, key: InodeKey) -> PathBuf {
+    registry_dir().join(format!("softverbs-xrcd-{device}-{}-{}", key.0, key.1))
+}
+
+/// Opens the registry file at `path`, created readable and writable by every user (so domains
+/// can be shared between users, as files can).
+fn registry_file(path: &Path) -> Result<File> {
     OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .mode(0o666)
-        .open(&path)
+        .open(path)
         // Another user's umask may have left it read-only to us; a lock needs no write access.
-        .or_else(|_| File::open(&path))
+        .or_else(|_| File::open(path))
         .map_err(Error::Io)
 }
 
@@ -110,25 +126,42 @@ fn os(e: Errno) -> Error {
 
 /// Announces a domain to the host, or finds it announced. Returns the held shared lock, or
 /// EAGAIN (no domain and no `O_CREAT`) or EINVAL (a domain exists and `O_EXCL`).
-fn join_host_domain(device: &str, key: InodeKey, oflags: i32) -> Result<Flock<File>> {
-    let file = registry_file(device, key)?;
-    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-        Ok(held) => {
+///
+/// The last holder removes the file ([`XrcDomain`]'s drop), so a lock is only good if the path
+/// still names the locked file once it is held; otherwise the file was removed meanwhile and
+/// the lookup starts again.
+fn join_host_domain(path: &Path, oflags: i32) -> Result<Flock<File>> {
+    loop {
+        let file = registry_file(path)?;
+        let (held, created) = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(held) => (held, true),
+            Err((file, Errno::EWOULDBLOCK)) => {
+                // Blocking: another process may hold the exclusive lock only for its own
+                // check, or to remove the file.
+                (
+                    Flock::lock(file, FlockArg::LockShared).map_err(|(_, e)| os(e))?,
+                    false,
+                )
+            }
+            Err((_, e)) => return Err(os(e)),
+        };
+        let same = nix::sys::stat::stat(path).ok().is_some_and(|p| {
+            nix::sys::stat::fstat(held.as_fd().as_raw_fd())
+                .is_ok_and(|f| (f.st_dev, f.st_ino) == (p.st_dev, p.st_ino))
+        });
+        if !same {
+            continue;
+        }
+        if created {
             // Nobody holds it: no process has this domain.
             if oflags & O_CREAT == 0 {
                 return Err(Error::WouldBlock);
             }
             held.relock(FlockArg::LockShared).map_err(os)?;
-            Ok(held)
+        } else if oflags & O_EXCL != 0 {
+            return Err(Error::invalid("the XRC domain exists and O_EXCL is set"));
         }
-        Err((file, Errno::EWOULDBLOCK)) => {
-            if oflags & O_EXCL != 0 {
-                return Err(Error::invalid("the XRC domain exists and O_EXCL is set"));
-            }
-            // Blocking: another process may hold the exclusive lock only for its own check.
-            Flock::lock(file, FlockArg::LockShared).map_err(|(_, e)| os(e))
-        }
-        Err((_, e)) => Err(os(e)),
+        return Ok(held);
     }
 }
 
@@ -151,7 +184,7 @@ impl Xrcd {
                 id: next_domain_id(),
                 inode: None,
                 srqs: Mutex::new(HashMap::new()),
-                _host_lock: None,
+                host_lock: None,
             }),
             Some(fd) => {
                 let st = nix::sys::stat::fstat(fd).map_err(|_| os(Errno::EBADF))?;
@@ -165,12 +198,13 @@ impl Xrcd {
                     }
                     Some(d) => d,
                     None => {
-                        let lock = join_host_domain(device.name(), key, oflags)?;
+                        let path = registry_path(device.name(), key);
+                        let lock = join_host_domain(&path, oflags)?;
                         let d = Arc::new(XrcDomain {
                             id: next_domain_id(),
                             inode: Some(key),
                             srqs: Mutex::new(HashMap::new()),
-                            _host_lock: Some(lock),
+                            host_lock: Some((lock, path)),
                         });
                         table.retain(|_, w| w.strong_count() > 0);
                         table.insert(key, Arc::downgrade(&d));

@@ -4,6 +4,7 @@
 //! processes (O_CREAT, O_EXCL, EAGAIN) with no daemon.
 
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
 use std::process::Command;
 use std::sync::Arc;
 
@@ -152,8 +153,24 @@ fn domains_are_shared_between_processes() {
     let x = Xrcd::open(&ctx, Some(f.as_raw_fd()), O_CREAT | O_EXCL).unwrap();
     assert_eq!(child_open(&path, 0), 0);
     assert_eq!(child_open(&path, O_CREAT | O_EXCL), EINVAL);
+    // The domain is announced by a registry file, which the last holder removes.
+    let meta = std::fs::metadata(&path).unwrap();
+    let registry = std::path::Path::new("/dev/shm").join(format!(
+        "softverbs-xrcd-{}-{}-{}",
+        ctx.device().name(),
+        meta.dev(),
+        meta.ino()
+    ));
+    assert!(registry.exists(), "{} while the domain lives", registry.display());
     x.close().unwrap();
     drop(x);
+    assert!(!registry.exists(), "{} after the last close", registry.display());
     assert_eq!(child_open(&path, 0), EAGAIN);
+    // Created and destroyed again, by this process and by another.
+    let x = Xrcd::open(&ctx, Some(f.as_raw_fd()), O_CREAT).unwrap();
+    assert_eq!(child_open(&path, 0), 0);
+    drop(x);
+    assert_eq!(child_open(&path, O_CREAT), 0);
+    assert!(!registry.exists());
     std::fs::remove_file(path).unwrap();
 }

@@ -2,7 +2,7 @@
 //! frame, flow rules that match them (`ibv_create_flow`), and the Toeplitz hash that spreads
 //! frames over receive work queues (`rx_hash_conf`). Pure functions; the device applies them.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use bitflags::bitflags;
 use softverbs_wire::ipv4::{self, Ipv4Packet, IPPROTO_UDP};
@@ -65,8 +65,8 @@ pub struct L4 {
 pub struct FrameHeaders {
     /// Destination MAC.
     pub dst_mac: [u8; 6],
-    /// Source MAC.
-    pub src_mac: [u8; 6],
+    /// Source MAC, if known (a datagram received over UDP does not show it).
+    pub src_mac: Option<[u8; 6]>,
     /// The first VLAN tag (TCI), if the frame has one.
     pub vlan_tag: Option<u16>,
     /// The ethertype after the last VLAN tag.
@@ -86,7 +86,7 @@ impl FrameHeaders {
         }
         let mut h = Self {
             dst_mac: frame[0..6].try_into().ok()?,
-            src_mac: frame[6..12].try_into().ok()?,
+            src_mac: Some(frame[6..12].try_into().ok()?),
             vlan_tag: None,
             ether_type: u16::from_be_bytes([frame[12], frame[13]]),
             l3: None,
@@ -149,9 +149,79 @@ impl FrameHeaders {
         Some(h)
     }
 
+    /// The outer headers of a RoCEv2 datagram as far as a UDP receiver knows them: the
+    /// addresses and ports of `src` and `dst`, `tos`/`ttl` (traffic class and hop limit for
+    /// IPv6) as the receive's GRH reports them, DF set with IPv4 (RoCEv2 senders set it),
+    /// flow label 0, and an untagged frame to `dst_mac` (or to the IP multicast MAC of a
+    /// group address) from an unknown source MAC. No header bytes exist to parse: the socket
+    /// or the in-process hand-over deliver only the UDP payload.
+    pub fn roce_datagram(dst_mac: [u8; 6], src: SocketAddr, dst: SocketAddr, tos: u8, ttl: u8) -> Self {
+        let l3 = match (src.ip(), dst.ip()) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => L3::V4 {
+                src: s,
+                dst: d,
+                proto: IPPROTO_UDP,
+                tos,
+                ttl,
+                flags: IPV4_FLAG_DF,
+            },
+            (s, d) => L3::V6 {
+                src: ipv6_of(s),
+                dst: ipv6_of(d),
+                flow_label: 0,
+                next_hdr: IPPROTO_UDP,
+                traffic_class: tos,
+                hop_limit: ttl,
+            },
+        };
+        let dst_mac = multicast_mac(dst.ip()).unwrap_or(dst_mac);
+        Self {
+            dst_mac,
+            src_mac: None,
+            vlan_tag: None,
+            ether_type: if matches!(l3, L3::V4 { .. }) {
+                ETH_P_IPV4
+            } else {
+                ETH_P_IPV6
+            },
+            l3: Some(l3),
+            l4: Some(L4 {
+                proto: IPPROTO_UDP,
+                src_port: src.port(),
+                dst_port: dst.port(),
+            }),
+        }
+    }
+
     /// Whether the destination MAC is a multicast (or broadcast) address.
     pub fn is_multicast(&self) -> bool {
         self.dst_mac[0] & 1 != 0
+    }
+}
+
+/// The DF bit among the three IPv4 flag bits.
+const IPV4_FLAG_DF: u8 = 0b010;
+
+fn ipv6_of(ip: IpAddr) -> Ipv6Addr {
+    match ip {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    }
+}
+
+/// The Ethernet multicast MAC an IP group address maps to (RFC 1112: 01:00:5e and the low 23
+/// bits; RFC 2464: 33:33 and the low 32 bits); `None` for a unicast address.
+pub fn multicast_mac(ip: IpAddr) -> Option<[u8; 6]> {
+    match ip {
+        IpAddr::V4(v4) if v4.is_multicast() => {
+            let o = v4.octets();
+            Some([0x01, 0x00, 0x5e, o[1] & 0x7f, o[2], o[3]])
+        }
+        IpAddr::V6(v6) if v6.is_multicast() => {
+            let o = v6.octets();
+            Some([0x33, 0x33, o[12], o[13], o[14], o[15]])
+        }
+        _ => None,
     }
 }
 
@@ -300,7 +370,8 @@ impl FlowSpec {
                         .is_some_and(|t| t & mask.vlan_tag == val.vlan_tag & mask.vlan_tag);
                 vlan_ok
                     && eq_masked(f.dst_mac, val.dst_mac, mask.dst_mac)
-                    && eq_masked(f.src_mac, val.src_mac, mask.src_mac)
+                    && (mask.src_mac == [0; 6]
+                        || f.src_mac.is_some_and(|m| eq_masked(m, val.src_mac, mask.src_mac)))
                     && f.ether_type & mask.ether_type == val.ether_type & mask.ether_type
             }
             Self::Ipv4 { val, mask } => match f.l3 {

@@ -6,7 +6,8 @@
 //! - `extensions.c`: ATOMIC WRITE, completion timestamps and on-demand paging;
 //! - `misc_verbs.c`: CQ moderation, null MRs, flow counters, rate limits and the verbs that stay
 //!   EOPNOTSUPP (ECE, ESP flow actions);
-//! - `raw_packet.c`: raw packet QPs, flows, WQs and RSS.
+//! - `raw_packet.c`: raw packet QPs, flows, WQs and RSS;
+//! - `ud_flow.c`: flow rules on UD QPs, with RoCEv2 UD traffic on the loopback device.
 //!
 //! `check.h` holds the CHECK/REQUIRE reporting they share.
 
@@ -103,4 +104,12 @@ fn raw_packet_conformance() {
     ] {
         assert!(stdout.contains(&format!("ok - {check}")), "{stdout}");
     }
+}
+
+/// Flow rules on UD QPs (`tests/c/ud_flow.c`), in a network namespace of its own so that the
+/// sniffer sees only this program's datagrams.
+#[test]
+fn ud_flow_conformance() {
+    let exe = compile("ud_flow");
+    expect_passes(isolated(&exe), 27);
 }

@@ -79,6 +79,17 @@ fn pair(program: &str, args: &[&str]) -> (Output, Output) {
 
 /// Runs `server args` and `client args 127.0.0.1`; both must exit 0.
 fn pair_of(program: &str, client_program: &str, args: &[&str]) -> (Output, Output) {
+    let (s, mut c) = server_and_clients(program, client_program, args, 1);
+    (c.remove(0), s)
+}
+
+/// Runs `server args` and `clients` processes `client args 127.0.0.1`; all must exit 0.
+fn server_and_clients(
+    program: &str,
+    client_program: &str,
+    args: &[&str],
+    clients: usize,
+) -> (Output, Vec<Output>) {
     let _serial = serial();
     let port = free_port().to_string();
     let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
@@ -94,20 +105,29 @@ fn pair_of(program: &str, client_program: &str, args: &[&str]) -> (Output, Outpu
     }
     let mut cargs = args.clone();
     cargs.push("127.0.0.1".into());
-    let client = spawn(client_program, &cargs);
-    let c = wait_bounded(client, LIMIT);
+    let children: Vec<Child> = (0..clients).map(|_| spawn(client_program, &cargs)).collect();
+    let cs: Vec<Output> = children.into_iter().map(|c| wait_bounded(c, LIMIT)).collect();
     let s = wait_bounded(server, LIMIT);
-    let (cout, cerr) = text(&c);
     let (sout, serr) = text(&s);
-    let report = format!(
-        "{program} {args:?}\n-- client ({:?}) stdout:\n{cout}\nstderr:\n{cerr}\n-- server ({:?}) stdout:\n{sout}\nstderr:\n{serr}",
-        c.status, s.status
+    let mut report = format!(
+        "{program} {args:?}\n-- server ({:?}) stdout:\n{sout}\nstderr:\n{serr}",
+        s.status
     );
-    assert!(c.status.success() && s.status.success(), "{report}");
-    for e in [&cerr, &serr] {
-        assert!(!e.contains("version information"), "{report}");
+    for (i, c) in cs.iter().enumerate() {
+        let (cout, cerr) = text(c);
+        report += &format!(
+            "\n-- client {i} ({:?}) stdout:\n{cout}\nstderr:\n{cerr}",
+            c.status
+        );
     }
-    (c, s)
+    assert!(
+        s.status.success() && cs.iter().all(|c| c.status.success()),
+        "{report}"
+    );
+    for o in cs.iter().chain([&s]) {
+        assert!(!text(o).1.contains("version information"), "{report}");
+    }
+    (s, cs)
 }
 
 fn pingpong(program: &str, extra: &[&str]) {
@@ -406,6 +426,46 @@ fn ibv_xsrq_pingpong() {
     xsrq_pingpong(&[]);
 }
 
+/// With several clients the server reaches client `i`'s SRQ through the target QP of client
+/// `(i + n) % clients`, another process: every client's target must deliver into the SRQs of
+/// the other clients sharing the domain of `/tmp/xrc_domain`.
+#[test]
+fn ibv_xsrq_pingpong_several_clients() {
+    let gid = gid_index();
+    for (clients, extra) in [
+        ("3", &["-n", "200"][..]),
+        ("2", &["-e", "-s", "5000", "-m", "256"][..]),
+    ] {
+        let mut args = vec!["-d", "sv_lo", "-g", gid.as_str(), "-c", clients];
+        args.extend_from_slice(extra);
+        let n: usize = clients.parse().unwrap();
+        let (s, cs) = server_and_clients(
+            "/usr/bin/ibv_xsrq_pingpong",
+            "/usr/bin/ibv_xsrq_pingpong",
+            &args,
+            n,
+        );
+        let (sout, _) = text(&s);
+        assert!(sout.contains("success"), "{sout}");
+        // The server printed one remote SRQ number per client, each that client's own.
+        for c in &cs {
+            let (cout, _) = text(c);
+            assert!(cout.contains("success"), "{cout}");
+            let local = cout
+                .lines()
+                .find(|l| l.trim_start().starts_with("local:"))
+                .and_then(|l| l.split("SRQN ").nth(1))
+                .and_then(|l| l.split(',').next())
+                .unwrap_or_else(|| panic!("no SRQN in {cout}"));
+            assert!(
+                sout.lines()
+                    .any(|l| l.trim_start().starts_with("remote:") && l.contains(&format!("SRQN {local},"))),
+                "client SRQN {local} unknown to the server:\n{sout}"
+            );
+        }
+    }
+}
+
 /// `-o`: the buffers are on-demand-paging regions, reached through XRC QPs and SRQs
 /// (`xrc_odp_caps`); with and without events.
 #[test]
@@ -502,9 +562,15 @@ fn rust_tool(name: &str) -> String {
 /// rdma-core's C ibv_rc_pingpong and softverbs' Rust one, in both roles: the same TCP exchange
 /// and the same packets on the wire.
 fn c_and_rust_rc_pingpong(c_is_server: bool) {
+    c_and_rust_rc_pingpong_with(c_is_server, &[]);
+}
+
+/// As [`c_and_rust_rc_pingpong`], both sides with the options `extra` too.
+fn c_and_rust_rc_pingpong_with(c_is_server: bool, extra: &[&str]) {
     let gid = gid_index();
     let rust = rust_tool("ibv_rc_pingpong");
-    let args = ["-d", "sv_lo", "-g", gid.as_str(), "-n", "100", "-s", "8192", "-c"];
+    let mut args = vec!["-d", "sv_lo", "-g", gid.as_str(), "-n", "100", "-s", "8192", "-c"];
+    args.extend_from_slice(extra);
     let (server, client) = if c_is_server {
         ("/usr/bin/ibv_rc_pingpong", rust.as_str())
     } else {
@@ -513,8 +579,26 @@ fn c_and_rust_rc_pingpong(c_is_server: bool) {
     let (c, s) = pair_of(server, client, &args);
     for o in [&c, &s] {
         let (out, _) = text(o);
-        assert!(out.contains("1638400 bytes in"), "{out}");
-        assert!(out.contains("100 iters in"), "{out}");
+        assert!(out.contains("1638400 bytes in"), "{extra:?}: {out}");
+        assert!(out.contains("100 iters in"), "{extra:?}: {out}");
+        assert!(!out.contains("invalid data"), "{extra:?}: {out}");
+        let ts = extra.contains(&"-t");
+        for key in ["Max", "Min", "Average"] {
+            let line = format!("{key} receive completion clock cycles = ");
+            assert_eq!(out.contains(&line), ts, "{extra:?}: {out}");
+        }
+    }
+}
+
+/// The C and Rust ibv_rc_pingpong in both roles with on-demand paging (explicit, implicit,
+/// prefetched), completion timestamps and device memory: each option changes only where the
+/// buffer lives and what is printed, never the wire.
+#[test]
+fn c_and_rust_rc_pingpong_odp_timestamps_and_device_memory() {
+    for extra in [&["-o", "-e"][..], &["-O", "-P"], &["-t"], &["-j", "-t", "-e"]] {
+        for c_is_server in [true, false] {
+            c_and_rust_rc_pingpong_with(c_is_server, extra);
+        }
     }
 }
 
@@ -530,9 +614,15 @@ fn rust_server_c_client_rc_pingpong() {
 
 /// rdma-core's C ibv_xsrq_pingpong and softverbs' Rust one, in both roles.
 fn c_and_rust_xsrq_pingpong(c_is_server: bool) {
+    c_and_rust_xsrq_pingpong_with(c_is_server, &[]);
+}
+
+/// As [`c_and_rust_xsrq_pingpong`], both sides with the options `extra` too.
+fn c_and_rust_xsrq_pingpong_with(c_is_server: bool, extra: &[&str]) {
     let gid = gid_index();
     let rust = rust_tool("ibv_xsrq_pingpong");
-    let args = ["-d", "sv_lo", "-g", gid.as_str(), "-n", "100", "-s", "6000"];
+    let mut args = vec!["-d", "sv_lo", "-g", gid.as_str(), "-n", "100", "-s", "6000"];
+    args.extend_from_slice(extra);
     let (server, client) = if c_is_server {
         ("/usr/bin/ibv_xsrq_pingpong", rust.as_str())
     } else {
@@ -553,6 +643,14 @@ fn c_server_rust_client_xsrq_pingpong() {
 #[test]
 fn rust_server_c_client_xsrq_pingpong() {
     c_and_rust_xsrq_pingpong(false);
+}
+
+/// `-o` on both sides, in both roles.
+#[test]
+fn c_and_rust_xsrq_pingpong_odp() {
+    for c_is_server in [true, false] {
+        c_and_rust_xsrq_pingpong_with(c_is_server, &["-o"]);
+    }
 }
 
 /// perftest over XRC (`-c XRC`): XRC domains from files, XRC SRQs, XRC_SEND and XRC_RECV QPs,

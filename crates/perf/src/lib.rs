@@ -14,10 +14,12 @@
 //! ```
 //!
 //! The binary is a thin wrapper around [`run`]; the result types and the statistics are public
-//! so that the figures can be reused (see [`stats`]).
+//! so that the figures can be reused (see [`stats`]). The `softverbs-scale` binary ([`scale`])
+//! measures thousands of connected QPs in one process and many processes on one device.
 
 pub mod cli;
 pub mod error;
+pub mod scale;
 pub mod stats;
 
 mod bw;

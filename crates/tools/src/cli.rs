@@ -161,12 +161,6 @@ impl PingPongArgs {
     }
 }
 
-/// Tells that `what` is not available on this device and returns exit status 1.
-pub fn unsupported(tool: &str, what: &str) -> ExitCode {
-    eprintln!("{tool}: {what} is not supported by softverbs devices");
-    ExitCode::FAILURE
-}
-
 /// Runs a ping-pong program: opens the device, prints the local addresses, connects the TCP
 /// exchange (listening on `args.port`, or connecting to `args.servername`) and runs.
 pub fn pingpong_main(
@@ -175,20 +169,20 @@ pub fn pingpong_main(
     mtu: Option<Mtu>,
     num_qp: Option<u32>,
 ) -> ExitCode {
-    let tool = transport.tool_name();
-    match pingpong_run(transport, args, mtu, num_qp) {
+    pingpong_main_with(args, args.config(transport, mtu, num_qp))
+}
+
+/// As [`pingpong_main`], with the run configuration `cfg` (built from `args` and the options
+/// of one program).
+pub fn pingpong_main_with(args: &PingPongArgs, cfg: Config) -> ExitCode {
+    let tool = cfg.transport.tool_name();
+    match pingpong_run(args, cfg) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(tool, &e),
     }
 }
 
-fn pingpong_run(
-    transport: Transport,
-    args: &PingPongArgs,
-    mtu: Option<Mtu>,
-    num_qp: Option<u32>,
-) -> Result<(), ToolError> {
-    let cfg = args.config(transport, mtu, num_qp);
+fn pingpong_run(args: &PingPongArgs, cfg: Config) -> Result<(), ToolError> {
     let dev = find_device(args.ib_dev.as_deref())?;
     let ctx = dev
         .open()

@@ -14,6 +14,13 @@
 //!    peer's answer have completed, until `iters` sends and receives are done. Then the summary
 //!    is printed and, with `check`, the server verifies the received bytes.
 //!
+//! `ibv_rc_pingpong`'s buffer options change only where the buffer lives, never the wire: an
+//! on-demand-paging region (`-o`), host memory reached through an implicit ODP region (`-O`),
+//! either prefetched with `ibv_advise_mr` (`-P`), or device memory (`-j`) that the client
+//! fills by copying its buffer in and the server copies out before checking. With `-t` the CQ
+//! records completion timestamps and each side prints the spread of the gaps between its
+//! receive completions, in device clock cycles, after the summary.
+//!
 //! The data check is rdma-core's: the client writes 0 at the start of every page of its buffer
 //! and the server, whose buffer starts filled with `0x7b`, checks those bytes. That is all the C
 //! client writes, so a stricter check would reject a C peer.
@@ -23,10 +30,10 @@ use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
 use softverbs::{
-    AccessFlags, AddressHandle, AhAttr, CompletionChannel, CompletionQueue, Context, Error, Gid, GlobalRoute,
-    MemoryRegion, Mtu, Payload, PortAttr, ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInit, QpState,
-    QpType, QueuePair, RecvWr, SendFlags, SendOp, SendRequest, SharedReceiveQueue, SrqAttr, WcStatus,
-    WorkCompletion,
+    odp, AccessFlags, AddressHandle, AhAttr, CompletionChannel, CompletionQueue, Context, DeviceMemory,
+    Error, Gid, GlobalRoute, HostBuffer, ImplicitOdpRegion, MemoryRegion, Mtu, Payload, PortAttr,
+    ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInit, QpState, QpType, QueuePair, RecvWr, SendFlags,
+    SendOp, SendRequest, Sge, SharedReceiveQueue, SrqAttr, Timestamps, WcStatus, WorkCompletion,
 };
 
 use crate::{OrFail, ToolError};
@@ -201,6 +208,17 @@ pub struct Config {
     pub num_qp: u32,
     /// Give up when no completion arrives for this long (`None`: wait forever, as the C programs).
     pub timeout: Option<Duration>,
+    /// Register the buffer for on-demand paging (`-o`; RC and SRQ).
+    pub odp: bool,
+    /// Reach the buffer through an implicit on-demand-paging region over the whole address
+    /// space (`-O`, RC; implies `odp`).
+    pub implicit_odp: bool,
+    /// Prefetch the buffer with `ibv_advise_mr` after registering it (`-P`, RC; needs `odp`).
+    pub prefetch: bool,
+    /// Completion timestamps, and the receive completion clock statistics (`-t`, RC).
+    pub timestamps: bool,
+    /// Keep the buffer in device memory (`-j`, RC).
+    pub device_memory: bool,
 }
 
 impl Config {
@@ -220,10 +238,45 @@ impl Config {
             check: false,
             num_qp: if transport == Transport::Srq { 16 } else { 1 },
             timeout: None,
+            odp: false,
+            implicit_odp: false,
+            prefetch: false,
+            timestamps: false,
+            device_memory: false,
         }
     }
 
+    /// Whether the buffer is registered for on-demand paging (`-o`, or `-O` which implies it).
+    fn on_demand(&self) -> bool {
+        self.odp || self.implicit_odp
+    }
+
     fn validate(&self) -> Result<(), ToolError> {
+        // rdma-core's consistency checks, with its messages.
+        if self.on_demand() && self.device_memory {
+            return Err(ToolError::new("DM memory region can't be on demand"));
+        }
+        if self.prefetch && !self.on_demand() {
+            return Err(ToolError::new(
+                "prefetch is valid only with on-demand memory region",
+            ));
+        }
+        let rc_only = [
+            (self.implicit_odp, "implicit on-demand paging"),
+            (self.prefetch, "prefetch"),
+            (self.timestamps, "completion timestamps"),
+            (self.device_memory, "device memory"),
+        ];
+        for (on, what) in rc_only {
+            if on && self.transport != Transport::Rc {
+                return Err(ToolError::new(format!("only ibv_rc_pingpong offers {what}")));
+            }
+        }
+        if self.odp && !matches!(self.transport, Transport::Rc | Transport::Srq) {
+            return Err(ToolError::new(
+                "only ibv_rc_pingpong and ibv_srq_pingpong offer on-demand paging",
+            ));
+        }
         if self.size == 0 {
             return Err(ToolError::new("the message size must be at least 1 byte"));
         }
@@ -279,6 +332,139 @@ pub struct Report {
     pub local: Vec<Dest>,
     /// The peer's addresses (one per QP in use).
     pub remote: Vec<Dest>,
+    /// The receive completion clock statistics (with `timestamps`; `None` without, or with
+    /// fewer than two receives).
+    pub recv_clock: Option<RecvClock>,
+}
+
+/// Clock cycles between consecutive receive completions, from their completion timestamps
+/// (`ibv_rc_pingpong -t`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RecvClock {
+    /// The longest gap.
+    pub max: u64,
+    /// The shortest gap (rdma-core starts it at `0xffffffff`, so longer gaps leave that).
+    pub min: u64,
+    /// The sum of the gaps.
+    pub total: u64,
+    /// How many gaps were measured.
+    pub samples: u32,
+}
+
+impl RecvClock {
+    /// The three lines rdma-core prints after the summary (without a final newline).
+    pub fn lines(&self) -> String {
+        format!(
+            "Max receive completion clock cycles = {}\nMin receive completion clock cycles = {}\nAverage receive completion clock cycles = {:.6}",
+            self.max,
+            self.min,
+            self.total as f64 / f64::from(self.samples)
+        )
+    }
+}
+
+/// Folds receive completion timestamps into [`RecvClock`] as rdma-core does.
+#[derive(Debug, Clone, Copy)]
+struct RecvClockMeter {
+    /// `completion_timestamp_mask`: where the clock wraps.
+    mask: u64,
+    prev: Option<u64>,
+    clock: RecvClock,
+}
+
+impl RecvClockMeter {
+    fn new(mask: u64) -> Self {
+        Self {
+            mask,
+            prev: None,
+            clock: RecvClock {
+                max: 0,
+                min: 0xffff_ffff,
+                total: 0,
+                samples: 0,
+            },
+        }
+    }
+
+    fn record(&mut self, ts: u64) {
+        if let Some(prev) = self.prev {
+            // The clock may have wrapped at the mask since the previous completion.
+            let delta = if ts >= prev {
+                ts - prev
+            } else {
+                (self.mask - prev).wrapping_add(ts).wrapping_add(1)
+            };
+            let c = &mut self.clock;
+            c.max = c.max.max(delta);
+            c.min = c.min.min(delta);
+            c.total = c.total.wrapping_add(delta);
+            c.samples += 1;
+        }
+        self.prev = Some(ts);
+    }
+
+    fn result(&self) -> Option<RecvClock> {
+        (self.clock.samples > 0).then_some(self.clock)
+    }
+}
+
+/// The send/receive buffer: where it lives and how work requests name it.
+#[derive(Debug)]
+enum Buffer {
+    /// Registered memory (`ibv_reg_mr`, on demand with `-o`).
+    Mr(MemoryRegion),
+    /// Device memory (`-j`), registered zero based. The program fills and checks `host` and
+    /// copies it to and from the device, as rdma-core does.
+    Device {
+        mr: MemoryRegion,
+        dm: DeviceMemory,
+        host: Vec<u8>,
+    },
+    /// Host memory reached through an implicit on-demand-paging region (`-O`).
+    Implicit {
+        region: ImplicitOdpRegion,
+        buf: HostBuffer,
+    },
+}
+
+impl Buffer {
+    fn len(&self) -> usize {
+        match self {
+            Self::Mr(mr) => mr.len(),
+            Self::Device { mr, .. } => mr.len(),
+            Self::Implicit { buf, .. } => buf.len(),
+        }
+    }
+
+    fn sge(&self, range: std::ops::Range<usize>) -> softverbs::Result<Sge> {
+        match self {
+            Self::Mr(mr) | Self::Device { mr, .. } => mr.sge(range),
+            Self::Implicit { region, buf } => region.sge(buf, range),
+        }
+    }
+
+    /// Writes `bytes` at `offset` of what the program sees (the host copy for device memory).
+    fn write(&mut self, offset: usize, bytes: &[u8]) -> softverbs::Result<()> {
+        match self {
+            Self::Mr(mr) => mr.write(offset, bytes),
+            Self::Device { host, .. } => {
+                host[offset..offset + bytes.len()].copy_from_slice(bytes);
+                Ok(())
+            }
+            Self::Implicit { buf, .. } => buf.write(offset, bytes),
+        }
+    }
+
+    fn read(&self, offset: usize, dst: &mut [u8]) -> softverbs::Result<()> {
+        match self {
+            Self::Mr(mr) => mr.read(offset, dst),
+            Self::Device { host, .. } => {
+                dst.copy_from_slice(&host[offset..offset + dst.len()]);
+                Ok(())
+            }
+            Self::Implicit { buf, .. } => buf.read(offset, dst),
+        }
+    }
 }
 
 impl Report {
@@ -348,10 +534,12 @@ pub struct PingPong {
     srq: Option<SharedReceiveQueue>,
     cq: CompletionQueue,
     channel: Option<CompletionChannel>,
-    mr: MemoryRegion,
+    buf: Buffer,
     pd: ProtectionDomain,
     ctx: Context,
     cfg: Config,
+    /// `completion_timestamp_mask`, with `timestamps`.
+    ts_mask: Option<u64>,
     port: PortAttr,
     sgid_index: u8,
     local: Vec<Dest>,
@@ -383,15 +571,20 @@ impl PingPong {
             None
         };
         let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
-        let buf_len = cfg.size + if t == Transport::Ud { UD_GRH_LEN } else { 0 };
-        let mr = pd
-            .register(buf_len, AccessFlags::LOCAL_WRITE)
-            .or_fail("Couldn't register MR")?;
-        mr.fill(FILL);
-        let cqe = cfg.rx_depth + if t == Transport::Srq { cfg.num_qp } else { 1 };
-        let cq = ctx
-            .create_cq(i32::try_from(cqe).unwrap_or(i32::MAX), channel.as_ref(), 0)
-            .or_fail("Couldn't create CQ")?;
+        let ts_mask = check_device(ctx, &cfg)?;
+        let buf = alloc_buffer(ctx, &pd, &cfg)?;
+        let cqe = i32::try_from(cfg.rx_depth + if t == Transport::Srq { cfg.num_qp } else { 1 })
+            .unwrap_or(i32::MAX);
+        let cq = if ts_mask.is_some() {
+            let ts = Timestamps {
+                raw: true,
+                wallclock: false,
+            };
+            ctx.create_cq_with_timestamps(cqe, channel.as_ref(), 0, ts)
+        } else {
+            ctx.create_cq(cqe, channel.as_ref(), 0)
+        }
+        .or_fail("Couldn't create CQ")?;
         let srq = if t == Transport::Srq {
             let attr = SrqAttr {
                 max_wr: cfg.rx_depth,
@@ -441,7 +634,8 @@ impl PingPong {
             ctx: ctx.clone(),
             channel,
             pd,
-            mr,
+            buf,
+            ts_mask,
             cq,
             srq,
             qps,
@@ -527,6 +721,9 @@ impl PingPong {
         let mut report = self.ping_pong(role, &remote)?;
         report.remote = remote;
         writeln!(out, "{}", report.summary()).or_fail("write")?;
+        if let Some(c) = &report.recv_clock {
+            writeln!(out, "{}", c.lines()).or_fail("write")?;
+        }
         for page in &report.invalid_pages {
             writeln!(out, "invalid data in page {page}").or_fail("write")?;
         }
@@ -687,7 +884,7 @@ impl PingPong {
             return 0;
         }
         // UD receives take the GRH too, so they cover the whole buffer.
-        let Ok(sge) = self.mr.sge(0..self.mr.len()) else {
+        let Ok(sge) = self.buf.sge(0..self.buf.len()) else {
             return 0;
         };
         let wrs: Vec<RecvWr> = (0..n)
@@ -709,7 +906,7 @@ impl PingPong {
     fn post_send(&self, qp_index: usize, remote: &[Dest]) -> Result<(), ToolError> {
         let off = self.data_offset();
         let sge = self
-            .mr
+            .buf
             .sge(off..off + self.cfg.size)
             .or_fail("Couldn't post send")?;
         let ud = self
@@ -741,8 +938,11 @@ impl PingPong {
         if role == Role::Client {
             if self.cfg.check {
                 for i in (0..self.cfg.size).step_by(CHECK_PAGE_SIZE) {
-                    self.mr.write(off + i, &[0]).or_fail("write the check pattern")?;
+                    self.buf.write(off + i, &[0]).or_fail("write the check pattern")?;
                 }
+            }
+            if let Buffer::Device { dm, host, .. } = &self.buf {
+                dm.copy_to(0, host).or_fail("Copy to dm buffer failed")?;
             }
             for (i, p) in pending.iter_mut().enumerate() {
                 self.post_send(i, remote)?;
@@ -764,6 +964,7 @@ impl PingPong {
             }
         ];
         let (mut scnt, mut rcnt, mut cq_events) = (0u64, 0u64, 0u64);
+        let mut recv_clock = self.ts_mask.map(RecvClockMeter::new);
         let start = Instant::now();
         let mut last_progress = start;
         while rcnt < iters || scnt < iters {
@@ -828,6 +1029,9 @@ impl PingPong {
                             }
                         }
                         rcnt += 1;
+                        if let Some(m) = &mut recv_clock {
+                            m.record(w.timestamp);
+                        }
                     }
                     other => return Err(ToolError::new(format!("Completion for unknown wr_id {other}"))),
                 }
@@ -842,9 +1046,12 @@ impl PingPong {
         let checked = role == Role::Server && self.cfg.check;
         let mut invalid_pages = Vec::new();
         if checked {
+            if let Buffer::Device { dm, host, .. } = &mut self.buf {
+                dm.copy_from(0, host).or_fail("Copy from DM buffer failed")?;
+            }
             for i in (0..self.cfg.size).step_by(CHECK_PAGE_SIZE) {
                 let mut b = [0u8];
-                self.mr.read(off + i, &mut b).or_fail("read the received data")?;
+                self.buf.read(off + i, &mut b).or_fail("read the received data")?;
                 if b[0] != 0 {
                     invalid_pages.push(i / CHECK_PAGE_SIZE);
                 }
@@ -861,6 +1068,7 @@ impl PingPong {
             invalid_pages,
             local: self.local.clone(),
             remote: Vec::new(),
+            recv_clock: recv_clock.and_then(|m| m.result()),
         })
     }
 
@@ -881,6 +1089,98 @@ impl PingPong {
     pub fn port(&self) -> &PortAttr {
         &self.port
     }
+}
+
+/// The device checks of rdma-core for the chosen features, with its messages; returns the
+/// completion timestamp mask when timestamps are asked for.
+fn check_device(ctx: &Context, cfg: &Config) -> Result<Option<u64>, ToolError> {
+    if !(cfg.on_demand() || cfg.timestamps || cfg.device_memory) {
+        return Ok(None);
+    }
+    let ex = ctx.query_device_ex();
+    if cfg.on_demand() {
+        let caps = ex.odp_caps;
+        let (transport_caps, needed, what) = match cfg.transport {
+            Transport::Srq => (
+                caps.rc_odp_caps,
+                odp::SEND | odp::SRQ_RECV,
+                "RC send, receive and srq",
+            ),
+            _ => (caps.rc_odp_caps, odp::SEND | odp::RECV, "RC send and receive"),
+        };
+        if caps.general_caps & odp::SUPPORT == 0 || transport_caps & needed != needed {
+            return Err(ToolError::new(format!(
+                "The device isn't ODP capable or does not support {what} with ODP"
+            )));
+        }
+        if cfg.implicit_odp && caps.general_caps & odp::SUPPORT_IMPLICIT == 0 {
+            return Err(ToolError::new("The device doesn't support implicit ODP"));
+        }
+    }
+    if cfg.device_memory {
+        let max = ctx.max_dm_size();
+        if max == 0 {
+            return Err(ToolError::new("Device doesn't support dm allocation"));
+        }
+        if max < cfg.size as u64 {
+            return Err(ToolError::new("Device memory is insufficient"));
+        }
+    }
+    if cfg.timestamps {
+        if ex.completion_timestamp_mask == 0 {
+            return Err(ToolError::new("The device isn't completion timestamp capable"));
+        }
+        return Ok(Some(ex.completion_timestamp_mask));
+    }
+    Ok(None)
+}
+
+/// Allocates and registers the buffer as `cfg` asks (`pp_init_ctx`), filled with [`FILL`]
+/// where the program sees it, and prefetches it with `prefetch`.
+fn alloc_buffer(ctx: &Context, pd: &ProtectionDomain, cfg: &Config) -> Result<Buffer, ToolError> {
+    let len = cfg.size
+        + if cfg.transport == Transport::Ud {
+            UD_GRH_LEN
+        } else {
+            0
+        };
+    let mut access = AccessFlags::LOCAL_WRITE;
+    if cfg.on_demand() {
+        access |= AccessFlags::ON_DEMAND;
+    }
+    let buf = if cfg.device_memory {
+        let dm = ctx.alloc_dm(len as u64, 0).or_fail("Dev mem allocation failed")?;
+        let mr = pd
+            .register_dm(&dm, 0, len as u64, access | AccessFlags::ZERO_BASED)
+            .or_fail("Couldn't register MR")?;
+        // The device memory itself starts as allocated; only the program's copy is filled.
+        Buffer::Device {
+            mr,
+            dm,
+            host: vec![FILL; len],
+        }
+    } else if cfg.implicit_odp {
+        let buf = HostBuffer::new(len).or_fail("Couldn't allocate work buf.")?;
+        buf.fill(FILL);
+        let region = pd.register_implicit_odp(access).or_fail("Couldn't register MR")?;
+        Buffer::Implicit { region, buf }
+    } else {
+        let mr = pd.register(len, access).or_fail("Couldn't register MR")?;
+        mr.fill(FILL);
+        Buffer::Mr(mr)
+    };
+    if cfg.prefetch {
+        const PREFETCH_WRITE: u32 = 1;
+        const FLAG_FLUSH: u32 = 1;
+        let r = buf
+            .sge(0..cfg.size)
+            .and_then(|sge| pd.advise_mr(PREFETCH_WRITE, FLAG_FLUSH, &[sge]));
+        if let Err(e) = r {
+            // As rdma-core: a failed prefetch is reported and the run goes on.
+            eprintln!("Couldn't prefetch MR({}). Continue anyway", e.errno());
+        }
+    }
+    Ok(buf)
 }
 
 /// Runs one side: [`PingPong::new`], prints the local addresses, then [`PingPong::run`].
@@ -1012,6 +1312,34 @@ mod tests {
     }
 
     #[test]
+    fn receive_clock_gaps_as_rdma_core_counts_them() {
+        let mut m = RecvClockMeter::new(0xffff);
+        assert_eq!(m.result(), None);
+        m.record(100);
+        assert_eq!(m.result(), None, "one receive has no gap");
+        m.record(130);
+        m.record(0xfff0);
+        // Wrapped at the mask: 0xffff - 0xfff0 + 5 + 1.
+        m.record(5);
+        let c = m.result().unwrap();
+        assert_eq!(
+            (c.max, c.min, c.total, c.samples),
+            (0xfff0 - 130, 21, 30 + 0xfff0 - 130 + 21, 3)
+        );
+        let lines = RecvClock {
+            max: 7,
+            min: 2,
+            total: 10,
+            samples: 4,
+        }
+        .lines();
+        assert_eq!(
+            lines,
+            "Max receive completion clock cycles = 7\nMin receive completion clock cycles = 2\nAverage receive completion clock cycles = 2.500000"
+        );
+    }
+
+    #[test]
     fn summary_lines() {
         let r = Report {
             bytes: 8192000,
@@ -1024,6 +1352,7 @@ mod tests {
             invalid_pages: vec![],
             local: vec![],
             remote: vec![],
+            recv_clock: None,
         };
         assert_eq!(
             r.summary(),

@@ -11,17 +11,16 @@
 //! side tears down while the peer's last message may still be on the way.
 //!
 //! As in the C program, with several clients the server sends to client `i`'s SRQ through the
-//! initiator connected to client `(i + count) % clients`, whose target must then deliver into
-//! another process's SRQ of the same domain; softverbs keeps SRQs per process, so only one
-//! client per server works across processes.
+//! initiator connected to client `(i + count) % clients`, whose target QP then delivers into
+//! another process's SRQ of the same domain (the device relays it to the SRQ's owner).
 
 use std::io::{Read, Write};
 use std::net::Ipv6Addr;
 use std::time::{Duration, Instant};
 
 use softverbs::{
-    AccessFlags, CompletionChannel, CompletionQueue, Context, Error, Gid, GlobalRoute, MemoryRegion, Mtu,
-    Payload, ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInit, QpState, QpType, QueuePair, RecvWr,
+    odp, AccessFlags, CompletionChannel, CompletionQueue, Context, Error, Gid, GlobalRoute, MemoryRegion,
+    Mtu, Payload, ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInit, QpState, QpType, QueuePair, RecvWr,
     SendFlags, SendOp, SendRequest, SharedReceiveQueue, SrqAttr, WcStatus, WorkCompletion, XrcDomain,
     O_CREAT,
 };
@@ -119,6 +118,8 @@ pub struct Config {
     pub gid_index: Option<i32>,
     /// Give up when no completion arrives for this long (`None`: wait forever).
     pub timeout: Option<Duration>,
+    /// Register the buffer for on-demand paging (`-o`).
+    pub odp: bool,
 }
 
 impl Default for Config {
@@ -134,6 +135,7 @@ impl Default for Config {
             use_events: false,
             gid_index: None,
             timeout: None,
+            odp: false,
         }
     }
 }
@@ -172,6 +174,18 @@ impl XsrqPingPong {
         if cfg.size == 0 || cfg.num_clients == 0 || cfg.num_tests == 0 {
             return Err(ToolError::new("size, clients and num_tests must be at least 1"));
         }
+        let mut access = AccessFlags::LOCAL_WRITE;
+        if cfg.odp {
+            // rdma-core's check, with its message: XRC sends and SRQ receives on ODP memory.
+            let caps = ctx.query_device_ex().odp_caps;
+            let needed = odp::SEND | odp::SRQ_RECV;
+            if caps.general_caps & odp::SUPPORT == 0 || caps.xrc_odp_caps & needed != needed {
+                return Err(ToolError::new(
+                    "The device isn't ODP capable or does not support XRC send, receive and srq with ODP",
+                ));
+            }
+            access |= AccessFlags::ON_DEMAND;
+        }
         let port = ctx.query_port(cfg.ib_port).or_fail("Failed to get port info")?;
         let channel = if cfg.use_events {
             Some(
@@ -182,9 +196,7 @@ impl XsrqPingPong {
             None
         };
         let pd = ctx.alloc_pd().or_fail("Couldn't allocate PD")?;
-        let mr = pd
-            .register(cfg.size, AccessFlags::LOCAL_WRITE)
-            .or_fail("Couldn't register MR")?;
+        let mr = pd.register(cfg.size, access).or_fail("Couldn't register MR")?;
         // As the C program: without the file the domain is anonymous, which only works within
         // one process.
         let domain_file = std::fs::OpenOptions::new()

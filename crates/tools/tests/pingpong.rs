@@ -268,6 +268,139 @@ mod threads {
     }
 
     #[test]
+    fn rc_on_demand_paging() {
+        let mut cfg = config(Transport::Rc, false);
+        cfg.odp = true;
+        run_and_check(cfg);
+    }
+
+    #[test]
+    fn rc_on_demand_paging_prefetched_with_events() {
+        let mut cfg = config(Transport::Rc, true);
+        cfg.odp = true;
+        cfg.prefetch = true;
+        run_and_check(cfg);
+    }
+
+    #[test]
+    fn rc_implicit_on_demand_paging_prefetched() {
+        let mut cfg = config(Transport::Rc, false);
+        cfg.odp = true;
+        cfg.implicit_odp = true;
+        cfg.prefetch = true;
+        cfg.size = 2 * pingpong::CHECK_PAGE_SIZE + 10;
+        run_and_check(cfg);
+    }
+
+    #[test]
+    fn srq_on_demand_paging() {
+        let mut cfg = config(Transport::Srq, false);
+        cfg.odp = true;
+        run_and_check(cfg);
+    }
+
+    #[test]
+    fn rc_device_memory() {
+        let mut cfg = config(Transport::Rc, true);
+        cfg.device_memory = true;
+        cfg.size = 3 * pingpong::CHECK_PAGE_SIZE;
+        run_and_check(cfg);
+    }
+
+    /// With -j the server checks what arrived in device memory: a client without -c sends its
+    /// 0x7b filler, which overwrites the zeroed device memory at every checked byte (had
+    /// nothing arrived, the zeros would pass the check; `rc_device_memory` shows the copy out
+    /// of device memory, as the server's own buffer starts as 0x7b).
+    #[test]
+    fn device_memory_receives_what_the_client_sent() {
+        let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut cfg = config(Transport::Rc, false);
+        cfg.device_memory = true;
+        cfg.size = 2 * pingpong::CHECK_PAGE_SIZE;
+        cfg.iters = 10;
+        let mut unchecked = cfg.clone();
+        unchecked.check = false;
+        let server = thread::spawn(move || side(cfg, Role::Server, move || listener.accept().unwrap().0));
+        side(unchecked, Role::Client, move || TcpStream::connect(addr).unwrap()).unwrap();
+        let server = server.join().unwrap().unwrap();
+        assert_eq!(server.report.invalid_pages, vec![0, 1], "{}", server.output);
+    }
+
+    /// -t: every receive after the first yields a gap between completion timestamps; the
+    /// statistics are printed after the summary as rdma-core prints them, and agree with the
+    /// measured time per iteration (the clock counts nanoseconds).
+    #[test]
+    fn rc_completion_timestamps() {
+        for events in [false, true] {
+            let mut cfg = config(Transport::Rc, events);
+            cfg.timestamps = true;
+            let (s, c) = pair(&cfg);
+            assert_good_run(&cfg, &s, &c);
+            for side in [&s, &c] {
+                let clock = side.report.recv_clock.expect("receive clock statistics");
+                assert_eq!(clock.samples, cfg.iters - 1);
+                let avg = clock.total as f64 / f64::from(clock.samples);
+                assert!(
+                    0 < clock.min && clock.min as f64 <= avg && avg <= clock.max as f64,
+                    "{clock:?}"
+                );
+                let per_iter_ns = side.report.elapsed.as_nanos() as f64 / f64::from(cfg.iters);
+                assert!(
+                    avg > per_iter_ns / 3.0 && avg < per_iter_ns * 3.0,
+                    "{avg} ns between receives, {per_iter_ns} ns per iteration"
+                );
+                let lines: Vec<&str> = side.output.lines().collect();
+                let at = lines
+                    .iter()
+                    .position(|l| l.ends_with(" usec/iter"))
+                    .expect("summary");
+                assert_eq!(
+                    lines[at + 1..at + 4],
+                    [
+                        format!("Max receive completion clock cycles = {}", clock.max),
+                        format!("Min receive completion clock cycles = {}", clock.min),
+                        format!("Average receive completion clock cycles = {avg:.6}"),
+                    ],
+                    "{}",
+                    side.output
+                );
+            }
+        }
+        // Without -t nothing is measured or printed.
+        let (s, _) = pair(&config(Transport::Rc, false));
+        assert!(s.report.recv_clock.is_none());
+        assert!(!s.output.contains("clock cycles"), "{}", s.output);
+    }
+
+    #[test]
+    fn rdma_core_consistency_checks() {
+        let refused = |f: &dyn Fn(&mut Config), t: Transport| {
+            let mut cfg = config(t, false);
+            f(&mut cfg);
+            PingPong::new(&lo(), cfg).unwrap_err().message().to_string()
+        };
+        let odp_dm = |c: &mut Config| {
+            c.odp = true;
+            c.device_memory = true;
+        };
+        assert_eq!(
+            refused(&odp_dm, Transport::Rc),
+            "DM memory region can't be on demand"
+        );
+        let prefetch = |c: &mut Config| c.prefetch = true;
+        assert_eq!(
+            refused(&prefetch, Transport::Rc),
+            "prefetch is valid only with on-demand memory region"
+        );
+        let ts = |c: &mut Config| c.timestamps = true;
+        assert!(refused(&ts, Transport::Uc).contains("only ibv_rc_pingpong"));
+        let odp = |c: &mut Config| c.odp = true;
+        assert!(refused(&odp, Transport::Ud).contains("on-demand paging"));
+    }
+
+    #[test]
     fn ud_size_above_the_mtu_is_refused() {
         let mut cfg = config(Transport::Ud, false);
         cfg.size = 8192;
@@ -625,6 +758,11 @@ mod two_processes {
     }
 
     fn two_process_run(t: Transport, events: bool) {
+        two_process_run_with(t, events, &[]);
+    }
+
+    /// Runs server and client with `-c`, `-e` if `events` and `extra`; returns both outputs.
+    fn two_process_run_with(t: Transport, events: bool, extra: &[&str]) -> (String, String) {
         let port = free_port();
         // -c on both sides: the client writes the pattern, the server checks it.
         let mut common: Vec<String> = [
@@ -644,6 +782,7 @@ mod two_processes {
         if events {
             common.push("-e".into());
         }
+        common.extend(extra.iter().map(|s| s.to_string()));
         let deadline = Instant::now() + BOUND;
         let server = Proc::spawn(t, &common);
         // The server prints its address right before it listens.
@@ -664,7 +803,7 @@ mod two_processes {
         let (server_status, mut server_out, server_err) = server.finish(deadline);
         server_out.insert_str(0, &format!("{first}\n"));
         let ctx = format!(
-            "{t:?} events={events}\nserver {server_status:?}:\n{server_out}{server_err}\nclient {client_status:?}:\n{client_out}{client_err}"
+            "{t:?} events={events} {extra:?}\nserver {server_status:?}:\n{server_out}{server_err}\nclient {client_status:?}:\n{client_out}{client_err}"
         );
         assert_eq!((server_status, client_status), (Some(0), Some(0)), "{ctx}");
         for out in [&server_out, &client_out] {
@@ -676,6 +815,59 @@ mod two_processes {
             );
         }
         assert!(!server_out.contains("invalid data"), "{ctx}");
+        // -P reports a failed prefetch and goes on; it must not fail here.
+        for err in [&server_err, &client_err] {
+            assert!(!err.contains("Couldn't prefetch"), "{ctx}");
+        }
+        (server_out, client_out)
+    }
+
+    /// The options of rdma-core's ibv_rc_pingpong beyond the basic ones (and ibv_srq_pingpong's
+    /// -o), alone and combined, as two processes.
+    #[test]
+    fn rc_odp_timestamps_and_device_memory_as_two_processes() {
+        let _one_at_a_time = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        for extra in [
+            &["-o"][..],
+            &["-O"],
+            &["-o", "-P"],
+            &["-O", "-P", "-N"],
+            &["-t"],
+            &["-j"],
+            &["-j", "-t"],
+            &["-o", "-t"],
+        ] {
+            for events in [false, true] {
+                let (s, c) = two_process_run_with(Transport::Rc, events, extra);
+                let ts = extra.contains(&"-t");
+                for out in [&s, &c] {
+                    for key in ["Max", "Min", "Average"] {
+                        let line = format!("{key} receive completion clock cycles = ");
+                        assert_eq!(out.contains(&line), ts, "{extra:?}:\n{out}");
+                    }
+                }
+            }
+        }
+        two_process_run_with(Transport::Srq, false, &["-o"]);
+    }
+
+    /// rdma-core's checks of incompatible options, before anything is opened.
+    #[test]
+    fn rc_refuses_inconsistent_options() {
+        for (args, msg) in [
+            (&["-o", "-j"][..], "DM memory region can't be on demand"),
+            (&["-O", "-j"], "DM memory region can't be on demand"),
+            (&["-P"], "prefetch is valid only with on-demand memory region"),
+        ] {
+            let out = Command::new(bin(Transport::Rc))
+                .args(["-d", "sv_lo", "-p", &free_port().to_string(), "--timeout", "5"])
+                .args(args)
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert!(err.contains(msg), "{args:?}: {err}");
+        }
     }
 
     #[test]

@@ -27,10 +27,11 @@ fn lo() -> Context {
         .unwrap()
 }
 
-fn config(events: bool) -> Config {
+fn config(events: bool, odp: bool) -> Config {
     Config {
         num_tests: 40,
         use_events: events,
+        odp,
         size: 3000,
         mtu: Mtu::Mtu512,
         timeout: Some(Duration::from_secs(20)),
@@ -54,13 +55,17 @@ fn side(cfg: Config, role: Role, stream: impl FnOnce() -> TcpStream) -> SideResu
 #[test]
 fn server_and_client_threads() {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    for events in [false, true] {
+    // Polling, events, and an on-demand-paging buffer (-o).
+    for (events, odp) in [(false, false), (true, false), (false, true)] {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let server =
-            thread::spawn(move || side(config(events), Role::Server, move || listener.accept().unwrap().0));
+        let server = thread::spawn(move || {
+            side(config(events, odp), Role::Server, move || {
+                listener.accept().unwrap().0
+            })
+        });
         let client = thread::spawn(move || {
-            side(config(events), Role::Client, move || {
+            side(config(events, odp), Role::Client, move || {
                 TcpStream::connect(addr).unwrap()
             })
         });
@@ -104,7 +109,10 @@ fn a_malformed_address_is_refused() {
         let mut rest = Vec::new();
         let _ = s.read_to_end(&mut rest);
     });
-    let e = side(config(false), Role::Server, move || listener.accept().unwrap().0).unwrap_err();
+    let e = side(config(false, false), Role::Server, move || {
+        listener.accept().unwrap().0
+    })
+    .unwrap_err();
     assert!(e.contains("malformed address"), "{e}");
     peer.join().unwrap();
 }
@@ -146,37 +154,75 @@ fn run_bounded(mut cmd: Command, deadline: Instant) -> (Option<i32>, String, Str
     (status, o.join().unwrap(), e.join().unwrap())
 }
 
-#[test]
-fn two_processes() {
+/// Runs a server and `clients` client processes of the Rust tool; each must print its SRQ
+/// numbers and succeed.
+fn run_processes(clients: usize, extra: &[&str]) {
     let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let bin = env!("CARGO_BIN_EXE_ibv_xsrq_pingpong");
-    for extra in [&[][..], &["-e", "-s", "5000", "-m", "256"][..]] {
-        let port = free_port().to_string();
-        let mut args: Vec<&str> = vec!["-d", "sv_lo", "-p", &port, "-n", "50", "--timeout", "30"];
-        args.extend_from_slice(extra);
-        let deadline = Instant::now() + BOUND;
-        let mut scmd = Command::new(bin);
-        scmd.args(&args);
-        let server = thread::spawn(move || run_bounded(scmd, deadline));
-        let mut cargs = args.clone();
-        cargs.push("127.0.0.1");
-        let client = loop {
-            let mut ccmd = Command::new(bin);
-            ccmd.args(&cargs);
-            let r = run_bounded(ccmd, deadline);
-            // The server may not listen yet: a refused connection is retried.
-            if r.0 == Some(1) && r.2.contains("Couldn't connect") && Instant::now() < deadline {
-                thread::sleep(Duration::from_millis(100));
-                continue;
-            }
-            break r;
-        };
-        let server = server.join().unwrap();
-        let ctx = format!("{extra:?}\nserver {server:?}\nclient {client:?}");
-        assert_eq!((server.0, client.0), (Some(0), Some(0)), "{ctx}");
-        for out in [&server.1, &client.1] {
-            assert!(out.contains("SRQN") && out.ends_with("success\n"), "{ctx}");
-            assert!(out.contains("GID ::ffff:127.0.0.1"), "{ctx}");
-        }
+    let port = free_port().to_string();
+    let count = clients.to_string();
+    let mut args: Vec<String> = [
+        "-d",
+        "sv_lo",
+        "-p",
+        &port,
+        "-n",
+        "50",
+        "-c",
+        &count,
+        "--timeout",
+        "30",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let deadline = Instant::now() + BOUND;
+    let mut scmd = Command::new(bin);
+    scmd.args(&args);
+    let server = thread::spawn(move || run_bounded(scmd, deadline));
+    let mut cargs = args.clone();
+    cargs.push("127.0.0.1".into());
+    let client_threads: Vec<_> = (0..clients)
+        .map(|_| {
+            let cargs = cargs.clone();
+            thread::spawn(move || loop {
+                let mut ccmd = Command::new(bin);
+                ccmd.args(&cargs);
+                let r = run_bounded(ccmd, deadline);
+                // The server may not listen yet: a refused connection is retried.
+                if r.0 == Some(1) && r.2.contains("Couldn't connect") && Instant::now() < deadline {
+                    thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+                break r;
+            })
+        })
+        .collect();
+    let results: Vec<_> = client_threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let server = server.join().unwrap();
+    let ctx = format!("{clients} clients {extra:?}\nserver {server:?}\nclients {results:?}");
+    assert_eq!(server.0, Some(0), "{ctx}");
+    for r in &results {
+        assert_eq!(r.0, Some(0), "{ctx}");
     }
+    for out in std::iter::once(&server.1).chain(results.iter().map(|r| &r.1)) {
+        assert!(out.contains("SRQN") && out.ends_with("success\n"), "{ctx}");
+        assert!(out.contains("GID ::ffff:127.0.0.1"), "{ctx}");
+    }
+}
+
+#[test]
+fn two_processes() {
+    run_processes(1, &[]);
+    run_processes(1, &["-e", "-s", "5000", "-m", "256"]);
+    run_processes(1, &["-o"]);
+}
+
+/// With several clients the server reaches client `i`'s SRQ through the target QP of another
+/// client process, which relays into the SRQ's owner (every client shares the domain).
+#[test]
+fn several_client_processes_share_the_domain() {
+    run_processes(3, &[]);
+    run_processes(2, &["-e", "-s", "5000", "-m", "256"]);
 }

@@ -26,6 +26,7 @@ mod cq;
 mod device;
 mod dm;
 mod domain;
+mod host;
 mod pd;
 mod qp;
 mod raw;
@@ -37,7 +38,10 @@ pub use cq::{CompletionChannel, CompletionQueue, CqEvent};
 pub use device::{devices, fork_init, is_fork_initialized, Device, ForkStatus};
 pub use dm::DeviceMemory;
 pub use domain::ThreadDomain;
-pub use pd::{AddressHandle, MemoryRegion, MemoryWindow, MwBindInfo, ProtectionDomain, Rereg};
+pub use host::HostBuffer;
+pub use pd::{
+    AddressHandle, ImplicitOdpRegion, MemoryRegion, MemoryWindow, MwBindInfo, ProtectionDomain, Rereg,
+};
 pub use qp::{QpInit, QueuePair, SharedReceiveQueue};
 pub use raw::{Flow, RssQueuePair, RwqIndTable, WorkQueue};
 pub use xrc::{XrcDomain, O_CREAT, O_EXCL};

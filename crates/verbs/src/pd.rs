@@ -17,6 +17,7 @@ use crate::context::Context;
 use crate::cq::CompletionQueue;
 use crate::dm::DeviceMemory;
 use crate::domain::ThreadDomain;
+use crate::host::{AddressSpace, HostBuffer};
 use crate::qp::{QpInit, QueuePair, SharedReceiveQueue};
 
 /// What a [`ProtectionDomain`] handle is.
@@ -201,6 +202,23 @@ impl ProtectionDomain {
             pd: self.clone(),
             deregistered: false,
         })
+    }
+
+    /// `ibv_reg_mr(pd, NULL, SIZE_MAX, access)` with `IBV_ACCESS_ON_DEMAND`: an implicit
+    /// on-demand-paging region over the whole address space. Its lkey and rkey reach every
+    /// live [`HostBuffer`] by address; an access to memory no buffer holds fails as it does on
+    /// an unmapped page. `access` must contain [`AccessFlags::ON_DEMAND`] (EINVAL otherwise).
+    pub fn register_implicit_odp(&self, access: AccessFlags) -> Result<ImplicitOdpRegion> {
+        let mem: Arc<dyn MemoryBacking> = Arc::new(AddressSpace);
+        let core = core::Mr::register_implicit_odp(&self.0.core, mem.clone(), access.bits())?;
+        Ok(ImplicitOdpRegion(MemoryRegion {
+            core,
+            mem,
+            imported: false,
+            _dm: None,
+            pd: self.clone(),
+            deregistered: false,
+        }))
     }
 
     /// `ibv_alloc_null_mr`: a region whose writes are discarded and whose reads give zeros, at
@@ -483,6 +501,47 @@ impl Drop for MemoryRegion {
         // its memory) and is torn down when the last one is unbound or deallocated.
         let r = self.core.dereg();
         debug_assert!(r.is_ok() || r.as_ref().is_err_and(|e| e.errno() == 16), "{r:?}");
+    }
+}
+
+/// An implicit on-demand-paging region ([`ProtectionDomain::register_implicit_odp`]),
+/// deregistered when dropped. It has no memory of its own: work requests name
+/// [`HostBuffer`] bytes by address with its keys.
+#[derive(Debug)]
+pub struct ImplicitOdpRegion(MemoryRegion);
+
+impl ImplicitOdpRegion {
+    /// The PD.
+    pub fn pd(&self) -> &ProtectionDomain {
+        self.0.pd()
+    }
+
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.0.lkey()
+    }
+
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        self.0.rkey()
+    }
+
+    /// Access rights (with [`AccessFlags::ON_DEMAND`]).
+    pub fn access(&self) -> AccessFlags {
+        self.0.access()
+    }
+
+    /// A scatter/gather element for `range` of `buf` with this region's lkey.
+    pub fn sge(&self, buf: &HostBuffer, range: Range<usize>) -> Result<Sge> {
+        buf.sge(range, self.lkey())
+    }
+
+    /// The remote address of `offset` in `buf`, for a peer's RDMA or atomic request.
+    pub fn remote(&self, buf: &HostBuffer, offset: usize) -> RemoteAddr {
+        RemoteAddr {
+            addr: buf.addr() + offset as u64,
+            rkey: self.rkey(),
+        }
     }
 }
 

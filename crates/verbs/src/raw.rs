@@ -1,7 +1,8 @@
 //! Raw packet QPs: flow steering rules, receive work queues, indirection tables and RSS QPs.
 //!
 //! A raw packet QP is an ordinary [`QueuePair`] of type [`QpType::RawPacket`]: sends and
-//! receives carry whole Ethernet frames. It receives only what a [`Flow`] steers to it.
+//! receives carry whole Ethernet frames. It receives only what a [`Flow`] steers to it. A flow
+//! on a UD QP adds copies of received UD datagrams to what the QP receives by its number.
 
 use std::sync::Arc;
 
@@ -44,8 +45,10 @@ impl Flow {
 }
 
 impl QueuePair {
-    /// `ibv_create_flow`: steers the frames the rule matches to this raw packet QP. Needs
-    /// CAP_NET_RAW (EPERM); UD QPs are EOPNOTSUPP, other types EINVAL.
+    /// `ibv_create_flow`: steers the frames the rule matches to this raw packet QP, or, on a UD
+    /// QP, a copy of each received RoCEv2 UD datagram whose outer headers match (beside the QP
+    /// it is addressed to; TAG and DROP actions are EOPNOTSUPP there). Needs CAP_NET_RAW
+    /// (EPERM); other QP types are EINVAL.
     pub fn create_flow(&self, attr: &core::FlowAttr) -> Result<Flow> {
         Ok(Flow {
             core: core::Flow::create(&self.0.core, attr)?,

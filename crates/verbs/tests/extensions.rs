@@ -427,3 +427,92 @@ fn null_mr_discards_scattered_bytes_and_gathers_zeros() {
     a.qp.post_send(&[write]).unwrap();
     assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::RemAccessErr);
 }
+
+/// Implicit ODP (`ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND)`): one region's keys reach
+/// every live host buffer by address, receives and RDMA writes land there, prefetch checks the
+/// range, and memory no buffer holds (or a dropped buffer) is refused.
+#[test]
+fn implicit_odp_region_reaches_host_buffers_by_address() {
+    let (a, b) = pair(FLUSH_ACCESS, remote_qp_access());
+    assert_eq!(
+        a._pd
+            .register_implicit_odp(AccessFlags::LOCAL_WRITE)
+            .unwrap_err()
+            .errno(),
+        22,
+        "implicit regions need IBV_ACCESS_ON_DEMAND"
+    );
+    let access = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE | AccessFlags::ON_DEMAND;
+    let implicit = a._pd.register_implicit_odp(access).unwrap();
+    assert!(implicit.access().contains(AccessFlags::ON_DEMAND));
+    let buf = HostBuffer::new(4096).unwrap();
+    let other = HostBuffer::new(64).unwrap();
+
+    // A receive through the implicit lkey lands at the buffer's address.
+    a.qp.post_recv(&[RecvWr {
+        wr_id: 1,
+        sg_list: vec![implicit.sge(&buf, 100..400).unwrap()],
+    }])
+    .unwrap();
+    b.mr.write(0, &[0x5A; 300]).unwrap();
+    let send = SendRequest {
+        payload: Payload::Sges(vec![b.mr.sge(0..300).unwrap()]),
+        ..req(
+            2,
+            SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+        )
+    };
+    b.qp.post_send(&[send]).unwrap();
+    assert_eq!(wait(&b.cq, 1)[0].status, WcStatus::Success);
+    let wc = wait(&a.cq, 1)[0];
+    assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 300));
+    let v = buf.to_vec();
+    assert!(v[100..400].iter().all(|&x| x == 0x5A) && v[..100].iter().all(|&x| x == 0));
+
+    // Gathering from a second buffer with the same lkey.
+    other.write(0, &[7; 64]).unwrap();
+    let write = SendRequest {
+        payload: Payload::Sges(vec![implicit.sge(&other, 0..64).unwrap()]),
+        ..req(
+            3,
+            SendOp::Write {
+                remote: b.mr.remote(1024),
+                imm: None,
+            },
+        )
+    };
+    a.qp.post_send(&[write]).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    let mut got = [0u8; 64];
+    b.mr.read(1024, &mut got).unwrap();
+    assert_eq!(got, [7; 64]);
+
+    // Prefetch: a mapped range is fine, one past the buffer's end is EFAULT.
+    let pd = implicit.pd();
+    assert!(pd
+        .advise_mr(1, 1, &[implicit.sge(&buf, 0..4096).unwrap()])
+        .is_ok());
+    let mut past = implicit.sge(&buf, 0..4096).unwrap();
+    past.length += 1;
+    assert_eq!(pd.advise_mr(1, 0, &[past]).unwrap_err().errno(), 14);
+
+    // The peer's RDMA write with the implicit rkey reaches the buffer while it lives...
+    b.mr.write(2048, &[9; 16]).unwrap();
+    let rdma = |wr_id, remote| SendRequest {
+        payload: Payload::Sges(vec![b.mr.sge(2048..2064).unwrap()]),
+        ..req(wr_id, SendOp::Write { remote, imm: None })
+    };
+    b.qp.post_send(&[rdma(4, implicit.remote(&buf, 8))]).unwrap();
+    assert_eq!(wait(&b.cq, 1)[0].status, WcStatus::Success);
+    let mut got = [0u8; 16];
+    buf.read(8, &mut got).unwrap();
+    assert_eq!(got, [9; 16]);
+    // ...and is refused once it is gone.
+    let gone = implicit.remote(&other, 0);
+    drop(other);
+    b.qp.post_send(&[rdma(5, gone)]).unwrap();
+    assert_eq!(wait(&b.cq, 1)[0].status, WcStatus::RemAccessErr);
+}

@@ -653,7 +653,11 @@ fn loopback_and_argument_checks() {
         "tag and drop"
     );
     let ud = node.pd.create_qp(&QpInit::new(QpType::Ud, &node.cq)).unwrap();
-    assert_eq!(errno(ud.create_flow(&normal(0, vec![], None, false))), 95, "UD");
+    assert_eq!(
+        errno(ud.create_flow(&normal(0, vec![], Some(1), false))),
+        95,
+        "UD completions carry no flow tag"
+    );
     let rc = node.pd.create_qp(&QpInit::new(QpType::Rc, &node.cq)).unwrap();
     assert_eq!(errno(rc.create_flow(&normal(0, vec![], None, false))), 22, "RC");
 

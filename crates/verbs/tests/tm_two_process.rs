@@ -275,20 +275,6 @@ fn tag_matching_between_processes() {
     writeln!(p.stdin, "done").unwrap();
 }
 
-/// A base port whose first slots are free now, so that the test does not depend on which other
-/// softverbs processes run on the host (they use the standard 4791 range).
-fn free_base_port() -> u16 {
-    let free = |port: u16| {
-        std::net::UdpSocket::bind(("0.0.0.0", port)).is_ok()
-            && std::net::UdpSocket::bind(("::", port)).is_ok()
-    };
-    let seed = std::process::id() as u16;
-    (0..1000u16)
-        .map(|i| 20_000 + (seed.wrapping_add(i.wrapping_mul(89)) % 40_000))
-        .find(|&base| (base..base + 8).all(free))
-        .expect("a free range of UDP ports")
-}
-
 fn main() {
     if std::env::args().any(|a| a == "--peer") {
         peer();
@@ -296,7 +282,7 @@ fn main() {
     }
     // Before any device exists, so that this process and the peer (which inherits the
     // environment) use the same private base port.
-    std::env::set_var("SOFTVERBS_UDP_PORT", free_base_port().to_string());
+    std::env::set_var("SOFTVERBS_UDP_PORT", common::free_base_port().to_string());
     let ok = std::panic::catch_unwind(tag_matching_between_processes).is_ok();
     println!(
         "test tm_two_process::tag_matching_between_processes ... {}",

@@ -4,7 +4,7 @@
 mod common;
 
 use std::net::Ipv4Addr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use softverbs::*;
@@ -748,6 +748,12 @@ mod ud {
         };
         p.a.qp.post_send(&[bad]).unwrap();
         wait(&p.a.cq, 2);
+        // The send completes when the datagram leaves; the receiver may still be handling it.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while p.b.ctx.counters().rx_bad_qkey == before {
+            assert!(Instant::now() < deadline, "the bad Q_Key was never counted");
+            std::thread::sleep(Duration::from_millis(1));
+        }
         assert!(drain(&p.b.cq).is_empty());
         assert_eq!(p.b.ctx.counters().rx_bad_qkey, before + 1);
         assert_eq!(

@@ -621,20 +621,6 @@ fn standard_port_forwarding() {
     );
 }
 
-/// A base port whose first slots are free now, so that the test does not depend on which other
-/// softverbs processes run on the host (they use the standard 4791 range).
-fn free_base_port() -> u16 {
-    let free = |port: u16| {
-        std::net::UdpSocket::bind(("0.0.0.0", port)).is_ok()
-            && std::net::UdpSocket::bind(("::", port)).is_ok()
-    };
-    let seed = std::process::id() as u16;
-    (0..1000u16)
-        .map(|i| 20_000 + (seed.wrapping_add(i.wrapping_mul(97)) % 40_000))
-        .find(|&base| (base..base + 8).all(free))
-        .expect("a free range of UDP ports")
-}
-
 fn main() {
     if std::env::args().any(|a| a == "--peer") {
         peer();
@@ -642,7 +628,7 @@ fn main() {
     }
     // Before any device exists, so that this process and its peers (which inherit the
     // environment) use the same private base port.
-    std::env::set_var("SOFTVERBS_UDP_PORT", free_base_port().to_string());
+    std::env::set_var("SOFTVERBS_UDP_PORT", common::free_base_port().to_string());
     let tests: [(&str, fn()); 7] = [
         ("standard_port_forwarding", standard_port_forwarding),
         ("rc_between_processes", rc_between_processes),

@@ -215,3 +215,110 @@ fn hash_fields_are_validated() {
     assert!(RxHashFields::validate(0x10 | 0x40).is_err());
     assert!(RxHashFields::validate(1 << 40).is_err());
 }
+
+#[test]
+fn roce_datagram_headers_match_udp_and_ip_specs_but_never_tcp() {
+    let mac = [0x02, 0x11, 0x22, 0x33, 0x44, 0x55];
+    let src: SocketAddr = "10.0.0.1:49152".parse().unwrap();
+    let dst: SocketAddr = "10.0.0.2:4791".parse().unwrap();
+    let h = FrameHeaders::roce_datagram(mac, src, dst, 0, 64);
+    let udp = |dst_port: u16, mask: u16| FlowSpec::Udp {
+        val: PortFilter {
+            dst_port,
+            src_port: 0,
+        },
+        mask: PortFilter {
+            dst_port: mask,
+            src_port: 0,
+        },
+    };
+    assert!(udp(4791, 0xFFFF).matches(&h));
+    assert!(!udp(4792, 0xFFFF).matches(&h));
+    let tcp = FlowSpec::Tcp {
+        val: PortFilter::default(),
+        mask: PortFilter::default(),
+    };
+    assert!(!tcp.matches(&h), "RoCE traffic is never TCP");
+    let v4 = FlowSpec::Ipv4 {
+        val: Ipv4Filter {
+            src_ip: Ipv4Addr::new(10, 0, 0, 1),
+            proto: IPPROTO_UDP,
+            ..Default::default()
+        },
+        mask: Ipv4Filter {
+            src_ip: Ipv4Addr::BROADCAST,
+            proto: 0xFF,
+            ..Default::default()
+        },
+    };
+    assert!(v4.matches(&h));
+    assert!(!FlowSpec::Ipv6 {
+        val: Ipv6Filter::default(),
+        mask: Ipv6Filter::default(),
+    }
+    .matches(&h));
+    let eth = |val: EthFilter, mask: EthFilter| FlowSpec::Eth { val, mask }.matches(&h);
+    let ones = [0xFF; 6];
+    assert!(eth(
+        EthFilter {
+            dst_mac: mac,
+            ether_type: 0x0800,
+            ..Default::default()
+        },
+        EthFilter {
+            dst_mac: ones,
+            ether_type: 0xFFFF,
+            ..Default::default()
+        }
+    ));
+    assert!(
+        !eth(
+            EthFilter::default(),
+            EthFilter {
+                src_mac: ones,
+                ..Default::default()
+            }
+        ),
+        "the source MAC is unknown, so a rule on it cannot match"
+    );
+    assert!(
+        !eth(
+            EthFilter::default(),
+            EthFilter {
+                vlan_tag: 0xFFF,
+                ..Default::default()
+            }
+        ),
+        "no VLAN tag"
+    );
+}
+
+#[test]
+fn roce_datagram_to_a_group_goes_to_its_multicast_mac() {
+    let src: SocketAddr = "[fe80::1]:1000".parse().unwrap();
+    let dst: SocketAddr = "[ff12::1:2:3]:4791".parse().unwrap();
+    let h = FrameHeaders::roce_datagram([0x02, 0, 0, 0, 0, 9], src, dst, 3, 1);
+    assert_eq!(h.dst_mac, [0x33, 0x33, 0x00, 0x02, 0x00, 0x03]);
+    assert!(h.is_multicast());
+    assert_eq!(h.ether_type, 0x86DD);
+    assert!(FlowSpec::Ipv6 {
+        val: Ipv6Filter {
+            dst_ip: "ff12::1:2:3".parse().unwrap(),
+            next_hdr: IPPROTO_UDP,
+            traffic_class: 3,
+            ..Default::default()
+        },
+        mask: Ipv6Filter {
+            dst_ip: Ipv6Addr::from([0xFF; 16]),
+            next_hdr: 0xFF,
+            traffic_class: 0xFF,
+            ..Default::default()
+        },
+    }
+    .matches(&h));
+    assert_eq!(
+        multicast_mac("239.129.2.3".parse().unwrap()),
+        Some([0x01, 0x00, 0x5e, 0x01, 0x02, 0x03])
+    );
+    assert_eq!(multicast_mac("10.1.2.3".parse().unwrap()), None);
+}

@@ -256,7 +256,8 @@ int main(int argc, char **argv)
 	ua.qp_type = IBV_QPT_RC;
 	struct ibv_qp *rc = ibv_create_qp(pd, &ua);
 	errno = 0;
-	CHECK(!ibv_create_flow(ud, (struct ibv_flow_attr *)(void *)&ef) && errno == EOPNOTSUPP, "a flow on a UD QP: EOPNOTSUPP");
+	CHECK(!ibv_create_flow(ud, (struct ibv_flow_attr *)(void *)&ef) && errno == EOPNOTSUPP,
+	      "a TAG action on a UD QP (no flow tag in UD completions): EOPNOTSUPP");
 	errno = 0;
 	CHECK(!ibv_create_flow(rc, (struct ibv_flow_attr *)(void *)&ef) && errno == EINVAL, "a flow on an RC QP: EINVAL");
 	CHECK(ibv_destroy_qp(ud) == 0 && ibv_destroy_qp(rc) == 0, "UD and RC QPs destroyed");

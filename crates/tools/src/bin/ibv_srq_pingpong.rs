@@ -23,15 +23,16 @@ struct Args {
     /// Number of QPs to use
     #[arg(short = 'q', long = "num-qp", value_name = "NUM", default_value_t = 16, value_parser = parse_c_int::<u32>)]
     num_qp: u32,
-    /// Use on-demand paging (not supported)
+    /// Use on-demand paging
     #[arg(short = 'o', long = "odp")]
     odp: bool,
 }
 
 fn main() -> ExitCode {
     let args: Args = cli::parse_args();
-    if args.odp {
-        return cli::unsupported(Transport::Srq.tool_name(), "on-demand paging (-o)");
-    }
-    cli::pingpong_main(Transport::Srq, &args.common, Some(args.mtu), Some(args.num_qp))
+    let mut cfg = args
+        .common
+        .config(Transport::Srq, Some(args.mtu), Some(args.num_qp));
+    cfg.odp = args.odp;
+    cli::pingpong_main_with(&args.common, cfg)
 }

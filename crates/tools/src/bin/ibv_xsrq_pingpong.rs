@@ -49,7 +49,7 @@ struct Args {
     /// Sleep on CQ events instead of busy polling
     #[arg(short = 'e', long = "events")]
     events: bool,
-    /// Use on-demand paging (not supported)
+    /// Use on-demand paging
     #[arg(short = 'o', long = "odp")]
     odp: bool,
     /// Local port GID index (default: the first IPv4 GID, else the first GID)
@@ -79,6 +79,7 @@ fn run(args: &Args) -> Result<(), ToolError> {
         use_events: args.events,
         gid_index: args.gid_idx,
         timeout: args.timeout,
+        odp: args.odp,
     };
     let dev = cli::find_device(args.ib_dev.as_deref())?;
     let ctx = dev
@@ -102,9 +103,6 @@ fn run(args: &Args) -> Result<(), ToolError> {
 
 fn main() -> ExitCode {
     let args: Args = cli::parse_args();
-    if args.odp {
-        return cli::unsupported(TOOL, "on-demand paging (-o)");
-    }
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => cli::fail(TOOL, &e),

@@ -228,3 +228,18 @@ pub(crate) fn connect_rc(ctx: &Context, qp: &QueuePair, dest: u32, path: &RcPath
     )
     .unwrap();
 }
+
+/// A base UDP port whose first slots are free now, so that a multi-process test does not depend
+/// on which other softverbs processes run on the host (they use the standard 4791 range). Set
+/// it as `SOFTVERBS_UDP_PORT` before any device exists; child processes inherit it.
+pub(crate) fn free_base_port() -> u16 {
+    let free = |port: u16| {
+        std::net::UdpSocket::bind(("0.0.0.0", port)).is_ok()
+            && std::net::UdpSocket::bind(("::", port)).is_ok()
+    };
+    let seed = std::process::id() as u16;
+    (0..1000u16)
+        .map(|i| 20_000 + (seed.wrapping_add(i.wrapping_mul(97)) % 40_000))
+        .find(|&base| (base..base + 8).all(free))
+        .expect("a free range of UDP ports")
+}
