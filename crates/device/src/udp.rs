@@ -435,10 +435,9 @@ impl Udp {
         let mut got: [Option<Received>; RECV_MMSG] = [None; RECV_MMSG];
         {
             let spare = &mut batch.spare(RECV_MMSG * MAX_DATAGRAM)[..RECV_MMSG * MAX_DATAGRAM];
-            let mut iovs: Vec<[IoSliceMut<'_>; 1]> = spare
-                .chunks_mut(MAX_DATAGRAM)
-                .map(|c| [IoSliceMut::new(c)])
-                .collect();
+            let mut chunks = spare.chunks_mut(MAX_DATAGRAM);
+            let mut iovs: [[IoSliceMut<'_>; 1]; RECV_MMSG] =
+                std::array::from_fn(|_| [IoSliceMut::new(chunks.next().expect("one chunk per datagram"))]);
             let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(
                 RECV_MMSG,
                 Some(nix::cmsg_space!(libc::in6_pktinfo, i32)),
