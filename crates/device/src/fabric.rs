@@ -24,7 +24,7 @@
 //!   wait) and handles it; it uses no CPU when no deadline is pending.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
@@ -40,6 +40,7 @@ use crate::device::McastTable;
 use crate::driver::{Driver, IcrcCheck, PacketBatch, PacketData, Route};
 use crate::local::InProcess;
 use crate::mem::KeyTable;
+use crate::shm::Shm;
 use crate::udp::Udp;
 
 /// The multicast destination QPN.
@@ -68,6 +69,9 @@ pub struct NodeCounters {
     pub rx_icrc_unverified: AtomicU64,
     /// Sent packets no node was listening for.
     pub tx_unroutable: AtomicU64,
+    /// Packets sent to another process of this host through shared memory (counted in
+    /// `tx_packets` too).
+    pub tx_shm_packets: AtomicU64,
 }
 
 /// A snapshot of [`NodeCounters`].
@@ -84,6 +88,7 @@ pub struct CounterSnapshot {
     pub rx_bad_icrc: u64,
     pub rx_icrc_unverified: u64,
     pub tx_unroutable: u64,
+    pub tx_shm_packets: u64,
 }
 
 impl NodeCounters {
@@ -101,6 +106,7 @@ impl NodeCounters {
             rx_bad_icrc: g(&self.rx_bad_icrc),
             rx_icrc_unverified: g(&self.rx_icrc_unverified),
             tx_unroutable: g(&self.tx_unroutable),
+            tx_shm_packets: g(&self.tx_shm_packets),
         }
     }
 }
@@ -362,6 +368,12 @@ pub(crate) struct Fabric<E: Endpoint> {
     udp_rx: Mutex<PacketBatch>,
     /// Serialises attempts to start the UDP driver.
     udp_start: Mutex<()>,
+    /// The shared-memory driver (started with the UDP driver, unless turned off).
+    shm: OnceLock<Arc<Shm>>,
+    /// The shared-memory driver's receive batch; holding it is the right to receive from it.
+    shm_rx: Mutex<PacketBatch>,
+    /// Application polls since the UDP sockets last delivered something.
+    udp_idle_polls: AtomicU32,
     /// When an application thread last polled an empty CQ (engine nanoseconds).
     app_poll_at: AtomicU64,
 }
@@ -424,6 +436,10 @@ impl QpnTable {
 /// socket to it.
 const APP_POLLING: Duration = Duration::from_micros(200);
 
+/// With the shared-memory driver running, an application poll looks at idle UDP sockets only
+/// once in this many polls.
+const UDP_POLL_EVERY: u32 = 16;
+
 /// Waits on the UDP driver and handles what arrives; ends once the fabric is gone.
 fn receive_thread<E: Endpoint>(fabric: Weak<Fabric<E>>, udp: Arc<Udp>) {
     loop {
@@ -444,6 +460,29 @@ fn receive_thread<E: Endpoint>(fabric: Weak<Fabric<E>>, udp: Arc<Udp>) {
         if udp.wait(Duration::from_secs(1)) {
             let Some(f) = fabric.upgrade() else { return };
             f.pump_udp(true);
+            f.drive(f.now());
+        }
+    }
+}
+
+/// Waits on the shared-memory driver and handles what arrives; ends once the fabric is gone.
+fn shm_thread<E: Endpoint>(fabric: Weak<Fabric<E>>, shm: Arc<Shm>) {
+    loop {
+        let Some(f) = fabric.upgrade() else { return };
+        let since = f
+            .now()
+            .as_nanos()
+            .saturating_sub(f.app_poll_at.load(Ordering::Relaxed));
+        drop(f);
+        // As the UDP receive thread: a polling application reads the rings itself, and while
+        // this thread does not sleep on the doorbell, senders do not ring it.
+        if since < APP_POLLING.as_nanos() as u64 {
+            std::thread::sleep(APP_POLLING);
+            continue;
+        }
+        if shm.wait(Duration::from_secs(1)) {
+            let Some(f) = fabric.upgrade() else { return };
+            f.pump_shm(true);
             f.drive(f.now());
         }
     }
@@ -568,6 +607,9 @@ impl<E: Endpoint> Fabric<E> {
             udp: OnceLock::new(),
             udp_rx: Mutex::new(PacketBatch::default()),
             udp_start: Mutex::new(()),
+            shm: OnceLock::new(),
+            shm_rx: Mutex::new(PacketBatch::default()),
+            udp_idle_polls: AtomicU32::new(0),
             app_poll_at: AtomicU64::new(0),
         });
         let (me, wake) = (Arc::downgrade(&f), f.wake.clone());
@@ -646,7 +688,15 @@ impl<E: Endpoint> Fabric<E> {
     /// progress thread to be scheduled).
     pub(crate) fn progress(&self, now: Instant) {
         self.app_poll_at.store(now.as_nanos(), Ordering::Relaxed);
-        self.pump_udp(false);
+        self.pump_shm(false);
+        // Looking at the UDP sockets is a system call. With shared memory carrying the
+        // traffic of this host, a poller that found them empty looks again only every few
+        // polls; as long as they deliver, every poll reads them.
+        let skip = self.shm.get().is_some()
+            && self.udp_idle_polls.fetch_add(1, Ordering::Relaxed) % UDP_POLL_EVERY != 0;
+        if !skip && self.pump_udp(false) > 0 {
+            self.udp_idle_polls.store(0, Ordering::Relaxed);
+        }
         self.drive(now);
         if self.wake.load() <= now.as_nanos() {
             for n in self.live_nodes() {
@@ -659,15 +709,32 @@ impl<E: Endpoint> Fabric<E> {
     /// Reads the UDP driver and hands what it got to the nodes before another thread may read
     /// (so packets reach the nodes in the order the sockets held them). With `wait` false, an
     /// application thread gives way if another thread is reading.
-    fn pump_udp(&self, wait: bool) {
-        let Some(udp) = self.udp.get() else { return };
+    fn pump_udp(&self, wait: bool) -> usize {
+        let Some(udp) = self.udp.get() else { return 0 };
         let mut batch = if wait {
             self.udp_rx.lock()
         } else {
-            let Some(b) = self.udp_rx.try_lock() else { return };
+            let Some(b) = self.udp_rx.try_lock() else { return 0 };
             b
         };
-        if udp.recv(&mut batch) > 0 {
+        let n = udp.recv(&mut batch);
+        if n > 0 {
+            self.deliver_batch(&self.live_nodes(), &mut batch);
+        }
+        batch.clear();
+        n
+    }
+
+    /// Reads the shared-memory driver, as [`Fabric::pump_udp`] reads the UDP one.
+    fn pump_shm(&self, wait: bool) {
+        let Some(shm) = self.shm.get() else { return };
+        let mut batch = if wait {
+            self.shm_rx.lock()
+        } else {
+            let Some(b) = self.shm_rx.try_lock() else { return };
+            b
+        };
+        if shm.recv(&mut batch) > 0 {
             self.deliver_batch(&self.live_nodes(), &mut batch);
         }
         batch.clear();
@@ -718,7 +785,22 @@ impl<E: Endpoint> Fabric<E> {
             }
         }
         for (route, mut batch) in remote {
-            let sent = self.udp.get().map_or(0, |u| u.send(&route, &mut batch));
+            // Another process on this host (the address is one of this fabric's devices'):
+            // through its mailbox if it has one.
+            let local_host = route.dest_qpn != MULTICAST_QPN && nodes.iter().any(|n| n.has_gid(&route.dgid));
+            let by_shm = match self.shm.get() {
+                Some(shm) if local_host => shm.send_to_process(&route, &batch),
+                _ => None,
+            };
+            let sent = match by_shm {
+                Some(n) => {
+                    from.counters
+                        .tx_shm_packets
+                        .fetch_add(n as u64, Ordering::Relaxed);
+                    n
+                }
+                None => self.udp.get().map_or(0, |u| u.send(&route, &mut batch)),
+            };
             if route.dest_qpn != MULTICAST_QPN {
                 for _ in sent..batch.len() {
                     bump(&from.counters.tx_unroutable);
@@ -751,6 +833,14 @@ impl<E: Endpoint> Fabric<E> {
             .name("softverbs-rx".into())
             .spawn(move || receive_thread(me, u))
             .expect("spawn the receive thread");
+        if let Some(shm) = Shm::start(udp.port()) {
+            let (me, s) = (self.me.clone(), shm.clone());
+            std::thread::Builder::new()
+                .name("softverbs-shm".into())
+                .spawn(move || shm_thread(me, s))
+                .expect("spawn the shared-memory receive thread");
+            let _ = self.shm.set(shm);
+        }
         let _ = self.udp.set(udp);
         self.udp.get()
     }

@@ -2,7 +2,9 @@
 //! fixed number of rings, each claimed by one sending process at a time.
 //!
 //! Header (offsets in bytes): magic (0), version (8), ring count (12), ring capacity (16), the
-//! owner's pid (24); the doorbell futex word (64) and the owner's "sleeping" word (128), each in
+//! owner's pid (24), "closed" (28: set when the owner drops the mailbox, or when a new owner of
+//! the path replaces the file a dead one left, so that senders still mapping it look again);
+//! the doorbell futex word (64) and the owner's "sleeping" word (128), each in
 //! its own cache line; then one claim word per ring (192..): 0 when free, else the sender's pid
 //! in the high half and a per-process number below. Rings start at the first page boundary
 //! after the claim words.
@@ -18,6 +20,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use rustix::thread::futex;
@@ -33,6 +36,7 @@ const OFF_VERSION: usize = 8;
 const OFF_RINGS: usize = 12;
 const OFF_CAP: usize = 16;
 const OFF_PID: usize = 24;
+const OFF_CLOSED: usize = 28;
 const OFF_BELL: usize = 64;
 const OFF_SLEEPING: usize = 128;
 const OFF_CLAIMS: usize = 192;
@@ -112,14 +116,20 @@ fn check_private(meta: &std::fs::Metadata) -> Result<(), Error> {
 }
 
 /// The receiving end: the mailbox this process owns. Dropping it removes the file.
+///
+/// Any thread may poll it (one at a time: [`Inbox::poll`] serialises them, so records of one
+/// ring are handed over in order) and one may sleep in [`Inbox::wait`] meanwhile.
 #[derive(Debug)]
 pub struct Inbox {
+    /// Holds a shared lock for as long as the mailbox lives: senders test it to learn whether
+    /// the owner still runs (a lock dies with its process; a pid may be reused).
+    _lock: File,
     map: Mapping,
     layout: Layout,
-    rings: Vec<Consumer>,
-    next: usize,
+    /// The ring consumers and the ring to look at first.
+    rings: Mutex<(Vec<Consumer>, usize)>,
     path: PathBuf,
-    corrupt: u64,
+    corrupt: AtomicU64,
 }
 
 impl Inbox {
@@ -127,6 +137,10 @@ impl Inbox {
     /// user too), replacing one a dead owner left there.
     pub fn create(path: &Path, layout: Layout) -> Result<Self, Error> {
         layout.check()?;
+        // A file left here belongs to an owner that is gone: tell its senders before removing it.
+        if let Ok(old) = Outbox::map_mailbox(path) {
+            old.u32_at(OFF_CLOSED).store(1, Ordering::Release);
+        }
         let _ = std::fs::remove_file(path);
         let file = OpenOptions::new()
             .read(true)
@@ -135,6 +149,7 @@ impl Inbox {
             .mode(0o600)
             .open(path)?;
         file.set_len(layout.file_size() as u64)?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockShared).map_err(std::io::Error::from)?;
         let map = Mapping::new(&file)?;
         map.u64_at(OFF_CAP)
             .store(layout.ring_capacity as u64, Ordering::Relaxed);
@@ -147,12 +162,12 @@ impl Inbox {
             .map(|i| Consumer::attach(&map, layout.ring_base(i), layout.ring_capacity))
             .collect();
         Ok(Self {
+            _lock: file,
             map,
             layout,
-            rings,
-            next: 0,
+            rings: Mutex::new((rings, 0)),
             path: path.to_path_buf(),
-            corrupt: 0,
+            corrupt: AtomicU64::new(0),
         })
     }
 
@@ -163,26 +178,28 @@ impl Inbox {
 
     /// Records that were not valid (each dropped its ring's unread records).
     pub fn corrupt(&self) -> u64 {
-        self.corrupt
+        self.corrupt.load(Ordering::Relaxed)
     }
 
     /// Hands up to `max` records to `f`, taking the rings in turn so that no sender starves
-    /// the others. Returns how many it handed over.
-    pub fn poll(&mut self, max: usize, mut f: impl FnMut(&[u8])) -> usize {
-        let n = self.rings.len();
+    /// the others. Returns how many it handed over. Another thread polling meanwhile waits.
+    pub fn poll(&self, max: usize, mut f: impl FnMut(&[u8])) -> usize {
+        let mut guard = self.rings.lock().unwrap_or_else(|p| p.into_inner());
+        let (rings, next) = &mut *guard;
+        let n = rings.len();
         let mut got = 0;
         let mut idle = 0;
         while got < max && idle < n {
-            let i = self.next;
-            self.next = (self.next + 1) % n;
-            match self.rings[i].pop(&self.map, &mut f) {
+            let i = *next;
+            *next = (*next + 1) % n;
+            match rings[i].pop(&self.map, &mut f) {
                 Ok(Some(())) => {
                     got += 1;
                     idle = 0;
                 }
                 Ok(None) => idle += 1,
                 Err(_) => {
-                    self.corrupt += 1;
+                    self.corrupt.fetch_add(1, Ordering::Relaxed);
                     idle += 1;
                 }
             }
@@ -190,14 +207,15 @@ impl Inbox {
         got
     }
 
-    /// Whether a record waits in some ring.
+    /// Whether no record waits in any ring (read from the shared words, so it never waits for
+    /// a polling thread).
     pub fn is_empty(&self) -> bool {
-        self.rings.iter().all(|r| r.is_empty(&self.map))
+        (0..self.layout.rings as usize).all(|i| ring::is_empty(&self.map, self.layout.ring_base(i)))
     }
 
     /// Sleeps until a sender rings the doorbell or `timeout` passes; returns at once if a
     /// record already waits. Returns whether one may wait now.
-    pub fn wait(&mut self, timeout: Duration) -> bool {
+    pub fn wait(&self, timeout: Duration) -> bool {
         let bell = self.map.u32_at(OFF_BELL);
         let sleeping = self.map.u32_at(OFF_SLEEPING);
         let seen = bell.load(Ordering::SeqCst);
@@ -215,8 +233,23 @@ impl Inbox {
     }
 }
 
+impl Inbox {
+    /// Ends a [`Inbox::wait`] of another thread early (rings this mailbox's own doorbell).
+    pub fn wake(&self) {
+        ring_bell(&self.map);
+    }
+}
+
+/// Increments the doorbell and wakes its sleeper.
+fn ring_bell(map: &Mapping) {
+    let bell = map.u32_at(OFF_BELL);
+    bell.fetch_add(1, Ordering::SeqCst);
+    let _ = futex::wake(bell, futex::Flags::empty(), 1);
+}
+
 impl Drop for Inbox {
     fn drop(&mut self) {
+        self.map.u32_at(OFF_CLOSED).store(1, Ordering::Release);
         let _ = std::fs::remove_file(&self.path);
     }
 }
@@ -224,11 +257,11 @@ impl Drop for Inbox {
 /// The sending end: a ring claimed in another process's mailbox. Dropping it frees the ring.
 #[derive(Debug)]
 pub struct Outbox {
+    file: File,
     map: Mapping,
     ring: Producer,
     slot: usize,
     claim: u64,
-    owner: u32,
     max_record: usize,
 }
 
@@ -237,16 +270,8 @@ impl Outbox {
     /// [`Error::NotPrivate`] if the file is not this user's alone, [`Error::NoRing`] if every
     /// ring is taken, [`Error::BadLayout`] if it is not a mailbox of this version.
     pub fn open(path: &Path) -> Result<Self, Error> {
-        let file: File = OpenOptions::new().read(true).write(true).open(path)?;
-        let meta = file.metadata()?;
-        check_private(&meta)?;
-        if (meta.len() as usize) < OFF_CLAIMS {
-            return Err(Error::BadLayout);
-        }
-        let map = Mapping::new(&file)?;
-        if map.u64_at(OFF_MAGIC).load(Ordering::Acquire) != MAGIC
-            || map.u32_at(OFF_VERSION).load(Ordering::Relaxed) != VERSION
-        {
+        let (file, map) = Self::open_mailbox(path)?;
+        if map.u32_at(OFF_CLOSED).load(Ordering::Acquire) != 0 {
             return Err(Error::BadLayout);
         }
         let layout = Layout {
@@ -257,7 +282,6 @@ impl Outbox {
         if layout.file_size() != map.len() {
             return Err(Error::BadLayout);
         }
-        let owner = map.u32_at(OFF_PID).load(Ordering::Relaxed);
         let claim = next_claim();
         let slot = (0..layout.rings as usize)
             .find(|&i| {
@@ -271,13 +295,41 @@ impl Outbox {
             .ok_or(Error::NoRing)?;
         let ring = Producer::attach(&map, layout.ring_base(slot), layout.ring_capacity);
         Ok(Self {
+            file,
             map,
             ring,
             slot,
             claim,
-            owner,
             max_record: layout.max_record(),
         })
+    }
+
+    /// Opens and maps the mailbox file at `path` after checking that it is private and of
+    /// this version.
+    fn open_mailbox(path: &Path) -> Result<(File, Mapping), Error> {
+        let file: File = OpenOptions::new().read(true).write(true).open(path)?;
+        let meta = file.metadata()?;
+        check_private(&meta)?;
+        if (meta.len() as usize) < OFF_CLAIMS {
+            return Err(Error::BadLayout);
+        }
+        let map = Mapping::new(&file)?;
+        if map.u64_at(OFF_MAGIC).load(Ordering::Acquire) != MAGIC
+            || map.u32_at(OFF_VERSION).load(Ordering::Relaxed) != VERSION
+        {
+            return Err(Error::BadLayout);
+        }
+        Ok((file, map))
+    }
+
+    fn map_mailbox(path: &Path) -> Result<Mapping, Error> {
+        Self::open_mailbox(path).map(|(_, m)| m)
+    }
+
+    /// Whether the owner dropped this mailbox, or a new owner of its path replaced it: open
+    /// the path again to reach whoever owns it now. One load from shared memory.
+    pub fn is_closed(&self) -> bool {
+        self.map.u32_at(OFF_CLOSED).load(Ordering::Acquire) != 0
     }
 
     /// The largest record this mailbox takes.
@@ -285,9 +337,17 @@ impl Outbox {
         self.max_record
     }
 
-    /// Whether the mailbox's owner still runs.
+    /// Whether the mailbox's owner still runs (it holds a shared lock on the file while it
+    /// lives; two system calls).
     pub fn owner_alive(&self) -> bool {
-        alive(self.owner)
+        use rustix::fs::{flock, FlockOperation};
+        match flock(&self.file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {
+                let _ = flock(&self.file, FlockOperation::Unlock);
+                false
+            }
+            Err(_) => true,
+        }
     }
 
     /// Appends a record of `len` bytes that `fill` writes in place, and rings the doorbell if
@@ -297,9 +357,7 @@ impl Outbox {
             return Ok(false);
         }
         if self.map.u32_at(OFF_SLEEPING).load(Ordering::SeqCst) != 0 {
-            let bell = self.map.u32_at(OFF_BELL);
-            bell.fetch_add(1, Ordering::SeqCst);
-            let _ = futex::wake(bell, futex::Flags::empty(), 1);
+            ring_bell(&self.map);
         }
         Ok(true)
     }

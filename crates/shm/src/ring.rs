@@ -36,6 +36,12 @@ pub(crate) fn max_record(cap: usize) -> usize {
     cap / 2 - REC
 }
 
+/// Whether the ring at `base` holds no published, unfreed record (from the shared words; the
+/// consumer stores its head after every record it frees).
+pub(crate) fn is_empty(map: &Mapping, base: usize) -> bool {
+    map.u64_at(base + TAIL).load(Ordering::SeqCst) == map.u64_at(base + HEAD).load(Ordering::SeqCst)
+}
+
 /// The producing end of one ring.
 #[derive(Debug)]
 pub(crate) struct Producer {
@@ -124,11 +130,6 @@ impl Consumer {
         }
     }
 
-    /// Whether a record is published and unread.
-    pub(crate) fn is_empty(&self, map: &Mapping) -> bool {
-        map.u64_at(self.base + TAIL).load(Ordering::SeqCst) == self.head
-    }
-
     /// Hands the next record to `f` and frees it. `Ok(None)` if the ring is empty;
     /// [`Error::Corrupt`] if what the producer published is not a valid record (everything
     /// published so far is then dropped).
@@ -154,6 +155,7 @@ impl Consumer {
                 Some(WRAP) if room <= published => {
                     // The filler: the record starts over at the beginning of the data area.
                     self.head += room;
+                    map.u64_at(self.base + HEAD).store(self.head, Ordering::Release);
                 }
                 Some(len) if len != WRAP => {
                     let need = (REC + padded(len as usize)) as u64;

@@ -36,7 +36,7 @@ fn record(seq: u64, len: usize) -> Vec<u8> {
     r
 }
 
-fn drain(inbox: &mut Inbox) -> Vec<Vec<u8>> {
+fn drain(inbox: &Inbox) -> Vec<Vec<u8>> {
     let mut out = Vec::new();
     inbox.poll(usize::MAX, |r| out.push(r.to_vec()));
     out
@@ -45,7 +45,7 @@ fn drain(inbox: &mut Inbox) -> Vec<Vec<u8>> {
 #[test]
 fn records_arrive_in_order_and_intact() {
     let p = path("order");
-    let mut inbox = Inbox::create(&p, SMALL).unwrap();
+    let inbox = Inbox::create(&p, SMALL).unwrap();
     let mut out = Outbox::open(&p).unwrap();
     assert!(inbox.is_empty());
     for (seq, len) in [(1u64, 0usize), (2, 1), (3, 8), (4, 100), (5, 2040)] {
@@ -53,7 +53,7 @@ fn records_arrive_in_order_and_intact() {
         assert!(out.push(len, |b| b.copy_from_slice(&r)).unwrap());
     }
     assert!(!inbox.is_empty());
-    let got = drain(&mut inbox);
+    let got = drain(&inbox);
     let want: Vec<Vec<u8>> = [(1u64, 0usize), (2, 1), (3, 8), (4, 100), (5, 2040)]
         .iter()
         .map(|&(s, l)| record(s, l))
@@ -66,7 +66,7 @@ fn records_arrive_in_order_and_intact() {
 #[test]
 fn a_full_ring_refuses_and_a_too_large_record_is_an_error() {
     let p = path("full");
-    let mut inbox = Inbox::create(&p, SMALL).unwrap();
+    let inbox = Inbox::create(&p, SMALL).unwrap();
     let mut out = Outbox::open(&p).unwrap();
     assert_eq!(out.max_record(), 2048 - 8);
     assert!(matches!(
@@ -79,38 +79,68 @@ fn a_full_ring_refuses_and_a_too_large_record_is_an_error() {
         assert!(pushed < 100, "a 4 KiB ring never fills");
     }
     assert_eq!(pushed, 4096 / 512, "each 500-byte record takes 512 bytes");
-    assert_eq!(drain(&mut inbox).len(), pushed);
+    assert_eq!(drain(&inbox).len(), pushed);
     assert!(out.push(500, |_| {}).unwrap(), "room again once consumed");
 }
 
 #[test]
 fn rings_are_claimed_one_per_sender_and_freed_on_drop() {
     let p = path("claims");
-    let mut inbox = Inbox::create(&p, SMALL).unwrap();
+    let inbox = Inbox::create(&p, SMALL).unwrap();
     let mut outs: Vec<Outbox> = (0..4).map(|_| Outbox::open(&p).unwrap()).collect();
     assert!(matches!(Outbox::open(&p), Err(Error::NoRing)));
     for (i, o) in outs.iter_mut().enumerate() {
         assert!(o.push(1, |b| b[0] = i as u8).unwrap());
     }
-    let mut got: Vec<u8> = drain(&mut inbox).into_iter().map(|r| r[0]).collect();
+    let mut got: Vec<u8> = drain(&inbox).into_iter().map(|r| r[0]).collect();
     got.sort_unstable();
     assert_eq!(got, [0, 1, 2, 3], "one record from each sender");
     outs.pop();
     let mut again = Outbox::open(&p).unwrap();
     assert!(again.push(3, |b| b.copy_from_slice(b"new")).unwrap());
-    assert_eq!(drain(&mut inbox), [b"new".to_vec()]);
+    assert_eq!(drain(&inbox), [b"new".to_vec()]);
     assert!(again.owner_alive());
 }
 
 #[test]
 fn a_dead_senders_ring_is_taken_over_with_its_records() {
     let p = path("dead");
-    let mut inbox = Inbox::create(&p, Layout { rings: 1, ..SMALL }).unwrap();
+    let inbox = Inbox::create(&p, Layout { rings: 1, ..SMALL }).unwrap();
     // A sender in a child process pushes one record and exits without freeing its ring.
     child("push-one", &p);
     let mut out = Outbox::open(&p).expect("the dead sender's ring is free again");
     assert!(out.push(2, |b| b.copy_from_slice(b"me")).unwrap());
-    assert_eq!(drain(&mut inbox), [b"child".to_vec(), b"me".to_vec()]);
+    assert_eq!(drain(&inbox), [b"child".to_vec(), b"me".to_vec()]);
+}
+
+#[test]
+fn a_sender_learns_that_the_owner_is_gone() {
+    let p = path("owner");
+    let inbox = Inbox::create(&p, SMALL).unwrap();
+    let out = Outbox::open(&p).unwrap();
+    assert!(out.owner_alive());
+    assert!(out.owner_alive(), "asking does not change the answer");
+    assert!(!out.is_closed());
+    drop(inbox);
+    assert!(!out.owner_alive());
+    assert!(out.is_closed(), "a dropped mailbox says so");
+    assert!(!p.exists(), "the owner removes its mailbox");
+}
+
+#[test]
+fn a_new_owner_of_the_path_closes_the_old_mailbox() {
+    let p = path("replace");
+    let old = Inbox::create(&p, SMALL).unwrap();
+    let mut out = Outbox::open(&p).unwrap();
+    // The owner dies without dropping anything; a new process takes its place.
+    std::mem::forget(old);
+    let new = Inbox::create(&p, SMALL).unwrap();
+    assert!(out.is_closed(), "senders of the old file learn it is gone");
+    assert!(out.push(1, |b| b[0] = 1).unwrap(), "pushing there is harmless");
+    let mut fresh = Outbox::open(&p).unwrap();
+    assert!(!fresh.is_closed());
+    assert!(fresh.push(3, |b| b.copy_from_slice(b"new")).unwrap());
+    assert_eq!(drain(&new), [b"new".to_vec()]);
 }
 
 #[test]
@@ -132,7 +162,7 @@ fn files_that_are_not_private_are_refused() {
 #[test]
 fn a_corrupted_record_is_dropped_not_read() {
     let p = path("corrupt");
-    let mut inbox = Inbox::create(&p, Layout { rings: 1, ..SMALL }).unwrap();
+    let inbox = Inbox::create(&p, Layout { rings: 1, ..SMALL }).unwrap();
     let mut out = Outbox::open(&p).unwrap();
     assert!(out.push(16, |b| b.fill(1)).unwrap());
     // Overwrite the published record's length with one far beyond the ring (the file is the
@@ -141,17 +171,17 @@ fn a_corrupted_record_is_dropped_not_read() {
     let f = OpenOptions::new().write(true).open(&p).unwrap();
     f.write_all_at(&100_000u32.to_le_bytes(), first_ring_data)
         .unwrap();
-    assert!(drain(&mut inbox).is_empty());
+    assert!(drain(&inbox).is_empty());
     assert_eq!(inbox.corrupt(), 1);
     // The ring goes on after the damage.
     assert!(out.push(3, |b| b.copy_from_slice(b"ok!")).unwrap());
-    assert_eq!(drain(&mut inbox), [b"ok!".to_vec()]);
+    assert_eq!(drain(&inbox), [b"ok!".to_vec()]);
 }
 
 #[test]
 fn the_doorbell_wakes_a_sleeping_owner() {
     let p = path("bell");
-    let mut inbox = Inbox::create(&p, SMALL).unwrap();
+    let inbox = Inbox::create(&p, SMALL).unwrap();
     let mut out = Outbox::open(&p).unwrap();
     // Nothing to read: the wait ends by its timeout.
     let t = Instant::now();
@@ -168,7 +198,7 @@ fn the_doorbell_wakes_a_sleeping_owner() {
         assert!(t.elapsed() < Duration::from_secs(25), "never woken");
     }
     assert!(t.elapsed() < Duration::from_secs(25));
-    assert_eq!(drain(&mut inbox), [b"ring".to_vec()]);
+    assert_eq!(drain(&inbox), [b"ring".to_vec()]);
     sender.join().unwrap();
 }
 
@@ -179,7 +209,7 @@ const STREAM: u64 = 50_000;
 #[test]
 fn a_sender_in_another_process() {
     let p = path("proc");
-    let mut inbox = Inbox::create(
+    let inbox = Inbox::create(
         &p,
         Layout {
             rings: 2,
@@ -258,7 +288,7 @@ proptest! {
     #[test]
     fn behaves_like_a_fifo(ops in proptest::collection::vec((any::<bool>(), 0usize..2041), 1..300)) {
         let p = path("prop");
-        let mut inbox = Inbox::create(&p, Layout { rings: 1, ..SMALL }).unwrap();
+        let inbox = Inbox::create(&p, Layout { rings: 1, ..SMALL }).unwrap();
         let mut out = Outbox::open(&p).unwrap();
         let mut model: VecDeque<Vec<u8>> = VecDeque::new();
         for (seq, (push, len)) in ops.into_iter().enumerate() {
@@ -277,7 +307,7 @@ proptest! {
                 prop_assert_eq!(got, model.pop_front());
             }
         }
-        let rest = drain(&mut inbox);
+        let rest = drain(&inbox);
         prop_assert_eq!(rest, model.into_iter().collect::<Vec<_>>());
         prop_assert_eq!(inbox.corrupt(), 0);
     }

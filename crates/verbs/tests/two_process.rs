@@ -493,6 +493,12 @@ fn rc_between_processes() {
         counters.tx_packets >= 384 && counters.rx_packets >= 256,
         "{counters:?}"
     );
+    // The carrier this run asked for carried them.
+    if carrier() == "shm" {
+        assert!(counters.tx_shm_packets >= 384, "{counters:?}");
+    } else {
+        assert_eq!(counters.tx_shm_packets, 0, "{counters:?}");
+    }
     assert_eq!(
         (
             counters.rx_bad_icrc,
@@ -577,10 +583,12 @@ fn ud_to_peer(ip: IpAddr) {
     };
     s.qp.post_send(&[r]).unwrap();
     assert_eq!(p.line(), format!("ud 1 {} hello", s.qp.qp_num()));
+    let after = s.ctx.counters();
+    assert_eq!(after.tx_unroutable, before.tx_unroutable, "sent");
     assert_eq!(
-        s.ctx.counters().tx_unroutable,
-        before.tx_unroutable,
-        "sent over UDP"
+        after.tx_shm_packets - before.tx_shm_packets,
+        u64::from(carrier() == "shm"),
+        "through the carrier this run asked for"
     );
 }
 
@@ -621,6 +629,16 @@ fn standard_port_forwarding() {
     );
 }
 
+/// The carrier between the processes in this run: `shm` (the default) or `udp`
+/// (`SOFTVERBS_SHM=0`).
+fn carrier() -> &'static str {
+    if std::env::var("SOFTVERBS_SHM").is_ok_and(|v| v == "0") {
+        "udp"
+    } else {
+        "shm"
+    }
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--peer") {
         peer();
@@ -629,6 +647,16 @@ fn main() {
     // Before any device exists, so that this process and its peers (which inherit the
     // environment) use the same private base port.
     std::env::set_var("SOFTVERBS_UDP_PORT", common::free_base_port().to_string());
+    // Every test runs twice: over shared memory here, then over UDP in a copy of this
+    // process with the shared-memory driver off (the carrier is chosen once per process).
+    let rerun_over_udp = carrier() == "shm";
+    let udp_run = rerun_over_udp.then(|| {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .env("SOFTVERBS_SHM", "0")
+            .env("SOFTVERBS_UDP_PORT", common::free_base_port().to_string())
+            .output()
+            .unwrap()
+    });
     let tests: [(&str, fn()); 7] = [
         ("standard_port_forwarding", standard_port_forwarding),
         ("rc_between_processes", rc_between_processes),
@@ -651,11 +679,30 @@ fn main() {
     for (name, t) in tests {
         let ok = std::panic::catch_unwind(t).is_ok();
         println!(
-            "test two_process::{name} ... {}",
+            "test two_process::{}::{name} ... {}",
+            carrier(),
             if ok { "ok" } else { "FAILED" }
         );
         failed += usize::from(!ok);
     }
-    println!("{} passed, {} failed", tests.len() - failed, failed);
+    let mut total = tests.len();
+    if let Some(out) = udp_run {
+        let text = String::from_utf8_lossy(&out.stdout);
+        for line in text.lines().filter(|l| l.starts_with("test ")) {
+            println!("{line}");
+            total += 1;
+            failed += usize::from(!line.ends_with(" ok"));
+        }
+        if !out.status.success() && !text.contains("FAILED") {
+            eprintln!(
+                "the UDP run failed:\n{text}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            failed += 1;
+        }
+    }
+    if rerun_over_udp {
+        println!("{} passed, {} failed", total - failed, failed);
+    }
     std::process::exit(i32::from(failed > 0));
 }

@@ -1,0 +1,250 @@
+//! The shared-memory driver: RoCE packets to the other processes of this user on this host go
+//! through their mailboxes (`softverbs-shm`) instead of the kernel's UDP stack.
+//!
+//! Every process that runs the UDP driver also creates a mailbox named after its network
+//! namespace and its UDP slot port, in a directory private to the user. The fabric sends a run
+//! of packets whose destination address belongs to one of its own devices (so: this host, this
+//! network namespace) and whose QP number names another process's slot to that process's
+//! mailbox if it has one; otherwise, and for multicast, the packets go over UDP as before. A
+//! peer of another user has no mailbox this process may open, so it is reached over UDP.
+//!
+//! Each record is one packet exactly as the UDP driver would send it (BTH to ICRC), behind a
+//! header with what the receiver would learn from the IP and UDP headers: source and
+//! destination GID, traffic class, hop limit and ports. The engines on both sides are the
+//! same, so RC, UC and UD behave exactly as over UDP; the node counters count these packets
+//! too. A packet never leaves memory private to the user, so there is no ICRC to check.
+//!
+//! `SOFTVERBS_SHM=0` turns the driver off.
+
+use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant as StdInstant};
+
+use parking_lot::Mutex;
+use softverbs_engine::transport::RxMeta;
+use softverbs_engine::types::Gid;
+use softverbs_shm::{Inbox, Layout, Outbox};
+
+use crate::driver::{Driver, IcrcCheck, PacketBatch, Route};
+
+/// Bytes in front of each packet: source GID, destination GID, traffic class, hop limit, two
+/// reserved bytes, source and destination UDP port.
+const HEADER: usize = 40;
+/// A mailbox: rings for up to 32 sending processes at once, 1 MiB each (a whole send window of
+/// 4 KiB packets).
+const LAYOUT: Layout = Layout {
+    rings: 32,
+    ring_capacity: 1 << 20,
+};
+/// How long to wait for room in a full ring before the packet is lost (as a full socket buffer
+/// would lose it).
+const FULL_WAIT: Duration = Duration::from_millis(5);
+/// How often a process without a mailbox is looked for again.
+const RETRY_ABSENT: Duration = Duration::from_secs(1);
+/// How often a port whose mailbox was left by a dead owner is looked at again.
+const RETRY_STALE: Duration = Duration::from_millis(10);
+/// How often a peer's liveness is checked (a new process may own its port later).
+const CHECK_ALIVE: Duration = Duration::from_millis(200);
+/// Records handed over per receive call.
+const MAX_BATCH: usize = 256;
+
+/// Whether the environment allows the driver (`SOFTVERBS_SHM=0` turns it off).
+pub(crate) fn enabled() -> bool {
+    std::env::var("SOFTVERBS_SHM").map_or(true, |v| v.trim() != "0")
+}
+
+/// What this process knows of another's mailbox.
+#[derive(Debug)]
+enum Peer {
+    Open {
+        out: Outbox,
+        checked: StdInstant,
+    },
+    /// None (or not ours to open, or its owner dead) when last looked for; look again from
+    /// this time on.
+    Absent(StdInstant),
+}
+
+/// The shared-memory driver of this process.
+#[derive(Debug)]
+pub(crate) struct Shm {
+    inbox: Inbox,
+    dir: PathBuf,
+    netns: u64,
+    peers: Mutex<HashMap<u16, Peer>>,
+}
+
+impl Shm {
+    /// Creates this process's mailbox for its UDP slot `port`; `None` if the driver is off or
+    /// the mailbox cannot be made (the fabric then uses UDP only).
+    pub(crate) fn start(port: u16) -> Option<Arc<Self>> {
+        if !enabled() {
+            return None;
+        }
+        let uid = nix::unistd::getuid().as_raw();
+        let dir = softverbs_shm::private_dir(&format!("softverbs-shm-{uid}"))
+            .inspect_err(|e| tracing::warn!("shared-memory driver off: {e}"))
+            .ok()?;
+        let netns = std::fs::metadata("/proc/self/ns/net").map_or(0, |m| m.ino());
+        let path = dir.join(format!("{netns}-{port}"));
+        let inbox = Inbox::create(&path, LAYOUT)
+            .inspect_err(|e| tracing::warn!(path = %path.display(), "shared-memory driver off: {e}"))
+            .ok()?;
+        tracing::debug!(path = %path.display(), "shared-memory driver up");
+        Some(Arc::new(Self {
+            inbox,
+            dir,
+            netns,
+            peers: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// Sends a run of packets to the process whose slot port is `route.ports.1`, if it has a
+    /// mailbox. `None` if it has none (the caller uses UDP); else how many packets went.
+    pub(crate) fn send_to_process(&self, route: &Route, packets: &[Vec<u8>]) -> Option<usize> {
+        let port = route.ports.1;
+        let mut peers = self.peers.lock();
+        let now = StdInstant::now();
+        let peer = peers.entry(port).or_insert(Peer::Absent(now));
+        if let Peer::Open { out, checked } = peer {
+            if out.is_closed() {
+                // Replaced by a new owner of the port (or dropped): look again at once.
+                *peer = Peer::Absent(now);
+            } else if now.duration_since(*checked) >= CHECK_ALIVE {
+                if out.owner_alive() {
+                    *checked = now;
+                } else {
+                    *peer = Peer::Absent(now);
+                }
+            }
+        }
+        if let Peer::Absent(retry_at) = peer {
+            if now < *retry_at {
+                return None;
+            }
+            match Outbox::open(&self.dir.join(format!("{}-{port}", self.netns))) {
+                Ok(out) if out.owner_alive() => *peer = Peer::Open { out, checked: now },
+                // A mailbox its owner left behind when it died: the next owner of the port
+                // will replace it soon, if one comes.
+                Ok(_) => {
+                    *peer = Peer::Absent(now + RETRY_STALE);
+                    return None;
+                }
+                // None (a process with the driver off, or of another user).
+                Err(_) => {
+                    *peer = Peer::Absent(now + RETRY_ABSENT);
+                    return None;
+                }
+            }
+        }
+        let Peer::Open { out, .. } = peer else {
+            return None;
+        };
+        let header = encode_header(route);
+        let mut sent = 0;
+        for p in packets {
+            let fill = |rec: &mut [u8]| {
+                rec[..HEADER].copy_from_slice(&header);
+                rec[HEADER..].copy_from_slice(p);
+            };
+            let len = HEADER + p.len();
+            let deadline = StdInstant::now() + FULL_WAIT;
+            loop {
+                match out.push(len, fill) {
+                    Ok(true) => {
+                        sent += 1;
+                        break;
+                    }
+                    // Full: the receiver is behind; give it the core for a while.
+                    Ok(false) if StdInstant::now() < deadline => std::thread::yield_now(),
+                    _ => return Some(sent),
+                }
+            }
+        }
+        Some(sent)
+    }
+}
+
+/// A record's header for packets sent along `route`.
+fn encode_header(route: &Route) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[..16].copy_from_slice(&route.sgid.0);
+    h[16..32].copy_from_slice(&route.dgid.0);
+    h[32] = route.traffic_class;
+    h[33] = route.hop_limit;
+    h[36..38].copy_from_slice(&route.ports.0.to_be_bytes());
+    h[38..40].copy_from_slice(&route.ports.1.to_be_bytes());
+    h
+}
+
+/// Reads a record's header: what the receiver would have learned from IP and UDP.
+fn parse_header(h: &[u8; HEADER]) -> (RxMeta, (u16, u16)) {
+    let gid = |b: &[u8]| Gid(b.try_into().expect("16 bytes"));
+    let meta = RxMeta {
+        sgid: gid(&h[..16]),
+        dgid: gid(&h[16..32]),
+        traffic_class: h[32],
+        hop_limit: h[33],
+    };
+    let ports = (
+        u16::from_be_bytes([h[36], h[37]]),
+        u16::from_be_bytes([h[38], h[39]]),
+    );
+    (meta, ports)
+}
+
+impl Driver for Shm {
+    fn send(&self, route: &Route, packets: &mut [Vec<u8>]) -> usize {
+        self.send_to_process(route, packets).unwrap_or(0)
+    }
+
+    fn recv(&self, batch: &mut PacketBatch) -> usize {
+        let mut n = 0;
+        self.inbox.poll(MAX_BATCH, |rec| {
+            let Some((h, packet)) = rec.split_first_chunk::<HEADER>() else {
+                return;
+            };
+            let (meta, ports) = parse_header(h);
+            batch.push(packet, meta, IcrcCheck::Ok, ports);
+            n += 1;
+        });
+        n
+    }
+
+    fn wait(&self, timeout: Duration) -> bool {
+        self.inbox.wait(timeout)
+    }
+
+    fn wake(&self) {
+        self.inbox.wake();
+    }
+
+    fn readiness(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    #[test]
+    fn headers_round_trip() {
+        let route = Route {
+            sgid: Gid::from(Ipv4Addr::new(127, 0, 0, 1)),
+            dgid: Gid::from(Ipv4Addr::new(127, 0, 0, 2)),
+            dest_qpn: 0x02_0011,
+            traffic_class: 7,
+            hop_limit: 9,
+            ifindex: 1,
+            ports: (4792, 4793),
+        };
+        let (meta, ports) = parse_header(&encode_header(&route));
+        assert_eq!(meta, route.meta());
+        assert_eq!(ports, route.ports);
+    }
+}
