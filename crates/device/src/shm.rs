@@ -39,9 +39,13 @@ const LAYOUT: Layout = Layout {
     rings: 32,
     ring_capacity: 1 << 20,
 };
-/// How long to wait for room in a full ring before the packet is lost (as a full socket buffer
-/// would lose it).
-const FULL_WAIT: Duration = Duration::from_millis(5);
+/// How long to wait for room in a full ring before the packet is lost. A local receiver that
+/// is merely slower than its sender must lose nothing (as the UDP driver paces a local flood by
+/// the receiver's socket queue, with the same bound); one stalled for this long is treated like
+/// a full socket buffer.
+const FULL_WAIT: Duration = Duration::from_millis(200);
+/// Within the wait, how long to only yield before sleeping between looks.
+const FULL_SPIN: Duration = Duration::from_millis(1);
 /// How often a process without a mailbox is looked for again.
 const RETRY_ABSENT: Duration = Duration::from_secs(1);
 /// How often a port whose mailbox was left by a dead owner is looked at again.
@@ -151,7 +155,7 @@ impl Shm {
                 rec[HEADER..].copy_from_slice(p);
             };
             let len = HEADER + p.len();
-            let deadline = StdInstant::now() + FULL_WAIT;
+            let start = StdInstant::now();
             loop {
                 match out.push(len, fill) {
                     Ok(true) => {
@@ -159,7 +163,10 @@ impl Shm {
                         break;
                     }
                     // Full: the receiver is behind; give it the core for a while.
-                    Ok(false) if StdInstant::now() < deadline => std::thread::yield_now(),
+                    Ok(false) if start.elapsed() < FULL_SPIN => std::thread::yield_now(),
+                    Ok(false) if start.elapsed() < FULL_WAIT && out.owner_alive() => {
+                        std::thread::sleep(Duration::from_micros(50));
+                    }
                     _ => return Some(sent),
                 }
             }
