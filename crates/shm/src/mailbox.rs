@@ -5,7 +5,8 @@
 //! owner's pid (24), "closed" (28: set when the owner drops the mailbox, or when a new owner of
 //! the path replaces the file a dead one left, so that senders still mapping it look again);
 //! the doorbell futex word (64) and the owner's "sleeping" word (128), each in
-//! its own cache line; then one claim word per ring (192..): 0 when free, else the sender's pid
+//! its own cache line, and beside the latter the "active" word (136: a bit per ring ever
+//! claimed, so the owner looks only at those); then one claim word per ring (192..): 0 when free, else the sender's pid
 //! in the high half and a per-process number below. Rings start at the first page boundary
 //! after the claim words.
 //!
@@ -39,10 +40,11 @@ const OFF_PID: usize = 24;
 const OFF_CLOSED: usize = 28;
 const OFF_BELL: usize = 64;
 const OFF_SLEEPING: usize = 128;
+const OFF_ACTIVE: usize = 136;
 const OFF_CLAIMS: usize = 192;
 const PAGE: usize = 4096;
-/// At most this many rings (senders at once) per mailbox.
-pub const MAX_RINGS: u32 = 1024;
+/// At most this many rings (senders at once) per mailbox (one bit each in the "active" word).
+pub const MAX_RINGS: u32 = 64;
 
 /// How a mailbox is laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,6 +186,11 @@ impl Inbox {
     /// Hands up to `max` records to `f`, taking the rings in turn so that no sender starves
     /// the others. Returns how many it handed over. Another thread polling meanwhile waits.
     pub fn poll(&self, max: usize, mut f: impl FnMut(&[u8])) -> usize {
+        // Only rings a sender ever claimed can hold records.
+        let active = self.map.u64_at(OFF_ACTIVE).load(Ordering::SeqCst);
+        if active == 0 {
+            return 0;
+        }
         let mut guard = self.rings.lock().unwrap_or_else(|p| p.into_inner());
         let (rings, next) = &mut *guard;
         let n = rings.len();
@@ -192,6 +199,10 @@ impl Inbox {
         while got < max && idle < n {
             let i = *next;
             *next = (*next + 1) % n;
+            if active & (1 << i) == 0 {
+                idle += 1;
+                continue;
+            }
             match rings[i].pop(&self.map, &mut f) {
                 Ok(Some(())) => {
                     got += 1;
@@ -210,7 +221,10 @@ impl Inbox {
     /// Whether no record waits in any ring (read from the shared words, so it never waits for
     /// a polling thread).
     pub fn is_empty(&self) -> bool {
-        (0..self.layout.rings as usize).all(|i| ring::is_empty(&self.map, self.layout.ring_base(i)))
+        let active = self.map.u64_at(OFF_ACTIVE).load(Ordering::SeqCst);
+        (0..self.layout.rings as usize)
+            .filter(|i| active & (1 << i) != 0)
+            .all(|i| ring::is_empty(&self.map, self.layout.ring_base(i)))
     }
 
     /// Sleeps until a sender rings the doorbell or `timeout` passes; returns at once if a
@@ -293,6 +307,7 @@ impl Outbox {
                     .is_ok()
             })
             .ok_or(Error::NoRing)?;
+        map.u64_at(OFF_ACTIVE).fetch_or(1 << slot, Ordering::SeqCst);
         let ring = Producer::attach(&map, layout.ring_base(slot), layout.ring_capacity);
         Ok(Self {
             file,
