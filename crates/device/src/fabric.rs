@@ -440,13 +440,19 @@ const APP_POLLING: Duration = Duration::from_micros(200);
 /// once in this many polls.
 const UDP_POLL_EVERY: u32 = 16;
 
-/// Waits on the UDP driver and handles what arrives; ends once the fabric is gone.
-fn receive_thread<E: Endpoint>(fabric: Weak<Fabric<E>>, udp: Arc<Udp>) {
+/// Waits on a receiving driver (UDP or shared memory) and hands what arrives to the nodes with
+/// `pump`; ends once the fabric is gone.
+fn receive_thread<E: Endpoint, D: Driver>(
+    fabric: Weak<Fabric<E>>,
+    driver: Arc<D>,
+    pump: fn(&Fabric<E>, bool) -> usize,
+) {
     loop {
         let Some(f) = fabric.upgrade() else { return };
-        // While an application thread polls a CQ, it reads the socket itself with no thread
-        // hand-off: do not even wait on the socket, since every wake-up would take a core from a
-        // spinning thread.
+        // While an application thread polls a CQ, it reads the driver itself with no thread
+        // hand-off: do not even wait on it, since every wake-up would take a core from a
+        // spinning thread (and senders to a mailbox ring its doorbell only while this thread
+        // sleeps on it).
         let since = f
             .now()
             .as_nanos()
@@ -456,33 +462,11 @@ fn receive_thread<E: Endpoint>(fabric: Weak<Fabric<E>>, udp: Arc<Udp>) {
             std::thread::sleep(APP_POLLING);
             continue;
         }
-        // Wakes at least once a second to take over the standard port if it was freed.
-        if udp.wait(Duration::from_secs(1)) {
+        // Wakes at least once a second (the UDP driver then takes over the standard port if it
+        // was freed).
+        if driver.wait(Duration::from_secs(1)) {
             let Some(f) = fabric.upgrade() else { return };
-            f.pump_udp(true);
-            f.drive(f.now());
-        }
-    }
-}
-
-/// Waits on the shared-memory driver and handles what arrives; ends once the fabric is gone.
-fn shm_thread<E: Endpoint>(fabric: Weak<Fabric<E>>, shm: Arc<Shm>) {
-    loop {
-        let Some(f) = fabric.upgrade() else { return };
-        let since = f
-            .now()
-            .as_nanos()
-            .saturating_sub(f.app_poll_at.load(Ordering::Relaxed));
-        drop(f);
-        // As the UDP receive thread: a polling application reads the rings itself, and while
-        // this thread does not sleep on the doorbell, senders do not ring it.
-        if since < APP_POLLING.as_nanos() as u64 {
-            std::thread::sleep(APP_POLLING);
-            continue;
-        }
-        if shm.wait(Duration::from_secs(1)) {
-            let Some(f) = fabric.upgrade() else { return };
-            f.pump_shm(true);
+            pump(&f, true);
             f.drive(f.now());
         }
     }
@@ -711,33 +695,32 @@ impl<E: Endpoint> Fabric<E> {
     /// application thread gives way if another thread is reading.
     fn pump_udp(&self, wait: bool) -> usize {
         let Some(udp) = self.udp.get() else { return 0 };
+        self.pump(&**udp, &self.udp_rx, wait)
+    }
+
+    /// Reads the shared-memory driver, as [`Fabric::pump_udp`] reads the UDP one.
+    fn pump_shm(&self, wait: bool) -> usize {
+        let Some(shm) = self.shm.get() else { return 0 };
+        self.pump(&**shm, &self.shm_rx, wait)
+    }
+
+    /// Receives from `driver` into `rx` (whose lock is the right to receive from it) and hands
+    /// the batch to the nodes before another thread may receive, so packets reach the nodes in
+    /// the driver's order. With `wait` false, an application thread gives way if another
+    /// thread is receiving.
+    fn pump(&self, driver: &dyn Driver, rx: &Mutex<PacketBatch>, wait: bool) -> usize {
         let mut batch = if wait {
-            self.udp_rx.lock()
+            rx.lock()
         } else {
-            let Some(b) = self.udp_rx.try_lock() else { return 0 };
+            let Some(b) = rx.try_lock() else { return 0 };
             b
         };
-        let n = udp.recv(&mut batch);
+        let n = driver.recv(&mut batch);
         if n > 0 {
             self.deliver_batch(&self.live_nodes(), &mut batch);
         }
         batch.clear();
         n
-    }
-
-    /// Reads the shared-memory driver, as [`Fabric::pump_udp`] reads the UDP one.
-    fn pump_shm(&self, wait: bool) {
-        let Some(shm) = self.shm.get() else { return };
-        let mut batch = if wait {
-            self.shm_rx.lock()
-        } else {
-            let Some(b) = self.shm_rx.try_lock() else { return };
-            b
-        };
-        if shm.recv(&mut batch) > 0 {
-            self.deliver_batch(&self.live_nodes(), &mut batch);
-        }
-        batch.clear();
     }
 
     /// Routes packets from `from` to their destinations: to the in-process driver of the node
@@ -831,13 +814,13 @@ impl<E: Endpoint> Fabric<E> {
         let (me, u) = (self.me.clone(), udp.clone());
         std::thread::Builder::new()
             .name("softverbs-rx".into())
-            .spawn(move || receive_thread(me, u))
+            .spawn(move || receive_thread(me, u, Self::pump_udp))
             .expect("spawn the receive thread");
         if let Some(shm) = Shm::start(udp.port()) {
             let (me, s) = (self.me.clone(), shm.clone());
             std::thread::Builder::new()
                 .name("softverbs-shm".into())
-                .spawn(move || shm_thread(me, s))
+                .spawn(move || receive_thread(me, s, Self::pump_shm))
                 .expect("spawn the shared-memory receive thread");
             let _ = self.shm.set(shm);
         }

@@ -6,12 +6,16 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, Write};
 use std::os::fd::AsFd;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::netns::Peer;
 use softverbs::*;
+
+/// How long the peer may take to answer.
+const LIMIT: Duration = Duration::from_secs(30);
 
 const REMOTE: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
@@ -43,59 +47,6 @@ fn wait(cq: &CompletionQueue, n: usize) -> Vec<WorkCompletion> {
         std::thread::yield_now();
     }
     out
-}
-
-/// RESET -> INIT -> RTR -> RTS of an XRC QP, with the attributes its half requires.
-fn xrc_up(ctx: &Context, qp: &QueuePair, dest: u32) {
-    let tgt = qp.qp_type() == QpType::XrcRecv;
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Init,
-            port_num: 1,
-            qp_access_flags: AccessFlags::REMOTE_WRITE
-                | AccessFlags::REMOTE_READ
-                | AccessFlags::REMOTE_ATOMIC,
-            ..Default::default()
-        },
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
-    .unwrap();
-    let mut mask =
-        QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN;
-    if tgt {
-        mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
-    }
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rtr,
-            ah_attr: common::ah_attr(ctx),
-            path_mtu: Mtu::Mtu1024,
-            dest_qp_num: dest,
-            rq_psn: 1,
-            max_dest_rd_atomic: 4,
-            min_rnr_timer: 1,
-            ..Default::default()
-        },
-        mask,
-    )
-    .unwrap();
-    let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN | QpAttrMask::TIMEOUT;
-    if !tgt {
-        mask |= QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC;
-    }
-    qp.modify(
-        &QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: 1,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 4,
-            ..Default::default()
-        },
-        mask,
-    )
-    .unwrap();
 }
 
 /// The peer: opens the domain of the file named on its command line (it must exist: the
@@ -152,27 +103,6 @@ fn peer(path: &str) {
     let _ = lines.next();
 }
 
-struct Peer {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Peer {
-    fn line(&mut self) -> String {
-        let mut l = String::new();
-        self.stdout.read_line(&mut l).unwrap();
-        l.trim().to_string()
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn target_serves_another_processes_srq() {
     let path = std::env::temp_dir().join(format!("softverbs-xrc2p-{}", std::process::id()));
     let file = std::fs::File::create(&path).unwrap();
@@ -182,23 +112,20 @@ fn target_serves_another_processes_srq() {
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(16, None, 0).unwrap();
     let ini = pd.create_qp(&QpInit::new(QpType::XrcSend, &cq)).unwrap();
-    xrc_up(&ctx, &ini, tgt.qp_num());
-    xrc_up(&ctx, &tgt, ini.qp_num());
+    common::xrc_up(&ctx, &ini, tgt.qp_num());
+    common::xrc_up(&ctx, &tgt, ini.qp_num());
     let mr = pd.register(LEN, REMOTE).unwrap();
     mr.write(0, &pattern(SEND_LEN, 11)).unwrap();
     mr.write(8192, &pattern(WRITE_LEN, 9)).unwrap();
 
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .arg("--peer")
-        .arg(&path)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdin = child.stdin.take().unwrap();
-    let stdout = BufReader::new(child.stdout.take().unwrap());
-    let mut p = Peer { child, stdin, stdout };
-    let info: Vec<u64> = p.line().split_whitespace().map(|t| t.parse().unwrap()).collect();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.arg("--peer").arg(&path);
+    let mut p = Peer::spawn(cmd);
+    let info: Vec<u64> = p
+        .line(LIMIT)
+        .split_whitespace()
+        .map(|t| t.parse().unwrap())
+        .collect();
     let (srqn, outside, addr, rkey) = (info[0] as u32, info[1] as u32, info[2], info[3] as u32);
     assert_ne!(
         srqn >> 16,
@@ -286,10 +213,10 @@ fn target_serves_another_processes_srq() {
     ini.post_send(&[send]).unwrap();
     std::thread::sleep(Duration::from_millis(50));
     assert!(common::drain(&cq).is_empty(), "the SEND waits for a receive");
-    writeln!(p.stdin, "post").unwrap();
+    p.say("post");
     let wc = wait(&cq, 1)[0];
     assert_eq!((wc.wr_id, wc.status), (5, WcStatus::Success));
-    let report = p.line();
+    let report = p.line(LIMIT);
     assert_eq!(
         report,
         format!(
@@ -315,7 +242,7 @@ fn target_serves_another_processes_srq() {
     ini.post_send(&[bad]).unwrap();
     let wc = wait(&cq, 1)[0];
     assert_eq!((wc.wr_id, wc.status), (6, WcStatus::RemAccessErr));
-    writeln!(p.stdin, "done").unwrap();
+    p.say("done");
     drop(p);
     std::fs::remove_file(path).unwrap();
 }

@@ -243,3 +243,57 @@ pub(crate) fn free_base_port() -> u16 {
         .find(|&base| (base..base + 8).all(free))
         .expect("a free range of UDP ports")
 }
+
+/// RESET -> INIT -> RTR -> RTS of an XRC QP with exactly the attributes the kernel's state
+/// table requires for its half.
+pub(crate) fn xrc_up(ctx: &Context, qp: &QueuePair, dest: u32) {
+    let tgt = qp.qp_type() == QpType::XrcRecv;
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: AccessFlags::REMOTE_WRITE
+                | AccessFlags::REMOTE_READ
+                | AccessFlags::REMOTE_ATOMIC,
+            ..Default::default()
+        },
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+    .unwrap();
+    let mut mask =
+        QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN;
+    if tgt {
+        mask |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
+    }
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rtr,
+            ah_attr: ah_attr(ctx),
+            path_mtu: Mtu::Mtu1024,
+            dest_qp_num: dest,
+            rq_psn: 1,
+            max_dest_rd_atomic: 4,
+            min_rnr_timer: 12,
+            ..Default::default()
+        },
+        mask,
+    )
+    .unwrap();
+    let mut mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN | QpAttrMask::TIMEOUT;
+    if !tgt {
+        mask |= QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC;
+    }
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: 1,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            max_rd_atomic: 4,
+            ..Default::default()
+        },
+        mask,
+    )
+    .unwrap();
+}
