@@ -50,8 +50,10 @@ const FULL_SPIN: Duration = Duration::from_millis(1);
 const RETRY_ABSENT: Duration = Duration::from_secs(1);
 /// How often a port whose mailbox was left by a dead owner is looked at again.
 const RETRY_STALE: Duration = Duration::from_millis(10);
-/// How often a peer's liveness is checked (a new process may own its port later).
-const CHECK_ALIVE: Duration = Duration::from_millis(200);
+/// How often a peer's liveness is checked while sending to it (two system calls): a peer that
+/// died, and whose port a process without a mailbox took, must be reached over UDP again well
+/// within a retransmission timeout.
+const CHECK_ALIVE: Duration = Duration::from_millis(10);
 /// Records handed over per receive call.
 const MAX_BATCH: usize = 256;
 

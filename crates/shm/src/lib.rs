@@ -26,7 +26,7 @@ mod ring;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-pub use mailbox::{Inbox, Layout, Outbox, MAX_RINGS};
+pub use mailbox::{sweep, Inbox, Layout, Outbox, MAX_RINGS};
 
 /// Why a mailbox operation failed.
 #[derive(Debug, thiserror::Error)]

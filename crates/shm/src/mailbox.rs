@@ -117,6 +117,51 @@ fn check_private(meta: &std::fs::Metadata) -> Result<(), Error> {
     Ok(())
 }
 
+/// What a mailbox being built is called until it is complete.
+const TMP_MARK: &str = ".new-";
+/// A half-built mailbox older than this, that nobody holds, was abandoned.
+const TMP_ABANDONED: Duration = Duration::from_secs(60);
+
+/// Removes from `dir` the mailboxes whose owners are gone (nobody holds the lock an owner
+/// keeps for its life), after marking each closed for senders that still map it. Returns how
+/// many it removed.
+pub fn sweep(dir: &Path) -> usize {
+    use rustix::fs::{flock, FlockOperation};
+    use std::os::unix::fs::FileExt;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let path = e.path();
+        let Ok(file) = OpenOptions::new().read(true).write(true).open(&path) else {
+            continue;
+        };
+        let Ok(meta) = file.metadata() else { continue };
+        if check_private(&meta).is_err() {
+            continue;
+        }
+        let building = path.to_string_lossy().contains(TMP_MARK);
+        if building
+            && meta
+                .modified()
+                .map_or(true, |m| m.elapsed().unwrap_or_default() < TMP_ABANDONED)
+        {
+            continue;
+        }
+        if flock(&file, FlockOperation::NonBlockingLockExclusive).is_err() {
+            continue; // its owner lives
+        }
+        if meta.len() >= OFF_CLOSED as u64 + 4 {
+            let _ = file.write_all_at(&1u32.to_ne_bytes(), OFF_CLOSED as u64);
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// The receiving end: the mailbox this process owns. Dropping it removes the file.
 ///
 /// Any thread may poll it (one at a time: [`Inbox::poll`] serialises them, so records of one
@@ -137,21 +182,33 @@ pub struct Inbox {
 impl Inbox {
     /// Creates the mailbox file at `path` (mode 0600; the directory should be private to the
     /// user too), replacing one a dead owner left there.
+    ///
+    /// Mailboxes of processes that ended without dropping theirs (any exit but an orderly
+    /// teardown) are removed from the directory first, so they cannot pile up.
     pub fn create(path: &Path, layout: Layout) -> Result<Self, Error> {
         layout.check()?;
-        // A file left here belongs to an owner that is gone: tell its senders before removing it.
+        if let Some(dir) = path.parent() {
+            sweep(dir);
+        }
+        // A file left here belongs to an owner that is gone: tell its senders; the rename
+        // below replaces it.
         if let Ok(old) = Outbox::map_mailbox(path) {
             old.u32_at(OFF_CLOSED).store(1, Ordering::Release);
         }
-        let _ = std::fs::remove_file(path);
+        // Built under a temporary name and locked before it appears under its own, so that a
+        // sweep never takes a mailbox being made for a dead one.
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!("{TMP_MARK}{}", pid()));
+        let tmp = PathBuf::from(tmp);
+        let _ = std::fs::remove_file(&tmp);
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .open(path)?;
-        file.set_len(layout.file_size() as u64)?;
+            .open(&tmp)?;
         rustix::fs::flock(&file, rustix::fs::FlockOperation::LockShared).map_err(std::io::Error::from)?;
+        file.set_len(layout.file_size() as u64)?;
         let map = Mapping::new(&file)?;
         map.u64_at(OFF_CAP)
             .store(layout.ring_capacity as u64, Ordering::Relaxed);
@@ -160,6 +217,10 @@ impl Inbox {
         map.u32_at(OFF_PID).store(pid(), Ordering::Relaxed);
         // Last: a sender that sees the magic sees the rest.
         map.u64_at(OFF_MAGIC).store(MAGIC, Ordering::Release);
+        if let Err(e) = std::fs::rename(&tmp, path) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e.into());
+        }
         let rings = (0..layout.rings as usize)
             .map(|i| Consumer::attach(&map, layout.ring_base(i), layout.ring_capacity))
             .collect();

@@ -144,6 +144,26 @@ fn a_new_owner_of_the_path_closes_the_old_mailbox() {
 }
 
 #[test]
+fn mailboxes_of_owners_that_died_are_swept() {
+    let p = path("swept");
+    child("own-and-exit", &p);
+    assert!(p.exists(), "an owner that exits without dropping leaves its file");
+    let out = Outbox::open(&p).unwrap();
+    assert!(!out.owner_alive());
+    assert!(!out.is_closed());
+    // The next mailbox made in the directory takes it away (and says so to its senders).
+    let live = Inbox::create(&path("sweeper"), SMALL).unwrap();
+    assert!(!p.exists());
+    assert!(out.is_closed());
+    // A live owner's mailbox stays.
+    let q = path("kept");
+    let _kept = Inbox::create(&q, SMALL).unwrap();
+    assert_eq!(softverbs_shm::sweep(q.parent().unwrap()), 0);
+    assert!(q.exists());
+    drop(live);
+}
+
+#[test]
 fn files_that_are_not_private_are_refused() {
     let p = path("perm");
     let _inbox = Inbox::create(&p, SMALL).unwrap();
@@ -259,6 +279,11 @@ fn child_process() {
     ) else {
         return;
     };
+    if what == "own-and-exit" {
+        let inbox = Inbox::create(p.as_ref(), SMALL).unwrap();
+        std::mem::forget(inbox);
+        std::process::exit(0);
+    }
     let mut out = Outbox::open(p.as_ref()).unwrap();
     match what.as_str() {
         "push-one" => {

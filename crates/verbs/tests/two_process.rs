@@ -395,8 +395,14 @@ struct Peer {
 
 impl Peer {
     fn spawn(cmd: &str, me: Info) -> (Self, Info) {
+        Self::spawn_with(cmd, me, &[])
+    }
+
+    /// [`Peer::spawn`] with extra environment variables for the peer.
+    fn spawn_with(cmd: &str, me: Info, env: &[(&str, &str)]) -> (Self, Info) {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .arg("--peer")
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -592,6 +598,51 @@ fn ud_to_peer(ip: IpAddr) {
     );
 }
 
+/// A peer on the other carrier (shared memory off where it is on here, and the reverse): the
+/// side with the driver finds no mailbox to use, so both directions go over UDP, and work.
+fn rc_with_a_peer_on_the_other_carrier() {
+    let s = side(QpType::Rc);
+    let other = if carrier() == "shm" { "0" } else { "1" };
+    let (mut p, peer) = Peer::spawn_with("rc", s.info(), &[("SOFTVERBS_SHM", other)]);
+    s.connect(peer.qpn, 7);
+    let before = s.ctx.counters();
+    s.mr.write(0, &pattern(1)).unwrap();
+    let send = req(
+        1,
+        SendOp::Send {
+            imm: None,
+            invalidate: None,
+        },
+        vec![s.mr.sge(0..LEN).unwrap()],
+    );
+    s.qp.post_send(&[send]).unwrap();
+    assert_eq!(s.wait(1, Duration::from_secs(20))[0].status, WcStatus::Success);
+    assert_eq!(p.line(), "recv true", "the peer got the SEND byte-exact");
+    let read = req(
+        2,
+        SendOp::Read {
+            remote: RemoteAddr {
+                addr: peer.addr,
+                rkey: peer.rkey,
+            },
+        },
+        vec![s.mr.sge(0..LEN).unwrap()],
+    );
+    s.qp.post_send(&[read]).unwrap();
+    assert_eq!(s.wait(1, Duration::from_secs(20))[0].status, WcStatus::Success);
+    // The peer's buffer holds what the SEND put there.
+    assert!(s.mr.to_vec() == pattern(1), "READ is byte-exact");
+    let after = s.ctx.counters();
+    assert_eq!(
+        after.tx_shm_packets, before.tx_shm_packets,
+        "nothing went through shared memory"
+    );
+    assert!(
+        after.rx_packets - before.rx_packets >= (LEN / 4096) as u64,
+        "{after:?}"
+    );
+}
+
 /// A standard peer (one that knows nothing of slots) sends to the base port (4791 unless
 /// configured; here a private one); the process holding that port forwards the packet to the
 /// slot that owns the destination QP.
@@ -657,9 +708,13 @@ fn main() {
             .output()
             .unwrap()
     });
-    let tests: [(&str, fn()); 7] = [
+    let tests: [(&str, fn()); 8] = [
         ("standard_port_forwarding", standard_port_forwarding),
         ("rc_between_processes", rc_between_processes),
+        (
+            "rc_with_a_peer_on_the_other_carrier",
+            rc_with_a_peer_on_the_other_carrier,
+        ),
         (
             "peer_killed_gives_retry_exceeded",
             peer_killed_gives_retry_exceeded,
