@@ -48,6 +48,10 @@ const FULL_WAIT: Duration = Duration::from_millis(200);
 const FULL_SPIN: Duration = Duration::from_millis(1);
 /// How often a process without a mailbox is looked for again.
 const RETRY_ABSENT: Duration = Duration::from_secs(1);
+/// A run sent after a pause this long first checks that the peer still lives: a conversation
+/// that resumes (a new process may have taken a dead one's port meanwhile) never starts in a
+/// dead mailbox.
+const IDLE_RECHECK: Duration = Duration::from_millis(1);
 /// How often a port whose mailbox was left by a dead owner is looked at again.
 const RETRY_STALE: Duration = Duration::from_millis(10);
 /// How often a peer's liveness is checked while sending to it (two system calls): a peer that
@@ -67,7 +71,10 @@ pub(crate) fn enabled() -> bool {
 enum Peer {
     Open {
         out: Outbox,
+        /// When the owner was last found alive.
         checked: StdInstant,
+        /// When a run was last sent.
+        sent: StdInstant,
     },
     /// None (or not ours to open, or its owner dead) when last looked for; look again from
     /// this time on.
@@ -115,11 +122,13 @@ impl Shm {
         let mut peers = self.peers.lock();
         let now = StdInstant::now();
         let peer = peers.entry(port).or_insert(Peer::Absent(now));
-        if let Peer::Open { out, checked } = peer {
+        if let Peer::Open { out, checked, sent } = peer {
+            let idle = now.duration_since(*sent) >= IDLE_RECHECK;
+            *sent = now;
             if out.is_closed() {
                 // Replaced by a new owner of the port (or dropped): look again at once.
                 *peer = Peer::Absent(now);
-            } else if now.duration_since(*checked) >= CHECK_ALIVE {
+            } else if idle || now.duration_since(*checked) >= CHECK_ALIVE {
                 if out.owner_alive() {
                     *checked = now;
                 } else {
@@ -132,7 +141,13 @@ impl Shm {
                 return None;
             }
             match Outbox::open(&self.dir.join(format!("{}-{port}", self.netns))) {
-                Ok(out) if out.owner_alive() => *peer = Peer::Open { out, checked: now },
+                Ok(out) if out.owner_alive() => {
+                    *peer = Peer::Open {
+                        out,
+                        checked: now,
+                        sent: now,
+                    }
+                }
                 // A mailbox its owner left behind when it died: the next owner of the port
                 // will replace it soon, if one comes.
                 Ok(_) => {
