@@ -204,6 +204,9 @@ fn role(which: &str, len: usize) {
                 )])
                 .unwrap();
             node.wait_one();
+            // The server checks what the SEND left in its buffer before the WRITE below
+            // overwrites it: wait until the parent heard from it.
+            assert_eq!(stdin.next().unwrap().unwrap(), "go");
             node.mr.fill(0);
             node.qp
                 .post_send(&[req(
@@ -243,6 +246,7 @@ fn exchange(hosts: &Hosts, len: usize) -> String {
         format!("recv {len} true"),
         "SEND arrived byte-exact"
     );
+    client.say("go");
     let done = client.line(limit);
     assert!(done.starts_with("done true"), "READ was byte-exact: {done}");
     server.say("check");
@@ -328,6 +332,7 @@ fn capture_decodes_and_icrc_agrees() {
     server.say(&c_info);
     client.say(&s_info);
     assert_eq!(server.line(limit), format!("recv {len} true"));
+    client.say("go");
     client.line(limit);
     server.say("check");
     server.line(limit);
