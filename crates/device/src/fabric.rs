@@ -374,6 +374,8 @@ pub(crate) struct Fabric<E: Endpoint> {
     shm_rx: Mutex<PacketBatch>,
     /// Application polls since the UDP sockets last delivered something.
     udp_idle_polls: AtomicU32,
+    /// Until when (engine nanoseconds) shared memory counts as carrying traffic.
+    shm_busy_until: AtomicU64,
     /// When an application thread last polled an empty CQ (engine nanoseconds).
     app_poll_at: AtomicU64,
 }
@@ -436,9 +438,11 @@ impl QpnTable {
 /// socket to it.
 const APP_POLLING: Duration = Duration::from_micros(200);
 
-/// With the shared-memory driver running, an application poll looks at idle UDP sockets only
+/// While shared memory carries traffic, an application poll looks at idle UDP sockets only
 /// once in this many polls.
 const UDP_POLL_EVERY: u32 = 16;
+/// How long after shared memory last delivered it still counts as carrying traffic.
+const SHM_BUSY: Duration = Duration::from_millis(1);
 
 /// Waits on a receiving driver (UDP or shared memory) and hands what arrives to the nodes with
 /// `pump`; ends once the fabric is gone.
@@ -594,6 +598,7 @@ impl<E: Endpoint> Fabric<E> {
             shm: OnceLock::new(),
             shm_rx: Mutex::new(PacketBatch::default()),
             udp_idle_polls: AtomicU32::new(0),
+            shm_busy_until: AtomicU64::new(0),
             app_poll_at: AtomicU64::new(0),
         });
         let (me, wake) = (Arc::downgrade(&f), f.wake.clone());
@@ -672,11 +677,14 @@ impl<E: Endpoint> Fabric<E> {
     /// progress thread to be scheduled).
     pub(crate) fn progress(&self, now: Instant) {
         self.app_poll_at.store(now.as_nanos(), Ordering::Relaxed);
-        self.pump_shm(false);
-        // Looking at the UDP sockets is a system call. With shared memory carrying the
-        // traffic of this host, a poller that found them empty looks again only every few
-        // polls; as long as they deliver, every poll reads them.
-        let skip = self.shm.get().is_some()
+        if self.pump_shm(false) > 0 {
+            self.shm_busy_until
+                .store(now.as_nanos() + SHM_BUSY.as_nanos() as u64, Ordering::Relaxed);
+        }
+        // Looking at the UDP sockets is a system call. While shared memory carries this
+        // process's traffic, a poller that found them empty looks again only every few polls;
+        // as long as they deliver, or when shared memory is quiet, every poll reads them.
+        let skip = now.as_nanos() < self.shm_busy_until.load(Ordering::Relaxed)
             && self.udp_idle_polls.fetch_add(1, Ordering::Relaxed) % UDP_POLL_EVERY != 0;
         if !skip && self.pump_udp(false) > 0 {
             self.udp_idle_polls.store(0, Ordering::Relaxed);
