@@ -1,51 +1,19 @@
 //! Process-wide limits that must fail with an errno rather than hang: the QP numbers of one
 //! process (shared by QPs, SRQs and WQs).
 
-use std::sync::Arc;
-
 use softverbs_device::config::Config;
 use softverbs_device::*;
 use softverbs_engine::types::*;
 
+mod common;
+
 const ENOMEM: i32 = 12;
-
-/// A base port whose first slots are free now, so that the test neither takes the standard
-/// RoCE port nor depends on which other softverbs processes run on the host.
-fn free_base_port() -> u16 {
-    let free = |port: u16| {
-        std::net::UdpSocket::bind(("0.0.0.0", port)).is_ok()
-            && std::net::UdpSocket::bind(("::", port)).is_ok()
-    };
-    let seed = std::process::id() as u16;
-    (0..1000u16)
-        .map(|i| 20_000 + (seed.wrapping_add(i.wrapping_mul(97)) % 40_000))
-        .find(|&base| (base..base + 4).all(free))
-        .expect("a free range of UDP ports")
-}
-
-fn qp_init(cq: &Arc<Cq>) -> QpInitAttr {
-    QpInitAttr {
-        qp_type: QpType::Uc,
-        send_cq: Some(cq.clone()),
-        recv_cq: Some(cq.clone()),
-        srq: None,
-        cap: QpCap {
-            max_send_wr: 1,
-            max_recv_wr: 1,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 0,
-        },
-        sq_sig_all: false,
-        max_tso_header: 0,
-    }
-}
 
 #[test]
 fn exhausted_qp_numbers_give_enomem() {
     let mut cfg = Config {
         interfaces: Some(vec!["lo".into()]),
-        udp_port: free_base_port(),
+        udp_port: common::free_base_port(3),
         ..Config::default()
     };
     // Raise the device's own limit above the number space, so the space is what runs out.
@@ -54,7 +22,7 @@ fn exhausted_qp_numbers_give_enomem() {
     let ctx = Context::open(&dev).unwrap();
     let pd = Pd::alloc(&ctx).unwrap();
     let cq = Cq::create(&ctx, 16, None, 0).unwrap();
-    let init = qp_init(&cq);
+    let init = common::qp_init(&cq, QpType::Uc);
     let mut qps = Vec::new();
     let err = loop {
         match Qp::create(&pd, &init) {

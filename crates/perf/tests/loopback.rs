@@ -3,51 +3,19 @@
 //! threads of one process). Sizes and iteration counts are small; every run is bounded by a
 //! timeout, and the printed figures must be positive.
 
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+
+mod common;
 
 const TIMEOUT: Duration = Duration::from_secs(120);
 
 /// Runs the binary with `args`, returning its standard output; fails on a non-zero exit or
 /// after [`TIMEOUT`].
 fn perf(args: &[&str]) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_softverbs-perf"))
-        .args(args)
-        .env("SOFTVERBS_INTERFACES", "lo")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn softverbs-perf");
-    let mut stdout = child.stdout.take().expect("stdout");
-    let mut stderr = child.stderr.take().expect("stderr");
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        stdout.read_to_string(&mut s).expect("read stdout");
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        stderr.read_to_string(&mut s).expect("read stderr");
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if start.elapsed() > TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("softverbs-perf {args:?} timed out after {TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    let (out, err) = (
-        out.join().expect("stdout thread"),
-        err.join().expect("stderr thread"),
-    );
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_softverbs-perf"));
+    cmd.args(args).env("SOFTVERBS_INTERFACES", "lo");
+    let (status, out, err) = common::run_bounded(cmd, TIMEOUT);
     assert!(
         status.success(),
         "softverbs-perf {args:?} failed ({status}):\n{out}\n{err}"

@@ -5,10 +5,11 @@
 //! Every run is bounded by a timeout; no figure is compared with a speed.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::net::UdpSocket;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
+
+mod common;
 
 const TIMEOUT: Duration = Duration::from_secs(180);
 
@@ -26,10 +27,7 @@ fn scale(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
         // The binary picks a private range of UDP ports itself.
         .env_remove("SOFTVERBS_UDP_PORT")
         .env_remove("SOFTVERBS_UDP_SLOTS")
-        .env_remove("SOFTVERBS_LIMITS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .env_remove("SOFTVERBS_LIMITS");
     if !args.contains(&"--processes") {
         // One process takes one slot; keep it off the standard port range so that the run
         // meets no other softverbs process.
@@ -39,36 +37,8 @@ fn scale(args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().expect("spawn softverbs-scale");
-    let mut stdout = child.stdout.take().expect("stdout");
-    let mut stderr = child.stderr.take().expect("stderr");
-    let out = std::thread::spawn(move || {
-        let mut s = String::new();
-        stdout.read_to_string(&mut s).expect("read stdout");
-        s
-    });
-    let err = std::thread::spawn(move || {
-        let mut s = String::new();
-        stderr.read_to_string(&mut s).expect("read stderr");
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if start.elapsed() > TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("softverbs-scale {args:?} timed out after {TIMEOUT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (
-        status.success(),
-        out.join().expect("stdout thread"),
-        err.join().expect("stderr thread"),
-    )
+    let (status, out, err) = common::run_bounded(cmd, TIMEOUT);
+    (status.success(), out, err)
 }
 
 /// A base port with its first slot free now.
