@@ -21,6 +21,8 @@ use std::time::Duration;
 use softverbs_engine::transport::RxMeta;
 use softverbs_engine::types::Gid;
 
+use crate::remote::RemoteRef;
+
 /// Where a run of packets goes: one source and destination address and one destination QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Route {
@@ -83,6 +85,9 @@ pub(crate) struct PacketDesc {
     pub(crate) icrc: IcrcCheck,
     /// UDP source and destination ports (see [`Route::ports`]).
     pub(crate) ports: (u16, u16),
+    /// Where the payload is if the sender left it in its memory (the bytes are then the
+    /// packet with an empty payload).
+    pub(crate) remote: Option<RemoteRef>,
 }
 
 /// A packet taken out of a batch by [`PacketBatch::drain`].
@@ -103,6 +108,10 @@ impl PacketData<'_> {
         }
     }
 }
+
+/// What was learned about a received packet besides its bytes: meta data, ICRC verdict, UDP
+/// ports and, for a payload left in the sender's memory, where it is.
+pub(crate) type RxInfo = (RxMeta, IcrcCheck, (u16, u16), Option<RemoteRef>);
 
 /// Received packets: the bytes back to back in one reusable buffer (what a driver receives
 /// into), or in buffers of their own that senders in this process handed over, plus a
@@ -147,6 +156,18 @@ impl PacketBatch {
 
     /// Appends a copy of `data`.
     pub(crate) fn push(&mut self, data: &[u8], meta: RxMeta, icrc: IcrcCheck, ports: (u16, u16)) {
+        self.push_remote(data, None, meta, icrc, ports);
+    }
+
+    /// Appends a copy of `data`, whose payload may be at `remote`.
+    pub(crate) fn push_remote(
+        &mut self,
+        data: &[u8],
+        remote: Option<RemoteRef>,
+        meta: RxMeta,
+        icrc: IcrcCheck,
+        ports: (u16, u16),
+    ) {
         let start = self.used;
         self.spare(data.len())[..data.len()].copy_from_slice(data);
         self.pkts.push(PacketDesc {
@@ -154,6 +175,7 @@ impl PacketBatch {
             meta,
             icrc,
             ports,
+            remote,
         });
         self.used += data.len();
     }
@@ -165,21 +187,22 @@ impl PacketBatch {
             meta,
             icrc,
             ports,
+            remote: None,
         });
     }
 
     /// Appends a packet taken from another batch: moved if it has its own buffer, copied
     /// otherwise.
-    pub(crate) fn push_data(
-        &mut self,
-        data: PacketData<'_>,
-        meta: RxMeta,
-        icrc: IcrcCheck,
-        ports: (u16, u16),
-    ) {
+    pub(crate) fn push_data(&mut self, data: PacketData<'_>, rx: RxInfo) {
+        let (meta, icrc, ports, remote) = rx;
         match data {
-            PacketData::Shared(b) => self.push(b, meta, icrc, ports),
-            PacketData::Owned(v) => self.push_owned(v, meta, icrc, ports),
+            PacketData::Shared(b) => self.push_remote(b, remote, meta, icrc, ports),
+            PacketData::Owned(v) => {
+                self.push_owned(v, meta, icrc, ports);
+                if let Some(last) = self.pkts.last_mut() {
+                    last.remote = remote;
+                }
+            }
         }
     }
 
@@ -203,6 +226,7 @@ impl PacketBatch {
             meta,
             icrc,
             ports,
+            remote: None,
         });
     }
 
@@ -223,9 +247,9 @@ impl PacketBatch {
         })
     }
 
-    /// Takes the packets out, oldest first, with their meta data, ICRC verdicts and ports; the
-    /// batch is empty afterwards (and keeps its memory).
-    pub(crate) fn drain(&mut self) -> impl Iterator<Item = (PacketData<'_>, RxMeta, IcrcCheck, (u16, u16))> {
+    /// Takes the packets out, oldest first, with what was learned about each; the batch is
+    /// empty afterwards (and keeps its memory).
+    pub(crate) fn drain(&mut self) -> impl Iterator<Item = (PacketData<'_>, RxInfo)> {
         self.used = 0;
         let buf = &self.buf;
         self.pkts.drain(..).map(move |d| {
@@ -233,7 +257,7 @@ impl PacketBatch {
                 Bytes::Shared(r) => PacketData::Shared(&buf[r]),
                 Bytes::Owned(v) => PacketData::Owned(v),
             };
-            (data, d.meta, d.icrc, d.ports)
+            (data, (d.meta, d.icrc, d.ports, d.remote))
         })
     }
 
@@ -326,12 +350,13 @@ mod tests {
         b.push_owned(owned, meta(2), IcrcCheck::Ok, (2, 2));
         b.push(&[3], meta(3), IcrcCheck::Bad, (3, 3));
         let mut to = PacketBatch::default();
-        for (data, m, icrc, ports) in b.drain() {
+        for (data, (m, icrc, ports, remote)) in b.drain() {
             if let PacketData::Owned(v) = &data {
                 assert_eq!(v.as_ptr(), at, "the buffer itself moves");
             }
             assert_eq!(ports, (m.traffic_class.into(), m.traffic_class.into()));
-            to.push_data(data, m, icrc, ports);
+            assert_eq!(remote, None);
+            to.push_data(data, (m, icrc, ports, remote));
         }
         assert!(b.is_empty() && b.bytes() == 0);
         let got: Vec<(Vec<u8>, u8, IcrcCheck)> = to

@@ -29,17 +29,19 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
+use softverbs_engine::memory::ExternalPayload;
 use softverbs_engine::time::Instant;
-use softverbs_engine::transport::{DropReason, RxMeta, Transmit};
+use softverbs_engine::transport::{DropReason, ExternalRanges, RxMeta, Transmit};
 use softverbs_engine::types::Gid;
 use softverbs_engine::{Error, Result};
 use softverbs_wire::bth::peek_dest_qpn;
-use softverbs_wire::{is_positive_ack, ParsedPacket, RocePacket};
+use softverbs_wire::{is_positive_ack, pad_count_for, ParsedPacket, RocePacket};
 
 use crate::device::McastTable;
-use crate::driver::{Driver, IcrcCheck, PacketBatch, PacketData, Route};
+use crate::driver::{Driver, IcrcCheck, PacketBatch, PacketData, PacketDesc, Route};
 use crate::local::InProcess;
 use crate::mem::KeyTable;
+use crate::remote::{self, Pending, RemotePayload, RemoteRef};
 use crate::shm::Shm;
 use crate::udp::Udp;
 
@@ -72,6 +74,12 @@ pub struct NodeCounters {
     /// Packets sent to another process of this host through shared memory (counted in
     /// `tx_packets` too).
     pub tx_shm_packets: AtomicU64,
+    /// Of those, packets whose payload stayed in registered memory for the receiver to copy.
+    pub tx_payloads_in_memory: AtomicU64,
+    /// Copies straight out of a sending process's memory (each covers one or more packets).
+    pub rx_payload_copies: AtomicU64,
+    /// Such copies that failed (the QP concerned moved to the error state).
+    pub rx_payload_copy_failures: AtomicU64,
 }
 
 /// A snapshot of [`NodeCounters`].
@@ -89,6 +97,9 @@ pub struct CounterSnapshot {
     pub rx_icrc_unverified: u64,
     pub tx_unroutable: u64,
     pub tx_shm_packets: u64,
+    pub tx_payloads_in_memory: u64,
+    pub rx_payload_copies: u64,
+    pub rx_payload_copy_failures: u64,
 }
 
 impl NodeCounters {
@@ -107,6 +118,9 @@ impl NodeCounters {
             rx_icrc_unverified: g(&self.rx_icrc_unverified),
             tx_unroutable: g(&self.tx_unroutable),
             tx_shm_packets: g(&self.tx_shm_packets),
+            tx_payloads_in_memory: g(&self.tx_payloads_in_memory),
+            rx_payload_copies: g(&self.rx_payload_copies),
+            rx_payload_copy_failures: g(&self.rx_payload_copy_failures),
         }
     }
 }
@@ -122,16 +136,24 @@ pub(crate) trait Endpoint: Send + Sync + 'static {
 
     /// Handles a received packet. Returns the packets to send in reply, the ticket to
     /// [`Endpoint::release_ticket`] once they were sent, and why the packet was dropped if it was.
+    /// A payload the sender left in its memory is `ext`; copies into this process's memory
+    /// may be noted in `pending` instead of done (see [`crate::remote`]).
     fn receive_packet(
         &self,
         now: Instant,
         pkt: &ParsedPacket<'_>,
+        ext: Option<&dyn ExternalPayload>,
         meta: &RxMeta,
+        pending: &Pending,
     ) -> (Vec<Transmit>, u64, Option<DropReason>);
 
     /// Makes the completions held under `ticket` (and earlier ones) visible: their packets
     /// were handed to the fabric.
     fn release_ticket(&self, ticket: u64);
+
+    /// A payload copy noted while handling the packets of `ticket` failed: those packets'
+    /// completions fail and the QP moves to the error state.
+    fn fail_ticket(&self, ticket: u64);
 
     /// The next transport deadline.
     fn next_deadline(&self) -> Option<Instant>;
@@ -216,8 +238,8 @@ impl<E: Endpoint> Node<E> {
         self.mcast.lock().groups.contains_key(gid)
     }
 
-    fn deliver(&self, data: PacketData<'_>, meta: RxMeta, ports: (u16, u16)) {
-        self.inbound.deliver(data, meta, ports);
+    fn deliver(&self, data: PacketData<'_>, meta: RxMeta, ports: (u16, u16), remote: Option<RemoteRef>) {
+        self.inbound.deliver(data, meta, ports, remote);
     }
 
     fn qps(&self) -> Vec<Arc<E>> {
@@ -241,16 +263,31 @@ impl<E: Endpoint> Node<E> {
                 did = true;
                 let mut out = Vec::new();
                 let mut tickets = Vec::new();
+                let pending = Pending::default();
                 for (data, desc) in batch.iter() {
-                    self.receive(now, data, &desc.meta, desc.ports, &mut out, &mut tickets);
+                    self.receive(now, data, desc, &pending, &mut out, &mut tickets);
                 }
                 batch.clear();
+                // Payloads left in their senders' memory are copied before anything they
+                // caused (ACKs, completions) is seen.
+                let (copies, failures) = pending.flush();
+                self.counters
+                    .rx_payload_copies
+                    .fetch_add(copies, Ordering::Relaxed);
+                self.counters
+                    .rx_payload_copy_failures
+                    .fetch_add(failures, Ordering::Relaxed);
+                let failed = pending.take_failed();
                 // One send for the whole batch: fewer system calls, and one ACK per QP. Only
                 // then do the batch's completions become visible: an application that sees its
                 // last completion and exits must not leave the peer without the ACK.
                 self.fabric.send_all(self, coalesce_acks(out));
                 for (qp, ticket) in tickets {
-                    qp.release_ticket(ticket);
+                    if failed.contains(&qp.number()) {
+                        qp.fail_ticket(ticket);
+                    } else {
+                        qp.release_ticket(ticket);
+                    }
                 }
             }
             drop(batch);
@@ -266,16 +303,26 @@ impl<E: Endpoint> Node<E> {
         &self,
         now: Instant,
         data: &[u8],
-        meta: &RxMeta,
-        ports: (u16, u16),
+        desc: &PacketDesc,
+        pending: &Pending,
         out: &mut Vec<Transmit>,
         tickets: &mut Vec<(Arc<E>, u64)>,
     ) {
+        let (meta, ports) = (&desc.meta, desc.ports);
         bump(&self.counters.rx_packets);
-        let Ok(parsed) = RocePacket::parse(data) else {
+        let Ok(mut parsed) = RocePacket::parse(data) else {
             bump(&self.counters.rx_malformed);
             return;
         };
+        if let Some(r) = &desc.remote {
+            // The headers were sent with an empty payload; the payload is in the sender.
+            if !parsed.payload.is_empty() || !r.is_consistent() {
+                bump(&self.counters.rx_malformed);
+                return;
+            }
+            parsed.repr.payload_len = r.ranges.len as usize;
+            parsed.repr.bth.pad_count = pad_count_for(parsed.repr.payload_len);
+        }
         let qpn = parsed.repr.bth.dest_qpn;
         let mut targets: Vec<Arc<E>> = if qpn == MULTICAST_QPN {
             let members: Vec<u32> = self
@@ -303,7 +350,9 @@ impl<E: Endpoint> Node<E> {
         }
         E::steer(&self.ud_flows, &parsed, meta, ports, data.len(), &mut targets);
         for qp in targets {
-            let (txs, ticket, dropped) = qp.receive_packet(now, &parsed, meta);
+            let ext = desc.remote.map(|at| RemotePayload { at, qpn: qp.number() });
+            let ext = ext.as_ref().map(|e| e as &dyn ExternalPayload);
+            let (txs, ticket, dropped) = qp.receive_packet(now, &parsed, ext, meta, pending);
             match dropped {
                 None => {}
                 Some(DropReason::BadPkey) => bump(&self.counters.rx_bad_pkey),
@@ -444,6 +493,13 @@ const UDP_POLL_EVERY: u32 = 16;
 /// How long after shared memory last delivered it still counts as carrying traffic.
 const SHM_BUSY: Duration = Duration::from_millis(1);
 
+/// A run of packets to another process along one route, with where each payload left in
+/// memory is.
+type RemoteRun = (Route, Vec<Vec<u8>>, Vec<Option<ExternalRanges>>);
+
+/// How long a receive thread keeps looking after its last packet before it sleeps.
+const RX_LINGER: Duration = Duration::from_micros(50);
+
 /// Waits on a receiving driver (UDP or shared memory) and hands what arrives to the nodes with
 /// `pump`; ends once the fabric is gone.
 fn receive_thread<E: Endpoint, D: Driver>(
@@ -470,8 +526,19 @@ fn receive_thread<E: Endpoint, D: Driver>(
         // was freed).
         if driver.wait(Duration::from_secs(1)) {
             let Some(f) = fabric.upgrade() else { return };
-            pump(&f, true);
-            f.drive(f.now());
+            // A burst usually goes on: look again for a moment before sleeping, since each
+            // sleep costs the sender a wake-up call and this thread a few microseconds.
+            let mut last = std::time::Instant::now();
+            loop {
+                if pump(&f, true) > 0 {
+                    f.drive(f.now());
+                    last = std::time::Instant::now();
+                } else if last.elapsed() >= RX_LINGER {
+                    break;
+                } else {
+                    std::thread::yield_now();
+                }
+            }
         }
     }
 }
@@ -740,12 +807,17 @@ impl<E: Endpoint> Fabric<E> {
         }
         let nodes = self.live_nodes();
         // Packets for other processes, in runs along one route (one batch each for the UDP
-        // driver). Packets for this process go to their node's in-process driver at once.
-        let mut remote: Vec<(Route, Vec<Vec<u8>>)> = Vec::new();
-        let mut add_remote = |route: Route, data: Vec<u8>| match remote.last_mut() {
-            Some((r, batch)) if *r == route => batch.push(data),
-            _ => remote.push((route, vec![data])),
-        };
+        // driver), with where each payload left in memory is. Packets for this process go to
+        // their node's in-process driver at once.
+        let mut remote: Vec<RemoteRun> = Vec::new();
+        let mut add_remote =
+            |route: Route, data: Vec<u8>, ext: Option<ExternalRanges>| match remote.last_mut() {
+                Some((r, batch, exts)) if *r == route => {
+                    batch.push(data);
+                    exts.push(ext);
+                }
+                _ => remote.push((route, vec![data], vec![ext])),
+            };
         for mut tx in txs {
             bump(&from.counters.tx_packets);
             let qpn = peek_dest_qpn(&tx.data).unwrap_or(0);
@@ -768,26 +840,46 @@ impl<E: Endpoint> Fabric<E> {
                 for n in nodes.iter().filter(|n| n.has_group(&tx.dest.dgid)) {
                     n.inbound.send(&route, &mut [tx.data.clone()]);
                 }
-                add_remote(route, tx.data);
+                add_remote(route, tx.data, tx.external);
             } else if let Some(n) = nodes.iter().find(|n| n.has_gid(&tx.dest.dgid) && n.has_qp(qpn)) {
+                if let Some(ext) = &tx.external {
+                    // This process's carrier moves bytes.
+                    let Some(full) = remote::materialize(&tx.data, ext) else {
+                        continue;
+                    };
+                    tx.data = full;
+                }
                 n.inbound.send(&route, std::slice::from_mut(&mut tx.data));
             } else {
-                add_remote(route, tx.data);
+                add_remote(route, tx.data, tx.external);
             }
         }
-        for (route, mut batch) in remote {
+        for (route, mut batch, exts) in remote {
             // Another process on this host (the address is one of this fabric's devices'):
             // through its mailbox if it has one.
             let local_host = route.dest_qpn != MULTICAST_QPN && nodes.iter().any(|n| n.has_gid(&route.dgid));
             let by_shm = match self.shm.get() {
-                Some(shm) if local_host => shm.send_to_process(&route, &batch),
+                Some(shm) if local_host => shm.send_to_process(&route, &batch, &exts),
                 _ => None,
             };
+            if by_shm.is_none() && exts.iter().any(Option::is_some) {
+                // UDP carries bytes: fetch the payloads left in memory.
+                for (data, ext) in batch.iter_mut().zip(&exts) {
+                    if let Some(ext) = ext {
+                        *data = remote::materialize(data, ext).unwrap_or_default();
+                    }
+                }
+                batch.retain(|d| !d.is_empty());
+            }
             let sent = match by_shm {
                 Some(n) => {
                     from.counters
                         .tx_shm_packets
                         .fetch_add(n as u64, Ordering::Relaxed);
+                    let in_memory = exts[..n].iter().filter(|e| e.is_some()).count();
+                    from.counters
+                        .tx_payloads_in_memory
+                        .fetch_add(in_memory as u64, Ordering::Relaxed);
                     n
                 }
                 None => self.udp.get().map_or(0, |u| u.send(&route, &mut batch)),
@@ -836,6 +928,28 @@ impl<E: Endpoint> Fabric<E> {
         self.udp.get()
     }
 
+    /// Whether packets to QP `dest_qpn` at `dgid` go through shared memory: the address is
+    /// this host's (one of this fabric's devices), the QP number names another process's
+    /// slot, and that process has a mailbox this one can open.
+    pub(crate) fn reaches_by_shm(&self, dgid: &Gid, dest_qpn: u32) -> bool {
+        let (Some(shm), Some(udp)) = (self.shm.get(), self.udp.get()) else {
+            return false;
+        };
+        if dest_qpn >> 16 == u32::from(udp.slot()) || !self.live_nodes().iter().any(|n| n.has_gid(dgid)) {
+            return false;
+        }
+        let route = Route {
+            sgid: Gid::ZERO,
+            dgid: *dgid,
+            dest_qpn,
+            traffic_class: 0,
+            hop_limit: 0,
+            ifindex: 0,
+            ports: (udp.port(), udp.dest_port(dest_qpn)),
+        };
+        shm.send_to_process(&route, &[], &[]).is_some()
+    }
+
     /// Forwarded datagrams the UDP driver dropped as forged.
     pub(crate) fn forged_forwards(&self) -> u64 {
         self.udp.get().map_or(0, |u| u.forged_forwards())
@@ -874,7 +988,7 @@ impl<E: Endpoint> Fabric<E> {
     /// every node in its group, any other to the node with its destination GID (the one that
     /// has its QP, if several share the GID). Packets with buffers of their own move there.
     fn deliver_batch(&self, nodes: &[Arc<Node<E>>], batch: &mut PacketBatch) {
-        for (data, meta, icrc, ports) in batch.drain() {
+        for (data, (meta, icrc, ports, remote)) in batch.drain() {
             let dgid = meta.dgid;
             let targets: Vec<&Arc<Node<E>>> = if dgid.is_multicast() {
                 nodes.iter().filter(|n| n.has_group(&dgid)).collect()
@@ -889,7 +1003,7 @@ impl<E: Endpoint> Fabric<E> {
                 if !count_icrc(first, icrc) {
                     continue;
                 }
-                target.deliver(data, meta, ports);
+                target.deliver(data, meta, ports, remote);
                 continue;
             };
             let Some((last, rest)) = targets.split_last() else {
@@ -899,9 +1013,9 @@ impl<E: Endpoint> Fabric<E> {
                 continue;
             }
             for n in rest {
-                n.deliver(PacketData::Shared(data.as_slice()), meta, ports);
+                n.deliver(PacketData::Shared(data.as_slice()), meta, ports, remote);
             }
-            last.deliver(data, meta, ports);
+            last.deliver(data, meta, ports, remote);
         }
     }
 
@@ -951,7 +1065,9 @@ mod tests {
             &self,
             _now: Instant,
             pkt: &ParsedPacket<'_>,
+            _ext: Option<&dyn ExternalPayload>,
             meta: &RxMeta,
+            _pending: &Pending,
         ) -> (Vec<Transmit>, u64, Option<DropReason>) {
             let mut got = self.got.lock();
             got.push((pkt.payload.to_vec(), *meta));
@@ -960,6 +1076,10 @@ mod tests {
 
         fn release_ticket(&self, ticket: u64) {
             self.released.lock().push(ticket);
+        }
+
+        fn fail_ticket(&self, _ticket: u64) {
+            unreachable!("no payload is left in memory in these tests")
         }
 
         fn next_deadline(&self) -> Option<Instant> {
@@ -992,6 +1112,7 @@ mod tests {
                 flow_label: 0,
             },
             data,
+            external: None,
         }
     }
 

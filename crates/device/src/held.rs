@@ -11,6 +11,7 @@
 use std::collections::{BTreeSet, VecDeque};
 
 use softverbs_engine::transport::Completion;
+use softverbs_engine::types::WcStatus;
 
 /// The held completions of one QP (kept under the QP's lock).
 #[derive(Debug, Default)]
@@ -34,6 +35,15 @@ impl Held {
     /// Holds `c`, produced with the packets of `ticket`.
     pub(crate) fn hold(&mut self, ticket: u64, c: Completion) {
         self.queue.push_back((ticket, c));
+    }
+
+    /// Turns the completions held under `ticket` into flush errors (their data was lost).
+    pub(crate) fn fail(&mut self, ticket: u64) {
+        for (t, c) in &mut self.queue {
+            if *t == ticket {
+                c.wc.status = WcStatus::WrFlushErr;
+            }
+        }
     }
 
     /// Marks `ticket`'s packets as sent and returns the completions that may now be seen.

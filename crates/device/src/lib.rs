@@ -32,6 +32,7 @@ pub mod pd;
 pub mod qp;
 pub mod rate_limit;
 pub mod raw;
+mod remote;
 mod shm;
 mod sync;
 pub mod tm;

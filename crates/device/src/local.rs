@@ -15,6 +15,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use crate::driver::{Driver, IcrcCheck, PacketBatch, PacketData, Route};
+use crate::remote::RemoteRef;
 use softverbs_engine::transport::RxMeta;
 
 /// Packets between nodes of this process.
@@ -40,9 +41,15 @@ impl InProcess {
     }
 
     /// Queues a packet another driver received (moved if it has a buffer of its own).
-    pub(crate) fn deliver(&self, data: PacketData<'_>, meta: RxMeta, ports: (u16, u16)) {
+    pub(crate) fn deliver(
+        &self,
+        data: PacketData<'_>,
+        meta: RxMeta,
+        ports: (u16, u16),
+        remote: Option<RemoteRef>,
+    ) {
         let mut q = self.queue.lock();
-        q.push_data(data, meta, IcrcCheck::Ok, ports);
+        q.push_data(data, (meta, IcrcCheck::Ok, ports, remote));
         self.pending.store(true, Ordering::Release);
         drop(q);
         self.ready.notify_all();
@@ -74,8 +81,8 @@ impl Driver for InProcess {
             // The common case: take the queue's buffer and leave it the caller's empty one.
             q.swap(batch);
         } else {
-            for (data, meta, icrc, ports) in q.drain() {
-                batch.push_data(data, meta, icrc, ports);
+            for (data, rx) in q.drain() {
+                batch.push_data(data, rx);
             }
         }
         n

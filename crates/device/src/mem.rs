@@ -50,6 +50,26 @@ pub trait MemoryBacking: Send + Sync + std::fmt::Debug {
         let _ = (offset, len, write);
         Ok(())
     }
+    /// Where the first byte is in this process's memory, if the bytes are ordinary memory
+    /// that another process of the user may copy straight out of, and that
+    /// [`MemoryBacking::copy_from_process`] can fill. `None` (the default): payloads to and
+    /// from the region travel as bytes.
+    fn host_addr(&self) -> Option<u64> {
+        None
+    }
+    /// Copies `len` bytes at `remote` ((address, length) in order) of process `pid` to
+    /// `offset`, with one system call. Only backings with a [`MemoryBacking::host_addr`]
+    /// support it.
+    fn copy_from_process(
+        &self,
+        offset: u64,
+        len: u64,
+        pid: i32,
+        remote: &[(u64, usize)],
+    ) -> Result<(), Unmapped> {
+        let _ = (offset, len, pid, remote);
+        Err(Unmapped)
+    }
 }
 
 /// Memory made of atomic 64-bit words: safe to share between the application and the device.
@@ -206,6 +226,21 @@ impl MemoryBacking for AtomicBuffer {
         Ok(())
     }
 
+    fn host_addr(&self) -> Option<u64> {
+        Some(self.addr())
+    }
+
+    fn copy_from_process(
+        &self,
+        offset: u64,
+        len: u64,
+        pid: i32,
+        remote: &[(u64, usize)],
+    ) -> Result<(), Unmapped> {
+        softverbs_shm::read_into_words(pid, &self.words, offset as usize, len as usize, remote)
+            .map_err(|_| Unmapped)
+    }
+
     fn atomic(&self, offset: u64, op: AtomicOp) -> Result<u64, Unmapped> {
         let w = &self.words[offset as usize / 8];
         Ok(match op {
@@ -309,6 +344,50 @@ impl KeyTable {
     }
 }
 
+/// Where a later copy lands: the region, the memory it maps, the offset into it.
+pub(crate) type CopyPlace = (Arc<Mr>, Arc<dyn MemoryBacking>, u64);
+
+impl KeyTable {
+    /// Resolves an access for a copy done later ([`crate::remote`]): the region, the memory
+    /// it maps now and the offset into it, checked as any access is.
+    pub(crate) fn place_for_copy(
+        &self,
+        key: KeyRef,
+        addr: u64,
+        len: u64,
+    ) -> Result<CopyPlace, MemError> {
+        let table = if key.access.is_remote() {
+            &self.rkeys
+        } else {
+            &self.lkeys
+        };
+        let mr = table.read().get(&key.key).and_then(Weak::upgrade);
+        if let Some(mr) = mr {
+            let map = mr.mapping().read();
+            let offset = resolve_region(&map, key, addr, len)?;
+            let backing = map.backing.clone();
+            drop(map);
+            return Ok((mr, backing, offset));
+        }
+        if !key.access.is_remote() {
+            return Err(MemError::BadKey);
+        }
+        let mw = self.window(key.key).ok_or(MemError::BadKey)?;
+        let st = mw.lock();
+        let (_, iova) = st.window.resolve(key, addr, len)?;
+        let mr = st.mr.clone().ok_or(MemError::BadState)?;
+        let map = mr.mapping().read();
+        let offset = iova.checked_sub(map.iova).ok_or(MemError::OutOfRange)?;
+        if offset.checked_add(len).is_none_or(|end| end > map.length) {
+            return Err(MemError::OutOfRange);
+        }
+        let backing = map.backing.clone();
+        drop(map);
+        drop(st);
+        Ok((mr, backing, offset))
+    }
+}
+
 /// Checks an access to a region: PD, right and bounds; returns the offset into it.
 fn resolve_region(map: &Mapping, key: KeyRef, addr: u64, len: u64) -> Result<u64, MemError> {
     if map.pd.handle() != key.pd {
@@ -395,6 +474,10 @@ impl Memory for KeyTable {
     fn invalidate(&self, qpn: u32, pd: u32, rkey: u32) -> Result<(), MemError> {
         let mw = self.window(rkey).ok_or(MemError::BadKey)?;
         mw.execute_invalidate(qpn, pd, rkey)
+    }
+
+    fn locate(&self, key: KeyRef, addr: u64, len: u64) -> Result<Option<u64>, MemError> {
+        self.with_place(key, addr, len, |(b, offset, _)| b.host_addr().map(|a| a + offset))
     }
 }
 

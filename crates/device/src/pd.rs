@@ -415,6 +415,11 @@ impl Mr {
         self.dm.as_ref().map_or(map.addr, |(_, off)| *off)
     }
 
+    /// Whether the region is still registered (not deregistered).
+    pub(crate) fn is_registered(&self) -> bool {
+        !self.uses.is_retired()
+    }
+
     pub(crate) fn mapping(&self) -> &RwLock<Mapping> {
         &self.map
     }
@@ -544,6 +549,10 @@ impl Mr {
     /// (`ibv_alloc_mw(3)`).
     pub fn dereg(&self) -> Result<()> {
         self.uses.retire("memory region")?;
+        // A payload copy into the region holds its mapping for reading and checks that the
+        // region is still registered (`remote::Pending::flush`): once this returns, none is in
+        // progress or can start, so the application may free the memory.
+        drop(self.map.write());
         self.pd().context().ufile().withdraw(self.handle);
         self.teardown();
         Ok(())

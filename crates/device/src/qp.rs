@@ -5,10 +5,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
+use softverbs_engine::memory::{ExternalPayload, Memory};
 use softverbs_engine::qp_state::{apply_modify, effective_mask, validate_modify};
 use softverbs_engine::time::Instant;
 use softverbs_engine::transport::{
-    Completion, DropReason, QpConfig, QpCounters, QpEngine, RecvSource, RxMeta, Transmit, WorkQueue,
+    Completion, DropReason, QpConfig, QpCounters, QpEngine, RecvSource, Rx, RxMeta, Transmit, WorkQueue,
 };
 use softverbs_engine::types::{
     EventType, Gid, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SrqAttr, SrqAttrMask,
@@ -24,6 +25,7 @@ use crate::fabric::Endpoint;
 use crate::held::Held;
 use crate::pd::{Ah, Pd};
 use crate::raw::{require_cap_net_raw, RawPort};
+use crate::remote::{Deferring, Pending};
 use crate::sync::{AckCounter, UseCount};
 use crate::tm::{QpRendezvous, TmRecv, TmShared, TmState};
 use crate::wq::{Rss, RwqIndTable, RxHashConf};
@@ -641,11 +643,15 @@ impl Qp {
     /// (see [`Qp::release`]), events go to the context, deadlines to the progress thread.
     /// Returns the packets to send with the ticket.
     fn drain(&self, inner: &mut QpInner, now: Instant) -> Outputs {
-        let node = self.node();
+        self.drain_with(inner, now, &self.node().keys)
+    }
+
+    /// [`Qp::drain`] with the memory the engine was handed for the input just processed.
+    fn drain_with(&self, inner: &mut QpInner, now: Instant, mem: &dyn Memory) -> Outputs {
         let mut txs = Vec::new();
         let ticket = inner.held.issue();
         loop {
-            while let Some(tx) = inner.engine.poll_transmit(now, &node.keys) {
+            while let Some(tx) = inner.engine.poll_transmit(now, mem) {
                 txs.push(tx);
             }
             let mut posted = false;
@@ -781,10 +787,22 @@ impl Qp {
         &self,
         now: Instant,
         pkt: &ParsedPacket<'_>,
+        ext: Option<&dyn ExternalPayload>,
         meta: &RxMeta,
+        pending: &Pending,
     ) -> (Outputs, Option<DropReason>) {
         let mut inner = self.inner.lock();
         let node = self.node();
+        let pkt = match ext {
+            Some(src) => Rx::external(pkt, src),
+            None => Rx::new(pkt),
+        };
+        let pkt = &pkt;
+        let keys = Deferring {
+            mem: &node.keys,
+            keys: &node.keys,
+            pending,
+        };
         let dropped = match &self.init.srq {
             None if self.xrcd.is_some() => {
                 let device = self.context().device();
@@ -797,10 +815,12 @@ impl Qp {
                     local: &node.keys,
                     device: device.name(),
                 };
-                inner
-                    .engine
-                    .handle_packet(now, pkt, meta, &mem, Some(&mut src))
-                    .err()
+                let mem = Deferring {
+                    mem: &mem,
+                    keys: &node.keys,
+                    pending,
+                };
+                inner.engine.handle_rx(now, pkt, meta, &mem, Some(&mut src)).err()
             }
             Some(srq) if srq.is_tm() => {
                 let QpInner { attr, engine, tm, .. } = &mut *inner;
@@ -809,21 +829,47 @@ impl Qp {
                     rndv: tm,
                     can_read: crate::tm::can_read(attr),
                 };
-                engine
-                    .handle_packet(now, pkt, meta, &node.keys, Some(&mut src))
-                    .err()
+                engine.handle_rx(now, pkt, meta, &keys, Some(&mut src)).err()
             }
             Some(srq) => {
                 let mut src = SrqRecv(srq);
                 inner
                     .engine
-                    .handle_packet(now, pkt, meta, &node.keys, Some(&mut src))
+                    .handle_rx(now, pkt, meta, &keys, Some(&mut src))
                     .err()
             }
-            None => inner.engine.handle_packet(now, pkt, meta, &node.keys, None).err(),
+            None => inner.engine.handle_rx(now, pkt, meta, &keys, None).err(),
         };
-        let out = self.drain(&mut inner, now);
+        let out = self.drain_with(&mut inner, now, &keys);
         (out, dropped)
+    }
+
+    /// A payload copy for packets handled under `ticket` failed (see [`crate::remote`]): the
+    /// data the engine accepted is not there, so the completions those packets produced are
+    /// flushed in error and the QP moves to the error state (`IBV_EVENT_QP_FATAL`).
+    pub(crate) fn fail_copies(&self, ticket: u64) {
+        let mut inner = self.inner.lock();
+        inner.held.fail(ticket);
+        if inner.attr.qp_state != QpState::Err {
+            tracing::warn!(
+                qpn = self.qpn,
+                "a payload could not be copied from its sender: QP moves to the error state"
+            );
+            let now = self.fabric().now();
+            inner.attr.qp_state = QpState::Err;
+            let attr = inner.attr;
+            inner.engine.set_attr(now, &attr);
+            self.raise(EventType::QpFatal);
+            drop(inner);
+            self.release(ticket);
+            let mut inner = self.inner.lock();
+            let out = self.drain(&mut inner, now);
+            drop(inner);
+            self.emit(out);
+            return;
+        }
+        drop(inner);
+        self.release(ticket);
     }
 
     /// Handles expired transport timers (called by the progress machinery).
@@ -863,6 +909,14 @@ impl Qp {
             apply_modify(&mut inner.attr, attr, mask, next);
             let new = inner.attr;
             inner.engine.set_attr(now, &new);
+            if matches!(new.qp_state, QpState::Rtr | QpState::Rts) {
+                // Large payloads stay in registered memory while the peer is another process
+                // of this host reached through shared memory (it copies them itself).
+                let shm = self
+                    .fabric()
+                    .reaches_by_shm(&new.ah_attr.grh.dgid, new.dest_qp_num);
+                inner.engine.set_external_payloads(shm);
+            }
             if mask.contains(QpAttrMask::RATE_LIMIT) {
                 inner
                     .engine
@@ -1614,14 +1668,20 @@ impl Endpoint for Qp {
         &self,
         now: Instant,
         pkt: &ParsedPacket<'_>,
+        ext: Option<&dyn ExternalPayload>,
         meta: &RxMeta,
+        pending: &Pending,
     ) -> (Vec<Transmit>, u64, Option<DropReason>) {
-        let (out, dropped) = self.handle_packet(now, pkt, meta);
+        let (out, dropped) = self.handle_packet(now, pkt, ext, meta, pending);
         (out.txs, out.ticket, dropped)
     }
 
     fn release_ticket(&self, ticket: u64) {
         self.release(ticket);
+    }
+
+    fn fail_ticket(&self, ticket: u64) {
+        self.fail_copies(ticket);
     }
 
     fn next_deadline(&self) -> Option<Instant> {

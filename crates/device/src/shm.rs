@@ -10,7 +10,10 @@
 //!
 //! Each record is one packet exactly as the UDP driver would send it (BTH to ICRC), behind a
 //! header with what the receiver would learn from the IP and UDP headers: source and
-//! destination GID, traffic class, hop limit and ports. The engines on both sides are the
+//! destination GID, traffic class, hop limit and ports. A packet whose payload the engine left
+//! in registered memory (large RC payloads, see `softverbs_engine::transport::ExternalRanges`)
+//! travels without it, with the sender's process ID and the payload's address ranges instead:
+//! the receiver copies the bytes once, straight into the destination buffer (`crate::remote`). The engines on both sides are the
 //! same, so RC, UC and UD behave exactly as over UDP; the node counters count these packets
 //! too. A packet never leaves memory private to the user, so there is no ICRC to check.
 //!
@@ -24,11 +27,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
 use parking_lot::Mutex;
-use softverbs_engine::transport::RxMeta;
+use softverbs_engine::transport::{ExternalRanges, RxMeta, MAX_EXTERNAL_RANGES};
 use softverbs_engine::types::Gid;
 use softverbs_shm::{Inbox, Layout, Outbox};
 
 use crate::driver::{Driver, IcrcCheck, PacketBatch, Route};
+use crate::remote::RemoteRef;
 
 /// Bytes in front of each packet: source GID, destination GID, traffic class, hop limit, two
 /// reserved bytes, source and destination UDP port.
@@ -58,6 +62,13 @@ const RETRY_STALE: Duration = Duration::from_millis(10);
 /// died, and whose port a process without a mailbox took, must be reached over UDP again well
 /// within a retransmission timeout.
 const CHECK_ALIVE: Duration = Duration::from_millis(10);
+/// Flag in header byte 34: the payload is in the sender's memory, described by the
+/// [`REMOTE`] bytes after the header.
+const FLAG_REMOTE: u8 = 1;
+/// Bytes describing a payload in the sender's memory: process ID, length, range count, three
+/// reserved bytes, then [`MAX_EXTERNAL_RANGES`] (address, length) pairs.
+const REMOTE: usize = 12 + 12 * MAX_EXTERNAL_RANGES;
+
 /// Records handed over per receive call.
 const MAX_BATCH: usize = 256;
 
@@ -117,7 +128,14 @@ impl Shm {
 
     /// Sends a run of packets to the process whose slot port is `route.ports.1`, if it has a
     /// mailbox. `None` if it has none (the caller uses UDP); else how many packets went.
-    pub(crate) fn send_to_process(&self, route: &Route, packets: &[Vec<u8>]) -> Option<usize> {
+    ///
+    /// `exts[i]`, if given, says where packet `i`'s payload is in this process's memory.
+    pub(crate) fn send_to_process(
+        &self,
+        route: &Route,
+        packets: &[Vec<u8>],
+        exts: &[Option<ExternalRanges>],
+    ) -> Option<usize> {
         let port = route.ports.1;
         let mut peers = self.peers.lock();
         let now = StdInstant::now();
@@ -165,13 +183,20 @@ impl Shm {
             return None;
         };
         let header = encode_header(route);
+        let pid = std::process::id();
         let mut sent = 0;
-        for p in packets {
+        for (i, p) in packets.iter().enumerate() {
+            let ext = exts.get(i).copied().flatten();
+            let extra = if ext.is_some() { REMOTE } else { 0 };
             let fill = |rec: &mut [u8]| {
                 rec[..HEADER].copy_from_slice(&header);
-                rec[HEADER..].copy_from_slice(p);
+                if let Some(ext) = &ext {
+                    rec[34] = FLAG_REMOTE;
+                    encode_remote(pid, ext, &mut rec[HEADER..HEADER + REMOTE]);
+                }
+                rec[HEADER + extra..].copy_from_slice(p);
             };
-            let len = HEADER + p.len();
+            let len = HEADER + extra + p.len();
             let start = StdInstant::now();
             loop {
                 match out.push(len, fill) {
@@ -204,6 +229,42 @@ fn encode_header(route: &Route) -> [u8; HEADER] {
     h
 }
 
+/// Writes where a payload is (see [`REMOTE`]).
+fn encode_remote(pid: u32, ext: &ExternalRanges, out: &mut [u8]) {
+    out[..4].copy_from_slice(&pid.to_le_bytes());
+    out[4..8].copy_from_slice(&ext.len.to_le_bytes());
+    out[8] = ext.count;
+    for (i, &(addr, len)) in ext.ranges.iter().enumerate() {
+        let at = 12 + 12 * i;
+        out[at..at + 8].copy_from_slice(&addr.to_le_bytes());
+        out[at + 8..at + 12].copy_from_slice(&len.to_le_bytes());
+    }
+}
+
+/// Reads where a payload is; `None` if the description is not one a sender writes.
+fn parse_remote(b: &[u8; REMOTE]) -> Option<RemoteRef> {
+    let u32_at = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"));
+    let mut ranges = ExternalRanges {
+        len: u32_at(4),
+        count: b[8],
+        ..Default::default()
+    };
+    if usize::from(ranges.count) > MAX_EXTERNAL_RANGES {
+        return None;
+    }
+    for (i, r) in ranges.ranges.iter_mut().enumerate() {
+        let at = 12 + 12 * i;
+        *r = (
+            u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes")),
+            u32_at(at + 8),
+        );
+    }
+    Some(RemoteRef {
+        pid: u32_at(0),
+        ranges,
+    })
+}
+
 /// Reads a record's header: what the receiver would have learned from IP and UDP.
 fn parse_header(h: &[u8; HEADER]) -> (RxMeta, (u16, u16)) {
     let gid = |b: &[u8]| Gid(b.try_into().expect("16 bytes"));
@@ -222,7 +283,7 @@ fn parse_header(h: &[u8; HEADER]) -> (RxMeta, (u16, u16)) {
 
 impl Driver for Shm {
     fn send(&self, route: &Route, packets: &mut [Vec<u8>]) -> usize {
-        self.send_to_process(route, packets).unwrap_or(0)
+        self.send_to_process(route, packets, &[]).unwrap_or(0)
     }
 
     fn recv(&self, batch: &mut PacketBatch) -> usize {
@@ -232,7 +293,15 @@ impl Driver for Shm {
                 return;
             };
             let (meta, ports) = parse_header(h);
-            batch.push(packet, meta, IcrcCheck::Ok, ports);
+            if h[34] & FLAG_REMOTE == 0 {
+                batch.push(packet, meta, IcrcCheck::Ok, ports);
+            } else {
+                let Some((r, packet)) = packet.split_first_chunk::<REMOTE>() else {
+                    return;
+                };
+                let Some(remote) = parse_remote(r) else { return };
+                batch.push_remote(packet, Some(remote), meta, IcrcCheck::Ok, ports);
+            }
             n += 1;
         });
         n
@@ -270,5 +339,23 @@ mod tests {
         let (meta, ports) = parse_header(&encode_header(&route));
         assert_eq!(meta, route.meta());
         assert_eq!(ports, route.ports);
+    }
+
+    #[test]
+    fn payload_descriptions_round_trip_and_bad_ones_are_refused() {
+        let mut ext = ExternalRanges::default();
+        assert!(ext.push(0x7f00_0000_1000, 4096));
+        assert!(ext.push(0x7f00_0000_9000, 100));
+        let mut b = [0u8; REMOTE];
+        encode_remote(4242, &ext, &mut b);
+        assert_eq!(
+            parse_remote(&b),
+            Some(RemoteRef {
+                pid: 4242,
+                ranges: ext
+            })
+        );
+        b[8] = MAX_EXTERNAL_RANGES as u8 + 1;
+        assert_eq!(parse_remote(&b), None);
     }
 }

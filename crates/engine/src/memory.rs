@@ -146,6 +146,21 @@ impl AtomicOp {
     }
 }
 
+/// A received payload left in the sender's memory (see [`crate::transport::RxData`]): the
+/// device knows where it is; the engine only passes it to [`Memory::write_external`].
+pub trait ExternalPayload {
+    /// Its length in bytes.
+    fn len(&self) -> u64;
+    /// Whether it has no byte.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Copies `dst.len()` bytes from `offset` into `dst` now.
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), MemError>;
+    /// The implementation, for a [`Memory`] that can place it better than by reading it.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
 /// Registered memory as the engine sees it.
 pub trait Memory {
     /// Copies `dst.len()` bytes at `addr` of the region named by `key` into `dst`.
@@ -166,4 +181,26 @@ pub trait Memory {
     /// `whole_region`, that `len` bytes at `addr` lie in the region; then makes every earlier
     /// store to the region visible (a store fence).
     fn flush(&self, key: KeyRef, addr: u64, len: u64, whole_region: bool) -> Result<(), MemError>;
+    /// Copies `len` bytes from `offset` of `src` to `addr` of the region named by `key`. The
+    /// copy may be deferred, but must be done before the caller's outputs leave (the device
+    /// copies a batch's payloads at once) and before any other access through this `Memory`.
+    fn write_external(
+        &self,
+        key: KeyRef,
+        addr: u64,
+        src: &dyn ExternalPayload,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), MemError> {
+        self.check(key, addr, len)?;
+        let mut buf = vec![0u8; len as usize];
+        src.read(offset, &mut buf)?;
+        self.write(key, addr, &buf)
+    }
+    /// Checks that `len` bytes at `addr` may be accessed, and says where they are in this
+    /// process's memory if another process of the host may copy them from there (ordinary
+    /// memory, contiguous). `None`: the bytes must travel in the packet.
+    fn locate(&self, key: KeyRef, addr: u64, len: u64) -> Result<Option<u64>, MemError> {
+        self.check(key, addr, len).map(|()| None)
+    }
 }

@@ -52,6 +52,29 @@ impl MemoryBacking for RawMemory {
         Ok(())
     }
 
+    fn host_addr(&self) -> Option<u64> {
+        Some(self.base as u64)
+    }
+
+    fn copy_from_process(
+        &self,
+        offset: u64,
+        len: u64,
+        pid: i32,
+        remote: &[(u64, usize)],
+    ) -> Result<(), Unmapped> {
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: the device passes `offset + len <= self.len` for a region registered with
+        // local write access (checked by the key table), which the application keeps mapped
+        // until it is deregistered (and deregistration waits for a copy in progress). The
+        // slice is only the destination of the kernel's copy; no Rust reference to these bytes
+        // exists meanwhile.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr(offset), len as usize) };
+        softverbs_shm::read_from_process(pid, dst, remote).map_err(|_| Unmapped)
+    }
+
     fn atomic(&self, offset: u64, op: AtomicOp) -> Result<u64, Unmapped> {
         // SAFETY: the device checks that the word is 8-byte aligned and inside the region,
         // which the application keeps mapped and writable while it is registered.

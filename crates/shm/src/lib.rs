@@ -16,12 +16,18 @@
 //! against what was published and drops a corrupted ring's records ([`Inbox::corrupt`] counts
 //! them) rather than read outside the ring.
 //!
+//! [`read_from_process`] and [`read_into_words`] copy straight out of another process of the
+//! user (cross-memory attach), for payloads that move once between registered buffers.
+//!
 //! The crate knows nothing about RDMA: records are bytes. Its only `unsafe` code is the
-//! offset-checked view of the mapping in `raw.rs`.
+//! offset-checked view of the mapping in `raw.rs` and the copy destination in `xfer.rs`.
 
 mod mailbox;
 mod raw;
 mod ring;
+mod xfer;
+
+pub use xfer::{read_from_process, read_into_words};
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

@@ -502,9 +502,19 @@ fn rc_between_processes() {
     // The carrier this run asked for carried them.
     if carrier() == "shm" {
         assert!(counters.tx_shm_packets >= 384, "{counters:?}");
+        // The SEND's and WRITE's payloads stayed in our memory for the peer to copy, and the
+        // READ responses' payloads were copied straight out of the peer's.
+        assert!(counters.tx_payloads_in_memory >= 384, "{counters:?}");
+        assert!(counters.rx_payload_copies >= 1, "{counters:?}");
     } else {
         assert_eq!(counters.tx_shm_packets, 0, "{counters:?}");
+        assert_eq!(
+            (counters.tx_payloads_in_memory, counters.rx_payload_copies),
+            (0, 0),
+            "{counters:?}"
+        );
     }
+    assert_eq!(counters.rx_payload_copy_failures, 0, "{counters:?}");
     assert_eq!(
         (
             counters.rx_bad_icrc,

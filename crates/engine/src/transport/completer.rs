@@ -1,8 +1,9 @@
 //! The completer: consumes ACKs, NAKs and responses, completes send WQEs in order, and owns the
 //! retransmit and RNR timers.
 
-use softverbs_wire::{AethSyndrome, NakCode, Opcode, ParsedPacket, Psn, Transport};
+use softverbs_wire::{AethSyndrome, NakCode, Opcode, Psn, Transport};
 
+use super::external::{Rx, RxData};
 use super::{ack_timeout, rnr_delay, DropReason, QpEngine, SendWqe};
 use crate::memory::{Access, KeyRef, MemError, Memory};
 use crate::time::Instant;
@@ -15,7 +16,7 @@ pub(crate) fn scatter(
     pd: (u32, u32),
     payload: &Payload,
     offset: u64,
-    src: &[u8],
+    src: RxData<'_>,
 ) -> Result<(), ScatterError> {
     let Payload::Sges(sges) = payload else {
         return Err(ScatterError::Length);
@@ -37,7 +38,7 @@ pub(crate) fn scatter_sges(
     (pd, qpn): (u32, u32),
     sges: &[crate::types::Sge],
     offset: u64,
-    src: &[u8],
+    src: RxData<'_>,
 ) -> Result<(), ScatterError> {
     let mut skip = offset;
     let mut done = 0usize;
@@ -57,7 +58,8 @@ pub(crate) fn scatter_sges(
             qpn,
             access: Access::LocalWrite,
         };
-        mem.write(key, sge.addr + skip, &src[done..done + take])
+        src.slice(done..done + take)
+            .write_to(mem, key, sge.addr + skip)
             .map_err(ScatterError::Mem)?;
         done += take;
         skip = 0;
@@ -74,7 +76,7 @@ impl QpEngine {
     pub(crate) fn handle_response(
         &mut self,
         now: Instant,
-        pkt: &ParsedPacket<'_>,
+        pkt: &Rx<'_>,
         mem: &dyn Memory,
     ) -> Result<(), DropReason> {
         // Only a reliable requester gets responses, on its own transport.
@@ -338,12 +340,7 @@ impl QpEngine {
         self.check_drained();
     }
 
-    fn on_read_response(
-        &mut self,
-        now: Instant,
-        pkt: &ParsedPacket<'_>,
-        mem: &dyn Memory,
-    ) -> Result<(), DropReason> {
+    fn on_read_response(&mut self, now: Instant, pkt: &Rx<'_>, mem: &dyn Memory) -> Result<(), DropReason> {
         let psn = pkt.repr.bth.psn;
         let find = |sq: &std::collections::VecDeque<SendWqe>| {
             sq.iter().position(|w| {
@@ -391,17 +388,11 @@ impl QpEngine {
         } else {
             mtu
         };
-        if pkt.payload.len() as u64 != want {
+        if pkt.data.len() as u64 != want {
             self.fail_wqe(idx, WcStatus::BadRespErr);
             return Ok(());
         }
-        if let Err(e) = scatter(
-            mem,
-            (self.cfg.pd, self.cfg.qpn),
-            &w.wr.payload,
-            offset,
-            pkt.payload,
-        ) {
+        if let Err(e) = scatter(mem, (self.cfg.pd, self.cfg.qpn), &w.wr.payload, offset, pkt.data) {
             self.fail_wqe(idx, scatter_status(e));
             return Ok(());
         }
@@ -426,12 +417,7 @@ impl QpEngine {
         Ok(())
     }
 
-    fn on_atomic_ack(
-        &mut self,
-        now: Instant,
-        pkt: &ParsedPacket<'_>,
-        mem: &dyn Memory,
-    ) -> Result<(), DropReason> {
+    fn on_atomic_ack(&mut self, now: Instant, pkt: &Rx<'_>, mem: &dyn Memory) -> Result<(), DropReason> {
         let psn = pkt.repr.bth.psn;
         let Some(orig) = pkt.repr.atomic_ack_eth.map(|a| a.orig) else {
             return Err(DropReason::UnexpectedResponse);
@@ -461,7 +447,7 @@ impl QpEngine {
             (self.cfg.pd, self.cfg.qpn),
             &w.wr.payload,
             0,
-            &orig.to_ne_bytes(),
+            RxData::Bytes(&orig.to_ne_bytes()),
         ) {
             self.fail_wqe(idx, scatter_status(e));
             return Ok(());

@@ -41,6 +41,7 @@
 //! * `retry_cnt` follows the IBTA: 7 means seven retries (rxe treats it as infinite).
 
 mod completer;
+mod external;
 mod grh;
 mod placement;
 mod raw;
@@ -59,6 +60,9 @@ use crate::types::{
 };
 use crate::wr::SendWr;
 
+pub use external::{
+    ExternalRanges, Rx, RxData, EXTERNAL_MIN_MESSAGE, EXTERNAL_MIN_PACKET, MAX_EXTERNAL_RANGES,
+};
 pub use grh::write_grh;
 pub use placement::RecvPlacement;
 pub use raw::receive_frame;
@@ -88,8 +92,12 @@ pub struct Dest {
 pub struct Transmit {
     /// Where to.
     pub dest: Dest,
-    /// The bytes.
+    /// The bytes. With `external`, the payload is not in them: they are the packet with an
+    /// empty payload (and no pad).
     pub data: Vec<u8>,
+    /// Where the payload is in this process's memory, if it was left there (see
+    /// [`QpEngine::set_external_payloads`]).
+    pub external: Option<ExternalRanges>,
 }
 
 /// What the driver knows about a received packet besides its bytes.
@@ -360,6 +368,8 @@ pub struct QpEngine {
     /// The send rate limit of a raw packet QP, and when its next frame may go if it is held.
     pub(crate) pacer: Option<crate::pacing::TokenBucket>,
     pub(crate) paced_until: Option<Instant>,
+    /// Large payloads of reliable packets may stay in registered memory ([`Transmit::external`]).
+    pub(crate) external_payloads: bool,
 }
 
 impl QpEngine {
@@ -381,7 +391,16 @@ impl QpEngine {
             internal_used: false,
             pacer: None,
             paced_until: None,
+            external_payloads: false,
         }
+    }
+
+    /// Lets the packets of large SEND and WRITE messages and READ responses leave their payload
+    /// in registered memory, for a carrier that copies it straight into the receiver's buffer
+    /// (the device turns this on while the peer is reached through shared memory). Only
+    /// reliable transports do so: their buffers stay in use until acknowledged.
+    pub fn set_external_payloads(&mut self, on: bool) {
+        self.external_payloads = on && self.cfg.qp_type.is_reliable();
     }
 
     /// Sets the send rate limit (`None`: unlimited). Only raw packet QPs are shaped.
@@ -523,6 +542,19 @@ impl QpEngine {
         &mut self,
         now: Instant,
         pkt: &ParsedPacket<'_>,
+        meta: &RxMeta,
+        mem: &dyn Memory,
+        srq: Option<&mut dyn RecvSource>,
+    ) -> Result<(), DropReason> {
+        self.handle_rx(now, &Rx::new(pkt), meta, mem, srq)
+    }
+
+    /// [`QpEngine::handle_packet`] for a packet whose payload may have been left in the
+    /// sender's memory ([`Rx::external`]).
+    pub fn handle_rx(
+        &mut self,
+        now: Instant,
+        pkt: &Rx<'_>,
         meta: &RxMeta,
         mem: &dyn Memory,
         srq: Option<&mut dyn RecvSource>,

@@ -4,6 +4,7 @@
 //! a send completes once its frame is handed to the driver.
 
 use super::completer::{scatter_sges, ScatterError};
+use super::external::RxData;
 use super::requester::gather;
 use super::{Dest, DropReason, QpEngine, RecvSource, Transmit, WorkQueue};
 use crate::memory::Memory;
@@ -23,7 +24,7 @@ pub fn receive_frame(
     frame: &[u8],
     flow_tag: u32,
 ) -> WorkCompletion {
-    let status = match scatter_sges(mem, (pd, qpn), &wr.sg_list, 0, frame) {
+    let status = match scatter_sges(mem, (pd, qpn), &wr.sg_list, 0, RxData::Bytes(frame)) {
         Ok(()) => WcStatus::Success,
         Err(ScatterError::Length) => WcStatus::LocLenErr,
         Err(ScatterError::Mem(e)) => e.local_status(),
@@ -82,6 +83,7 @@ impl QpEngine {
                     flow_label: 0,
                 },
                 data,
+                external: None,
             });
             self.counters.tx_packets += 1;
         }

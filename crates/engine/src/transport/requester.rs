@@ -5,6 +5,7 @@ use softverbs_wire::{
     RethRepr, Transport, XrcEthRepr,
 };
 
+use super::external::{build_external, locate_gather, EXTERNAL_MIN_MESSAGE, EXTERNAL_MIN_PACKET};
 use super::{ack_timeout, Dest, QpEngine, Transmit, WorkQueue, ACK_REQ_EVERY, WINDOW};
 use crate::memory::{Access, KeyRef, MemError, Memory};
 use crate::time::Instant;
@@ -138,7 +139,11 @@ pub(crate) fn build(
     // The repr is built by the engine from its own table; emitting it cannot fail.
     repr.emit(&mut data).expect("engine-built packet");
     fill(repr.payload_mut(&mut data).expect("engine-built packet"))?;
-    Ok(Transmit { dest, data })
+    Ok(Transmit {
+        dest,
+        data,
+        external: None,
+    })
 }
 
 impl QpEngine {
@@ -446,14 +451,28 @@ impl QpEngine {
                 self.req.since_ackreq = 0;
             }
         }
-        let built = build(&repr, dest, |buf| match w.wr.op {
-            // The value travels in the WQE, as rxe keeps it: no local key is involved.
-            SendOp::AtomicWrite { value, .. } => {
-                buf.copy_from_slice(&value);
-                Ok(())
+        // A large SEND or WRITE may leave its payload where it is (see `external`).
+        let external = match (&w.wr.op, &w.wr.payload) {
+            (SendOp::Send { .. } | SendOp::Write { .. }, Payload::Sges(sges))
+                if self.external_payloads
+                    && payload_len as usize >= EXTERNAL_MIN_PACKET
+                    && w.len >= EXTERNAL_MIN_MESSAGE =>
+            {
+                locate_gather(mem, (self.cfg.pd, self.cfg.qpn), sges, offset, payload_len)
             }
-            _ => gather(mem, (self.cfg.pd, self.cfg.qpn), &w.wr.payload, offset, buf),
-        });
+            _ => None,
+        };
+        let built = match external {
+            Some(ranges) => Ok(build_external(&repr, dest, ranges)),
+            None => build(&repr, dest, |buf| match w.wr.op {
+                // The value travels in the WQE, as rxe keeps it: no local key is involved.
+                SendOp::AtomicWrite { value, .. } => {
+                    buf.copy_from_slice(&value);
+                    Ok(())
+                }
+                _ => gather(mem, (self.cfg.pd, self.cfg.qpn), &w.wr.payload, offset, buf),
+            }),
+        };
         let tx = match built {
             Ok(tx) => tx,
             Err(e) => {

@@ -4,11 +4,13 @@
 use std::collections::VecDeque;
 
 use softverbs_wire::{
-    AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, NakCode, Opcode, PacketRepr, ParsedPacket, Position,
-    Psn,
+    AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, NakCode, Opcode, PacketRepr, Position, Psn,
 };
 
 use super::completer::{scatter_sges, ScatterError};
+use super::external::{
+    build_external, ExternalRanges, Rx, RxData, EXTERNAL_MIN_MESSAGE, EXTERNAL_MIN_PACKET,
+};
 use super::grh::write_grh;
 use super::requester::{build, packets};
 use super::{DropReason, QpEngine, RecvPlacement, RecvSource, RxMeta, WorkQueue};
@@ -162,7 +164,7 @@ impl QpEngine {
     pub(crate) fn handle_request(
         &mut self,
         now: Instant,
-        pkt: &ParsedPacket<'_>,
+        pkt: &Rx<'_>,
         meta: &RxMeta,
         mem: &dyn Memory,
         mut srq: Option<&mut dyn RecvSource>,
@@ -206,7 +208,7 @@ impl QpEngine {
 
     fn ud_request(
         &mut self,
-        pkt: &ParsedPacket<'_>,
+        pkt: &Rx<'_>,
         meta: &RxMeta,
         mem: &dyn Memory,
         srq: &mut Option<&mut dyn RecvSource>,
@@ -229,12 +231,12 @@ impl QpEngine {
             pkt.repr.buffer_len(),
         );
         let pd = (self.cfg.pd, self.cfg.qpn);
-        let result = scatter_sges(mem, pd, &wqe.sg_list, 0, &grh)
-            .and_then(|()| scatter_sges(mem, pd, &wqe.sg_list, 40, pkt.payload));
+        let result = scatter_sges(mem, pd, &wqe.sg_list, 0, RxData::Bytes(&grh))
+            .and_then(|()| scatter_sges(mem, pd, &wqe.sg_list, 40, pkt.data));
         let mut wc = WorkCompletion::error(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.cfg.qpn);
         match result {
             Ok(()) => {
-                wc.byte_len = (40 + pkt.payload.len()) as u32;
+                wc.byte_len = (40 + pkt.data.len()) as u32;
                 wc.src_qp = deth.src_qpn;
                 wc.wc_flags = WcFlags::GRH;
                 if let Some(imm) = pkt.repr.imm_dt {
@@ -252,7 +254,7 @@ impl QpEngine {
 
     fn uc_request(
         &mut self,
-        pkt: &ParsedPacket<'_>,
+        pkt: &Rx<'_>,
         mem: &dyn Memory,
         srq: &mut Option<&mut dyn RecvSource>,
     ) -> Result<(), DropReason> {
@@ -318,7 +320,7 @@ impl QpEngine {
     fn rc_request(
         &mut self,
         _now: Instant,
-        pkt: &ParsedPacket<'_>,
+        pkt: &Rx<'_>,
         mem: &dyn Memory,
         srq: &mut Option<&mut dyn RecvSource>,
     ) -> Result<(), DropReason> {
@@ -414,13 +416,13 @@ impl QpEngine {
     /// Executes an in-sequence SEND or WRITE packet.
     fn execute(
         &mut self,
-        pkt: &ParsedPacket<'_>,
+        pkt: &Rx<'_>,
         mem: &dyn Memory,
         srq: &mut Option<&mut dyn RecvSource>,
     ) -> Result<(), Outcome> {
         let opcode = pkt.opcode();
         let mtu = u64::from(self.mtu());
-        let len = pkt.payload.len() as u64;
+        let len = pkt.data.len() as u64;
         // Sequence: a FIRST/ONLY starts a message, MIDDLE/LAST continue one of the same kind.
         let continuing = matches!(
             (&self.resp.progress, opcode.is_send(), opcode.is_write()),
@@ -495,7 +497,7 @@ impl QpEngine {
                     qpn: self.cfg.qpn,
                     access: Access::RemoteWrite,
                 };
-                if mem.write(key, va + offset, pkt.payload).is_err() {
+                if pkt.data.write_to(mem, key, va + offset).is_err() {
                     if let Some(w) = wqe {
                         self.put_back_recv(w, srq);
                     }
@@ -533,8 +535,10 @@ impl QpEngine {
         // SEND.
         if opcode.starts_message() {
             let place = if self.cfg.has_srq || self.cfg.qp_type == QpType::XrcRecv {
+                // A tag-matching SRQ reads the first packet's headers.
+                let first = pkt.data.to_bytes().map_err(|_| Outcome::Fatal(ACCESS_ERROR))?;
                 srq.as_deref_mut()
-                    .and_then(|s| s.take_send(pkt.payload, opcode.ends_message()))
+                    .and_then(|s| s.take_send(&first, opcode.ends_message()))
             } else {
                 self.rq.pop_front().map(RecvPlacement::plain)
             };
@@ -561,7 +565,7 @@ impl QpEngine {
                 (pd, self.cfg.qpn),
                 &place.wqe.sg_list,
                 at,
-                &pkt.payload[range],
+                pkt.data.slice(range),
             ) {
                 Ok(()) => {}
                 Err(ScatterError::Length) => {
@@ -611,7 +615,7 @@ impl QpEngine {
         Ok(())
     }
 
-    fn execute_read(&mut self, pkt: &ParsedPacket<'_>, mem: &dyn Memory) -> Result<(), Outcome> {
+    fn execute_read(&mut self, pkt: &Rx<'_>, mem: &dyn Memory) -> Result<(), Outcome> {
         if !matches!(self.resp.progress, Progress::Idle) {
             return Err(Outcome::Sequence);
         }
@@ -650,7 +654,7 @@ impl QpEngine {
         Ok(())
     }
 
-    fn execute_atomic(&mut self, pkt: &ParsedPacket<'_>, mem: &dyn Memory) -> Result<(), Outcome> {
+    fn execute_atomic(&mut self, pkt: &Rx<'_>, mem: &dyn Memory) -> Result<(), Outcome> {
         if !matches!(self.resp.progress, Progress::Idle) {
             return Err(Outcome::Sequence);
         }
@@ -690,7 +694,7 @@ impl QpEngine {
 
     /// ATOMIC WRITE or FLUSH (IBTA memory-placement extensions, as rxe executes them): both
     /// take a responder resource and are answered by a zero-length READ RESPONSE ONLY.
-    fn execute_placement(&mut self, pkt: &ParsedPacket<'_>, mem: &dyn Memory) -> Result<(), Outcome> {
+    fn execute_placement(&mut self, pkt: &Rx<'_>, mem: &dyn Memory) -> Result<(), Outcome> {
         if !matches!(self.resp.progress, Progress::Idle) {
             return Err(Outcome::Sequence);
         }
@@ -704,7 +708,9 @@ impl QpEngine {
                 return Err(Outcome::Fatal(INVALID_REQUEST));
             }
             // Exactly one aligned 8-byte word (oA19-28).
-            let Ok(bytes) = <[u8; 8]>::try_from(pkt.payload) else {
+            let Ok(bytes) =
+                <[u8; 8]>::try_from(&*pkt.data.to_bytes().map_err(|_| Outcome::Fatal(INVALID_REQUEST))?)
+            else {
                 return Err(Outcome::Fatal(INVALID_REQUEST));
             };
             if reth.dma_len != 8 || pkt.repr.bth.pad_count != 0 || reth.va % 8 != 0 {
@@ -762,7 +768,7 @@ impl QpEngine {
     }
 
     /// A request with a PSN already executed.
-    fn rc_duplicate(&mut self, pkt: &ParsedPacket<'_>, mem: &dyn Memory) -> Result<(), DropReason> {
+    fn rc_duplicate(&mut self, pkt: &Rx<'_>, mem: &dyn Memory) -> Result<(), DropReason> {
         let psn = pkt.repr.bth.psn;
         let opcode = pkt.opcode();
         if opcode.is_read() {
@@ -891,13 +897,30 @@ impl QpEngine {
                 qpn: self.cfg.qpn,
                 access: Access::RemoteRead,
             };
-            let built = build(&repr, dest, |buf| {
-                if buf.is_empty() {
-                    Ok(())
+            // A large response may leave its payload where it is (see `external`).
+            let external =
+                if self.external_payloads && chunk >= EXTERNAL_MIN_PACKET && len >= EXTERNAL_MIN_MESSAGE {
+                    match mem.locate(key, va + offset, chunk as u64) {
+                        Ok(Some(host)) => {
+                            let mut ranges = ExternalRanges::default();
+                            ranges.push(host, chunk as u32);
+                            Some(ranges)
+                        }
+                        _ => None,
+                    }
                 } else {
-                    mem.read(key, va + offset, buf)
-                }
-            });
+                    None
+                };
+            let built = match external {
+                Some(ranges) => Ok(build_external(&repr, dest, ranges)),
+                None => build(&repr, dest, |buf| {
+                    if buf.is_empty() {
+                        Ok(())
+                    } else {
+                        mem.read(key, va + offset, buf)
+                    }
+                }),
+            };
             match built {
                 Ok(tx) => self.out.push_back(tx),
                 // The region went away mid-read: stop; the requester's timeout recovers.

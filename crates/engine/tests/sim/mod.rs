@@ -27,12 +27,13 @@ use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use softverbs_engine::memory::{AtomicOp, KeyRef, MemError, Memory};
+use softverbs_engine::memory::{AtomicOp, ExternalPayload, KeyRef, MemError, Memory};
 use softverbs_engine::mw::{key_index, MrInfo, MwBind, MwType, Window};
 use softverbs_engine::qp_state::{self, PortLimits};
 use softverbs_engine::time::Instant;
 use softverbs_engine::transport::{
-    Completion, DropReason, QpConfig, QpEngine, RecvPlacement, RecvSource, RxMeta, Transmit, WorkQueue,
+    Completion, DropReason, ExternalRanges, QpConfig, QpEngine, RecvPlacement, RecvSource, Rx, RxMeta,
+    Transmit, WorkQueue,
 };
 use softverbs_engine::types::{
     AccessFlags, AhAttr, EventType, Gid, GlobalRoute, Mtu, QpAttr, QpAttrMask, QpState, QpType, RecvWr,
@@ -175,6 +176,8 @@ pub struct SimMemory {
     pub atomics: Cell<u64>,
     /// FLUSHes executed.
     pub flushes: Cell<u64>,
+    /// Payloads may stay here for the receiver to fetch ([`Memory::locate`] answers).
+    pub external: Cell<bool>,
 }
 
 impl SimMemory {
@@ -189,6 +192,7 @@ impl SimMemory {
             refused: RefCell::new(Vec::new()),
             atomics: Cell::new(0),
             flushes: Cell::new(0),
+            external: Cell::new(false),
         }
     }
 
@@ -340,6 +344,11 @@ impl Memory for SimMemory {
 
     fn check(&self, key: KeyRef, addr: u64, len: u64) -> Result<(), MemError> {
         self.resolve(key, addr, len).map(|_| ())
+    }
+
+    fn locate(&self, key: KeyRef, addr: u64, len: u64) -> Result<Option<u64>, MemError> {
+        let off = self.resolve(key, addr, len)?;
+        Ok(self.external.get().then_some(self.base + off as u64))
     }
 
     fn atomic(&self, key: KeyRef, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
@@ -603,6 +612,8 @@ pub struct NetStats {
     pub node_down: u64,
     pub engine_dropped: u64,
     pub payload_bytes: u64,
+    /// Packets sent with their payload left in the sender's memory.
+    pub external: u64,
 }
 
 /// A packet as the filter hook sees it.
@@ -645,6 +656,28 @@ struct InFlight {
     sgid: Gid,
     dgid: Gid,
     data: Vec<u8>,
+    /// The sending node and where the payload is in its memory, if it stayed there.
+    ext: Option<(usize, ExternalRanges)>,
+}
+
+/// A payload read from the sender's memory when the packet arrives (what a receiver copying
+/// out of the sender sees).
+struct SimExternal(Vec<u8>);
+
+impl ExternalPayload for SimExternal {
+    fn len(&self) -> u64 {
+        self.0.len() as u64
+    }
+
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), MemError> {
+        let at = offset as usize;
+        dst.copy_from_slice(self.0.get(at..at + dst.len()).ok_or(MemError::OutOfRange)?);
+        Ok(())
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 /// The default cap on [`Sim::step`] calls per [`Sim`].
@@ -1164,8 +1197,10 @@ impl Sim {
         let dst = SocketAddr::new(tx.dest.dgid.to_ip(), ROCE_UDP_PORT);
         icrc::fill(src, dst, &mut data).expect("source and destination of one IP family");
         let parsed = RocePacket::parse(&data).expect("the engine emits well-formed packets");
+        let payload_len = tx.external.map_or(parsed.payload.len(), |e| e.len as usize);
         self.stats.sent += 1;
-        self.stats.payload_bytes += parsed.payload.len() as u64;
+        self.stats.external += u64::from(tx.external.is_some());
+        self.stats.payload_bytes += payload_len as u64;
         // Serialise on the sender's egress link.
         let wire_bits = (data.len() as u64 + 8 + 40 + 14 + 4 + 20) * 8;
         let link = &mut self.nodes[from.node].link_free;
@@ -1201,7 +1236,7 @@ impl Sim {
                 ack_req: parsed.repr.bth.ack_req,
                 solicited: parsed.repr.bth.solicited,
                 syndrome: parsed.repr.aeth.map(|a| a.syndrome),
-                payload_len: parsed.payload.len(),
+                payload_len,
                 time: self.now,
             };
             if let Some(log) = &mut self.log {
@@ -1273,6 +1308,7 @@ impl Sim {
                     sgid: src_gid,
                     dgid: tx.dest.dgid,
                     data: bytes,
+                    ext: tx.external.map(|e| (from.node, e)),
                 }));
             }
             // Corrupted or late counts as a mishap unless an intact, timely copy went too.
@@ -1319,10 +1355,22 @@ impl Sim {
             }
             return;
         }
-        let Ok(pkt) = RocePacket::parse(&f.data) else {
+        let Ok(mut pkt) = RocePacket::parse(&f.data) else {
             self.stats.malformed += 1;
             return;
         };
+        // A payload left in the sender's memory is read now, as a receiver copying it does.
+        let ext = f.ext.map(|(from, e)| {
+            let mem = &self.nodes[from].mem;
+            let bytes: Vec<u8> = e
+                .ranges()
+                .iter()
+                .flat_map(|&(a, l)| mem.peek(a, l as usize))
+                .collect();
+            pkt.repr.payload_len = bytes.len();
+            pkt.repr.bth.pad_count = softverbs_wire::pad_count_for(bytes.len());
+            SimExternal(bytes)
+        });
         let dest_qpn = pkt.repr.bth.dest_qpn;
         let node = &self.nodes[f.to_node];
         let qpns: Vec<u32> = if dest_qpn == MULTICAST_QPN {
@@ -1365,7 +1413,11 @@ impl Sim {
                 }
                 (None, None) => None,
             };
-            let result = qp.engine.handle_packet(now, &pkt, &meta, mem, srq);
+            let rx = match &ext {
+                Some(e) => Rx::external(&pkt, e),
+                None => Rx::new(&pkt),
+            };
+            let result = qp.engine.handle_rx(now, &rx, &meta, mem, srq);
             if self.trace {
                 eprintln!(
                     "{:>12} deliver     node {} qp {:#x} {:<28} psn {:>8} {:?} -> {:?}",

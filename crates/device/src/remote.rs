@@ -1,0 +1,430 @@
+//! Payloads left in the sending process's memory (shared-memory carrier): the receiving side.
+//!
+//! A packet from another process of this host may carry, instead of its payload, where the
+//! payload is in the sender's memory ([`RemoteRef`]). The engine handles such a packet like any
+//! other; when it places the payload into a region whose memory a copy can reach
+//! ([`MemoryBacking::host_addr`]), [`Deferring`] only notes the copy. The node copies everything
+//! a batch noted at once ([`Pending::flush`], one `process_vm_readv` per run of contiguous
+//! bytes: a whole message's packets usually merge into one), before it sends the batch's ACKs
+//! and makes its completions visible. Any other access to memory through [`Deferring`] first
+//! copies what is pending, so the engine never sees memory older than the packets it handled.
+//!
+//! A copy that fails (the sender died, or freed memory it had posted) loses data the engine
+//! has already accepted, so the receiving QP fails: its completions of the batch are flushed
+//! in error and it moves to the error state (`IBV_EVENT_QP_FATAL`), as after a CQ overrun.
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use softverbs_engine::memory::{AtomicOp, ExternalPayload, KeyRef, MemError, Memory, MwBind};
+use softverbs_engine::transport::ExternalRanges;
+
+use crate::mem::{KeyTable, MemoryBacking};
+use crate::pd::Mr;
+
+/// Where a received packet's payload is: ranges of process `pid`'s memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RemoteRef {
+    /// The sending process.
+    pub(crate) pid: u32,
+    /// The payload's ranges there.
+    pub(crate) ranges: ExternalRanges,
+}
+
+impl RemoteRef {
+    /// The pieces `offset..offset + len` of the payload, as (address, length) in the sender.
+    fn pieces(&self, mut offset: u64, mut len: u64, out: &mut Vec<(u64, usize)>) {
+        for &(addr, l) in self.ranges.ranges() {
+            let l = u64::from(l);
+            if len == 0 {
+                break;
+            }
+            if offset >= l {
+                offset -= l;
+                continue;
+            }
+            let take = (l - offset).min(len);
+            out.push((addr + offset, take as usize));
+            len -= take;
+            offset = 0;
+        }
+    }
+
+    /// Whether the ranges add up to a payload of `len` bytes.
+    pub(crate) fn is_consistent(&self) -> bool {
+        let sum: u64 = self.ranges.ranges().iter().map(|r| u64::from(r.1)).sum();
+        sum == u64::from(self.ranges.len)
+    }
+}
+
+/// One received payload, as the engine sees it.
+#[derive(Debug)]
+pub(crate) struct RemotePayload {
+    pub(crate) at: RemoteRef,
+    /// The receiving QP (a failed copy fails it).
+    pub(crate) qpn: u32,
+}
+
+impl ExternalPayload for RemotePayload {
+    fn len(&self) -> u64 {
+        u64::from(self.at.ranges.len)
+    }
+
+    fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), MemError> {
+        let mut pieces = Vec::new();
+        self.at.pieces(offset, dst.len() as u64, &mut pieces);
+        softverbs_shm::read_from_process(self.at.pid as i32, dst, &pieces).map_err(|_| MemError::Unmapped)
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// A copy noted for later.
+#[derive(Debug)]
+struct CopyOp {
+    qpn: u32,
+    mr: Arc<Mr>,
+    backing: Arc<dyn MemoryBacking>,
+    /// Destination offset in `backing`.
+    offset: u64,
+    len: u64,
+    pid: u32,
+    /// Source pieces in the sender, in order.
+    remote: Vec<(u64, usize)>,
+}
+
+impl CopyOp {
+    /// Appends `next` if it continues this copy on both sides.
+    fn merge(&mut self, next: &Self) -> bool {
+        let contiguous_here = Arc::ptr_eq(&self.mr, &next.mr)
+            && Arc::ptr_eq(&self.backing, &next.backing)
+            && self.offset + self.len == next.offset;
+        if self.qpn != next.qpn || self.pid != next.pid || !contiguous_here || self.remote.len() >= 1024 {
+            return false;
+        }
+        for &(a, l) in &next.remote {
+            match self.remote.last_mut() {
+                Some(last) if last.0 + last.1 as u64 == a => last.1 += l,
+                _ => self.remote.push((a, l)),
+            }
+        }
+        self.len += next.len;
+        true
+    }
+}
+
+/// The copies a batch of packets noted, and the QPs whose copies failed.
+#[derive(Debug, Default)]
+pub(crate) struct Pending {
+    ops: RefCell<Vec<CopyOp>>,
+    failed: RefCell<Vec<u32>>,
+    /// Copies (and failures) made early, before another access to memory.
+    settled: std::cell::Cell<u64>,
+    settled_failures: std::cell::Cell<u64>,
+}
+
+impl Pending {
+    fn note(&self, op: CopyOp) {
+        let mut ops = self.ops.borrow_mut();
+        if let Some(last) = ops.last_mut() {
+            if last.merge(&op) {
+                return;
+            }
+        }
+        ops.push(op);
+    }
+
+    /// Does every noted copy. A region deregistered (or given other memory) since, or a
+    /// source that cannot be read, fails the copy and its QP ([`Pending::take_failed`]).
+    ///
+    /// Returns how many copies were made since the last call and how many of them failed.
+    pub(crate) fn flush(&self) -> (u64, u64) {
+        let (done, failures) = self.copy_all();
+        (
+            done + self.settled.take(),
+            failures + self.settled_failures.take(),
+        )
+    }
+
+    fn copy_all(&self) -> (u64, u64) {
+        let ops = std::mem::take(&mut *self.ops.borrow_mut());
+        let (mut done, mut failures) = (0, 0);
+        for op in ops {
+            // Under the region's mapping lock, which deregistration waits for.
+            let map = op.mr.mapping().read();
+            let ok = op.mr.is_registered()
+                && Arc::ptr_eq(&map.backing, &op.backing)
+                && op
+                    .backing
+                    .copy_from_process(op.offset, op.len, op.pid as i32, &op.remote)
+                    .is_ok();
+            drop(map);
+            done += 1;
+            if !ok {
+                failures += 1;
+                tracing::warn!(
+                    qpn = op.qpn,
+                    pid = op.pid,
+                    len = op.len,
+                    "payload copy from the sender failed"
+                );
+                let mut failed = self.failed.borrow_mut();
+                if !failed.contains(&op.qpn) {
+                    failed.push(op.qpn);
+                }
+            }
+        }
+        (done, failures)
+    }
+
+    /// Whether copies wait.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.ops.borrow().is_empty()
+    }
+
+    /// QPs whose copies failed since the last call.
+    pub(crate) fn take_failed(&self) -> Vec<u32> {
+        std::mem::take(&mut *self.failed.borrow_mut())
+    }
+
+    fn settle(&self) {
+        if !self.is_empty() {
+            let (done, failures) = self.copy_all();
+            self.settled.set(self.settled.get() + done);
+            self.settled_failures.set(self.settled_failures.get() + failures);
+        }
+    }
+}
+
+/// The memory a QP's engine uses while it handles received packets: `mem`, with payloads from
+/// other processes copied late (see the module).
+pub(crate) struct Deferring<'a> {
+    /// What the engine would use otherwise (the key table, or the XRC relay's view).
+    pub(crate) mem: &'a dyn Memory,
+    /// This process's key table.
+    pub(crate) keys: &'a KeyTable,
+    pub(crate) pending: &'a Pending,
+}
+
+impl Memory for Deferring<'_> {
+    fn read(&self, key: KeyRef, addr: u64, dst: &mut [u8]) -> Result<(), MemError> {
+        self.pending.settle();
+        self.mem.read(key, addr, dst)
+    }
+
+    fn write(&self, key: KeyRef, addr: u64, src: &[u8]) -> Result<(), MemError> {
+        self.pending.settle();
+        self.mem.write(key, addr, src)
+    }
+
+    fn check(&self, key: KeyRef, addr: u64, len: u64) -> Result<(), MemError> {
+        self.mem.check(key, addr, len)
+    }
+
+    fn atomic(&self, key: KeyRef, addr: u64, op: AtomicOp) -> Result<u64, MemError> {
+        self.pending.settle();
+        self.mem.atomic(key, addr, op)
+    }
+
+    fn bind_mw(&self, qpn: u32, pd: u32, bind: &MwBind) -> Result<(), MemError> {
+        self.pending.settle();
+        self.mem.bind_mw(qpn, pd, bind)
+    }
+
+    fn invalidate(&self, qpn: u32, pd: u32, rkey: u32) -> Result<(), MemError> {
+        self.pending.settle();
+        self.mem.invalidate(qpn, pd, rkey)
+    }
+
+    fn flush(&self, key: KeyRef, addr: u64, len: u64, whole_region: bool) -> Result<(), MemError> {
+        self.pending.settle();
+        self.mem.flush(key, addr, len, whole_region)
+    }
+
+    fn locate(&self, key: KeyRef, addr: u64, len: u64) -> Result<Option<u64>, MemError> {
+        self.mem.locate(key, addr, len)
+    }
+
+    fn write_external(
+        &self,
+        key: KeyRef,
+        addr: u64,
+        src: &dyn ExternalPayload,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), MemError> {
+        if let Some(p) = src.as_any().downcast_ref::<RemotePayload>() {
+            // A region of this process that a copy can fill: note the copy.
+            if let Ok((mr, backing, at)) = self.keys.place_for_copy(key, addr, len) {
+                if backing.host_addr().is_some() {
+                    let mut remote = Vec::with_capacity(1);
+                    p.at.pieces(offset, len, &mut remote);
+                    self.pending.note(CopyOp {
+                        qpn: p.qpn,
+                        mr,
+                        backing,
+                        offset: at,
+                        len,
+                        pid: p.at.pid,
+                        remote,
+                    });
+                    return Ok(());
+                }
+            }
+        }
+        // Anything else (another process's SRQ through the XRC relay, memory without a host
+        // address, a key that fails its checks) goes the ordinary way, with its errors.
+        self.pending.settle();
+        self.mem.write_external(key, addr, src, offset, len)
+    }
+}
+
+/// The whole packet for `data` (sent with an empty payload) and its payload at `ext` in this
+/// process's memory: for a carrier that needs the bytes. `None` if the memory cannot be read
+/// (the packet is then lost, as on a network; the requester resends).
+pub(crate) fn materialize(data: &[u8], ext: &ExternalRanges) -> Option<Vec<u8>> {
+    let parsed = softverbs_wire::RocePacket::parse(data).ok()?;
+    let mut repr = parsed.repr;
+    repr.payload_len = ext.len as usize;
+    repr.bth.pad_count = softverbs_wire::pad_count_for(repr.payload_len);
+    let mut out = vec![0u8; repr.buffer_len()];
+    repr.emit(&mut out).ok()?;
+    let pieces: Vec<(u64, usize)> = ext.ranges().iter().map(|&(a, l)| (a, l as usize)).collect();
+    let payload = repr.payload_mut(&mut out).ok()?;
+    softverbs_shm::read_from_process(std::process::id() as i32, payload, &pieces).ok()?;
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::context::Context;
+    use crate::mem::AtomicBuffer;
+    use crate::pd::Pd;
+    use softverbs_engine::memory::Access;
+
+    /// IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE.
+    const WRITABLE: u32 = 1 | 2;
+
+    fn region(len: usize) -> (Arc<Context>, Arc<Mr>, Arc<AtomicBuffer>) {
+        let cfg = Config {
+            interfaces: Some(vec!["lo".into()]),
+            ..Config::default()
+        };
+        let dev = crate::device::discover(&cfg).unwrap().remove(0);
+        let ctx = Context::open(&dev).unwrap();
+        let pd = Pd::alloc(&ctx).unwrap();
+        let buf = Arc::new(AtomicBuffer::new(len));
+        let mr = Mr::register(&pd, buf.clone(), buf.addr(), WRITABLE).unwrap();
+        (ctx, mr, buf)
+    }
+
+    fn key(mr: &Mr) -> KeyRef {
+        KeyRef {
+            key: mr.rkey(),
+            pd: mr.pd().handle(),
+            qpn: 0x11,
+            access: Access::RemoteWrite,
+        }
+    }
+
+    fn source(pid: u32, src: &[u8]) -> RemotePayload {
+        let mut ranges = ExternalRanges::default();
+        // Two pieces, to exercise the gather.
+        let half = src.len() / 2;
+        assert!(ranges.push(src.as_ptr() as u64, half as u32));
+        assert!(ranges.push(
+            src.as_ptr() as u64 + half as u64 + 1,
+            (src.len() - half - 1) as u32
+        ));
+        RemotePayload {
+            at: RemoteRef { pid, ranges },
+            qpn: 0x11,
+        }
+    }
+
+    #[test]
+    fn copies_wait_for_the_flush_and_merge() {
+        let (ctx, mr, buf) = region(8192);
+        let keys = &ctx.device().node().keys;
+        let pending = Pending::default();
+        let mem = Deferring {
+            mem: keys,
+            keys,
+            pending: &pending,
+        };
+        let src: Vec<u8> = (0..4097u32).map(|i| (i % 251) as u8).collect();
+        let p = source(std::process::id(), &src);
+        // Two packets' worth that continue each other: one copy.
+        let first = 1000;
+        mem.write_external(key(&mr), buf.addr() + 10, &p, 0, first)
+            .unwrap();
+        mem.write_external(key(&mr), buf.addr() + 10 + first, &p, first, p.len() - first)
+            .unwrap();
+        assert!(
+            buf.to_vec().iter().all(|&b| b == 0),
+            "nothing copied before the flush"
+        );
+        assert_eq!(pending.flush(), (1, 0));
+        let mut expect = src[..2048].to_vec();
+        expect.extend_from_slice(&src[2049..]);
+        assert_eq!(&buf.to_vec()[10..10 + expect.len()], &expect[..]);
+        assert!(pending.take_failed().is_empty());
+    }
+
+    #[test]
+    fn another_access_copies_what_is_pending_first() {
+        let (ctx, mr, buf) = region(4096);
+        let keys = &ctx.device().node().keys;
+        let pending = Pending::default();
+        let mem = Deferring {
+            mem: keys,
+            keys,
+            pending: &pending,
+        };
+        let src = vec![0xABu8; 2001];
+        let p = source(std::process::id(), &src);
+        mem.write_external(key(&mr), buf.addr(), &p, 0, p.len()).unwrap();
+        let mut got = [0u8; 8];
+        let read_key = KeyRef {
+            access: Access::LocalRead,
+            key: mr.lkey(),
+            ..key(&mr)
+        };
+        mem.read(read_key, buf.addr(), &mut got).unwrap();
+        assert_eq!(got, [0xAB; 8], "the read sees the copied payload");
+        assert_eq!(pending.flush(), (1, 0), "counted once, by the flush");
+    }
+
+    #[test]
+    fn a_copy_from_a_dead_process_or_into_a_deregistered_region_fails_the_qp() {
+        let (ctx, mr, buf) = region(4096);
+        let keys = &ctx.device().node().keys;
+        let pending = Pending::default();
+        let mem = Deferring {
+            mem: keys,
+            keys,
+            pending: &pending,
+        };
+        let src = vec![1u8; 3001];
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let p = source(dead, &src);
+        mem.write_external(key(&mr), buf.addr(), &p, 0, p.len()).unwrap();
+        assert_eq!(pending.flush(), (1, 1));
+        assert_eq!(pending.take_failed(), vec![0x11]);
+        // Noted, then the region is deregistered before the flush: nothing lands in it.
+        let p = source(std::process::id(), &src);
+        mem.write_external(key(&mr), buf.addr(), &p, 0, p.len()).unwrap();
+        mr.dereg().unwrap();
+        assert_eq!(pending.flush(), (1, 1));
+        assert!(
+            buf.to_vec().iter().all(|&b| b == 0),
+            "the deregistered region is untouched"
+        );
+    }
+}
