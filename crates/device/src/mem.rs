@@ -350,12 +350,7 @@ pub(crate) type CopyPlace = (Arc<Mr>, Arc<dyn MemoryBacking>, u64);
 impl KeyTable {
     /// Resolves an access for a copy done later ([`crate::remote`]): the region, the memory
     /// it maps now and the offset into it, checked as any access is.
-    pub(crate) fn place_for_copy(
-        &self,
-        key: KeyRef,
-        addr: u64,
-        len: u64,
-    ) -> Result<CopyPlace, MemError> {
+    pub(crate) fn place_for_copy(&self, key: KeyRef, addr: u64, len: u64) -> Result<CopyPlace, MemError> {
         let table = if key.access.is_remote() {
             &self.rkeys
         } else {
