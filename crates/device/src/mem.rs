@@ -358,10 +358,7 @@ impl KeyTable {
         };
         let mr = table.read().get(&key.key).and_then(Weak::upgrade);
         if let Some(mr) = mr {
-            let map = mr.mapping().read();
-            let offset = resolve_region(&map, key, addr, len)?;
-            let backing = map.backing.clone();
-            drop(map);
+            let (backing, offset) = self.place_in(&mr, key, addr, len)?;
             return Ok((mr, backing, offset));
         }
         if !key.access.is_remote() {
@@ -380,6 +377,21 @@ impl KeyTable {
         drop(map);
         drop(st);
         Ok((mr, backing, offset))
+    }
+}
+
+impl KeyTable {
+    /// [`KeyTable::place_for_copy`] in region `mr`, which `key` names.
+    pub(crate) fn place_in(
+        &self,
+        mr: &Mr,
+        key: KeyRef,
+        addr: u64,
+        len: u64,
+    ) -> Result<(Arc<dyn MemoryBacking>, u64), MemError> {
+        let map = mr.mapping().read();
+        let offset = resolve_region(&map, key, addr, len)?;
+        Ok((map.backing.clone(), offset))
     }
 }
 

@@ -17,7 +17,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use softverbs_engine::memory::{AtomicOp, ExternalPayload, KeyRef, MemError, Memory, MwBind};
-use softverbs_engine::transport::ExternalRanges;
+use softverbs_engine::transport::{ExternalRanges, MAX_EXTERNAL_RANGES};
 
 use crate::mem::{KeyTable, MemoryBacking};
 use crate::pd::Mr;
@@ -33,7 +33,7 @@ pub(crate) struct RemoteRef {
 
 impl RemoteRef {
     /// The pieces `offset..offset + len` of the payload, as (address, length) in the sender.
-    fn pieces(&self, mut offset: u64, mut len: u64, out: &mut Vec<(u64, usize)>) {
+    fn pieces(&self, mut offset: u64, mut len: u64, out: &mut Pieces) {
         for &(addr, l) in self.ranges.ranges() {
             let l = u64::from(l);
             if len == 0 {
@@ -57,6 +57,24 @@ impl RemoteRef {
     }
 }
 
+/// Up to [`MAX_EXTERNAL_RANGES`] (address, length) pieces, without allocating.
+#[derive(Debug, Default)]
+struct Pieces {
+    items: [(u64, usize); MAX_EXTERNAL_RANGES],
+    len: usize,
+}
+
+impl Pieces {
+    fn push(&mut self, piece: (u64, usize)) {
+        self.items[self.len] = piece;
+        self.len += 1;
+    }
+
+    fn as_slice(&self) -> &[(u64, usize)] {
+        &self.items[..self.len]
+    }
+}
+
 /// One received payload, as the engine sees it.
 #[derive(Debug)]
 pub(crate) struct RemotePayload {
@@ -71,9 +89,10 @@ impl ExternalPayload for RemotePayload {
     }
 
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), MemError> {
-        let mut pieces = Vec::new();
+        let mut pieces = Pieces::default();
         self.at.pieces(offset, dst.len() as u64, &mut pieces);
-        softverbs_shm::read_from_process(self.at.pid as i32, dst, &pieces).map_err(|_| MemError::Unmapped)
+        softverbs_shm::read_from_process(self.at.pid as i32, dst, pieces.as_slice())
+            .map_err(|_| MemError::Unmapped)
     }
 
     fn as_any(&self) -> &dyn std::any::Any {
@@ -95,16 +114,27 @@ struct CopyOp {
     remote: Vec<(u64, usize)>,
 }
 
+/// Where a noted copy goes and comes from.
+struct CopyTo<'a> {
+    qpn: u32,
+    mr: &'a Arc<Mr>,
+    backing: &'a Arc<dyn MemoryBacking>,
+    offset: u64,
+    len: u64,
+    pid: u32,
+    remote: &'a [(u64, usize)],
+}
+
 impl CopyOp {
     /// Appends `next` if it continues this copy on both sides.
-    fn merge(&mut self, next: &Self) -> bool {
-        let contiguous_here = Arc::ptr_eq(&self.mr, &next.mr)
-            && Arc::ptr_eq(&self.backing, &next.backing)
+    fn merge(&mut self, next: &CopyTo<'_>) -> bool {
+        let contiguous_here = Arc::ptr_eq(&self.mr, next.mr)
+            && Arc::ptr_eq(&self.backing, next.backing)
             && self.offset + self.len == next.offset;
-        if self.qpn != next.qpn || self.pid != next.pid || !contiguous_here || self.remote.len() >= 1024 {
+        if self.qpn != next.qpn || self.pid != next.pid || !contiguous_here || self.remote.len() >= 1000 {
             return false;
         }
-        for &(a, l) in &next.remote {
+        for &(a, l) in next.remote {
             match self.remote.last_mut() {
                 Some(last) if last.0 + last.1 as u64 == a => last.1 += l,
                 _ => self.remote.push((a, l)),
@@ -119,6 +149,9 @@ impl CopyOp {
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
     ops: RefCell<Vec<CopyOp>>,
+    /// The region the last copy went to, by the key that named it and whether that was its
+    /// rkey (a region's key, not a window's): the next packet of a message names it again.
+    last_region: RefCell<Option<(u32, bool, Arc<Mr>)>>,
     failed: RefCell<Vec<u32>>,
     /// Copies (and failures) made early, before another access to memory.
     settled: std::cell::Cell<u64>,
@@ -126,14 +159,22 @@ pub(crate) struct Pending {
 }
 
 impl Pending {
-    fn note(&self, op: CopyOp) {
+    fn note(&self, to: &CopyTo<'_>) {
         let mut ops = self.ops.borrow_mut();
         if let Some(last) = ops.last_mut() {
-            if last.merge(&op) {
+            if last.merge(to) {
                 return;
             }
         }
-        ops.push(op);
+        ops.push(CopyOp {
+            qpn: to.qpn,
+            mr: to.mr.clone(),
+            backing: to.backing.clone(),
+            offset: to.offset,
+            len: to.len,
+            pid: to.pid,
+            remote: to.remote.to_vec(),
+        });
     }
 
     /// Does every noted copy. A region deregistered (or given other memory) since, or a
@@ -208,6 +249,33 @@ pub(crate) struct Deferring<'a> {
     pub(crate) pending: &'a Pending,
 }
 
+impl Deferring<'_> {
+    /// [`KeyTable::place_for_copy`], skipping the key lookup when the key names the region
+    /// the previous copy went to.
+    fn place(&self, key: KeyRef, addr: u64, len: u64) -> Result<crate::mem::CopyPlace, MemError> {
+        let remote = key.access.is_remote();
+        let cached = self
+            .pending
+            .last_region
+            .borrow()
+            .as_ref()
+            .filter(|(k, r, _)| *k == key.key && *r == remote)
+            .map(|(_, _, mr)| mr.clone());
+        if let Some(mr) = cached {
+            if mr.is_registered() {
+                let (backing, offset) = self.keys.place_in(&mr, key, addr, len)?;
+                return Ok((mr, backing, offset));
+            }
+        }
+        let place = self.keys.place_for_copy(key, addr, len)?;
+        let region_key = if remote { place.0.rkey() } else { place.0.lkey() };
+        if region_key == key.key {
+            *self.pending.last_region.borrow_mut() = Some((key.key, remote, place.0.clone()));
+        }
+        Ok(place)
+    }
+}
+
 impl Memory for Deferring<'_> {
     fn read(&self, key: KeyRef, addr: u64, dst: &mut [u8]) -> Result<(), MemError> {
         self.pending.settle();
@@ -257,18 +325,18 @@ impl Memory for Deferring<'_> {
     ) -> Result<(), MemError> {
         if let Some(p) = src.as_any().downcast_ref::<RemotePayload>() {
             // A region of this process that a copy can fill: note the copy.
-            if let Ok((mr, backing, at)) = self.keys.place_for_copy(key, addr, len) {
+            if let Ok((mr, backing, at)) = self.place(key, addr, len) {
                 if backing.host_addr().is_some() {
-                    let mut remote = Vec::with_capacity(1);
+                    let mut remote = Pieces::default();
                     p.at.pieces(offset, len, &mut remote);
-                    self.pending.note(CopyOp {
+                    self.pending.note(&CopyTo {
                         qpn: p.qpn,
-                        mr,
-                        backing,
+                        mr: &mr,
+                        backing: &backing,
                         offset: at,
                         len,
                         pid: p.at.pid,
-                        remote,
+                        remote: remote.as_slice(),
                     });
                     return Ok(());
                 }
@@ -397,6 +465,36 @@ mod tests {
         mem.read(read_key, buf.addr(), &mut got).unwrap();
         assert_eq!(got, [0xAB; 8], "the read sees the copied payload");
         assert_eq!(pending.flush(), (1, 0), "counted once, by the flush");
+    }
+
+    #[test]
+    fn a_local_key_never_serves_a_remote_access() {
+        let (ctx, mr, buf) = region(4096);
+        let keys = &ctx.device().node().keys;
+        let pending = Pending::default();
+        let mem = Deferring {
+            mem: keys,
+            keys,
+            pending: &pending,
+        };
+        let src = vec![5u8; 2001];
+        let p = source(std::process::id(), &src);
+        let local = KeyRef {
+            key: mr.lkey(),
+            access: Access::LocalWrite,
+            ..key(&mr)
+        };
+        mem.write_external(local, buf.addr(), &p, 0, p.len()).unwrap();
+        // The same key value, now as an rkey: not the region's rkey, so refused.
+        let forged = KeyRef {
+            key: mr.lkey(),
+            ..key(&mr)
+        };
+        assert_eq!(
+            mem.write_external(forged, buf.addr(), &p, 0, p.len()),
+            Err(MemError::BadKey)
+        );
+        assert_eq!(pending.flush(), (1, 0), "only the local copy");
     }
 
     #[test]
