@@ -242,6 +242,12 @@ impl<E: Endpoint> Node<E> {
         self.inbound.deliver(data, meta, ports, remote);
     }
 
+    /// Queues a received packet as a driver would (tests of what the receive path does).
+    #[cfg(test)]
+    pub(crate) fn inject(&self, data: &[u8], meta: RxMeta, remote: Option<RemoteRef>) {
+        self.deliver(PacketData::Shared(data), meta, (0, 0), remote);
+    }
+
     fn qps(&self) -> Vec<Arc<E>> {
         self.qps.read().values().filter_map(Weak::upgrade).collect()
     }

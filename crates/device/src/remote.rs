@@ -497,6 +497,138 @@ mod tests {
         assert_eq!(pending.flush(), (1, 0), "only the local copy");
     }
 
+    /// A dead process's pid.
+    fn dead_pid() -> u32 {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        pid
+    }
+
+    #[test]
+    fn a_failed_copy_fails_the_receive_and_the_qp() {
+        use crate::cq::Cq;
+        use crate::qp::{Qp, QpInitAttr};
+        use softverbs_engine::types::{
+            AhAttr, EventType, GlobalRoute, Mtu, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, Sge,
+            WcStatus, WorkCompletion,
+        };
+        use softverbs_wire::{BthRepr, Opcode, PacketRepr, Psn};
+
+        let (ctx, mr, buf) = region(8192);
+        let cq = Cq::create(&ctx, 8, None, 0).unwrap();
+        let qp = Qp::create(
+            &mr.pd(),
+            &QpInitAttr {
+                qp_type: QpType::Rc,
+                send_cq: Some(cq.clone()),
+                recv_cq: Some(cq.clone()),
+                srq: None,
+                cap: QpCap {
+                    max_send_wr: 4,
+                    max_recv_wr: 4,
+                    max_send_sge: 1,
+                    max_recv_sge: 1,
+                    max_inline_data: 0,
+                },
+                sq_sig_all: false,
+                max_tso_header: 0,
+            },
+        )
+        .unwrap();
+        let gids = ctx.device().gid_table();
+        let sgid = gids.iter().position(|g| !g.is_zero()).unwrap();
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qp_access_flags: softverbs_engine::types::AccessFlags::REMOTE_WRITE,
+            ..QpAttr::default()
+        };
+        qp.modify(
+            &init,
+            QpAttrMask::STATE | QpAttrMask::PORT | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS_FLAGS,
+        )
+        .unwrap();
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: Mtu::Mtu4096,
+            dest_qp_num: 0x99,
+            rq_psn: 0,
+            ah_attr: AhAttr {
+                grh: GlobalRoute {
+                    dgid: gids[sgid],
+                    sgid_index: sgid as u8,
+                    hop_limit: 64,
+                    ..Default::default()
+                },
+                is_global: true,
+                port_num: 1,
+                ..Default::default()
+            },
+            ..QpAttr::default()
+        };
+        qp.modify(
+            &rtr,
+            QpAttrMask::STATE
+                | QpAttrMask::AV
+                | QpAttrMask::PATH_MTU
+                | QpAttrMask::DEST_QPN
+                | QpAttrMask::RQ_PSN
+                | QpAttrMask::MAX_DEST_RD_ATOMIC
+                | QpAttrMask::MIN_RNR_TIMER,
+        )
+        .unwrap();
+        qp.post_recv(&[RecvWr {
+            wr_id: 77,
+            sg_list: vec![Sge {
+                addr: buf.addr(),
+                length: 4096,
+                lkey: mr.lkey(),
+            }],
+        }])
+        .unwrap();
+        // A SEND ONLY whose 3,000 bytes are said to be in a process that is gone.
+        let repr = PacketRepr::new(BthRepr::new(Opcode::RcSendOnly, qp.qpn(), Psn::new(0)), 0);
+        let mut data = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut data).unwrap();
+        let mut ranges = ExternalRanges::default();
+        assert!(ranges.push(0x10_0000, 3000));
+        let node = ctx.device().node();
+        let meta = softverbs_engine::transport::RxMeta {
+            sgid: gids[sgid],
+            dgid: gids[sgid],
+            traffic_class: 0,
+            hop_limit: 64,
+        };
+        node.inject(
+            &data,
+            meta,
+            Some(RemoteRef {
+                pid: dead_pid(),
+                ranges,
+            }),
+        );
+        let fabric = node.fabric().clone();
+        fabric.drive(fabric.now());
+        let mut wc = [WorkCompletion::default(); 4];
+        let n = cq.poll(&mut wc);
+        assert_eq!(n, 1, "{:?}", &wc[..n]);
+        assert_eq!((wc[0].wr_id, wc[0].status), (77, WcStatus::WrFlushErr));
+        assert_eq!(qp.query().qp_state, QpState::Err);
+        // The first packet in RTR establishes communication; then the QP fails.
+        let events: Vec<EventType> = (0..2)
+            .map(|_| {
+                ctx.get_async_event(Some(std::time::Duration::from_secs(5)))
+                    .unwrap()
+                    .event_type
+            })
+            .collect();
+        assert_eq!(events, [EventType::CommEst, EventType::QpFatal]);
+        let c = ctx.device().counters();
+        assert_eq!((c.rx_payload_copies, c.rx_payload_copy_failures), (1, 1));
+        assert!(buf.to_vec().iter().all(|&b| b == 0), "nothing was placed");
+    }
+
     #[test]
     fn a_copy_from_a_dead_process_or_into_a_deregistered_region_fails_the_qp() {
         let (ctx, mr, buf) = region(4096);
@@ -508,10 +640,7 @@ mod tests {
             pending: &pending,
         };
         let src = vec![1u8; 3001];
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let dead = child.id();
-        child.wait().unwrap();
-        let p = source(dead, &src);
+        let p = source(dead_pid(), &src);
         mem.write_external(key(&mr), buf.addr(), &p, 0, p.len()).unwrap();
         assert_eq!(pending.flush(), (1, 1));
         assert_eq!(pending.take_failed(), vec![0x11]);
