@@ -24,6 +24,7 @@
 //!   wait) and handles it; it uses no CPU when no deadline is pending.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
@@ -284,11 +285,22 @@ impl<E: Endpoint> Node<E> {
                     .rx_payload_copy_failures
                     .fetch_add(failures, Ordering::Relaxed);
                 let failed = pending.take_failed();
+                if !failed.is_empty() {
+                    // A QP whose payload could not be placed acknowledges none of the batch.
+                    let mut keep = vec![true; out.len()];
+                    for (qp, _, range) in &tickets {
+                        if failed.contains(&qp.number()) {
+                            keep[range.clone()].fill(false);
+                        }
+                    }
+                    let mut k = keep.into_iter();
+                    out.retain(|_| k.next().unwrap_or(true));
+                }
                 // One send for the whole batch: fewer system calls, and one ACK per QP. Only
                 // then do the batch's completions become visible: an application that sees its
                 // last completion and exits must not leave the peer without the ACK.
                 self.fabric.send_all(self, coalesce_acks(out));
-                for (qp, ticket) in tickets {
+                for (qp, ticket, _) in tickets {
                     if failed.contains(&qp.number()) {
                         qp.fail_ticket(ticket);
                     } else {
@@ -312,7 +324,7 @@ impl<E: Endpoint> Node<E> {
         desc: &PacketDesc,
         pending: &Pending,
         out: &mut Vec<Transmit>,
-        tickets: &mut Vec<(Arc<E>, u64)>,
+        tickets: &mut Vec<(Arc<E>, u64, Range<usize>)>,
     ) {
         let (meta, ports) = (&desc.meta, desc.ports);
         bump(&self.counters.rx_packets);
@@ -365,8 +377,9 @@ impl<E: Endpoint> Node<E> {
                 Some(DropReason::BadQkey) => bump(&self.counters.rx_bad_qkey),
                 Some(_) => bump(&self.counters.rx_dropped),
             }
+            let at = out.len();
             out.extend(txs);
-            tickets.push((qp, ticket));
+            tickets.push((qp, ticket, at..out.len()));
         }
     }
 

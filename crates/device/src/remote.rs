@@ -10,8 +10,9 @@
 //! copies what is pending, so the engine never sees memory older than the packets it handled.
 //!
 //! A copy that fails (the sender died, or freed memory it had posted) loses data the engine
-//! has already accepted, so the receiving QP fails: its completions of the batch are flushed
-//! in error and it moves to the error state (`IBV_EVENT_QP_FATAL`), as after a CQ overrun.
+//! has already accepted, so the receiving QP fails: it sends none of the batch's packets (no
+//! ACK for bytes that did not land), its completions of the batch are flushed in error and it
+//! moves to the error state (`IBV_EVENT_QP_FATAL`), as after a CQ overrun.
 
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -588,7 +589,10 @@ mod tests {
         }])
         .unwrap();
         // A SEND ONLY whose 3,000 bytes are said to be in a process that is gone.
-        let repr = PacketRepr::new(BthRepr::new(Opcode::RcSendOnly, qp.qpn(), Psn::new(0)), 0);
+        let mut bth = BthRepr::new(Opcode::RcSendOnly, qp.qpn(), Psn::new(0));
+        // Asks for an ACK, which must not be sent.
+        bth.ack_req = true;
+        let repr = PacketRepr::new(bth, 0);
         let mut data = vec![0u8; repr.buffer_len()];
         repr.emit(&mut data).unwrap();
         let mut ranges = ExternalRanges::default();
@@ -600,6 +604,7 @@ mod tests {
             traffic_class: 0,
             hop_limit: 64,
         };
+        let sent_before = ctx.device().counters().tx_packets;
         node.inject(
             &data,
             meta,
@@ -626,6 +631,7 @@ mod tests {
         assert_eq!(events, [EventType::CommEst, EventType::QpFatal]);
         let c = ctx.device().counters();
         assert_eq!((c.rx_payload_copies, c.rx_payload_copy_failures), (1, 1));
+        assert_eq!(c.tx_packets, sent_before, "no ACK for bytes that did not land");
         assert!(buf.to_vec().iter().all(|&b| b == 0), "nothing was placed");
     }
 
