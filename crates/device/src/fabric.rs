@@ -947,13 +947,17 @@ impl<E: Endpoint> Fabric<E> {
         self.udp.get()
     }
 
-    /// Whether packets to QP `dest_qpn` at `dgid` go through shared memory: the address is
-    /// this host's (one of this fabric's devices), the QP number names another process's
-    /// slot, and that process has a mailbox this one can open.
-    pub(crate) fn reaches_by_shm(&self, dgid: &Gid, dest_qpn: u32) -> bool {
+    /// Whether packets to QP `dest_qpn` at `dgid` go through shared memory with their large
+    /// payloads left in memory: the address is this host's (one of this fabric's devices), the
+    /// QP number names another process's slot, that process has a mailbox this one can open,
+    /// and it may copy out of this process ([`remote::peers_may_read_us`]).
+    pub(crate) fn can_leave_payloads_in_memory(&self, dgid: &Gid, dest_qpn: u32) -> bool {
         let (Some(shm), Some(udp)) = (self.shm.get(), self.udp.get()) else {
             return false;
         };
+        if !remote::peers_may_read_us() {
+            return false;
+        }
         if dest_qpn >> 16 == u32::from(udp.slot()) || !self.live_nodes().iter().any(|n| n.has_gid(dgid)) {
             return false;
         }

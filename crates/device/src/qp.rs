@@ -914,7 +914,7 @@ impl Qp {
                 // of this host reached through shared memory (it copies them itself).
                 let shm = self
                     .fabric()
-                    .reaches_by_shm(&new.ah_attr.grh.dgid, new.dest_qp_num);
+                    .can_leave_payloads_in_memory(&new.ah_attr.grh.dgid, new.dest_qp_num);
                 inner.engine.set_external_payloads(shm);
             }
             if mask.contains(QpAttrMask::RATE_LIMIT) {

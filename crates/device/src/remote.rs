@@ -23,6 +23,24 @@ use softverbs_engine::transport::{ExternalRanges, MAX_EXTERNAL_RANGES};
 use crate::mem::{KeyTable, MemoryBacking};
 use crate::pd::Mr;
 
+/// Whether other processes of this user may copy out of this one, as payloads left in memory
+/// need: the kernel allows `process_vm_readv` on a dumpable process of the same user unless
+/// Yama restricts tracing to descendants (`kernel.yama.ptrace_scope` >= 1, Ubuntu's default),
+/// in which case a peer could not read us and payloads travel as bytes.
+pub(crate) fn peers_may_read_us() -> bool {
+    static ALLOWED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ALLOWED.get_or_init(|| {
+        let yama = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok();
+        let dumpable = nix::sys::prctl::get_dumpable().unwrap_or(false);
+        may_be_read(yama.as_deref(), dumpable)
+    })
+}
+
+/// [`peers_may_read_us`] from the Yama setting (if Yama is there) and our dumpable flag.
+fn may_be_read(yama_scope: Option<&str>, dumpable: bool) -> bool {
+    dumpable && yama_scope.is_none_or(|s| s.trim() == "0")
+}
+
 /// Where a received packet's payload is: ranges of process `pid`'s memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RemoteRef {
@@ -413,6 +431,15 @@ mod tests {
             at: RemoteRef { pid, ranges },
             qpn: 0x11,
         }
+    }
+
+    #[test]
+    fn payloads_stay_in_memory_only_where_peers_may_read_them() {
+        assert!(may_be_read(None, true), "no Yama: the same user may read us");
+        assert!(may_be_read(Some("0\n"), true));
+        assert!(!may_be_read(Some("1\n"), true), "descendants only");
+        assert!(!may_be_read(Some("3"), true));
+        assert!(!may_be_read(None, false), "a non-dumpable process cannot be read");
     }
 
     #[test]
