@@ -314,6 +314,19 @@ impl KeyTable {
         len: u64,
         f: impl FnOnce(Place<'_>) -> R,
     ) -> Result<R, MemError> {
+        self.with_mapping(key, addr, len, |mr, map, offset| {
+            f((map.backing.as_ref(), offset, mr.align_base_in(map)))
+        })
+    }
+
+    /// [`KeyTable::with_place`], handing `f` the region, its mapping and the offset.
+    fn with_mapping<R>(
+        &self,
+        key: KeyRef,
+        addr: u64,
+        len: u64,
+        f: impl FnOnce(&Arc<Mr>, &Mapping, u64) -> R,
+    ) -> Result<R, MemError> {
         let table = if key.access.is_remote() {
             &self.rkeys
         } else {
@@ -323,8 +336,7 @@ impl KeyTable {
         if let Some(mr) = mr {
             let map = mr.mapping().read();
             let offset = resolve_region(&map, key, addr, len)?;
-            let base = mr.align_base_in(&map);
-            return Ok(f((map.backing.as_ref(), offset, base)));
+            return Ok(f(&mr, &map, offset));
         }
         if !key.access.is_remote() {
             return Err(MemError::BadKey);
@@ -339,8 +351,7 @@ impl KeyTable {
         if offset.checked_add(len).is_none_or(|end| end > map.length) {
             return Err(MemError::OutOfRange);
         }
-        let base = mr.align_base_in(&map);
-        Ok(f((map.backing.as_ref(), offset, base)))
+        Ok(f(mr, &map, offset))
     }
 }
 
@@ -351,32 +362,9 @@ impl KeyTable {
     /// Resolves an access for a copy done later ([`crate::remote`]): the region, the memory
     /// it maps now and the offset into it, checked as any access is.
     pub(crate) fn place_for_copy(&self, key: KeyRef, addr: u64, len: u64) -> Result<CopyPlace, MemError> {
-        let table = if key.access.is_remote() {
-            &self.rkeys
-        } else {
-            &self.lkeys
-        };
-        let mr = table.read().get(&key.key).and_then(Weak::upgrade);
-        if let Some(mr) = mr {
-            let (backing, offset) = self.place_in(&mr, key, addr, len)?;
-            return Ok((mr, backing, offset));
-        }
-        if !key.access.is_remote() {
-            return Err(MemError::BadKey);
-        }
-        let mw = self.window(key.key).ok_or(MemError::BadKey)?;
-        let st = mw.lock();
-        let (_, iova) = st.window.resolve(key, addr, len)?;
-        let mr = st.mr.clone().ok_or(MemError::BadState)?;
-        let map = mr.mapping().read();
-        let offset = iova.checked_sub(map.iova).ok_or(MemError::OutOfRange)?;
-        if offset.checked_add(len).is_none_or(|end| end > map.length) {
-            return Err(MemError::OutOfRange);
-        }
-        let backing = map.backing.clone();
-        drop(map);
-        drop(st);
-        Ok((mr, backing, offset))
+        self.with_mapping(key, addr, len, |mr, map, offset| {
+            (mr.clone(), map.backing.clone(), offset)
+        })
     }
 }
 

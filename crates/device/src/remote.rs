@@ -409,6 +409,16 @@ mod tests {
         (ctx, mr, buf)
     }
 
+    /// The memory a QP's engine would use on `ctx`'s device, noting copies in `pending`.
+    fn deferring<'a>(ctx: &'a Context, pending: &'a Pending) -> Deferring<'a> {
+        let keys = &ctx.device().node().keys;
+        Deferring {
+            mem: keys,
+            keys,
+            pending,
+        }
+    }
+
     fn key(mr: &Mr) -> KeyRef {
         KeyRef {
             key: mr.rkey(),
@@ -445,13 +455,8 @@ mod tests {
     #[test]
     fn copies_wait_for_the_flush_and_merge() {
         let (ctx, mr, buf) = region(8192);
-        let keys = &ctx.device().node().keys;
         let pending = Pending::default();
-        let mem = Deferring {
-            mem: keys,
-            keys,
-            pending: &pending,
-        };
+        let mem = deferring(&ctx, &pending);
         let src: Vec<u8> = (0..4097u32).map(|i| (i % 251) as u8).collect();
         let p = source(std::process::id(), &src);
         // Two packets' worth that continue each other: one copy.
@@ -474,13 +479,8 @@ mod tests {
     #[test]
     fn another_access_copies_what_is_pending_first() {
         let (ctx, mr, buf) = region(4096);
-        let keys = &ctx.device().node().keys;
         let pending = Pending::default();
-        let mem = Deferring {
-            mem: keys,
-            keys,
-            pending: &pending,
-        };
+        let mem = deferring(&ctx, &pending);
         let src = vec![0xABu8; 2001];
         let p = source(std::process::id(), &src);
         mem.write_external(key(&mr), buf.addr(), &p, 0, p.len()).unwrap();
@@ -498,13 +498,8 @@ mod tests {
     #[test]
     fn a_local_key_never_serves_a_remote_access() {
         let (ctx, mr, buf) = region(4096);
-        let keys = &ctx.device().node().keys;
         let pending = Pending::default();
-        let mem = Deferring {
-            mem: keys,
-            keys,
-            pending: &pending,
-        };
+        let mem = deferring(&ctx, &pending);
         let src = vec![5u8; 2001];
         let p = source(std::process::id(), &src);
         let local = KeyRef {
@@ -665,13 +660,8 @@ mod tests {
     #[test]
     fn a_copy_from_a_dead_process_or_into_a_deregistered_region_fails_the_qp() {
         let (ctx, mr, buf) = region(4096);
-        let keys = &ctx.device().node().keys;
         let pending = Pending::default();
-        let mem = Deferring {
-            mem: keys,
-            keys,
-            pending: &pending,
-        };
+        let mem = deferring(&ctx, &pending);
         let src = vec![1u8; 3001];
         let p = source(dead_pid(), &src);
         mem.write_external(key(&mr), buf.addr(), &p, 0, p.len()).unwrap();
