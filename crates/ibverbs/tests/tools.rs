@@ -680,35 +680,6 @@ fn perftest_over_xrc_old_post_send() {
     );
 }
 
-/// A network namespace with only its loopback up; removed on drop.
-struct Netns(String);
-
-impl Netns {
-    fn new(tag: &str) -> Self {
-        let name = format!("sv{tag}{}", std::process::id());
-        for args in [
-            vec!["netns", "add", &name],
-            vec!["-n", &name, "link", "set", "lo", "up"],
-        ] {
-            let o = std::process::Command::new("ip").args(&args).output().unwrap();
-            assert!(
-                o.status.success(),
-                "ip {args:?}: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        Self(name)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "del", &self.0])
-            .status();
-    }
-}
-
 /// perftest's raw Ethernet bandwidth test between two processes on sv_lo: the client's raw QP
 /// sends UDP frames out of the loopback interface, the server's flow (destination MAC, IPs and
 /// UDP ports) steers them to its raw QP. Both report a non-empty table of iterations. They run

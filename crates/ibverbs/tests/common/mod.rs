@@ -97,3 +97,33 @@ pub fn text(o: &Output) -> (String, String) {
         String::from_utf8_lossy(&o.stderr).into_owned(),
     )
 }
+
+/// A network namespace with only its loopback up; removed on drop.
+pub struct Netns(pub String);
+
+impl Netns {
+    /// A namespace named after `tag` and this process.
+    pub fn new(tag: &str) -> Self {
+        let name = format!("sv{tag}{}", std::process::id());
+        for args in [
+            vec!["netns", "add", &name],
+            vec!["-n", &name, "link", "set", "lo", "up"],
+        ] {
+            let o = std::process::Command::new("ip").args(&args).output().unwrap();
+            assert!(
+                o.status.success(),
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        Self(name)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .status();
+    }
+}
