@@ -409,6 +409,32 @@ fn passive_side_needs_establish_only_for_connect_response() {
 }
 
 #[test]
+fn slow_passive_application_is_covered_by_mra() {
+    // The server's application takes ten minutes to accept. The first REQ retry is answered
+    // with an MRA(24), so the client waits ms(24) + ms(16) between tries instead of giving up
+    // after 16 x 4608 ms.
+    let mut net = Net::new(2, 15);
+    net.nodes[1].cm.listen(sid()).unwrap();
+    net.nodes[1].auto = false;
+    let id = net.connect(0, 1, &[]);
+    assert!(!net.run_until(10 * MINUTE, |n| n.count(0, "UNREACHABLE") > 0));
+    assert_eq!(net.count(1, "CONNECT_REQUEST"), 1);
+    let retries = net.nodes[0].cm.stats().retransmitted;
+    let stretched = cm_timeout(24) + cm_timeout(16);
+    assert!(retries >= 2 && u128::from(retries) <= 2 + (10 * MINUTE).as_millis() / stretched.as_millis());
+    let server_id = net.requests(1)[0];
+    let now = net.now;
+    let params = AcceptParams {
+        local_qpn: 0x99,
+        starting_psn: 5,
+        ..AcceptParams::default()
+    };
+    net.nodes[1].cm.accept(now, server_id, &params, &[]).unwrap();
+    assert!(net.run_until(MINUTE, |n| n.count(1, "ESTABLISHED") == 1));
+    assert_eq!(net.seq_of(0, id), ["CONNECT_RESPONSE", "ESTABLISHED"]);
+}
+
+#[test]
 fn reject_with_private_data() {
     let mut net = Net::new(2, 3);
     net.nodes[1].cm.listen(sid()).unwrap();

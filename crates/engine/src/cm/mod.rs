@@ -1097,8 +1097,8 @@ impl CmEngine {
                 conn.send_reply(mad, &mut self.transmits);
                 self.stats.duplicates_answered += 1;
             }
-            State::RepRcvd | State::Established => {
-                // The stored MRA or RTU.
+            State::RepRcvd | State::Established | State::Rejected => {
+                // The stored MRA, RTU or REJ.
                 if let Some(mad) = conn.stored {
                     self.transmits.push_back(CmTransmit { dest: conn.dest, mad });
                     self.stats.duplicates_answered += 1;
