@@ -43,6 +43,9 @@ impl Rng {
     }
 }
 
+/// Decides, per destination node and message, to drop a packet.
+type Filter = Box<dyn FnMut(usize, &CmMessage) -> bool>;
+
 struct Node {
     gid: Gid,
     cm: CmEngine,
@@ -73,7 +76,7 @@ struct Net {
     /// Extra random delay up to this much, which reorders packets.
     jitter: Duration,
     /// Drops packets for which this returns true (after random loss).
-    filter: Option<Box<dyn FnMut(usize, &CmMessage) -> bool>>,
+    filter: Option<Filter>,
     sent: u64,
 }
 
@@ -98,7 +101,7 @@ impl Net {
                         ca_guid: 0x0200_00ff_fe00_0000 + i as u64,
                         ..CmConfig::default()
                     },
-                    seed ^ (i as u64 + 1) * 0x1234_5678,
+                    seed ^ ((i as u64 + 1) * 0x1234_5678),
                 ),
                 auto: true,
                 events: Vec::new(),
@@ -299,7 +302,11 @@ impl Net {
     }
 
     fn count(&self, i: usize, what: &str) -> usize {
-        self.nodes[i].events.iter().filter(|(_, e)| kind(e) == what).count()
+        self.nodes[i]
+            .events
+            .iter()
+            .filter(|(_, e)| kind(e) == what)
+            .count()
     }
 }
 
@@ -350,7 +357,10 @@ fn rc_active_and_passive_sequences() {
     assert_eq!((req.responder_resources, req.initiator_depth), (4, 2));
     assert_eq!((req.remote_cm_response_timeout, req.max_cm_retries), (20, 15));
     let hdr = CmaHeaderRepr::parse(&CmaHeaderPacket::new_checked(&req.private_data[..36]).unwrap()).unwrap();
-    assert_eq!((hdr.port, hdr.src_addr.to_string()), (40000, "10.0.0.1".to_owned()));
+    assert_eq!(
+        (hdr.port, hdr.src_addr.to_string()),
+        (40000, "10.0.0.1".to_owned())
+    );
     assert_eq!(&req.private_data[36..41], b"hello");
     assert!(req.private_data[41..].iter().all(|&b| b == 0));
     // The response carries the accept parameters and all 196 bytes of private data.
@@ -449,7 +459,13 @@ fn reject_with_private_data() {
         .unwrap();
     assert!(net.settle(10 * MINUTE));
     assert_eq!(net.seq_of(0, id), ["REJECTED"]);
-    let (_, CmEvent::Rejected { reason, private_data, .. }) = &net.nodes[0].events[0] else {
+    let (
+        _,
+        CmEvent::Rejected {
+            reason, private_data, ..
+        },
+    ) = &net.nodes[0].events[0]
+    else {
         panic!("not rejected")
     };
     assert_eq!(*reason, rej_reason::CONSUMER_DEFINED);
@@ -476,7 +492,10 @@ fn rejected_request_retried_gets_the_same_rej_not_a_second_request() {
     assert!(net.run_until(MINUTE, |n| n.count(1, "CONNECT_REQUEST") == 1));
     let server_id = net.requests(1)[0];
     let now = net.now;
-    net.nodes[1].cm.reject(now, server_id, rej_reason::CONSUMER_DEFINED, b"no").unwrap();
+    net.nodes[1]
+        .cm
+        .reject(now, server_id, rej_reason::CONSUMER_DEFINED, b"no")
+        .unwrap();
     assert!(net.run_until(MINUTE, |n| n.count(0, "REJECTED") == 1));
     assert_eq!(net.seq_of(0, id), ["REJECTED"]);
     assert_eq!(net.count(1, "CONNECT_REQUEST"), 1);
@@ -548,7 +567,10 @@ fn disconnect_both_sides_at_once() {
         assert_eq!(net.seq_of(0, id)[1..], expect, "seed {seed}");
         assert_eq!(net.seq_of(1, server_id)[1..], expect, "seed {seed}");
         // Neither DREQ had to be resent: each was answered.
-        assert_eq!(net.nodes[0].cm.stats().retransmitted + net.nodes[1].cm.stats().retransmitted, 0);
+        assert_eq!(
+            net.nodes[0].cm.stats().retransmitted + net.nodes[1].cm.stats().retransmitted,
+            0
+        );
         assert_eq!(net.nodes[0].cm.live_entries() + net.nodes[1].cm.live_entries(), 0);
     }
 }
@@ -601,8 +623,11 @@ fn lost_drep_is_answered_again_and_unknown_dreq_gets_a_drep() {
     net.nodes[0].cm.disconnect(now, id, &[]).unwrap();
     assert!(net.settle(10 * MINUTE));
     assert_eq!(net.seq_of(0, id)[2..], ["DISCONNECTED", "TIMEWAIT_EXIT"]);
-    let (_, CmEvent::Disconnected { timed_out, .. }) =
-        net.nodes[0].events.iter().find(|(_, e)| kind(e) == "DISCONNECTED").unwrap()
+    let (_, CmEvent::Disconnected { timed_out, .. }) = net.nodes[0]
+        .events
+        .iter()
+        .find(|(_, e)| kind(e) == "DISCONNECTED")
+        .unwrap()
     else {
         unreachable!()
     };
@@ -622,7 +647,13 @@ fn dreq_that_is_never_answered_times_out() {
     net.nodes[0].disconnected.push(id);
     net.nodes[0].cm.disconnect(now, id, &[]).unwrap();
     assert!(net.settle(30 * MINUTE));
-    let last_two: Vec<_> = net.nodes[0].events.iter().rev().take(2).map(|(_, e)| e.clone()).collect();
+    let last_two: Vec<_> = net.nodes[0]
+        .events
+        .iter()
+        .rev()
+        .take(2)
+        .map(|(_, e)| e.clone())
+        .collect();
     assert_eq!(last_two[0], CmEvent::TimewaitExit { id });
     assert_eq!(last_two[1], CmEvent::Disconnected { id, timed_out: true });
     assert_eq!(last_two[1].rdma_cm_event(), (10, ETIMEDOUT_STATUS));
@@ -635,10 +666,17 @@ fn ud_sidr_sequences() {
     net.nodes[1].cm.listen(udp).unwrap();
     let now = net.now;
     let pd = cma_private_data(0, 1, 40001, b"ud hello");
-    let req = net.nodes[0].cm.sidr_request(now, gid(1), udp, 0xFFFF, &pd).unwrap();
+    let req = net.nodes[0]
+        .cm
+        .sidr_request(now, gid(1), udp, 0xFFFF, &pd)
+        .unwrap();
     assert!(net.settle(10 * MINUTE));
     let kinds: Vec<_> = net.nodes[1].events.iter().map(|(_, e)| kind(e)).collect();
-    assert_eq!(kinds, ["SIDR_REQUEST"], "the passive side gets nothing after its reply");
+    assert_eq!(
+        kinds,
+        ["SIDR_REQUEST"],
+        "the passive side gets nothing after its reply"
+    );
     let (_, CmEvent::SidrRequest { req: sreq, .. }) = &net.nodes[1].events[0] else {
         unreachable!()
     };
@@ -660,7 +698,9 @@ fn ud_sidr_sequences() {
         .unwrap();
     assert!(net.settle(10 * MINUTE));
     let (_, last) = net.nodes[0].events.last().unwrap();
-    let CmEvent::SidrReply { rep, .. } = last else { panic!("{last:?}") };
+    let CmEvent::SidrReply { rep, .. } = last else {
+        panic!("{last:?}")
+    };
     assert_eq!(rep.status, sidr_status::UNSUPPORTED);
     assert_eq!(last.rdma_cm_event(), (7, 1));
 
@@ -668,7 +708,10 @@ fn ud_sidr_sequences() {
     net.loss = 1.0;
     let start = net.now;
     let now = net.now;
-    net.nodes[0].cm.sidr_request(now, gid(1), udp, 0xFFFF, &pd).unwrap();
+    net.nodes[0]
+        .cm
+        .sidr_request(now, gid(1), udp, 0xFFFF, &pd)
+        .unwrap();
     assert!(net.settle(30 * MINUTE));
     assert_eq!(kind(&net.nodes[0].events.last().unwrap().1), "SIDR_TIMEOUT");
     assert_eq!(net.now - start, cm_timeout(20) * 16);
@@ -687,11 +730,17 @@ fn sidr_under_loss_and_duplication_reports_once() {
         let udp = service_id(PortSpace::Udp, 7174);
         net.nodes[1].cm.listen(udp).unwrap();
         let now = net.now;
-        net.nodes[0].cm.sidr_request(now, gid(1), udp, 0xFFFF, &[]).unwrap();
+        net.nodes[0]
+            .cm
+            .sidr_request(now, gid(1), udp, 0xFFFF, &[])
+            .unwrap();
         assert!(net.settle(30 * MINUTE));
         assert_eq!(net.count(1, "SIDR_REQUEST"), 1, "seed {seed}");
         let outcome: Vec<_> = net.nodes[0].events.iter().map(|(_, e)| kind(e)).collect();
-        assert!(outcome == ["SIDR_REPLY"] || outcome == ["SIDR_TIMEOUT"], "seed {seed}: {outcome:?}");
+        assert!(
+            outcome == ["SIDR_REPLY"] || outcome == ["SIDR_TIMEOUT"],
+            "seed {seed}: {outcome:?}"
+        );
         assert_eq!(net.nodes[0].cm.live_entries() + net.nodes[1].cm.live_entries(), 0);
     }
 }
@@ -707,7 +756,8 @@ fn stale_connection_in_timewait_is_rejected() {
     net.nodes[0].disconnected.push(id);
     net.nodes[0].cm.disconnect(now, id, &[]).unwrap();
     // Run until the server is in timewait, but not out of it.
-    assert!(net.run_until(MINUTE, |n| n.count(1, "DISCONNECTED") == 1 && n.count(0, "DISCONNECTED") == 1));
+    assert!(net.run_until(MINUTE, |n| n.count(1, "DISCONNECTED") == 1
+        && n.count(0, "DISCONNECTED") == 1));
     assert_eq!(net.count(1, "TIMEWAIT_EXIT"), 0);
     let again = net.connect(0, 1, &[]); // same local QPN (0x11)
     assert!(net.run_until(MINUTE, |n| n.seq_of(0, again).contains(&"REJECTED")));
@@ -732,7 +782,10 @@ fn three_nodes_many_connections_set_up_and_torn_down_leave_no_state() {
         let (from, to) = [(0, 2), (1, 2), (0, 1)][k % 3];
         ids.push((from, net.connect(from, to, &[])));
     }
-    assert!(net.run_until(MINUTE, |n| n.count(0, "ESTABLISHED") + n.count(1, "ESTABLISHED") >= 1000 + 333));
+    assert!(
+        net.run_until(MINUTE, |n| n.count(0, "ESTABLISHED") + n.count(1, "ESTABLISHED")
+            >= 1000 + 333)
+    );
     // Every client-side connection is established; the servers saw every request once.
     for (from, id) in &ids {
         assert_eq!(net.seq_of(*from, *id), ["CONNECT_RESPONSE", "ESTABLISHED"]);
@@ -771,14 +824,23 @@ fn five_percent_loss_every_connection_established_and_torn_down() {
         net.nodes[1].cm.listen(sid()).unwrap();
         let ids: Vec<_> = (0..200).map(|_| net.connect(0, 1, &[])).collect();
         assert!(
-            net.run_until(30 * MINUTE, |n| n.count(0, "ESTABLISHED") == 200 && n.count(1, "ESTABLISHED") == 200),
+            net.run_until(30 * MINUTE, |n| n.count(0, "ESTABLISHED") == 200
+                && n.count(1, "ESTABLISHED") == 200),
             "seed {seed}: {} / {} established",
             net.count(0, "ESTABLISHED"),
             net.count(1, "ESTABLISHED")
         );
-        assert_eq!(net.requests(1).len(), 200, "seed {seed}: one request per connection");
+        assert_eq!(
+            net.requests(1).len(),
+            200,
+            "seed {seed}: one request per connection"
+        );
         for id in &ids {
-            assert_eq!(net.seq_of(0, *id), ["CONNECT_RESPONSE", "ESTABLISHED"], "seed {seed}");
+            assert_eq!(
+                net.seq_of(0, *id),
+                ["CONNECT_RESPONSE", "ESTABLISHED"],
+                "seed {seed}"
+            );
         }
         let now = net.now;
         for id in &ids {
@@ -787,7 +849,11 @@ fn five_percent_loss_every_connection_established_and_torn_down() {
         }
         assert!(net.settle(60 * MINUTE), "seed {seed}");
         for id in &ids {
-            assert_eq!(net.seq_of(0, *id)[2..], ["DISCONNECTED", "TIMEWAIT_EXIT"], "seed {seed}");
+            assert_eq!(
+                net.seq_of(0, *id)[2..],
+                ["DISCONNECTED", "TIMEWAIT_EXIT"],
+                "seed {seed}"
+            );
         }
         for id in net.requests(1) {
             assert_eq!(
@@ -815,5 +881,8 @@ fn destroyed_ids_finish_quietly() {
     let server_id = net.requests(1)[0];
     assert_eq!(net.seq_of(1, server_id)[2..], ["DISCONNECTED", "TIMEWAIT_EXIT"]);
     assert_eq!(net.nodes[0].cm.live_entries() + net.nodes[1].cm.live_entries(), 0);
-    assert_eq!(net.nodes[0].cm.destroy(now, id), Err(softverbs_engine::cm::CmError::UnknownId));
+    assert_eq!(
+        net.nodes[0].cm.destroy(now, id),
+        Err(softverbs_engine::cm::CmError::UnknownId)
+    );
 }

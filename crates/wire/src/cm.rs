@@ -415,14 +415,18 @@ impl<T: AsRef<[u8]>> ReqPacket<T> {
 
     /// The alternate path block (all zero on RoCE).
     pub fn alternate_path(&self) -> CmPathPacket<&[u8]> {
-        CmPathPacket::new_unchecked(&self.buffer.as_ref()[req::ALTERNATE_PATH..req::ALTERNATE_PATH + PATH_LEN])
+        CmPathPacket::new_unchecked(
+            &self.buffer.as_ref()[req::ALTERNATE_PATH..req::ALTERNATE_PATH + PATH_LEN],
+        )
     }
 }
 
 impl<T: AsRef<[u8]> + AsMut<[u8]>> ReqPacket<T> {
     /// The primary path block, mutably.
     pub fn primary_path_mut(&mut self) -> CmPathPacket<&mut [u8]> {
-        CmPathPacket::new_unchecked(&mut self.buffer.as_mut()[req::PRIMARY_PATH..req::PRIMARY_PATH + PATH_LEN])
+        CmPathPacket::new_unchecked(
+            &mut self.buffer.as_mut()[req::PRIMARY_PATH..req::PRIMARY_PATH + PATH_LEN],
+        )
     }
 
     /// The alternate path block, mutably.
@@ -897,7 +901,12 @@ impl RepRepr {
             local_qpn: packet.local_qpn(),
             local_eecn: packet.local_eecn(),
             starting_psn: packet.starting_psn(),
-            vendor_id: u32::from_be_bytes([0, packet.vendor_id_h(), packet.vendor_id_m(), packet.vendor_id_l()]),
+            vendor_id: u32::from_be_bytes([
+                0,
+                packet.vendor_id_h(),
+                packet.vendor_id_m(),
+                packet.vendor_id_l(),
+            ]),
             responder_resources: packet.responder_resources(),
             initiator_depth: packet.initiator_depth(),
             target_ack_delay: packet.target_ack_delay(),

@@ -263,7 +263,10 @@ mod tests {
         ];
         let mut repr = MadRepr::cm_send(0x0010, 0x1122_3344_5566_7788);
         repr.attr_mod = 5;
-        assert_eq!(MadRepr::parse(&MadPacket::new_checked(&bytes[..]).unwrap()), Ok(repr));
+        assert_eq!(
+            MadRepr::parse(&MadPacket::new_checked(&bytes[..]).unwrap()),
+            Ok(repr)
+        );
         let mut buf = [0xffu8; HEADER_LEN];
         repr.emit(&mut MadPacket::new_unchecked(&mut buf));
         assert_eq!(buf, bytes);

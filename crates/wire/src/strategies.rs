@@ -175,7 +175,10 @@ fn bytes<const N: usize>() -> impl Strategy<Value = [u8; N]> {
 
 pub(crate) fn mad() -> impl Strategy<Value = crate::MadRepr> {
     (any::<(u8, u8, bool, u16, u16, u64, u16, u32)>(), 0..0x80u8).prop_map(
-        |((mgmt_class, class_version, response, status, class_specific, transaction_id, attr_id, attr_mod), method)| {
+        |(
+            (mgmt_class, class_version, response, status, class_specific, transaction_id, attr_id, attr_mod),
+            method,
+        )| {
             crate::MadRepr {
                 mgmt_class,
                 class_version,
@@ -218,15 +221,31 @@ pub(crate) fn cm_path() -> impl Strategy<Value = crate::cm::CmPathRepr> {
 
 pub(crate) fn cm_req() -> impl Strategy<Value = crate::cm::ReqRepr> {
     (
-        (any::<(u32, u64, u64, u32, u8, u8)>(), any::<(bool, u16, bool, bool, bool)>()),
-        (0..1u32 << 24, 0..1u32 << 24, 0..1u32 << 24, 0..1u32 << 24, 0..1u32 << 24),
+        (
+            any::<(u32, u64, u64, u32, u8, u8)>(),
+            any::<(bool, u16, bool, bool, bool)>(),
+        ),
+        (
+            0..1u32 << 24,
+            0..1u32 << 24,
+            0..1u32 << 24,
+            0..1u32 << 24,
+            0..1u32 << 24,
+        ),
         (0..32u8, 0..4u8, 0..32u8, 0..8u8, 0..16u8, 0..8u8, 0..16u8, 0..8u8),
         (cm_path(), cm_path(), bytes::<92>()),
     )
         .prop_map(
             |(
                 (
-                    (local_comm_id, service_id, local_ca_guid, local_qkey, responder_resources, initiator_depth),
+                    (
+                        local_comm_id,
+                        service_id,
+                        local_ca_guid,
+                        local_qkey,
+                        responder_resources,
+                        initiator_depth,
+                    ),
                     (e2e_flow_control, pkey, rdc_exists, srq, sap_supported),
                 ),
                 (vendor_id, local_qpn, local_eecn, remote_eecn, starting_psn),
@@ -287,7 +306,16 @@ pub(crate) fn cm_rep() -> impl Strategy<Value = crate::cm::RepRepr> {
     )
         .prop_map(
             |(
-                (local_comm_id, remote_comm_id, local_qkey, responder_resources, initiator_depth, e2e_flow_control, srq, local_ca_guid),
+                (
+                    local_comm_id,
+                    remote_comm_id,
+                    local_qkey,
+                    responder_resources,
+                    initiator_depth,
+                    e2e_flow_control,
+                    srq,
+                    local_ca_guid,
+                ),
                 (local_qpn, local_eecn, starting_psn, vendor_id),
                 (target_ack_delay, failover_accepted, rnr_retry_count),
                 private_data,
@@ -329,19 +357,32 @@ pub(crate) fn cm_message() -> impl Strategy<Value = crate::cm::CmMessage> {
                 })
             }
         ),
-        (any::<(u32, u32, u16)>(), message_kind(), 0..=72u8, bytes::<72>(), bytes::<148>()).prop_map(
-            |((local_comm_id, remote_comm_id, reason), message_rejected, ari_length, ari, private_data)| {
-                CmMessage::Rej(RejRepr {
-                    local_comm_id,
-                    remote_comm_id,
+        (
+            any::<(u32, u32, u16)>(),
+            message_kind(),
+            0..=72u8,
+            bytes::<72>(),
+            bytes::<148>()
+        )
+            .prop_map(
+                |(
+                    (local_comm_id, remote_comm_id, reason),
                     message_rejected,
                     ari_length,
-                    reason,
                     ari,
                     private_data,
-                })
-            }
-        ),
+                )| {
+                    CmMessage::Rej(RejRepr {
+                        local_comm_id,
+                        remote_comm_id,
+                        message_rejected,
+                        ari_length,
+                        reason,
+                        ari,
+                        private_data,
+                    })
+                }
+            ),
         (any::<(u32, u32)>(), bytes::<224>()).prop_map(|((local_comm_id, remote_comm_id), private_data)| {
             CmMessage::Rtu(RtuRepr {
                 local_comm_id,
@@ -366,14 +407,16 @@ pub(crate) fn cm_message() -> impl Strategy<Value = crate::cm::CmMessage> {
                 private_data,
             })
         }),
-        (any::<(u32, u16, u64)>(), bytes::<216>()).prop_map(|((request_id, pkey, service_id), private_data)| {
-            CmMessage::SidrReq(SidrReqRepr {
-                request_id,
-                pkey,
-                service_id,
-                private_data,
-            })
-        }),
+        (any::<(u32, u16, u64)>(), bytes::<216>()).prop_map(
+            |((request_id, pkey, service_id), private_data)| {
+                CmMessage::SidrReq(SidrReqRepr {
+                    request_id,
+                    pkey,
+                    service_id,
+                    private_data,
+                })
+            }
+        ),
         (
             any::<(u32, u8, u64, u32)>(),
             (0..=72u8, 0..1u32 << 24, 0..1u32 << 24),
@@ -381,7 +424,12 @@ pub(crate) fn cm_message() -> impl Strategy<Value = crate::cm::CmMessage> {
             bytes::<136>()
         )
             .prop_map(
-                |((request_id, status, service_id, qkey), (info_length, vendor_id, qpn), info, private_data)| {
+                |(
+                    (request_id, status, service_id, qkey),
+                    (info_length, vendor_id, qpn),
+                    info,
+                    private_data,
+                )| {
                     CmMessage::SidrRep(SidrRepRepr {
                         request_id,
                         status,

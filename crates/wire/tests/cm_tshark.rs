@@ -197,17 +197,16 @@ fn dissect(pcap_bytes: &[u8]) -> Vec<String> {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("cm.pcap");
     std::fs::write(&path, pcap_bytes).unwrap();
-    let out = match Command::new("tshark")
-        .arg("-r")
-        .arg(&path)
-        .arg("-V")
-        .output()
-    {
+    let out = match Command::new("tshark").arg("-r").arg(&path).arg("-V").output() {
         Ok(out) => out,
         Err(e) => panic!("tshark could not be run ({e}); install it with scripts/setup-deps"),
     };
     std::fs::remove_dir_all(&dir).unwrap();
-    assert!(out.status.success(), "tshark failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "tshark failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     let frames: Vec<String> = text
         .split("\nFrame ")
@@ -300,11 +299,28 @@ fn tshark_decodes_cm_mads() {
     let [l, r] = ids("55667788", "11223344");
     expect(&text[3], &["CM ConnectReject", &l, &r, "Reason: 0x001c"]);
     let [l, r] = ids("11223344", "55667788");
-    expect(&text[4], &["CM DisconnectRequest", &l, &r, "Remote QPN/EECN: 0x005678"]);
+    expect(
+        &text[4],
+        &["CM DisconnectRequest", &l, &r, "Remote QPN/EECN: 0x005678"],
+    );
     let [l, r] = ids("55667788", "11223344");
     expect(&text[5], &["CM DisconnectReply", &l, &r]);
     // Wireshark 4.0 names the SIDR attributes without decoding their fields; the data
     // area's layout is checked by hand in the crate's unit tests.
-    expect(&text[6], &["CM ServiceIDResReq ", "Attribute ID: 0x0017", "MAD Data Payload: 0badcafeffff0000000000000111"]);
-    expect(&text[7], &["CM ServiceIDResReqResp", "Attribute ID: 0x0018", "MAD Data Payload: 0badcafe00000000009abc000000000001111c0601234567"]);
+    expect(
+        &text[6],
+        &[
+            "CM ServiceIDResReq ",
+            "Attribute ID: 0x0017",
+            "MAD Data Payload: 0badcafeffff0000000000000111",
+        ],
+    );
+    expect(
+        &text[7],
+        &[
+            "CM ServiceIDResReqResp",
+            "Attribute ID: 0x0018",
+            "MAD Data Payload: 0badcafe00000000009abc000000000001111c0601234567",
+        ],
+    );
 }

@@ -111,7 +111,12 @@ impl Conn {
     }
 
     /// Sends `mad` now and again after each timeout until answered or out of retries.
-    pub(super) fn send_with_retry(&mut self, now: Instant, mad: [u8; MAD_LEN], out: &mut VecDeque<CmTransmit>) {
+    pub(super) fn send_with_retry(
+        &mut self,
+        now: Instant,
+        mad: [u8; MAD_LEN],
+        out: &mut VecDeque<CmTransmit>,
+    ) {
         out.push_back(CmTransmit { dest: self.dest, mad });
         self.stored = None;
         self.retry = Some(Retry {
@@ -128,7 +133,12 @@ impl Conn {
         self.stored = Some(mad);
     }
 
-    pub(super) fn send_dreq(&mut self, now: Instant, private_data: [u8; private_data_len::DREQ], out: &mut VecDeque<CmTransmit>) {
+    pub(super) fn send_dreq(
+        &mut self,
+        now: Instant,
+        private_data: [u8; private_data_len::DREQ],
+        out: &mut VecDeque<CmTransmit>,
+    ) {
         let dreq = DreqRepr {
             local_comm_id: self.id,
             remote_comm_id: self.remote_comm_id,

@@ -495,7 +495,10 @@ impl CmEngine {
 
     /// Stops listening on `service_id`; connections already requested are unaffected.
     pub fn unlisten(&mut self, service_id: u64) -> Result<(), CmError> {
-        self.listeners.remove(&service_id).map(|_| ()).ok_or(CmError::UnknownId)
+        self.listeners
+            .remove(&service_id)
+            .map(|_| ())
+            .ok_or(CmError::UnknownId)
     }
 
     /// Sends a REQ to `dest` and returns the new connection's ID. At most 56 bytes of user data
@@ -533,7 +536,8 @@ impl CmEngine {
             private_data,
             ..ReqRepr::default()
         };
-        let timeout = 2 * cm_timeout(self.config.packet_life_time) + cm_timeout(req.remote_cm_response_timeout);
+        let timeout =
+            2 * cm_timeout(self.config.packet_life_time) + cm_timeout(req.remote_cm_response_timeout);
         let tid = self.tid(id);
         let mut conn = Conn::new(Role::Active, id, dest, tid, timeout, req.max_cm_retries);
         conn.local_qpn = req.local_qpn;
@@ -587,7 +591,13 @@ impl CmEngine {
     /// [`CmEvent::ConnectResponse`] (active side) with `reason` (`rdma_reject`: 28) and up to
     /// 148 bytes of private data. The connection is gone for the caller; its REJ is kept a
     /// while to answer the peer's retries.
-    pub fn reject(&mut self, now: Instant, id: CommId, reason: u16, private_data: &[u8]) -> Result<(), CmError> {
+    pub fn reject(
+        &mut self,
+        now: Instant,
+        id: CommId,
+        reason: u16,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
         let private_data = copy_private::<{ private_data_len::REJ }>(private_data)?;
         let conn = self.conns.get_mut(&id.0).ok_or(CmError::UnknownId)?;
         let message_rejected = match conn.state {
@@ -845,7 +855,10 @@ impl CmEngine {
                 p.retries_left -= 1;
                 p.deadline = now + p.timeout;
                 self.stats.retransmitted += 1;
-                self.transmits.push_back(CmTransmit { dest: p.dest, mad: p.mad });
+                self.transmits.push_back(CmTransmit {
+                    dest: p.dest,
+                    mad: p.mad,
+                });
             }
         }
         self.sidr_in.retain(|_, s| s.reply.is_none() || s.expires > now);
@@ -865,7 +878,11 @@ impl CmEngine {
     pub fn poll_timeout(&self) -> Option<Instant> {
         let conns = self.conns.values().filter_map(Conn::deadline);
         let out = self.sidr_out.values().map(|p| p.deadline);
-        let served = self.sidr_in.values().filter(|s| s.reply.is_some()).map(|s| s.expires);
+        let served = self
+            .sidr_in
+            .values()
+            .filter(|s| s.reply.is_some())
+            .map(|s| s.expires);
         conns.chain(out).chain(served).min()
     }
 
@@ -914,15 +931,22 @@ impl CmEngine {
 
     fn on_req(&mut self, source: Gid, tid: u64, req: &ReqRepr) {
         // A retry of a REQ already seen is matched by the requester's CA GUID and comm ID.
-        let dup = self
-            .conns
-            .values_mut()
-            .find(|c| c.role == Role::Passive && c.remote_ca_guid == req.local_ca_guid && c.remote_comm_id == req.local_comm_id);
+        let dup = self.conns.values_mut().find(|c| {
+            c.role == Role::Passive
+                && c.remote_ca_guid == req.local_ca_guid
+                && c.remote_comm_id == req.local_comm_id
+        });
         if let Some(conn) = dup {
             match conn.state {
                 State::TimeWait => {
                     let (d, remote) = (conn.dest, conn.remote_comm_id);
-                    self.stateless_rej(d, tid, remote, MessageKind::Req, softverbs_wire::cm::rej_reason::STALE_CONN);
+                    self.stateless_rej(
+                        d,
+                        tid,
+                        remote,
+                        MessageKind::Req,
+                        softverbs_wire::cm::rej_reason::STALE_CONN,
+                    );
                 }
                 State::ReqRcvd if conn.stored.is_none() => {
                     // The application is still deciding: ask the requester to wait.
@@ -940,7 +964,10 @@ impl CmEngine {
                 State::RepSent => {
                     // Resend the REP now rather than at its next timeout.
                     if let Some(r) = &conn.retry {
-                        self.transmits.push_back(CmTransmit { dest: conn.dest, mad: r.mad });
+                        self.transmits.push_back(CmTransmit {
+                            dest: conn.dest,
+                            mad: r.mad,
+                        });
                         self.stats.duplicates_answered += 1;
                     }
                 }
@@ -957,7 +984,9 @@ impl CmEngine {
         }
         // A REQ from a QP still in timewait here is stale.
         let stale = self.conns.values().any(|c| {
-            c.state == State::TimeWait && c.remote_ca_guid == req.local_ca_guid && c.remote_qpn == req.local_qpn
+            c.state == State::TimeWait
+                && c.remote_ca_guid == req.local_ca_guid
+                && c.remote_qpn == req.local_qpn
         });
         if stale {
             self.stateless_rej(
@@ -980,8 +1009,16 @@ impl CmEngine {
             return;
         }
         let id = self.new_comm_id();
-        let timeout = 2 * cm_timeout(self.config.packet_life_time) + cm_timeout(req.local_cm_response_timeout);
-        let mut conn = Conn::new(Role::Passive, id, source, self.tid(id), timeout, req.max_cm_retries);
+        let timeout =
+            2 * cm_timeout(self.config.packet_life_time) + cm_timeout(req.local_cm_response_timeout);
+        let mut conn = Conn::new(
+            Role::Passive,
+            id,
+            source,
+            self.tid(id),
+            timeout,
+            req.max_cm_retries,
+        );
         conn.remote_comm_id = req.local_comm_id;
         conn.remote_ca_guid = req.local_ca_guid;
         conn.remote_qpn = req.local_qpn;
@@ -1302,7 +1339,13 @@ impl CmEngine {
                     }
                     State::DreqSent => {
                         conn.enter_timewait(now);
-                        self.emit(detached, CmEvent::Disconnected { id: cid, timed_out: true });
+                        self.emit(
+                            detached,
+                            CmEvent::Disconnected {
+                                id: cid,
+                                timed_out: true,
+                            },
+                        );
                     }
                     _ => {}
                 }

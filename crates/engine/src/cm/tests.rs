@@ -61,9 +61,14 @@ fn api_errors() {
         a.connect(Instant::ZERO, gid(2), &ConnectParams::default(), &too_long),
         Err(CmError::PrivateDataTooLong)
     );
-    let id = a.connect(Instant::ZERO, gid(2), &ConnectParams::default(), &[]).unwrap();
+    let id = a
+        .connect(Instant::ZERO, gid(2), &ConnectParams::default(), &[])
+        .unwrap();
     assert_eq!(a.establish(id), Err(CmError::InvalidState));
-    assert_eq!(a.accept(Instant::ZERO, id, &AcceptParams::default(), &[]), Err(CmError::InvalidState));
+    assert_eq!(
+        a.accept(Instant::ZERO, id, &AcceptParams::default(), &[]),
+        Err(CmError::InvalidState)
+    );
     assert_eq!(a.disconnect(Instant::ZERO, id, &[]), Err(CmError::InvalidState));
     assert_eq!(a.establish(CommId(id.0 ^ 1)), Err(CmError::UnknownId));
     assert_eq!(a.live_entries(), 1);
@@ -108,7 +113,9 @@ fn sidr_without_listener_gets_status_1() {
     let id = a.sidr_request(Instant::ZERO, gid(2), sid, 0xFFFF, b"x").unwrap();
     pass(Instant::ZERO, &mut a, &mut b);
     let replies = pass(Instant::ZERO, &mut b, &mut a);
-    assert!(matches!(&replies[..], [CmMessage::SidrRep(r)] if r.status == sidr_status::UNSUPPORTED && r.service_id == sid));
+    assert!(
+        matches!(&replies[..], [CmMessage::SidrRep(r)] if r.status == sidr_status::UNSUPPORTED && r.service_id == sid)
+    );
     let Some(CmEvent::SidrReply { id: got, rep }) = a.poll_event() else {
         panic!("no reply event")
     };
@@ -122,7 +129,17 @@ fn duplicates_are_answered_from_the_stored_reply() {
     let sid = service_id(PortSpace::Tcp, 7174);
     b.listen(sid).unwrap();
     let t0 = Instant::ZERO;
-    let id = a.connect(t0, gid(2), &ConnectParams { service_id: sid, ..ConnectParams::default() }, &[]).unwrap();
+    let id = a
+        .connect(
+            t0,
+            gid(2),
+            &ConnectParams {
+                service_id: sid,
+                ..ConnectParams::default()
+            },
+            &[],
+        )
+        .unwrap();
     let req_mad = a.poll_transmit().unwrap().mad;
     b.handle_mad(t0, gid(1), &req_mad);
     let Some(CmEvent::ConnectRequest { id: server, .. }) = b.poll_event() else {
@@ -133,11 +150,22 @@ fn duplicates_are_answered_from_the_stored_reply() {
     b.handle_mad(t0, gid(1), &req_mad);
     let out = sent(&mut b);
     assert_eq!(out.len(), 2);
-    assert!(matches!(&out[0].1, CmMessage::Mra(m) if m.message_mraed == MessageKind::Req && m.service_timeout == 24));
+    assert!(
+        matches!(&out[0].1, CmMessage::Mra(m) if m.message_mraed == MessageKind::Req && m.service_timeout == 24)
+    );
     assert_eq!(out[0], out[1]);
     assert!(b.poll_event().is_none(), "a duplicate is never reported");
     // After the accept, a duplicate REQ gets the REP again.
-    b.accept(t0, server, &AcceptParams { local_qpn: 0x42, ..AcceptParams::default() }, &[]).unwrap();
+    b.accept(
+        t0,
+        server,
+        &AcceptParams {
+            local_qpn: 0x42,
+            ..AcceptParams::default()
+        },
+        &[],
+    )
+    .unwrap();
     let rep_mad = b.poll_transmit().unwrap().mad;
     b.handle_mad(t0, gid(1), &req_mad);
     assert_eq!(b.poll_transmit().unwrap().mad, rep_mad);
@@ -146,7 +174,9 @@ fn duplicates_are_answered_from_the_stored_reply() {
     assert!(matches!(a.poll_event(), Some(CmEvent::ConnectResponse { rep, .. }) if rep.local_qpn == 0x42));
     a.establish(id).unwrap();
     let rtu = a.poll_transmit().unwrap().mad;
-    assert!(matches!(CmMessage::parse(&rtu).unwrap().1, CmMessage::Rtu(RtuRepr { local_comm_id, .. }) if local_comm_id == id.0));
+    assert!(
+        matches!(CmMessage::parse(&rtu).unwrap().1, CmMessage::Rtu(RtuRepr { local_comm_id, .. }) if local_comm_id == id.0)
+    );
     a.handle_mad(t0, gid(2), &rep_mad);
     assert_eq!(a.poll_transmit().unwrap().mad, rtu);
     assert_eq!(a.poll_event(), Some(CmEvent::Established { id }));
@@ -164,7 +194,17 @@ fn stale_comm_id_in_timewait() {
     let sid = service_id(PortSpace::Tcp, 7174);
     b.listen(sid).unwrap();
     let t0 = Instant::ZERO;
-    let id = a.connect(t0, gid(2), &ConnectParams { service_id: sid, ..ConnectParams::default() }, &[]).unwrap();
+    let id = a
+        .connect(
+            t0,
+            gid(2),
+            &ConnectParams {
+                service_id: sid,
+                ..ConnectParams::default()
+            },
+            &[],
+        )
+        .unwrap();
     let req_mad = a.poll_transmit().unwrap().mad;
     b.handle_mad(t0, gid(1), &req_mad);
     let Some(CmEvent::ConnectRequest { id: server, .. }) = b.poll_event() else {

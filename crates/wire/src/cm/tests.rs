@@ -130,7 +130,12 @@ fn rep_layout() {
         (0, &[0xA1, 0xA2, 0xA3, 0xA4, 0x11, 0x22, 0x33, 0x44]),
         (8, &[0x01, 0x23, 0x45, 0x67]),
         // QPN, vendor high | EECN, vendor middle | PSN, vendor low
-        (12, &[0x00, 0x22, 0x33, 0x12, 0x44, 0x55, 0x66, 0x34, 0xAB, 0xCD, 0xEF, 0x56]),
+        (
+            12,
+            &[
+                0x00, 0x22, 0x33, 0x12, 0x44, 0x55, 0x66, 0x34, 0xAB, 0xCD, 0xEF, 0x56,
+            ],
+        ),
         (24, &[2, 1]),
         // ACK delay 01111, failover 10, flow control 1 | RNR 110, SRQ 1
         (26, &[0b0111_1101, 0b1101_0000]),
@@ -140,7 +145,10 @@ fn rep_layout() {
     let mut buf = [0x5au8; DATA_LEN];
     repr.emit(&mut RepPacket::new_unchecked(&mut buf));
     assert_eq!(buf, expected);
-    assert_eq!(RepRepr::parse(&RepPacket::new_checked(&expected[..]).unwrap()), Ok(repr));
+    assert_eq!(
+        RepRepr::parse(&RepPacket::new_checked(&expected[..]).unwrap()),
+        Ok(repr)
+    );
 }
 
 #[test]
@@ -160,10 +168,16 @@ fn mra_rej_layout() {
     let mut buf = [0x5au8; DATA_LEN];
     mra.emit(&mut MraPacket::new_unchecked(&mut buf));
     assert_eq!(buf, expected);
-    assert_eq!(MraRepr::parse(&MraPacket::new_checked(&expected[..]).unwrap()), Ok(mra));
+    assert_eq!(
+        MraRepr::parse(&MraPacket::new_checked(&expected[..]).unwrap()),
+        Ok(mra)
+    );
     let mut bad = expected;
     bad[8] = 0xC0;
-    assert_eq!(MraRepr::parse(&MraPacket::new_checked(&bad[..]).unwrap()), Err(Error));
+    assert_eq!(
+        MraRepr::parse(&MraPacket::new_checked(&bad[..]).unwrap()),
+        Err(Error)
+    );
 
     let rej = RejRepr {
         local_comm_id: 0,
@@ -184,10 +198,16 @@ fn mra_rej_layout() {
     let mut buf = [0x5au8; DATA_LEN];
     rej.emit(&mut RejPacket::new_unchecked(&mut buf));
     assert_eq!(buf, expected);
-    assert_eq!(RejRepr::parse(&RejPacket::new_checked(&expected[..]).unwrap()), Ok(rej));
+    assert_eq!(
+        RejRepr::parse(&RejPacket::new_checked(&expected[..]).unwrap()),
+        Ok(rej)
+    );
     let mut bad = expected;
     bad[9] = 73 << 1;
-    assert_eq!(RejRepr::parse(&RejPacket::new_checked(&bad[..]).unwrap()), Err(Error));
+    assert_eq!(
+        RejRepr::parse(&RejPacket::new_checked(&bad[..]).unwrap()),
+        Err(Error)
+    );
 }
 
 #[test]
@@ -201,7 +221,10 @@ fn rtu_dreq_drep_layout() {
     let mut buf = [0u8; DATA_LEN];
     rtu.emit(&mut RtuPacket::new_unchecked(&mut buf));
     assert_eq!(buf, expected);
-    assert_eq!(RtuRepr::parse(&RtuPacket::new_checked(&expected[..]).unwrap()), Ok(rtu));
+    assert_eq!(
+        RtuRepr::parse(&RtuPacket::new_checked(&expected[..]).unwrap()),
+        Ok(rtu)
+    );
 
     let dreq = DreqRepr {
         local_comm_id: 0x0102_0304,
@@ -213,7 +236,10 @@ fn rtu_dreq_drep_layout() {
     let mut buf = [0x5au8; DATA_LEN];
     dreq.emit(&mut DreqPacket::new_unchecked(&mut buf));
     assert_eq!(buf, expected);
-    assert_eq!(DreqRepr::parse(&DreqPacket::new_checked(&expected[..]).unwrap()), Ok(dreq));
+    assert_eq!(
+        DreqRepr::parse(&DreqPacket::new_checked(&expected[..]).unwrap()),
+        Ok(dreq)
+    );
 
     let drep = DrepRepr {
         local_comm_id: 0x0506_0708,
@@ -224,7 +250,10 @@ fn rtu_dreq_drep_layout() {
     let mut buf = [0x5au8; DATA_LEN];
     drep.emit(&mut DrepPacket::new_unchecked(&mut buf));
     assert_eq!(buf, expected);
-    assert_eq!(DrepRepr::parse(&DrepPacket::new_checked(&expected[..]).unwrap()), Ok(drep));
+    assert_eq!(
+        DrepRepr::parse(&DrepPacket::new_checked(&expected[..]).unwrap()),
+        Ok(drep)
+    );
 }
 
 #[test]
@@ -243,7 +272,10 @@ fn sidr_layout() {
     let mut buf = [0x5au8; DATA_LEN];
     req.emit(&mut SidrReqPacket::new_unchecked(&mut buf));
     assert_eq!(buf, expected);
-    assert_eq!(SidrReqRepr::parse(&SidrReqPacket::new_checked(&expected[..]).unwrap()), Ok(req));
+    assert_eq!(
+        SidrReqRepr::parse(&SidrReqPacket::new_checked(&expected[..]).unwrap()),
+        Ok(req)
+    );
 
     let rep = SidrRepRepr {
         request_id: 0xCAFE_F00D,
@@ -265,7 +297,10 @@ fn sidr_layout() {
     let mut buf = [0x5au8; DATA_LEN];
     rep.emit(&mut SidrRepPacket::new_unchecked(&mut buf));
     assert_eq!(buf, expected);
-    assert_eq!(SidrRepRepr::parse(&SidrRepPacket::new_checked(&expected[..]).unwrap()), Ok(rep));
+    assert_eq!(
+        SidrRepRepr::parse(&SidrRepPacket::new_checked(&expected[..]).unwrap()),
+        Ok(rep)
+    );
 }
 
 #[test]
@@ -281,7 +316,15 @@ fn whole_mad() {
     // Short buffers, other classes, versions, methods and attributes are refused.
     assert_eq!(CmMessage::parse(&mad[..MAD_LEN - 1]), Err(Error));
     assert!(msg.emit(0, 0, &mut [0u8; MAD_LEN - 1]).is_err());
-    for (at, value) in [(0, 2), (1, 0x81), (2, 1), (3, 0x83), (3, 0x01), (17, 0x19), (17, 0x01)] {
+    for (at, value) in [
+        (0, 2),
+        (1, 0x81),
+        (2, 1),
+        (3, 0x83),
+        (3, 0x01),
+        (17, 0x19),
+        (17, 0x01),
+    ] {
         let mut bad = mad;
         bad[at] = value;
         assert_eq!(CmMessage::parse(&bad), Err(Error), "byte {at} = {value:#x}");
@@ -308,13 +351,22 @@ fn cma_header_layout() {
     let mut buf = [0x5au8; CMA_HEADER_LEN];
     repr.emit(&mut CmaHeaderPacket::new_unchecked(&mut buf));
     assert_eq!(buf, expected);
-    assert_eq!(CmaHeaderRepr::parse(&CmaHeaderPacket::new_checked(&expected[..]).unwrap()), Ok(repr));
+    assert_eq!(
+        CmaHeaderRepr::parse(&CmaHeaderPacket::new_checked(&expected[..]).unwrap()),
+        Ok(repr)
+    );
     let mut bad = expected;
     bad[1] = 0x50;
-    assert_eq!(CmaHeaderRepr::parse(&CmaHeaderPacket::new_unchecked(&bad[..])), Err(Error));
+    assert_eq!(
+        CmaHeaderRepr::parse(&CmaHeaderPacket::new_unchecked(&bad[..])),
+        Err(Error)
+    );
     bad[1] = 0x40;
     bad[0] = 1;
-    assert_eq!(CmaHeaderRepr::parse(&CmaHeaderPacket::new_unchecked(&bad[..])), Err(Error));
+    assert_eq!(
+        CmaHeaderRepr::parse(&CmaHeaderPacket::new_unchecked(&bad[..])),
+        Err(Error)
+    );
 
     let v6 = CmaHeaderRepr {
         port: 1,
@@ -324,7 +376,10 @@ fn cma_header_layout() {
     v6.emit(&mut CmaHeaderPacket::new_unchecked(&mut buf));
     assert_eq!(buf[1], 0x60);
     assert_eq!(&buf[4..6], &[0xfe, 0x80]);
-    assert_eq!(CmaHeaderRepr::parse(&CmaHeaderPacket::new_unchecked(&buf[..])), Ok(v6));
+    assert_eq!(
+        CmaHeaderRepr::parse(&CmaHeaderPacket::new_unchecked(&buf[..])),
+        Ok(v6)
+    );
 }
 
 #[test]
