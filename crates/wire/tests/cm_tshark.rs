@@ -3,8 +3,9 @@
 //! Builds a pcap of CM MADs framed exactly as they go on the wire (Ethernet, IPv4, UDP 4791,
 //! BTH UD SEND ONLY to QP1, DETH with the GSI Q_Key and source QP 1, the 256-byte MAD, ICRC)
 //! and checks that `tshark -V` decodes every packet as the right CM attribute with the right
-//! field values, and reports no malformed packet or bad ICRC. tshark must be installed
-//! (`scripts/setup-deps`); the test fails, rather than skips, without it.
+//! field values, and reports no malformed packet; Python's zlib checks every ICRC. tshark and
+//! python3 must be installed (`scripts/setup-deps`); the test fails, rather than skips,
+//! without them.
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::process::Command;
@@ -216,6 +217,51 @@ fn dissect(pcap_bytes: &[u8]) -> Vec<String> {
     frames
 }
 
+/// Checks every frame's ICRC with an implementation independent of this crate (Python's
+/// zlib over the masked IPv4/UDP/BTH fields): tshark 4.0 displays the ICRC but does not check it.
+const ICRC_CHECK: &str = r#"
+import struct, sys, zlib
+data = open(sys.argv[1], "rb").read()
+off, good, bad = 24, 0, 0
+while off < len(data):
+    incl = struct.unpack_from("<I", data, off + 8)[0]
+    frame = bytearray(data[off + 16 : off + 16 + incl])
+    off += 16 + incl
+    ip = frame[14:34]
+    ip[1] = 0xFF; ip[8] = 0xFF; ip[10:12] = b"\xff\xff"
+    udp = frame[34:42]
+    udp[6:8] = b"\xff\xff"
+    roce = bytearray(frame[42:-4])
+    roce[4] = 0xFF
+    crc = zlib.crc32(b"\xff" * 8 + bytes(ip) + bytes(udp) + bytes(roce)) & 0xFFFFFFFF
+    if crc == struct.unpack("<I", frame[-4:])[0]:
+        good += 1
+    else:
+        bad += 1
+print(good, bad)
+"#;
+
+fn independent_icrc_check(pcap_bytes: &[u8]) -> (usize, usize) {
+    let dir = std::env::temp_dir().join(format!("softverbs-cm-icrc-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cm.pcap");
+    std::fs::write(&path, pcap_bytes).unwrap();
+    let out = match Command::new("python3")
+        .arg("-c")
+        .arg(ICRC_CHECK)
+        .arg(&path)
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => panic!("python3 could not be run ({e}); install it with scripts/setup-deps"),
+    };
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut it = text.split_whitespace().map(|n| n.parse().unwrap());
+    (it.next().unwrap(), it.next().unwrap())
+}
+
 fn expect(frame: &str, needles: &[&str]) {
     for n in needles {
         assert!(frame.contains(n), "tshark output lacks {n:?}:\n{frame}");
@@ -233,7 +279,21 @@ fn tshark_decodes_cm_mads() {
         .enumerate()
         .map(|(i, (s, d, m))| frame(*s, *d, 0x1000 + i as u64, m))
         .collect();
-    let text = dissect(&pcap(&frames));
+    let capture = pcap(&frames);
+    assert_eq!(
+        independent_icrc_check(&capture),
+        (msgs.len(), 0),
+        "ICRCs good, bad"
+    );
+    let mut corrupted = frames.clone();
+    let last = corrupted[0].len() - 1;
+    corrupted[0][last] ^= 1;
+    assert_eq!(
+        independent_icrc_check(&pcap(&corrupted)),
+        (msgs.len() - 1, 1),
+        "the check can fail"
+    );
+    let text = dissect(&capture);
     assert_eq!(text.len(), msgs.len(), "one dissection per frame");
     for f in &text {
         expect(
