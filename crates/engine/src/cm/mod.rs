@@ -49,7 +49,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use softverbs_wire::cm::{
-    private_data_len, sidr_status, CmMessage, CmPathRepr, MessageKind, RejRepr, RepRepr, ReqRepr,
+    private_data_len, rej_reason, sidr_status, CmMessage, CmPathRepr, MessageKind, RejRepr, RepRepr, ReqRepr,
     SidrRepRepr, SidrReqRepr, ARI_LEN,
 };
 use softverbs_wire::mad::MAD_LEN;
@@ -420,6 +420,33 @@ fn copy_private<const N: usize>(data: &[u8]) -> Result<[u8; N], CmError> {
     Ok(out)
 }
 
+/// A REJ. One with reason TIMEOUT carries the sender's CA GUID as its ARI: Linux finds the
+/// connection it rejects by that GUID and the sender's communication ID.
+fn make_rej(
+    local_comm_id: u32,
+    remote_comm_id: u32,
+    message_rejected: MessageKind,
+    reason: u16,
+    ca_guid: u64,
+    private_data: [u8; private_data_len::REJ],
+) -> RejRepr {
+    let mut ari = [0u8; ARI_LEN];
+    let mut ari_length = 0;
+    if reason == rej_reason::TIMEOUT {
+        ari[..8].copy_from_slice(&ca_guid.to_be_bytes());
+        ari_length = 8;
+    }
+    RejRepr {
+        local_comm_id,
+        remote_comm_id,
+        message_rejected,
+        ari_length,
+        reason,
+        ari,
+        private_data,
+    }
+}
+
 fn encode(msg: &CmMessage, tid: u64) -> [u8; MAD_LEN] {
     let mut mad = [0u8; MAD_LEN];
     // The buffer is exactly one MAD long, so emitting cannot fail.
@@ -599,21 +626,21 @@ impl CmEngine {
         private_data: &[u8],
     ) -> Result<(), CmError> {
         let private_data = copy_private::<{ private_data_len::REJ }>(private_data)?;
+        let ca_guid = self.config.ca_guid;
         let conn = self.conns.get_mut(&id.0).ok_or(CmError::UnknownId)?;
         let message_rejected = match conn.state {
             State::ReqRcvd => MessageKind::Req,
             State::RepRcvd => MessageKind::Rep,
             _ => return Err(CmError::InvalidState),
         };
-        let rej = RejRepr {
-            local_comm_id: id.0,
-            remote_comm_id: conn.remote_comm_id,
+        let rej = make_rej(
+            id.0,
+            conn.remote_comm_id,
             message_rejected,
-            ari_length: 0,
             reason,
-            ari: [0; ARI_LEN],
+            ca_guid,
             private_data,
-        };
+        );
         let mad = encode(&CmMessage::Rej(rej), conn.tid);
         conn.send_reply(mad, &mut self.transmits);
         conn.enter_rejected(now);
@@ -682,28 +709,29 @@ impl CmEngine {
     /// protocol is finished politely (a REJ for a connection being set up, a DREQ for an
     /// established one, timewait) and the state dropped when done.
     pub fn destroy(&mut self, now: Instant, id: CommId) -> Result<(), CmError> {
+        let ca_guid = self.config.ca_guid;
         let conn = self.conns.get_mut(&id.0).ok_or(CmError::UnknownId)?;
         conn.detached = true;
         match conn.state {
             State::ReqSent | State::RepRcvd | State::ReqRcvd => {
                 let reason = if conn.role == Role::Active {
-                    softverbs_wire::cm::rej_reason::TIMEOUT
+                    rej_reason::TIMEOUT
                 } else {
-                    softverbs_wire::cm::rej_reason::CONSUMER_DEFINED
+                    rej_reason::CONSUMER_DEFINED
                 };
-                let rej = RejRepr {
-                    local_comm_id: id.0,
-                    remote_comm_id: conn.remote_comm_id,
-                    message_rejected: if conn.state == State::RepRcvd {
-                        MessageKind::Rep
-                    } else {
-                        MessageKind::Req
-                    },
-                    ari_length: 0,
+                let message = if conn.state == State::RepRcvd {
+                    MessageKind::Rep
+                } else {
+                    MessageKind::Req
+                };
+                let rej = make_rej(
+                    id.0,
+                    conn.remote_comm_id,
+                    message,
                     reason,
-                    ari: [0; ARI_LEN],
-                    private_data: [0; private_data_len::REJ],
-                };
+                    ca_guid,
+                    [0; private_data_len::REJ],
+                );
                 let mad = encode(&CmMessage::Rej(rej), conn.tid);
                 conn.send_reply(mad, &mut self.transmits);
                 if conn.role == Role::Active {
@@ -914,15 +942,14 @@ impl CmEngine {
     }
 
     fn stateless_rej(&mut self, dest: Gid, tid: u64, remote_comm_id: u32, message: MessageKind, reason: u16) {
-        let rej = RejRepr {
-            local_comm_id: 0,
+        let rej = make_rej(
+            0,
             remote_comm_id,
-            message_rejected: message,
-            ari_length: 0,
+            message,
             reason,
-            ari: [0; ARI_LEN],
-            private_data: [0; private_data_len::REJ],
-        };
+            self.config.ca_guid,
+            [0; private_data_len::REJ],
+        );
         self.transmits.push_back(CmTransmit {
             dest,
             mad: encode(&CmMessage::Rej(rej), tid),
@@ -940,13 +967,7 @@ impl CmEngine {
             match conn.state {
                 State::TimeWait => {
                     let (d, remote) = (conn.dest, conn.remote_comm_id);
-                    self.stateless_rej(
-                        d,
-                        tid,
-                        remote,
-                        MessageKind::Req,
-                        softverbs_wire::cm::rej_reason::STALE_CONN,
-                    );
+                    self.stateless_rej(d, tid, remote, MessageKind::Req, rej_reason::STALE_CONN);
                 }
                 State::ReqRcvd if conn.stored.is_none() => {
                     // The application is still deciding: ask the requester to wait.
@@ -994,7 +1015,7 @@ impl CmEngine {
                 tid,
                 req.local_comm_id,
                 MessageKind::Req,
-                softverbs_wire::cm::rej_reason::STALE_CONN,
+                rej_reason::STALE_CONN,
             );
             return;
         }
@@ -1004,7 +1025,7 @@ impl CmEngine {
                 tid,
                 req.local_comm_id,
                 MessageKind::Req,
-                softverbs_wire::cm::rej_reason::INVALID_SERVICE_ID,
+                rej_reason::INVALID_SERVICE_ID,
             );
             return;
         }
@@ -1063,7 +1084,23 @@ impl CmEngine {
     }
 
     fn on_rej(&mut self, now: Instant, rej: &RejRepr) {
-        let Some(conn) = self.conns.get_mut(&rej.remote_comm_id) else {
+        // A requester that gives up before knowing our ID (Linux: REJ TIMEOUT from REQ_SENT)
+        // names the connection by its own ID and CA GUID (in the ARI) only.
+        let key = if self.conns.contains_key(&rej.remote_comm_id) {
+            Some(rej.remote_comm_id)
+        } else {
+            let guid = (rej.reason == rej_reason::TIMEOUT)
+                .then(|| u64::from_be_bytes(rej.ari[..8].try_into().unwrap_or([0; 8])));
+            self.conns
+                .values()
+                .find(|c| {
+                    c.role == Role::Passive
+                        && c.remote_comm_id == rej.local_comm_id
+                        && guid.is_some_and(|g| g == c.remote_ca_guid)
+                })
+                .map(|c| c.id)
+        };
+        let Some(conn) = key.and_then(|k| self.conns.get_mut(&k)) else {
             self.stats.ignored += 1;
             return;
         };
@@ -1165,6 +1202,16 @@ impl CmEngine {
             .conns
             .get(&dreq.remote_comm_id)
             .is_some_and(|c| c.remote_comm_id == dreq.local_comm_id);
+        if known
+            && self
+                .conns
+                .get(&dreq.remote_comm_id)
+                .is_some_and(|c| c.local_qpn != dreq.remote_qpn)
+        {
+            // As Linux: a DREQ naming another QP is not for this connection.
+            self.stats.ignored += 1;
+            return;
+        }
         if !known {
             // Answer anyway so the peer can leave its DREQ-sent state.
             let drep = softverbs_wire::cm::DrepRepr {
@@ -1290,6 +1337,7 @@ impl CmEngine {
     }
 
     fn conn_timeout(&mut self, now: Instant, id: u32) {
+        let ca_guid = self.config.ca_guid;
         let Some(conn) = self.conns.get_mut(&id) else {
             return;
         };
@@ -1323,15 +1371,14 @@ impl CmEngine {
                         self.emit(detached, CmEvent::Unreachable { id: cid });
                     }
                     State::RepSent => {
-                        let rej = RejRepr {
-                            local_comm_id: id,
-                            remote_comm_id: conn.remote_comm_id,
-                            message_rejected: MessageKind::Rep,
-                            ari_length: 0,
-                            reason: softverbs_wire::cm::rej_reason::TIMEOUT,
-                            ari: [0; ARI_LEN],
-                            private_data: [0; private_data_len::REJ],
-                        };
+                        let rej = make_rej(
+                            id,
+                            conn.remote_comm_id,
+                            MessageKind::Rep,
+                            rej_reason::TIMEOUT,
+                            ca_guid,
+                            [0; private_data_len::REJ],
+                        );
                         let mad = encode(&CmMessage::Rej(rej), conn.tid);
                         conn.send_reply(mad, &mut self.transmits);
                         conn.enter_rejected(now);

@@ -231,3 +231,66 @@ fn stale_comm_id_in_timewait() {
     assert_eq!(b.poll_event(), Some(CmEvent::TimewaitExit { id: server }));
     assert_eq!(b.live_entries(), 0);
 }
+
+#[test]
+fn requester_giving_up_is_found_by_ca_guid_and_dreq_must_name_our_qp() {
+    let (mut a, mut b) = (engine(1), engine(2));
+    let sid = service_id(PortSpace::Tcp, 7174);
+    b.listen(sid).unwrap();
+    let t0 = Instant::ZERO;
+    let params = ConnectParams {
+        service_id: sid,
+        local_qpn: 0x33,
+        ..ConnectParams::default()
+    };
+    let id = a.connect(t0, gid(2), &params, &[]).unwrap();
+    pass(t0, &mut a, &mut b);
+    let Some(CmEvent::ConnectRequest { id: server, .. }) = b.poll_event() else {
+        panic!()
+    };
+    // The requester gives up before any reply: a REJ TIMEOUT without our ID, with its GUID.
+    a.destroy(t0, id).unwrap();
+    let out = pass(t0, &mut a, &mut b);
+    let [CmMessage::Rej(rej)] = &out[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        (rej.reason, rej.remote_comm_id, rej.ari_length),
+        (rej_reason::TIMEOUT, 0, 8)
+    );
+    assert_eq!(&rej.ari[..8], &1u64.to_be_bytes());
+    assert!(matches!(b.poll_event(), Some(CmEvent::Rejected { id, reason: 4, .. }) if id == server));
+    assert_eq!(a.live_entries(), 0);
+
+    // A DREQ that names another QP than ours is not for us.
+    let id = a.connect(t0, gid(2), &params, &[]).unwrap();
+    pass(t0, &mut a, &mut b);
+    let Some(CmEvent::ConnectRequest { id: server, .. }) = b.poll_event() else {
+        panic!()
+    };
+    b.accept(
+        t0,
+        server,
+        &AcceptParams {
+            local_qpn: 0x44,
+            ..AcceptParams::default()
+        },
+        &[],
+    )
+    .unwrap();
+    pass(t0, &mut b, &mut a);
+    a.poll_event();
+    a.establish(id).unwrap();
+    pass(t0, &mut a, &mut b);
+    assert_eq!(b.poll_event(), Some(CmEvent::Established { id: server }));
+    a.disconnect(t0, id, &[]).unwrap();
+    let mut dreq = a.poll_transmit().unwrap().mad;
+    let CmMessage::Dreq(d) = CmMessage::parse(&dreq).unwrap().1 else {
+        panic!()
+    };
+    assert_eq!(d.remote_qpn, 0x44);
+    dreq[24 + 10] ^= 1; // remote QPN 0x45
+    b.handle_mad(t0, gid(1), &dreq);
+    assert_eq!(b.poll_event(), None);
+    assert!(b.poll_transmit().is_none());
+}
