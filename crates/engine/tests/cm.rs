@@ -886,3 +886,51 @@ fn destroyed_ids_finish_quietly() {
         Err(softverbs_engine::cm::CmError::UnknownId)
     );
 }
+
+#[test]
+fn heavy_loss_duplication_and_reordering_report_each_event_once() {
+    for seed in 0..8 {
+        let mut net = Net::new(2, 400 + seed);
+        net.loss = 0.2;
+        net.dup = 0.2;
+        net.jitter = Duration::from_millis(20);
+        net.nodes[1].cm.listen(sid()).unwrap();
+        let ids: Vec<_> = (0..50).map(|_| net.connect(0, 1, &[])).collect();
+        assert!(
+            net.run_until(60 * MINUTE, |n| n.count(0, "ESTABLISHED") == 50
+                && n.count(1, "ESTABLISHED") == 50),
+            "seed {seed}"
+        );
+        let now = net.now;
+        for (k, id) in ids.iter().enumerate() {
+            if k % 2 == 0 {
+                net.nodes[0].disconnected.push(*id);
+                net.nodes[0].cm.disconnect(now, *id, &[]).unwrap();
+            } else {
+                let (server, server_id) = net.server_side(*id);
+                net.nodes[server].disconnected.push(server_id);
+                net.nodes[server].cm.disconnect(now, server_id, &[]).unwrap();
+            }
+        }
+        assert!(net.settle(60 * MINUTE), "seed {seed}");
+        for id in &ids {
+            assert_eq!(
+                net.seq_of(0, *id),
+                ["CONNECT_RESPONSE", "ESTABLISHED", "DISCONNECTED", "TIMEWAIT_EXIT"],
+                "seed {seed}"
+            );
+        }
+        assert_eq!(net.requests(1).len(), 50, "seed {seed}");
+        for id in net.requests(1) {
+            assert_eq!(
+                net.seq_of(1, id),
+                ["CONNECT_REQUEST", "ESTABLISHED", "DISCONNECTED", "TIMEWAIT_EXIT"],
+                "seed {seed}"
+            );
+        }
+        assert!(
+            net.nodes[0].cm.stats().duplicates_answered + net.nodes[1].cm.stats().duplicates_answered > 0
+        );
+        assert_eq!(net.nodes[0].cm.live_entries() + net.nodes[1].cm.live_entries(), 0);
+    }
+}
