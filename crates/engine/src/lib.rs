@@ -11,8 +11,11 @@
 //! * [`rate`]: the static-rate conversions of `ibv_rate_to_mult(3)`;
 //! * [`mw`]: memory windows and the rules of binding, using and invalidating them;
 //! * [`tm`]: tag matching: the tag list and unexpected-message phase of a tag-matching SRQ;
+//! * [`cm`]: the IB Communication Manager (connection setup and teardown over QP1 MADs) as a
+//!   sans-IO state machine;
 //! * [`Error`]: caller errors, each mapping to the errno the man pages name.
 
+pub mod cm;
 pub mod error;
 pub mod memory;
 pub mod mw;

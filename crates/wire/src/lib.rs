@@ -7,6 +7,9 @@
 //! The IPv4, IPv6 and UDP headers ([`ipv4`], [`ipv6`], [`udp`]) matter to the
 //! ICRC ([`icrc`]) and to the 40-byte GRH area of UD receive buffers
 //! ([`grh`]); this crate is the only place that knows their layouts.
+//! Management datagrams carried on QP1 have their own modules: the MAD
+//! common header ([`mad`]) and the Communication Management messages
+//! ([`cm`]).
 //!
 //! # Two levels: `Packet` and `Repr`
 //!
@@ -65,6 +68,7 @@ mod field;
 pub mod aeth;
 pub mod atomic;
 pub mod bth;
+pub mod cm;
 pub mod deth;
 pub mod feth;
 pub mod grh;
@@ -72,6 +76,7 @@ pub mod icrc;
 pub mod imm;
 pub mod ipv4;
 pub mod ipv6;
+pub mod mad;
 pub mod opcode;
 pub mod packet;
 pub mod psn;
@@ -94,6 +99,7 @@ pub use grh::{GrhPacket, GrhRepr};
 pub use imm::{IethPacket, IethRepr, ImmDtPacket, ImmDtRepr};
 pub use ipv4::{Ipv4Packet, Ipv4Repr};
 pub use ipv6::{Ipv6Packet, Ipv6Repr};
+pub use mad::{MadPacket, MadRepr};
 pub use opcode::{Header, HeaderSet, OpFlags, Opcode, OpcodeInfo, Position, Transport, OPCODE_TABLE};
 pub use packet::{is_positive_ack, pad_count_for, PacketRepr, ParsedPacket, RocePacket};
 pub use psn::Psn;

@@ -1,0 +1,296 @@
+//! Direct checks of single exchanges; the simulated network tests are in `tests/cm.rs`.
+
+use super::*;
+use softverbs_wire::cm::{rej_reason, service_id, DreqRepr, PortSpace, RtuRepr};
+use std::net::{IpAddr, Ipv4Addr};
+
+fn gid(last: u8) -> Gid {
+    Gid::from_ip(IpAddr::V4(Ipv4Addr::new(10, 0, 0, last)))
+}
+
+fn engine(last: u8) -> CmEngine {
+    CmEngine::new(
+        CmConfig {
+            local_gid: gid(last),
+            ca_guid: u64::from(last),
+            ..CmConfig::default()
+        },
+        u64::from(last),
+    )
+}
+
+fn sent(cm: &mut CmEngine) -> Vec<(Gid, CmMessage)> {
+    std::iter::from_fn(|| cm.poll_transmit())
+        .map(|t| (t.dest, CmMessage::parse(&t.mad).unwrap().1))
+        .collect()
+}
+
+/// Delivers everything `from` sends to `to` (once) and returns what was delivered.
+fn pass(now: Instant, from: &mut CmEngine, to: &mut CmEngine) -> Vec<CmMessage> {
+    let src = from.config().local_gid;
+    let mut out = Vec::new();
+    while let Some(t) = from.poll_transmit() {
+        assert_eq!(t.dest, to.config().local_gid);
+        to.handle_mad(now, src, &t.mad);
+        out.push(CmMessage::parse(&t.mad).unwrap().1);
+    }
+    out
+}
+
+#[test]
+fn timeout_conversion() {
+    assert_eq!(cm_timeout(0), Duration::from_millis(1));
+    assert_eq!(cm_timeout(8), Duration::from_millis(1));
+    assert_eq!(cm_timeout(16), Duration::from_millis(256));
+    assert_eq!(cm_timeout(20), Duration::from_millis(4096));
+    assert_eq!(cm_timeout(24), Duration::from_millis(65536));
+    assert_eq!(cm_timeout(31), Duration::from_millis(1 << 23));
+}
+
+#[test]
+fn api_errors() {
+    let mut a = engine(1);
+    let sid = service_id(PortSpace::Tcp, 1);
+    a.listen(sid).unwrap();
+    assert_eq!(a.listen(sid), Err(CmError::AddressInUse));
+    assert_eq!(CmError::AddressInUse.errno(), 98);
+    a.unlisten(sid).unwrap();
+    assert_eq!(a.unlisten(sid), Err(CmError::UnknownId));
+    let too_long = [0u8; 93];
+    assert_eq!(
+        a.connect(Instant::ZERO, gid(2), &ConnectParams::default(), &too_long),
+        Err(CmError::PrivateDataTooLong)
+    );
+    let id = a
+        .connect(Instant::ZERO, gid(2), &ConnectParams::default(), &[])
+        .unwrap();
+    assert_eq!(a.establish(id), Err(CmError::InvalidState));
+    assert_eq!(
+        a.accept(Instant::ZERO, id, &AcceptParams::default(), &[]),
+        Err(CmError::InvalidState)
+    );
+    assert_eq!(a.disconnect(Instant::ZERO, id, &[]), Err(CmError::InvalidState));
+    assert_eq!(a.establish(CommId(id.0 ^ 1)), Err(CmError::UnknownId));
+    assert_eq!(a.live_entries(), 1);
+}
+
+#[test]
+fn malformed_mads_are_counted_and_dropped() {
+    let mut a = engine(1);
+    a.handle_mad(Instant::ZERO, gid(2), &[0u8; 100]);
+    a.handle_mad(Instant::ZERO, gid(2), &[0u8; MAD_LEN]);
+    assert_eq!(a.stats().malformed, 2);
+    assert!(a.poll_transmit().is_none() && a.poll_event().is_none());
+}
+
+#[test]
+fn dreq_for_an_unknown_connection_gets_a_drep() {
+    let mut a = engine(1);
+    let dreq = DreqRepr {
+        local_comm_id: 0x55,
+        remote_comm_id: 0x66,
+        remote_qpn: 0x11,
+        private_data: [0; private_data_len::DREQ],
+    };
+    let mut mad = [0u8; MAD_LEN];
+    CmMessage::Dreq(dreq).emit(0xAB, 0, &mut mad).unwrap();
+    a.handle_mad(Instant::ZERO, gid(2), &mad);
+    let out = sent(&mut a);
+    let [(dest, CmMessage::Drep(drep))] = &out[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(*dest, gid(2));
+    assert_eq!((drep.local_comm_id, drep.remote_comm_id), (0x66, 0x55));
+    assert!(a.poll_event().is_none());
+    assert_eq!(a.live_entries(), 0);
+}
+
+#[test]
+fn sidr_without_listener_gets_status_1() {
+    let mut a = engine(1);
+    let mut b = engine(2);
+    let sid = service_id(PortSpace::Udp, 7174);
+    let id = a.sidr_request(Instant::ZERO, gid(2), sid, 0xFFFF, b"x").unwrap();
+    pass(Instant::ZERO, &mut a, &mut b);
+    let replies = pass(Instant::ZERO, &mut b, &mut a);
+    assert!(
+        matches!(&replies[..], [CmMessage::SidrRep(r)] if r.status == sidr_status::UNSUPPORTED && r.service_id == sid)
+    );
+    let Some(CmEvent::SidrReply { id: got, rep }) = a.poll_event() else {
+        panic!("no reply event")
+    };
+    assert_eq!((got, rep.status), (id, 1));
+    assert_eq!(a.live_entries() + b.live_entries(), 0);
+}
+
+#[test]
+fn duplicates_are_answered_from_the_stored_reply() {
+    let (mut a, mut b) = (engine(1), engine(2));
+    let sid = service_id(PortSpace::Tcp, 7174);
+    b.listen(sid).unwrap();
+    let t0 = Instant::ZERO;
+    let id = a
+        .connect(
+            t0,
+            gid(2),
+            &ConnectParams {
+                service_id: sid,
+                ..ConnectParams::default()
+            },
+            &[],
+        )
+        .unwrap();
+    let req_mad = a.poll_transmit().unwrap().mad;
+    b.handle_mad(t0, gid(1), &req_mad);
+    let Some(CmEvent::ConnectRequest { id: server, .. }) = b.poll_event() else {
+        panic!("no request")
+    };
+    // A duplicate before the application answered: an MRA for the REQ, then the same MRA.
+    b.handle_mad(t0, gid(1), &req_mad);
+    b.handle_mad(t0, gid(1), &req_mad);
+    let out = sent(&mut b);
+    assert_eq!(out.len(), 2);
+    assert!(
+        matches!(&out[0].1, CmMessage::Mra(m) if m.message_mraed == MessageKind::Req && m.service_timeout == 24)
+    );
+    assert_eq!(out[0], out[1]);
+    assert!(b.poll_event().is_none(), "a duplicate is never reported");
+    // After the accept, a duplicate REQ gets the REP again.
+    b.accept(
+        t0,
+        server,
+        &AcceptParams {
+            local_qpn: 0x42,
+            ..AcceptParams::default()
+        },
+        &[],
+    )
+    .unwrap();
+    let rep_mad = b.poll_transmit().unwrap().mad;
+    b.handle_mad(t0, gid(1), &req_mad);
+    assert_eq!(b.poll_transmit().unwrap().mad, rep_mad);
+    // The client: REP, establish (RTU), then a duplicate REP is answered by the same RTU.
+    a.handle_mad(t0, gid(2), &rep_mad);
+    assert!(matches!(a.poll_event(), Some(CmEvent::ConnectResponse { rep, .. }) if rep.local_qpn == 0x42));
+    a.establish(id).unwrap();
+    let rtu = a.poll_transmit().unwrap().mad;
+    assert!(
+        matches!(CmMessage::parse(&rtu).unwrap().1, CmMessage::Rtu(RtuRepr { local_comm_id, .. }) if local_comm_id == id.0)
+    );
+    a.handle_mad(t0, gid(2), &rep_mad);
+    assert_eq!(a.poll_transmit().unwrap().mad, rtu);
+    assert_eq!(a.poll_event(), Some(CmEvent::Established { id }));
+    assert_eq!(a.poll_event(), None);
+    b.handle_mad(t0, gid(1), &rtu);
+    b.handle_mad(t0, gid(1), &rtu);
+    assert_eq!(b.poll_event(), Some(CmEvent::Established { id: server }));
+    assert_eq!(b.poll_event(), None);
+    assert_eq!(b.stats().ignored, 1, "the second RTU");
+}
+
+#[test]
+fn stale_comm_id_in_timewait() {
+    let (mut a, mut b) = (engine(1), engine(2));
+    let sid = service_id(PortSpace::Tcp, 7174);
+    b.listen(sid).unwrap();
+    let t0 = Instant::ZERO;
+    let id = a
+        .connect(
+            t0,
+            gid(2),
+            &ConnectParams {
+                service_id: sid,
+                ..ConnectParams::default()
+            },
+            &[],
+        )
+        .unwrap();
+    let req_mad = a.poll_transmit().unwrap().mad;
+    b.handle_mad(t0, gid(1), &req_mad);
+    let Some(CmEvent::ConnectRequest { id: server, .. }) = b.poll_event() else {
+        panic!()
+    };
+    b.accept(t0, server, &AcceptParams::default(), &[]).unwrap();
+    pass(t0, &mut b, &mut a);
+    a.poll_event();
+    a.establish(id).unwrap();
+    pass(t0, &mut a, &mut b);
+    b.disconnect(t0, server, &[]).unwrap();
+    pass(t0, &mut b, &mut a);
+    a.disconnect(t0, id, &[]).unwrap();
+    pass(t0, &mut a, &mut b);
+    // The server is in timewait; the old REQ (same comm ID) arrives late.
+    while b.poll_event().is_some() {}
+    b.handle_mad(t0, gid(1), &req_mad);
+    let out = sent(&mut b);
+    assert!(matches!(&out[..], [(_, CmMessage::Rej(r))] if r.reason == rej_reason::STALE_CONN));
+    assert!(b.poll_event().is_none());
+    // After timewait the server forgets everything.
+    let end = b.poll_timeout().unwrap();
+    b.handle_timeout(end);
+    assert_eq!(b.poll_event(), Some(CmEvent::TimewaitExit { id: server }));
+    assert_eq!(b.live_entries(), 0);
+}
+
+#[test]
+fn requester_giving_up_is_found_by_ca_guid_and_dreq_must_name_our_qp() {
+    let (mut a, mut b) = (engine(1), engine(2));
+    let sid = service_id(PortSpace::Tcp, 7174);
+    b.listen(sid).unwrap();
+    let t0 = Instant::ZERO;
+    let params = ConnectParams {
+        service_id: sid,
+        local_qpn: 0x33,
+        ..ConnectParams::default()
+    };
+    let id = a.connect(t0, gid(2), &params, &[]).unwrap();
+    pass(t0, &mut a, &mut b);
+    let Some(CmEvent::ConnectRequest { id: server, .. }) = b.poll_event() else {
+        panic!()
+    };
+    // The requester gives up before any reply: a REJ TIMEOUT without our ID, with its GUID.
+    a.destroy(t0, id).unwrap();
+    let out = pass(t0, &mut a, &mut b);
+    let [CmMessage::Rej(rej)] = &out[..] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        (rej.reason, rej.remote_comm_id, rej.ari_length),
+        (rej_reason::TIMEOUT, 0, 8)
+    );
+    assert_eq!(&rej.ari[..8], &1u64.to_be_bytes());
+    assert!(matches!(b.poll_event(), Some(CmEvent::Rejected { id, reason: 4, .. }) if id == server));
+    assert_eq!(a.live_entries(), 0);
+
+    // A DREQ that names another QP than ours is not for us.
+    let id = a.connect(t0, gid(2), &params, &[]).unwrap();
+    pass(t0, &mut a, &mut b);
+    let Some(CmEvent::ConnectRequest { id: server, .. }) = b.poll_event() else {
+        panic!()
+    };
+    b.accept(
+        t0,
+        server,
+        &AcceptParams {
+            local_qpn: 0x44,
+            ..AcceptParams::default()
+        },
+        &[],
+    )
+    .unwrap();
+    pass(t0, &mut b, &mut a);
+    a.poll_event();
+    a.establish(id).unwrap();
+    pass(t0, &mut a, &mut b);
+    assert_eq!(b.poll_event(), Some(CmEvent::Established { id: server }));
+    a.disconnect(t0, id, &[]).unwrap();
+    let mut dreq = a.poll_transmit().unwrap().mad;
+    let CmMessage::Dreq(d) = CmMessage::parse(&dreq).unwrap().1 else {
+        panic!()
+    };
+    assert_eq!(d.remote_qpn, 0x44);
+    dreq[24 + 10] ^= 1; // remote QPN 0x45
+    b.handle_mad(t0, gid(1), &dreq);
+    assert_eq!(b.poll_event(), None);
+    assert!(b.poll_transmit().is_none());
+}
