@@ -243,28 +243,48 @@ const RC: &str = "rc_verbs,ud_verbs:aux,self";
 const UD: &str = "ud_verbs,self";
 const NO_DGID_CHECK: (&str, &str) = ("UCX_UD_ETH_DGID_CHECK", "n");
 
-/// `ucx_info -d` lists both verbs transports on port 1 of sv_lo.
-#[test]
-fn ucx_info_lists_rc_verbs_and_ud_verbs_on_sv_lo() {
-    let _ucx = Ucx::new();
+/// `ucx_info -d`'s output.
+fn ucx_info() -> String {
     let mut c = ucx_command(UCX_INFO, &[]);
     c.arg("-d");
     let o = run_bounded(c, LIMIT);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}{err}");
-    let domain: Vec<&str> = out
-        .lines()
-        .skip_while(|l| l.trim() != "# Memory domain: sv_lo")
+    out + &err
+}
+
+/// The lines of `ucx_info -d`'s section about memory domain `md`.
+fn md_section<'a>(out: &'a str, md: &str) -> Vec<&'a str> {
+    out.lines()
+        .skip_while(|l| l.trim() != format!("# Memory domain: {md}"))
         .skip(1)
         .take_while(|l| !l.contains("Memory domain:"))
-        .collect();
-    assert!(!domain.is_empty(), "no sv_lo memory domain:\n{out}{err}");
+        .collect()
+}
+
+/// `ucx_info -d` lists both verbs transports on port 1 of sv_lo. When the test made the node
+/// itself, it also shows that UCX ignores sv_lo without it.
+#[test]
+fn ucx_info_lists_rc_verbs_and_ud_verbs_on_sv_lo() {
+    let ucx = Ucx::new();
+    if ucx.added {
+        dev_nodes(&["remove", "sv_lo"]);
+        let out = ucx_info();
+        dev_nodes(&["add", "sv_lo"]);
+        assert!(
+            md_section(&out, "sv_lo").is_empty() && !out.contains("sv_lo:1"),
+            "UCX used sv_lo without {NODE}:\n{out}"
+        );
+    }
+    let out = ucx_info();
+    let domain = md_section(&out, "sv_lo");
+    assert!(!domain.is_empty(), "no sv_lo memory domain:\n{out}");
     assert!(domain.iter().any(|l| l.contains("Component: ib")), "{out}");
     for tl in ["rc_verbs", "ud_verbs"] {
         let at = domain
             .iter()
             .position(|l| l.trim_start_matches('#').trim() == format!("Transport: {tl}"))
-            .unwrap_or_else(|| panic!("no {tl} on sv_lo:\n{out}{err}"));
+            .unwrap_or_else(|| panic!("no {tl} on sv_lo:\n{out}"));
         assert!(
             domain.get(at + 1).is_some_and(|l| l.contains("Device: sv_lo:1")),
             "{tl} not on sv_lo:1:\n{out}"
