@@ -122,7 +122,7 @@ impl Node {
         let rts = QpAttr {
             qp_state: QpState::Rts,
             sq_psn: FIRST_PSN,
-            timeout: 12,
+            timeout: 14,
             retry_cnt: 7,
             rnr_retry: 7,
             max_rd_atomic: 16,
