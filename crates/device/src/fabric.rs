@@ -23,6 +23,7 @@
 //! - the progress thread sleeps until the earliest transport deadline (retransmission, RNR
 //!   wait) and handles it; it uses no CPU when no deadline is pending.
 
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -226,7 +227,7 @@ impl<E: Endpoint> Node<E> {
 
     /// Processes inbound packets until none are left. Returns whether anything was done.
     /// Only one thread drives a node at a time, so packets of a QP are handled in order.
-    fn drive(&self, now: Instant) -> bool {
+    fn drive(self: &Arc<Self>, now: Instant) -> bool {
         let mut did = false;
         // Without a lock: whoever queues a packet drives the fabric next, and sees its own.
         if !self.inbound.has_pending() {
@@ -248,10 +249,8 @@ impl<E: Endpoint> Node<E> {
                 // One send for the whole batch: fewer system calls, and one ACK per QP. Only
                 // then do the batch's completions become visible: an application that sees its
                 // last completion and exits must not leave the peer without the ACK.
-                self.fabric.send_all(self, coalesce_acks(out));
-                for (qp, ticket) in tickets {
-                    qp.release_ticket(ticket);
-                }
+                self.fabric
+                    .send_then_release(self, coalesce_acks(out), tickets, true);
             }
             drop(batch);
             self.driving.store(false, Ordering::Release);
@@ -354,6 +353,138 @@ fn coalesce_acks(mut txs: Vec<Transmit>) -> Vec<Transmit> {
     txs
 }
 
+/// Whether packets along `b` may join a batch along `a`: the same addresses, ports and
+/// header fields, to the same process (QPs of one peer process share its port).
+fn same_link(a: &Route, b: &Route) -> bool {
+    let unicast = a.dest_qpn != MULTICAST_QPN && b.dest_qpn != MULTICAST_QPN;
+    (a.dest_qpn == b.dest_qpn || unicast)
+        && Route {
+            dest_qpn: a.dest_qpn,
+            ..*b
+        } == *a
+}
+
+/// Packets for other processes along one link, from one node.
+struct Run<E: Endpoint> {
+    from: Arc<Node<E>>,
+    route: Route,
+    packets: Vec<Vec<u8>>,
+}
+
+/// Packets waiting to be handed to a driver, in the order they were produced, and the tickets
+/// to release once they were.
+struct Outbox<E: Endpoint> {
+    runs: Vec<Run<E>>,
+    packets: usize,
+    bytes: usize,
+    tickets: Vec<(Arc<E>, u64)>,
+}
+
+impl<E: Endpoint> Default for Outbox<E> {
+    fn default() -> Self {
+        Self {
+            runs: Vec::new(),
+            packets: 0,
+            bytes: 0,
+            tickets: Vec::new(),
+        }
+    }
+}
+
+impl<E: Endpoint> Outbox<E> {
+    fn is_empty(&self) -> bool {
+        self.runs.is_empty() && self.tickets.is_empty()
+    }
+
+    /// Adds a run; its positive ACKs replace the waiting ones to the same QP.
+    fn push(&mut self, mut run: Run<E>) {
+        let acked = |p: &[u8]| is_positive_ack(p).then(|| peek_dest_qpn(p)).flatten();
+        for qpn in run.packets.iter().filter_map(|p| acked(p)) {
+            for old in &mut self.runs {
+                if old.route.dgid != run.route.dgid {
+                    continue;
+                }
+                let before = old.packets.len();
+                old.packets.retain(|p| acked(p) != Some(qpn));
+                let gone = before - old.packets.len();
+                self.packets -= gone;
+                self.bytes -= gone * ACK_LEN;
+            }
+        }
+        self.runs.retain(|r| !r.packets.is_empty());
+        // Within the run too: only its last ACK to each QP stays.
+        let mut seen: Vec<u32> = Vec::new();
+        let mut keep: Vec<bool> = run
+            .packets
+            .iter()
+            .rev()
+            .map(|p| match acked(p) {
+                Some(q) if seen.contains(&q) => false,
+                Some(q) => {
+                    seen.push(q);
+                    true
+                }
+                None => true,
+            })
+            .collect();
+        keep.reverse();
+        let mut k = keep.into_iter();
+        run.packets.retain(|_| k.next().unwrap_or(true));
+        self.packets += run.packets.len();
+        self.bytes += run.packets.iter().map(Vec::len).sum::<usize>();
+        if !run.packets.is_empty() {
+            self.runs.push(run);
+        }
+    }
+}
+
+/// Bytes of a positive ACK (BTH, AETH, ICRC).
+const ACK_LEN: usize = 12 + 4 + 4;
+
+thread_local! {
+    /// Set while this thread runs a [`ReceivePass`].
+    static IN_RECEIVE_PASS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A thread reading packets until its drivers run dry: what they cause waits in the outbox
+/// (ACKs coalesce there) and is sent when the pass ends, on drop.
+pub(crate) struct ReceivePass<'a, E: Endpoint> {
+    fabric: &'a Fabric<E>,
+    /// Packets received in this pass.
+    pub(crate) received: usize,
+}
+
+impl<'a, E: Endpoint> ReceivePass<'a, E> {
+    fn new(fabric: &'a Fabric<E>) -> Self {
+        IN_RECEIVE_PASS.with(|c| c.set(true));
+        Self { fabric, received: 0 }
+    }
+
+    /// Whether the pass should end: nothing came, or enough that the peers wait for ACKs.
+    fn done(&mut self, got: usize) -> bool {
+        self.received += got;
+        got == 0 || self.received >= RECEIVE_PASS_PACKETS || self.fabric.outbox_full()
+    }
+}
+
+impl<E: Endpoint> Drop for ReceivePass<'_, E> {
+    fn drop(&mut self) {
+        IN_RECEIVE_PASS.with(|c| c.set(false));
+        self.fabric.flush_outbox();
+    }
+}
+
+/// Packets a receive pass reads at most before what they caused is sent: a requester sets
+/// AckReq at least every 64 packets and keeps at most 128 unacknowledged, so it must not wait
+/// for a whole window.
+const RECEIVE_PASS_PACKETS: usize = 64;
+
+/// Packets of posted work requests held back (see [`Fabric::send_then_release`]) up to a GSO
+/// batch: beyond it waiting saves no system call.
+const OUTBOX_PACKETS: usize = 64;
+/// Bytes held back at most, likewise.
+const OUTBOX_BYTES: usize = 64 << 10;
+
 /// The fabric between the nodes of this process: routes packets through its drivers and
 /// runs the progress and receive threads. Created by the device registry; nodes own it.
 pub(crate) struct Fabric<E: Endpoint> {
@@ -376,8 +507,14 @@ pub(crate) struct Fabric<E: Endpoint> {
     udp_idle_polls: AtomicU32,
     /// Until when (engine nanoseconds) shared memory counts as carrying traffic.
     shm_busy_until: AtomicU64,
-    /// When an application thread last polled an empty CQ (engine nanoseconds).
+    /// When an application thread last polled a CQ (engine nanoseconds; 0: never).
     app_poll_at: AtomicU64,
+    /// Packets for other processes not yet handed to a driver.
+    outbox: Mutex<Outbox<E>>,
+    /// Held while a batch taken from the outbox is being sent.
+    sending: Mutex<()>,
+    /// Receive threads waiting on their driver (not napping while an application polls).
+    rx_waiting: AtomicU32,
 }
 
 impl<E: Endpoint> std::fmt::Debug for Fabric<E> {
@@ -438,6 +575,11 @@ impl QpnTable {
 /// socket to it.
 const APP_POLLING: Duration = Duration::from_micros(200);
 
+/// How recently an application thread must have polled for what it posts to wait in the
+/// outbox for its next poll. Longer than [`APP_POLLING`]: a burst of posts between two polls
+/// may take a while, and sending each post alone makes it longer still.
+const BURST_AFTER_POLL: Duration = Duration::from_millis(1);
+
 /// While shared memory carries traffic, an application poll looks at idle UDP sockets only
 /// once in this many polls.
 const UDP_POLL_EVERY: u32 = 16;
@@ -453,6 +595,8 @@ fn receive_thread<E: Endpoint, D: Driver>(
 ) {
     loop {
         let Some(f) = fabric.upgrade() else { return };
+        // What a polling application posted goes out by now at the latest.
+        f.flush_outbox();
         // While an application thread polls a CQ, it reads the driver itself with no thread
         // hand-off: do not even wait on it, since every wake-up would take a core from a
         // spinning thread (and senders to a mailbox ring its doorbell only while this thread
@@ -461,17 +605,31 @@ fn receive_thread<E: Endpoint, D: Driver>(
             .now()
             .as_nanos()
             .saturating_sub(f.app_poll_at.load(Ordering::Relaxed));
-        drop(f);
         if since < APP_POLLING.as_nanos() as u64 {
+            drop(f);
             std::thread::sleep(APP_POLLING);
             continue;
         }
+        // From here on a thread that holds posted packets back wakes this one: see
+        // `send_then_release`.
+        f.rx_waiting.fetch_add(1, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        f.flush_outbox();
+        drop(f);
         // Wakes at least once a second (the UDP driver then takes over the standard port if it
         // was freed).
-        if driver.wait(Duration::from_secs(1)) {
-            let Some(f) = fabric.upgrade() else { return };
-            pump(&f, true);
-            f.drive(f.now());
+        let readable = driver.wait(Duration::from_secs(1));
+        let Some(f) = fabric.upgrade() else { return };
+        f.rx_waiting.fetch_sub(1, Ordering::SeqCst);
+        if readable {
+            let mut pass = ReceivePass::new(&f);
+            loop {
+                let got = pump(&f, true);
+                f.drive(f.now());
+                if pass.done(got) {
+                    break;
+                }
+            }
         }
     }
 }
@@ -600,6 +758,9 @@ impl<E: Endpoint> Fabric<E> {
             udp_idle_polls: AtomicU32::new(0),
             shm_busy_until: AtomicU64::new(0),
             app_poll_at: AtomicU64::new(0),
+            outbox: Mutex::new(Outbox::default()),
+            sending: Mutex::new(()),
+            rx_waiting: AtomicU32::new(0),
         });
         let (me, wake) = (Arc::downgrade(&f), f.wake.clone());
         std::thread::Builder::new()
@@ -676,26 +837,48 @@ impl<E: Endpoint> Fabric<E> {
     /// transport deadline has passed, runs the timers (so busy polling does not wait for the
     /// progress thread to be scheduled).
     pub(crate) fn progress(&self, now: Instant) {
-        self.app_poll_at.store(now.as_nanos(), Ordering::Relaxed);
-        if self.pump_shm(false) > 0 {
-            self.shm_busy_until
-                .store(now.as_nanos() + SHM_BUSY.as_nanos() as u64, Ordering::Relaxed);
+        self.polled(now);
+        // One receive pass: read until the drivers run dry, so that what the packets cause
+        // (ACKs above all) leaves in one batch when the pass ends.
+        let mut pass = ReceivePass::new(self);
+        loop {
+            let mut got = self.pump_shm(false);
+            if got > 0 {
+                self.shm_busy_until
+                    .store(now.as_nanos() + SHM_BUSY.as_nanos() as u64, Ordering::Relaxed);
+            }
+            // Looking at the UDP sockets is a system call. While shared memory carries this
+            // process's traffic, a poller that found them empty looks again only every few
+            // polls; as long as they deliver, or when shared memory is quiet, every poll reads
+            // them.
+            let skip = now.as_nanos() < self.shm_busy_until.load(Ordering::Relaxed)
+                && self.udp_idle_polls.fetch_add(1, Ordering::Relaxed) % UDP_POLL_EVERY != 0;
+            if !skip {
+                let n = self.pump_udp(false);
+                if n > 0 {
+                    self.udp_idle_polls.store(0, Ordering::Relaxed);
+                }
+                got += n;
+            }
+            self.drive(self.now());
+            if pass.done(got) {
+                break;
+            }
         }
-        // Looking at the UDP sockets is a system call. While shared memory carries this
-        // process's traffic, a poller that found them empty looks again only every few polls;
-        // as long as they deliver, or when shared memory is quiet, every poll reads them.
-        let skip = now.as_nanos() < self.shm_busy_until.load(Ordering::Relaxed)
-            && self.udp_idle_polls.fetch_add(1, Ordering::Relaxed) % UDP_POLL_EVERY != 0;
-        if !skip && self.pump_udp(false) > 0 {
-            self.udp_idle_polls.store(0, Ordering::Relaxed);
-        }
-        self.drive(now);
         if self.wake.load() <= now.as_nanos() {
             for n in self.live_nodes() {
                 n.run_timers(now);
             }
             self.drive(self.now());
         }
+        drop(pass);
+    }
+
+    /// Notes that an application thread polls a CQ (so it is busy polling) and sends what it
+    /// posted since its last poll, in one batch.
+    pub(crate) fn polled(&self, now: Instant) {
+        self.app_poll_at.store(now.as_nanos().max(1), Ordering::Relaxed);
+        self.flush_outbox();
     }
 
     /// Reads the UDP driver and hands what it got to the nodes before another thread may read
@@ -731,20 +914,112 @@ impl<E: Endpoint> Fabric<E> {
         n
     }
 
-    /// Routes packets from `from` to their destinations: to the in-process driver of the node
-    /// of this fabric that has the destination GID and QP, otherwise out over UDP (runs of
-    /// packets along one route in one batch).
-    pub(crate) fn send_all(&self, from: &Node<E>, txs: Vec<Transmit>) {
-        if txs.is_empty() {
+    /// Routes packets from `from` to their destinations at once: to the in-process driver of
+    /// the node of this fabric that has the destination GID and QP, otherwise out through
+    /// shared memory or UDP (runs of packets along one link in one batch). Used where packets
+    /// must not wait behind others (a QP moving to the error state under its lock).
+    pub(crate) fn send_all(&self, from: &Arc<Node<E>>, txs: Vec<Transmit>) {
+        let runs = self.route(from, txs);
+        self.send_runs(runs);
+    }
+
+    /// Sends packets from `from` as [`Fabric::send_all`] does, then makes the completions held
+    /// under `tickets` visible. Packets for other processes go through the outbox, in order:
+    /// the next thread that sends takes everything in it, and releases the tickets once their
+    /// packets were handed to a driver (an application that sees its last completion and
+    /// exits must not leave the peer without the packets it was waiting for).
+    ///
+    /// With `may_wait`, the packets may stay in the outbox for a short while, to leave with
+    /// others in one batch (one `sendmmsg` or GSO call instead of a system call each): during a
+    /// receive pass (see [`ReceivePass`]), which sends them when the drivers run dry; or while
+    /// an application thread busy-polls, whose next poll with nothing to receive (or the
+    /// napping receive thread, within [`APP_POLLING`]) sends them. A full outbox, or packets
+    /// no such thread will send soon, leave at once. A positive ACK replaces the waiting ACKs
+    /// of its QP (ACKs are cumulative), so one ACK covers every packet of a pass.
+    pub(crate) fn send_then_release(
+        &self,
+        from: &Arc<Node<E>>,
+        txs: Vec<Transmit>,
+        tickets: Vec<(Arc<E>, u64)>,
+        may_wait: bool,
+    ) {
+        let runs = self.route(from, txs);
+        let (full, first) = {
+            let mut out = self.outbox.lock();
+            let first = out.is_empty();
+            for run in runs {
+                out.push(run);
+            }
+            out.tickets.extend(tickets);
+            (out.packets >= OUTBOX_PACKETS || out.bytes >= OUTBOX_BYTES, first)
+        };
+        if may_wait && !full {
+            if IN_RECEIVE_PASS.with(Cell::get) {
+                return;
+            }
+            let polled_at = self.app_poll_at.load(Ordering::Relaxed);
+            let polling = polled_at != 0
+                && self.now().as_nanos().saturating_sub(polled_at) < BURST_AFTER_POLL.as_nanos() as u64;
+            // Pairs with the fence in `receive_thread`: either that thread sees these packets
+            // before it waits, or this one sees it waiting and wakes it.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if polling {
+                if first && self.rx_waiting.load(Ordering::SeqCst) > 0 {
+                    // A receive thread waits on its driver: it looks at the outbox once woken
+                    // (then naps while the application polls, see `receive_thread`).
+                    if let Some(u) = self.udp.get() {
+                        u.wake();
+                    }
+                    if let Some(s) = self.shm.get() {
+                        s.wake();
+                    }
+                }
+                return;
+            }
+        }
+        self.flush_outbox();
+    }
+
+    /// Whether the outbox holds a batch's worth.
+    fn outbox_full(&self) -> bool {
+        let out = self.outbox.lock();
+        out.packets >= OUTBOX_PACKETS || out.bytes >= OUTBOX_BYTES
+    }
+
+    /// Sends what the outbox holds, in order, and then releases the tickets of what was sent.
+    pub(crate) fn flush_outbox(&self) {
+        if self.outbox.lock().is_empty() {
             return;
         }
+        let tickets = {
+            // Taking and sending under one lock keeps the packets in the order they were
+            // produced; each thread sends at most what was there when it came (a thread that
+            // sends for others forever would never poll again).
+            let _sending = self.sending.lock();
+            let batch = std::mem::take(&mut *self.outbox.lock());
+            self.send_runs(batch.runs);
+            batch.tickets
+        };
+        for (qp, ticket) in tickets {
+            qp.release_ticket(ticket);
+        }
+    }
+
+    /// Delivers the packets for this process's nodes and returns the others in runs along one
+    /// link (one batch each for a driver), counting every packet on `from`.
+    fn route(&self, from: &Arc<Node<E>>, txs: Vec<Transmit>) -> Vec<Run<E>> {
+        let mut remote: Vec<Run<E>> = Vec::new();
+        if txs.is_empty() {
+            return remote;
+        }
         let nodes = self.live_nodes();
-        // Packets for other processes, in runs along one route (one batch each for the UDP
-        // driver). Packets for this process go to their node's in-process driver at once.
-        let mut remote: Vec<(Route, Vec<Vec<u8>>)> = Vec::new();
         let mut add_remote = |route: Route, data: Vec<u8>| match remote.last_mut() {
-            Some((r, batch)) if *r == route => batch.push(data),
-            _ => remote.push((route, vec![data])),
+            Some(r) if same_link(&r.route, &route) => r.packets.push(data),
+            _ => remote.push(Run {
+                from: from.clone(),
+                route,
+                packets: vec![data],
+            }),
         };
         for mut tx in txs {
             bump(&from.counters.tx_packets);
@@ -775,12 +1050,33 @@ impl<E: Endpoint> Fabric<E> {
                 add_remote(route, tx.data);
             }
         }
-        for (route, mut batch) in remote {
+        remote
+    }
+
+    /// Sends runs of packets for other processes: through a process's mailbox if it has one,
+    /// otherwise over UDP. Adjacent runs along one link (QPs of one peer process) go together.
+    fn send_runs(&self, runs: Vec<Run<E>>) {
+        if runs.is_empty() {
+            return;
+        }
+        let nodes = self.live_nodes();
+        let mut runs = runs.into_iter().peekable();
+        while let Some(mut run) = runs.next() {
+            while let Some(next) =
+                runs.next_if(|n| Arc::ptr_eq(&n.from, &run.from) && same_link(&n.route, &run.route))
+            {
+                run.packets.extend(next.packets);
+            }
+            let Run {
+                from,
+                route,
+                mut packets,
+            } = run;
             // Another process on this host (the address is one of this fabric's devices'):
             // through its mailbox if it has one.
             let local_host = route.dest_qpn != MULTICAST_QPN && nodes.iter().any(|n| n.has_gid(&route.dgid));
             let by_shm = match self.shm.get() {
-                Some(shm) if local_host => shm.send_to_process(&route, &batch),
+                Some(shm) if local_host => shm.send_to_process(&route, &packets),
                 _ => None,
             };
             let sent = match by_shm {
@@ -790,10 +1086,10 @@ impl<E: Endpoint> Fabric<E> {
                         .fetch_add(n as u64, Ordering::Relaxed);
                     n
                 }
-                None => self.udp.get().map_or(0, |u| u.send(&route, &mut batch)),
+                None => self.udp.get().map_or(0, |u| u.send(&route, &mut packets)),
             };
             if route.dest_qpn != MULTICAST_QPN {
-                for _ in sent..batch.len() {
+                for _ in sent..packets.len() {
                     bump(&from.counters.tx_unroutable);
                 }
             }

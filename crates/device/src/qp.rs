@@ -754,10 +754,30 @@ impl Qp {
     /// Sends packets, makes their completions visible, and lets the fabric run until it is
     /// quiet.
     fn emit(&self, out: Outputs) {
-        self.transmit(out.txs);
-        self.release(out.ticket);
+        self.emit_as(out, false);
+    }
+
+    /// [`Qp::emit`]; `posted` packets (of work requests just posted) may wait for the
+    /// application's next poll to leave with the rest of its burst (see
+    /// `Fabric::send_then_release`).
+    fn emit_as(&self, out: Outputs, posted: bool) {
+        self.send_then_release(out, posted);
         let f = self.fabric();
         f.drive(f.now());
+    }
+
+    /// Sends packets, then makes their completions visible.
+    fn send_then_release(&self, out: Outputs, posted: bool) {
+        match (&self.raw, self.me.upgrade()) {
+            (None, Some(me)) => {
+                self.fabric()
+                    .send_then_release(self.node(), out.txs, vec![(me, out.ticket)], posted);
+            }
+            _ => {
+                self.transmit(out.txs);
+                self.release(out.ticket);
+            }
+        }
     }
 
     /// Sends packets the way this QP's go: a raw QP's frames out of its packet socket, the
@@ -1041,7 +1061,7 @@ impl Qp {
         }
         let out = self.drain(&mut inner, now);
         drop(inner);
-        self.emit(out);
+        self.emit_as(out, true);
         result
     }
 
@@ -1630,8 +1650,7 @@ impl Endpoint for Qp {
 
     fn on_timeout(&self, now: Instant) {
         let out = self.handle_timeout(now);
-        self.transmit(out.txs);
-        self.release(out.ticket);
+        self.send_then_release(out, false);
     }
 
     type Steering = crate::flow::UdFlows;
