@@ -460,10 +460,12 @@ impl<'a, E: Endpoint> ReceivePass<'a, E> {
         Self { fabric, received: 0 }
     }
 
-    /// Whether the pass should end: nothing came, or enough that the peers wait for ACKs.
+    /// Whether the pass should end: the drivers ran dry (a driver reads until its sockets or
+    /// rings are empty, so a short batch means they were), or enough came that the peers wait
+    /// for ACKs.
     fn done(&mut self, got: usize) -> bool {
         self.received += got;
-        got == 0 || self.received >= RECEIVE_PASS_PACKETS || self.fabric.outbox_full()
+        got < RECEIVE_PASS_PACKETS / 2 || self.received >= RECEIVE_PASS_PACKETS || self.fabric.outbox_full()
     }
 }
 
