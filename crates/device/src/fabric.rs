@@ -1339,6 +1339,131 @@ mod tests {
         assert_eq!((cb.rx_packets, cb.rx_unknown_qp), (2, 0));
     }
 
+    /// A packet for a QP of another process (no such node here, and no UDP driver: counted as
+    /// unroutable once it is sent).
+    fn away(qpn: u32, payload: [u8; 4]) -> Transmit {
+        to(Gid::from_ip("10.9.9.9".parse().unwrap()), send_only(qpn, payload))
+    }
+
+    #[test]
+    fn posted_packets_wait_for_the_next_poll_of_a_busy_poller() {
+        let fabric = Fabric::<Probe>::new();
+        let a = fabric.add_node(&[Gid::from_ip("10.0.0.4".parse().unwrap())], 1);
+        let qp = Arc::new(Probe::default());
+        let unroutable = || a.counters.snapshot().tx_unroutable;
+
+        // No application has polled: nothing would send them, so they go at once.
+        fabric.send_then_release(&a, vec![away(0x20_0011, *b"now.")], vec![(qp.clone(), 1)], true);
+        assert_eq!((unroutable(), qp.released.lock().clone()), (1, vec![1]));
+
+        // A busy poller's posts wait for its next poll, and so do their completions.
+        fabric.polled(fabric.now());
+        for (i, p) in [*b"one.", *b"two."].into_iter().enumerate() {
+            fabric.send_then_release(
+                &a,
+                vec![away(0x20_0011, p)],
+                vec![(qp.clone(), 2 + i as u64)],
+                true,
+            );
+        }
+        assert_eq!(unroutable(), 1, "held back");
+        assert_eq!(*qp.released.lock(), [1], "completions wait for their packets");
+        fabric.progress(fabric.now());
+        assert_eq!(unroutable(), 3, "sent by the poll");
+        assert_eq!(*qp.released.lock(), [1, 2, 3]);
+
+        // Packets that may not wait (timers, ...) take the waiting ones with them, in order.
+        fabric.send_then_release(&a, vec![away(0x20_0011, *b"pst.")], vec![(qp.clone(), 4)], true);
+        fabric.send_then_release(&a, vec![away(0x20_0011, *b"now.")], vec![(qp.clone(), 5)], false);
+        assert_eq!(
+            (unroutable(), qp.released.lock().clone()),
+            (5, vec![1, 2, 3, 4, 5])
+        );
+
+        // A full batch does not wait.
+        let burst: Vec<Transmit> = (0..OUTBOX_PACKETS).map(|_| away(0x20_0011, *b"many")).collect();
+        fabric.send_then_release(&a, burst, vec![(qp.clone(), 6)], true);
+        assert_eq!(unroutable(), 5 + OUTBOX_PACKETS as u64);
+        assert_eq!(qp.released.lock().last(), Some(&6));
+    }
+
+    /// A positive ACK (or, with `nak`, a sequence-error NAK) to `qpn` for `psn`.
+    fn ack(qpn: u32, psn: u32, nak: bool) -> Vec<u8> {
+        use softverbs_wire::aeth::{AethRepr, AethSyndrome, NakCode};
+        use softverbs_wire::PacketRepr;
+        let mut repr = PacketRepr::new(BthRepr::new(Opcode::RcAcknowledge, qpn, Psn::new(psn)), 0);
+        let syndrome = if nak {
+            AethSyndrome::Nak(NakCode::PsnSequenceError)
+        } else {
+            AethSyndrome::ACK_UNLIMITED
+        };
+        repr.aeth = Some(AethRepr { syndrome, msn: psn });
+        let mut buf = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut buf).unwrap();
+        buf
+    }
+
+    #[test]
+    fn the_outbox_keeps_the_newest_ack_of_each_qp() {
+        let fabric = Fabric::<Probe>::new();
+        let a = fabric.add_node(&[Gid::from_ip("10.0.0.5".parse().unwrap())], 1);
+        let peer = Gid::from_ip("10.9.9.8".parse().unwrap());
+        let run = |packets: Vec<Vec<u8>>| {
+            fabric
+                .route(&a, packets.into_iter().map(|p| to(peer, p)).collect())
+                .into_iter()
+                .next()
+                .expect("one run")
+        };
+        let mut out = Outbox::default();
+        out.push(run(vec![
+            ack(0x20_0011, 1, false),
+            send_only(0x20_0011, *b"req."),
+            ack(0x20_0012, 7, false),
+        ]));
+        out.push(run(vec![
+            ack(0x20_0011, 2, true),
+            ack(0x20_0011, 3, false),
+            ack(0x20_0011, 4, false),
+        ]));
+        let left: Vec<Vec<u8>> = out.runs.iter().flat_map(|r| r.packets.clone()).collect();
+        assert_eq!(
+            left,
+            [
+                send_only(0x20_0011, *b"req."),
+                ack(0x20_0012, 7, false),
+                ack(0x20_0011, 2, true),
+                ack(0x20_0011, 4, false),
+            ],
+            "requests, NAKs and other QPs' ACKs stay, in order; one ACK per QP, the newest"
+        );
+        assert_eq!(out.packets, 4);
+        assert_eq!(out.bytes, left.iter().map(Vec::len).sum::<usize>());
+    }
+
+    #[test]
+    fn runs_to_one_process_form_one_link() {
+        let g = Gid::from_ip("10.9.9.7".parse().unwrap());
+        let route = |dest_qpn, dgid| Route {
+            sgid: Gid::ZERO,
+            dgid,
+            dest_qpn,
+            traffic_class: 0,
+            hop_limit: 64,
+            ifindex: 1,
+            ports: (4792, 4793),
+        };
+        assert!(same_link(&route(0x02_0011, g), &route(0x02_0012, g)));
+        assert!(!same_link(&route(0x02_0011, g), &route(0x02_0011, Gid::ZERO)));
+        assert!(!same_link(&route(0x02_0011, g), &route(MULTICAST_QPN, g)));
+        assert!(same_link(&route(MULTICAST_QPN, g), &route(MULTICAST_QPN, g)));
+        let other_port = Route {
+            ports: (4792, 4794),
+            ..route(0x03_0011, g)
+        };
+        assert!(!same_link(&route(0x02_0011, g), &other_port));
+    }
+
     #[test]
     fn the_progress_thread_ends_with_its_fabric() {
         let fabric = Fabric::<Probe>::new();

@@ -1138,6 +1138,9 @@ impl Qp {
     }
 
     fn teardown(&self) {
+        // What the QP posted last may still wait in the fabric's outbox for the next poll:
+        // it leaves before the QP goes, as it would have from a NIC's queue.
+        self.fabric().flush_outbox();
         let device = self.context().device();
         // Type 2 windows bound to this QP die with it, before its number can be reused.
         device.node().keys.release_qp_windows(self.qpn);

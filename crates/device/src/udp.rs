@@ -1051,6 +1051,45 @@ mod tests {
     }
 
     #[test]
+    fn a_socket_that_was_quiet_is_still_read() {
+        let udp = Udp::start(free_base_port(), 255).expect("a slot");
+        if udp.own.v6.is_none() {
+            return; // no IPv6 on this host: one socket, always read
+        }
+        let qpn = (u32::from(udp.slot()) << 16) | 0x11;
+        let v4 = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let v6 = UdpSocket::bind("[::1]:0").unwrap();
+        let mut batch = PacketBatch::default();
+        let receive = |batch: &mut PacketBatch, calls: u32| -> usize {
+            // Busy polling: no `wait`, so no hint which socket is readable.
+            (0..calls).map(|_| udp.recv(batch)).sum()
+        };
+        // The IPv4 socket delivers, so it is read directly from then on.
+        v4.send_to(&packet(qpn, 1), ("127.0.0.1", udp.port())).unwrap();
+        let deadline = StdInstant::now() + Duration::from_secs(10);
+        while batch.is_empty() && StdInstant::now() < deadline {
+            receive(&mut batch, 1);
+        }
+        assert_eq!(batch.len(), 1);
+        assert_eq!(udp.hot.load(Ordering::Relaxed) & 0b10, 0, "IPv6 was quiet");
+        // A datagram on the quiet IPv6 socket is found by a full scan within SCAN_EVERY calls.
+        v6.send_to(&packet(qpn, 2), ("::1", udp.port())).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let got = receive(&mut batch, SCAN_EVERY + 1);
+        assert_eq!(got, 1, "read within a scan period");
+        assert_eq!(batch.iter().last().map(|(d, _)| d.to_vec()), Some(packet(qpn, 2)));
+        assert_ne!(udp.hot.load(Ordering::Relaxed) & 0b10, 0, "and now hot");
+        // After a wait saw a socket readable, the next receive looks at every socket.
+        batch.clear();
+        udp.hot.store(1, Ordering::Relaxed);
+        udp.delivered.store(0, Ordering::Relaxed);
+        v6.send_to(&packet(qpn, 3), ("::1", udp.port())).unwrap();
+        assert!(udp.wait(Duration::from_secs(10)), "readable");
+        udp.since_scan.store(0, Ordering::Relaxed);
+        assert_eq!(receive(&mut batch, 1), 1, "the first receive after the wait");
+    }
+
+    #[test]
     fn bursts_are_received_in_order_into_one_batch() {
         let udp = Udp::start(free_base_port(), 255).expect("a slot");
         let qpn = (u32::from(udp.slot()) << 16) | 0x11;
