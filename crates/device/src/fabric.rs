@@ -250,7 +250,7 @@ impl<E: Endpoint> Node<E> {
                 // then do the batch's completions become visible: an application that sees its
                 // last completion and exits must not leave the peer without the ACK.
                 self.fabric
-                    .send_then_release(self, coalesce_acks(out), tickets, true);
+                    .send_then_release(self, coalesce_acks(out), tickets, Hold::InPass);
             }
             drop(batch);
             self.driving.store(false, Ordering::Release);
@@ -368,6 +368,8 @@ fn same_link(a: &Route, b: &Route) -> bool {
 struct Run<E: Endpoint> {
     from: Arc<Node<E>>,
     route: Route,
+    /// The destination is an address of this host (another process may have a mailbox).
+    local_host: bool,
     packets: Vec<Vec<u8>>,
 }
 
@@ -517,6 +519,10 @@ pub(crate) struct Fabric<E: Endpoint> {
     sending: Mutex<()>,
     /// Receive threads waiting on their driver (not napping while an application polls).
     rx_waiting: AtomicU32,
+    /// When a work request was last posted (engine nanoseconds).
+    last_post_at: AtomicU64,
+    /// [`BURST_AFTER_POLL`] and [`BURST_GAP`] in nanoseconds (tests widen them).
+    burst_limits: [AtomicU64; 2],
 }
 
 impl<E: Endpoint> std::fmt::Debug for Fabric<E> {
@@ -576,6 +582,23 @@ impl QpnTable {
 /// How recently an application thread must have polled for the receive thread to leave the
 /// socket to it.
 const APP_POLLING: Duration = Duration::from_micros(200);
+
+/// Whether packets handed to [`Fabric::send_then_release`] may wait in the outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// They leave at once (with whatever waits before them).
+    No,
+    /// Responses to received packets: during a receive pass they wait for its end (when the
+    /// drivers ran dry), so that one ACK per QP covers the pass.
+    InPass,
+    /// Packets of work requests just posted: as `InPass`, and also while a busy-polling
+    /// application posts a burst (see `Fabric::in_burst`); its next poll sends them, or the
+    /// receive thread: a napping one when its nap ends, a waiting one is woken.
+    Posted,
+}
+
+/// Posts closer together than this form a burst.
+const BURST_GAP: Duration = Duration::from_micros(5);
 
 /// How recently an application thread must have polled for what it posts to wait in the
 /// outbox for its next poll. Longer than [`APP_POLLING`]: a burst of posts between two polls
@@ -763,6 +786,11 @@ impl<E: Endpoint> Fabric<E> {
             outbox: Mutex::new(Outbox::default()),
             sending: Mutex::new(()),
             rx_waiting: AtomicU32::new(0),
+            last_post_at: AtomicU64::new(0),
+            burst_limits: [
+                AtomicU64::new(BURST_AFTER_POLL.as_nanos() as u64),
+                AtomicU64::new(BURST_GAP.as_nanos() as u64),
+            ],
         });
         let (me, wake) = (Arc::downgrade(&f), f.wake.clone());
         std::thread::Builder::new()
@@ -931,21 +959,20 @@ impl<E: Endpoint> Fabric<E> {
     /// packets were handed to a driver (an application that sees its last completion and
     /// exits must not leave the peer without the packets it was waiting for).
     ///
-    /// With `may_wait`, the packets may stay in the outbox for a short while, to leave with
-    /// others in one batch (one `sendmmsg` or GSO call instead of a system call each): during a
-    /// receive pass (see [`ReceivePass`]), which sends them when the drivers run dry; or while
-    /// an application thread busy-polls, whose next poll with nothing to receive (or the
-    /// napping receive thread, within [`APP_POLLING`]) sends them. A full outbox, or packets
-    /// no such thread will send soon, leave at once. A positive ACK replaces the waiting ACKs
-    /// of its QP (ACKs are cumulative), so one ACK covers every packet of a pass.
+    /// With `hold`, the packets may stay in the outbox for a short while, to leave with others
+    /// in one batch (one `sendmmsg` or GSO call instead of a system call each): see [`Hold`].
+    /// A full outbox leaves at once. A positive ACK replaces the waiting ACKs of its QP (ACKs
+    /// are cumulative), so one ACK covers every packet of a pass.
     pub(crate) fn send_then_release(
         &self,
         from: &Arc<Node<E>>,
         txs: Vec<Transmit>,
         tickets: Vec<(Arc<E>, u64)>,
-        may_wait: bool,
+        hold: Hold,
     ) {
         let runs = self.route(from, txs);
+        // Shared memory costs no system call: nothing to save by waiting.
+        let by_udp = runs.iter().any(|r| !(r.local_host && self.shm.get().is_some()));
         let (full, first) = {
             let mut out = self.outbox.lock();
             let first = out.is_empty();
@@ -955,17 +982,14 @@ impl<E: Endpoint> Fabric<E> {
             out.tickets.extend(tickets);
             (out.packets >= OUTBOX_PACKETS || out.bytes >= OUTBOX_BYTES, first)
         };
-        if may_wait && !full {
+        if hold != Hold::No && !full {
             if IN_RECEIVE_PASS.with(Cell::get) {
                 return;
             }
-            let polled_at = self.app_poll_at.load(Ordering::Relaxed);
-            let polling = polled_at != 0
-                && self.now().as_nanos().saturating_sub(polled_at) < BURST_AFTER_POLL.as_nanos() as u64;
-            // Pairs with the fence in `receive_thread`: either that thread sees these packets
-            // before it waits, or this one sees it waiting and wakes it.
-            std::sync::atomic::fence(Ordering::SeqCst);
-            if polling {
+            if hold == Hold::Posted && by_udp && self.in_burst() {
+                // Pairs with the fence in `receive_thread`: either that thread sees these
+                // packets before it waits, or this one sees it waiting and wakes it.
+                std::sync::atomic::fence(Ordering::SeqCst);
                 if first && self.rx_waiting.load(Ordering::SeqCst) > 0 {
                     // A receive thread waits on its driver: it looks at the outbox once woken
                     // (then naps while the application polls, see `receive_thread`).
@@ -980,6 +1004,18 @@ impl<E: Endpoint> Fabric<E> {
             }
         }
         self.flush_outbox();
+    }
+
+    /// Whether work requests are being posted in a burst by a busy-polling application: it
+    /// polled a CQ lately and posted just before. The first post of a burst goes at once (a
+    /// ping-pong's only one must not wait), the rest wait for the next poll.
+    fn in_burst(&self) -> bool {
+        let now = self.now().as_nanos();
+        let last = self.last_post_at.swap(now, Ordering::Relaxed);
+        let polled_at = self.app_poll_at.load(Ordering::Relaxed);
+        let after_poll = self.burst_limits[0].load(Ordering::Relaxed);
+        let gap = self.burst_limits[1].load(Ordering::Relaxed);
+        polled_at != 0 && now.saturating_sub(polled_at) < after_poll && now.saturating_sub(last) < gap
     }
 
     /// Whether the outbox holds a batch's worth.
@@ -1020,6 +1056,7 @@ impl<E: Endpoint> Fabric<E> {
             _ => remote.push(Run {
                 from: from.clone(),
                 route,
+                local_host: route.dest_qpn != MULTICAST_QPN && nodes.iter().any(|n| n.has_gid(&route.dgid)),
                 packets: vec![data],
             }),
         };
@@ -1061,7 +1098,6 @@ impl<E: Endpoint> Fabric<E> {
         if runs.is_empty() {
             return;
         }
-        let nodes = self.live_nodes();
         let mut runs = runs.into_iter().peekable();
         while let Some(mut run) = runs.next() {
             while let Some(next) =
@@ -1072,11 +1108,11 @@ impl<E: Endpoint> Fabric<E> {
             let Run {
                 from,
                 route,
+                local_host,
                 mut packets,
             } = run;
             // Another process on this host (the address is one of this fabric's devices'):
             // through its mailbox if it has one.
-            let local_host = route.dest_qpn != MULTICAST_QPN && nodes.iter().any(|n| n.has_gid(&route.dgid));
             let by_shm = match self.shm.get() {
                 Some(shm) if local_host => shm.send_to_process(&route, &packets),
                 _ => None,
@@ -1316,7 +1352,13 @@ mod tests {
                 to(group, send_only(MULTICAST_QPN, *b"all.")),
             ],
         );
-        fabric.drive(fabric.now());
+        // The progress thread may be driving the node at the same time (then this drive
+        // returns at once and that thread delivers): wait, bounded, for both packets.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while probe.released.lock().len() < 2 && std::time::Instant::now() < deadline {
+            fabric.drive(fabric.now());
+            std::thread::yield_now();
+        }
 
         let meta = |dgid| RxMeta {
             sgid: ga,
@@ -1348,43 +1390,60 @@ mod tests {
     #[test]
     fn posted_packets_wait_for_the_next_poll_of_a_busy_poller() {
         let fabric = Fabric::<Probe>::new();
+        // However slow this host: a poll and the posts after it are always one burst.
+        for limit in &fabric.burst_limits {
+            limit.store(u64::MAX, Ordering::Relaxed);
+        }
         let a = fabric.add_node(&[Gid::from_ip("10.0.0.4".parse().unwrap())], 1);
         let qp = Arc::new(Probe::default());
         let unroutable = || a.counters.snapshot().tx_unroutable;
+        let post = |payload: &[u8; 4], ticket: u64, hold: Hold| {
+            fabric.send_then_release(
+                &a,
+                vec![away(0x20_0011, *payload)],
+                vec![(qp.clone(), ticket)],
+                hold,
+            );
+        };
 
         // No application has polled: nothing would send them, so they go at once.
-        fabric.send_then_release(&a, vec![away(0x20_0011, *b"now.")], vec![(qp.clone(), 1)], true);
+        post(b"now.", 1, Hold::Posted);
         assert_eq!((unroutable(), qp.released.lock().clone()), (1, vec![1]));
 
         // A busy poller's posts wait for its next poll, and so do their completions.
         fabric.polled(fabric.now());
-        for (i, p) in [*b"one.", *b"two."].into_iter().enumerate() {
-            fabric.send_then_release(
-                &a,
-                vec![away(0x20_0011, p)],
-                vec![(qp.clone(), 2 + i as u64)],
-                true,
-            );
-        }
+        post(b"one.", 2, Hold::Posted);
+        post(b"two.", 3, Hold::Posted);
         assert_eq!(unroutable(), 1, "held back");
         assert_eq!(*qp.released.lock(), [1], "completions wait for their packets");
         fabric.progress(fabric.now());
         assert_eq!(unroutable(), 3, "sent by the poll");
         assert_eq!(*qp.released.lock(), [1, 2, 3]);
 
-        // Packets that may not wait (timers, ...) take the waiting ones with them, in order.
-        fabric.send_then_release(&a, vec![away(0x20_0011, *b"pst.")], vec![(qp.clone(), 4)], true);
-        fabric.send_then_release(&a, vec![away(0x20_0011, *b"now.")], vec![(qp.clone(), 5)], false);
+        // Responses wait only during a receive pass.
+        post(b"rsp.", 4, Hold::InPass);
+        assert_eq!(unroutable(), 4);
+        {
+            let _pass = ReceivePass::new(&fabric);
+            post(b"rsp.", 5, Hold::InPass);
+            assert_eq!(unroutable(), 4, "until the pass ends");
+        }
         assert_eq!(
             (unroutable(), qp.released.lock().clone()),
             (5, vec![1, 2, 3, 4, 5])
         );
 
+        // Packets that may not wait (timers, ...) take the waiting ones with them, in order.
+        post(b"pst.", 6, Hold::Posted);
+        post(b"now.", 7, Hold::No);
+        assert_eq!(unroutable(), 7);
+        assert_eq!(*qp.released.lock(), [1, 2, 3, 4, 5, 6, 7]);
+
         // A full batch does not wait.
         let burst: Vec<Transmit> = (0..OUTBOX_PACKETS).map(|_| away(0x20_0011, *b"many")).collect();
-        fabric.send_then_release(&a, burst, vec![(qp.clone(), 6)], true);
-        assert_eq!(unroutable(), 5 + OUTBOX_PACKETS as u64);
-        assert_eq!(qp.released.lock().last(), Some(&6));
+        fabric.send_then_release(&a, burst, vec![(qp.clone(), 8)], Hold::Posted);
+        assert_eq!(unroutable(), 7 + OUTBOX_PACKETS as u64);
+        assert_eq!(qp.released.lock().last(), Some(&8));
     }
 
     /// A positive ACK (or, with `nak`, a sequence-error NAK) to `qpn` for `psn`.

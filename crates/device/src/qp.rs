@@ -20,7 +20,7 @@ use softverbs_wire::ParsedPacket;
 use crate::context::{Context, EventElement};
 use crate::cq::Cq;
 use crate::device::{cap_flags, Fabric, Node, Resource};
-use crate::fabric::Endpoint;
+use crate::fabric::{Endpoint, Hold};
 use crate::held::Held;
 use crate::pd::{Ah, Pd};
 use crate::raw::{require_cap_net_raw, RawPort};
@@ -770,8 +770,9 @@ impl Qp {
     fn send_then_release(&self, out: Outputs, posted: bool) {
         match (&self.raw, self.me.upgrade()) {
             (None, Some(me)) => {
+                let hold = if posted { Hold::Posted } else { Hold::No };
                 self.fabric()
-                    .send_then_release(self.node(), out.txs, vec![(me, out.ticket)], posted);
+                    .send_then_release(self.node(), out.txs, vec![(me, out.ticket)], hold);
             }
             _ => {
                 self.transmit(out.txs);
