@@ -515,14 +515,14 @@ pub(crate) struct Fabric<E: Endpoint> {
     app_poll_at: AtomicU64,
     /// Packets for other processes not yet handed to a driver.
     outbox: Mutex<Outbox<E>>,
+    /// The outbox holds something (a look without the lock; changed under it).
+    outbox_busy: AtomicBool,
     /// Held while a batch taken from the outbox is being sent.
     sending: Mutex<()>,
     /// Receive threads waiting on their driver (not napping while an application polls).
     rx_waiting: AtomicU32,
-    /// When a work request was last posted (engine nanoseconds).
-    last_post_at: AtomicU64,
-    /// [`BURST_AFTER_POLL`] and [`BURST_GAP`] in nanoseconds (tests widen them).
-    burst_limits: [AtomicU64; 2],
+    /// [`BURST_AFTER_POLL`] in nanoseconds (tests widen it).
+    burst_after_poll: AtomicU64,
 }
 
 impl<E: Endpoint> std::fmt::Debug for Fabric<E> {
@@ -591,14 +591,12 @@ pub(crate) enum Hold {
     /// Responses to received packets: during a receive pass they wait for its end (when the
     /// drivers ran dry), so that one ACK per QP covers the pass.
     InPass,
-    /// Packets of work requests just posted: as `InPass`, and also while a busy-polling
-    /// application posts a burst (see `Fabric::in_burst`); its next poll sends them, or the
-    /// receive thread: a napping one when its nap ends, a waiting one is woken.
+    /// Packets of work requests just posted: as `InPass`, and also while the application
+    /// busy-polls (see `Fabric::in_burst`); its next poll sends them, or the receive thread:
+    /// a napping one when its nap ends, a waiting one is woken. Packets to shared-memory peers
+    /// never wait (they cost no system call).
     Posted,
 }
-
-/// Posts closer together than this form a burst.
-const BURST_GAP: Duration = Duration::from_micros(5);
 
 /// How recently an application thread must have polled for what it posts to wait in the
 /// outbox for its next poll. Longer than [`APP_POLLING`]: a burst of posts between two polls
@@ -784,13 +782,10 @@ impl<E: Endpoint> Fabric<E> {
             shm_busy_until: AtomicU64::new(0),
             app_poll_at: AtomicU64::new(0),
             outbox: Mutex::new(Outbox::default()),
+            outbox_busy: AtomicBool::new(false),
             sending: Mutex::new(()),
             rx_waiting: AtomicU32::new(0),
-            last_post_at: AtomicU64::new(0),
-            burst_limits: [
-                AtomicU64::new(BURST_AFTER_POLL.as_nanos() as u64),
-                AtomicU64::new(BURST_GAP.as_nanos() as u64),
-            ],
+            burst_after_poll: AtomicU64::new(BURST_AFTER_POLL.as_nanos() as u64),
         });
         let (me, wake) = (Arc::downgrade(&f), f.wake.clone());
         std::thread::Builder::new()
@@ -871,6 +866,7 @@ impl<E: Endpoint> Fabric<E> {
         // One receive pass: read until the drivers run dry, so that what the packets cause
         // (ACKs above all) leaves in one batch when the pass ends.
         let mut pass = ReceivePass::new(self);
+        let mut at = now;
         loop {
             let mut got = self.pump_shm(false);
             if got > 0 {
@@ -890,10 +886,11 @@ impl<E: Endpoint> Fabric<E> {
                 }
                 got += n;
             }
-            self.drive(self.now());
+            self.drive(at);
             if pass.done(got) {
                 break;
             }
+            at = self.now();
         }
         if self.wake.load() <= now.as_nanos() {
             for n in self.live_nodes() {
@@ -967,12 +964,32 @@ impl<E: Endpoint> Fabric<E> {
         &self,
         from: &Arc<Node<E>>,
         txs: Vec<Transmit>,
-        tickets: Vec<(Arc<E>, u64)>,
+        tickets: impl IntoIterator<Item = (Arc<E>, u64)>,
         hold: Hold,
     ) {
         let runs = self.route(from, txs);
         // Shared memory costs no system call: nothing to save by waiting.
         let by_udp = runs.iter().any(|r| !(r.local_host && self.shm.get().is_some()));
+        let wait = by_udp
+            && match hold {
+                Hold::No => false,
+                Hold::InPass => IN_RECEIVE_PASS.with(Cell::get),
+                Hold::Posted => IN_RECEIVE_PASS.with(Cell::get) || self.in_burst(),
+            };
+        if !wait {
+            // At once, behind whatever waits (in order), without going through the outbox.
+            let waiting = {
+                let _sending = self.sending.lock();
+                let waiting = self.take_outbox();
+                self.send_runs(waiting.runs);
+                self.send_runs(runs);
+                waiting.tickets
+            };
+            for (qp, ticket) in waiting.into_iter().chain(tickets) {
+                qp.release_ticket(ticket);
+            }
+            return;
+        }
         let (full, first) = {
             let mut out = self.outbox.lock();
             let first = out.is_empty();
@@ -980,42 +997,44 @@ impl<E: Endpoint> Fabric<E> {
                 out.push(run);
             }
             out.tickets.extend(tickets);
+            self.outbox_busy.store(!out.is_empty(), Ordering::Release);
             (out.packets >= OUTBOX_PACKETS || out.bytes >= OUTBOX_BYTES, first)
         };
-        if hold != Hold::No && !full {
-            if IN_RECEIVE_PASS.with(Cell::get) {
-                return;
-            }
-            if hold == Hold::Posted && by_udp && self.in_burst() {
-                // Pairs with the fence in `receive_thread`: either that thread sees these
-                // packets before it waits, or this one sees it waiting and wakes it.
-                std::sync::atomic::fence(Ordering::SeqCst);
-                if first && self.rx_waiting.load(Ordering::SeqCst) > 0 {
-                    // A receive thread waits on its driver: it looks at the outbox once woken
-                    // (then naps while the application polls, see `receive_thread`).
-                    if let Some(u) = self.udp.get() {
-                        u.wake();
-                    }
-                    if let Some(s) = self.shm.get() {
-                        s.wake();
-                    }
+        if full {
+            self.flush_outbox();
+        } else if hold == Hold::Posted && !IN_RECEIVE_PASS.with(Cell::get) {
+            // Pairs with the fence in `receive_thread`: either that thread sees these packets
+            // before it waits, or this one sees it waiting and wakes it.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if first && self.rx_waiting.load(Ordering::SeqCst) > 0 {
+                // A receive thread waits on its driver: it looks at the outbox once woken
+                // (then naps while the application polls, see `receive_thread`).
+                if let Some(u) = self.udp.get() {
+                    u.wake();
                 }
-                return;
+                if let Some(s) = self.shm.get() {
+                    s.wake();
+                }
             }
         }
-        self.flush_outbox();
     }
 
-    /// Whether work requests are being posted in a burst by a busy-polling application: it
-    /// polled a CQ lately and posted just before. The first post of a burst goes at once (a
-    /// ping-pong's only one must not wait), the rest wait for the next poll.
+    /// Whether work requests are being posted by a busy-polling application (it polled a CQ
+    /// lately), whose next poll sends them.
     fn in_burst(&self) -> bool {
-        let now = self.now().as_nanos();
-        let last = self.last_post_at.swap(now, Ordering::Relaxed);
         let polled_at = self.app_poll_at.load(Ordering::Relaxed);
-        let after_poll = self.burst_limits[0].load(Ordering::Relaxed);
-        let gap = self.burst_limits[1].load(Ordering::Relaxed);
-        polled_at != 0 && now.saturating_sub(polled_at) < after_poll && now.saturating_sub(last) < gap
+        polled_at != 0
+            && self.now().as_nanos().saturating_sub(polled_at) < self.burst_after_poll.load(Ordering::Relaxed)
+    }
+
+    /// Empties the outbox.
+    fn take_outbox(&self) -> Outbox<E> {
+        let mut out = self.outbox.lock();
+        if out.is_empty() {
+            return Outbox::default();
+        }
+        self.outbox_busy.store(false, Ordering::Release);
+        std::mem::take(&mut *out)
     }
 
     /// Whether the outbox holds a batch's worth.
@@ -1026,7 +1045,8 @@ impl<E: Endpoint> Fabric<E> {
 
     /// Sends what the outbox holds, in order, and then releases the tickets of what was sent.
     pub(crate) fn flush_outbox(&self) {
-        if self.outbox.lock().is_empty() {
+        // Every poll comes here: most find nothing, without taking a lock.
+        if !self.outbox_busy.load(Ordering::Acquire) {
             return;
         }
         let tickets = {
@@ -1034,7 +1054,7 @@ impl<E: Endpoint> Fabric<E> {
             // produced; each thread sends at most what was there when it came (a thread that
             // sends for others forever would never poll again).
             let _sending = self.sending.lock();
-            let batch = std::mem::take(&mut *self.outbox.lock());
+            let batch = self.take_outbox();
             self.send_runs(batch.runs);
             batch.tickets
         };
@@ -1391,9 +1411,7 @@ mod tests {
     fn posted_packets_wait_for_the_next_poll_of_a_busy_poller() {
         let fabric = Fabric::<Probe>::new();
         // However slow this host: a poll and the posts after it are always one burst.
-        for limit in &fabric.burst_limits {
-            limit.store(u64::MAX, Ordering::Relaxed);
-        }
+        fabric.burst_after_poll.store(u64::MAX, Ordering::Relaxed);
         let a = fabric.add_node(&[Gid::from_ip("10.0.0.4".parse().unwrap())], 1);
         let qp = Arc::new(Probe::default());
         let unroutable = || a.counters.snapshot().tx_unroutable;

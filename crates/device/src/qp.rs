@@ -772,7 +772,7 @@ impl Qp {
             (None, Some(me)) => {
                 let hold = if posted { Hold::Posted } else { Hold::No };
                 self.fabric()
-                    .send_then_release(self.node(), out.txs, vec![(me, out.ticket)], hold);
+                    .send_then_release(self.node(), out.txs, [(me, out.ticket)], hold);
             }
             _ => {
                 self.transmit(out.txs);
