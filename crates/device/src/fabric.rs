@@ -511,8 +511,12 @@ pub(crate) struct Fabric<E: Endpoint> {
     udp_idle_polls: AtomicU32,
     /// Until when (engine nanoseconds) shared memory counts as carrying traffic.
     shm_busy_until: AtomicU64,
-    /// When an application thread last polled a CQ (engine nanoseconds; 0: never).
+    /// When an application thread last polled an empty CQ (engine nanoseconds), reading the
+    /// drivers itself.
     app_poll_at: AtomicU64,
+    /// When an application thread last polled a CQ, empty or not (engine nanoseconds; 0:
+    /// never).
+    app_active_at: AtomicU64,
     /// Packets for other processes not yet handed to a driver.
     outbox: Mutex<Outbox<E>>,
     /// The outbox holds something (a look without the lock; changed under it).
@@ -781,6 +785,7 @@ impl<E: Endpoint> Fabric<E> {
             udp_idle_polls: AtomicU32::new(0),
             shm_busy_until: AtomicU64::new(0),
             app_poll_at: AtomicU64::new(0),
+            app_active_at: AtomicU64::new(0),
             outbox: Mutex::new(Outbox::default()),
             outbox_busy: AtomicBool::new(false),
             sending: Mutex::new(()),
@@ -862,6 +867,7 @@ impl<E: Endpoint> Fabric<E> {
     /// transport deadline has passed, runs the timers (so busy polling does not wait for the
     /// progress thread to be scheduled).
     pub(crate) fn progress(&self, now: Instant) {
+        self.app_poll_at.store(now.as_nanos(), Ordering::Relaxed);
         self.polled(now);
         // One receive pass: read until the drivers run dry, so that what the packets cause
         // (ACKs above all) leaves in one batch when the pass ends.
@@ -904,7 +910,7 @@ impl<E: Endpoint> Fabric<E> {
     /// Notes that an application thread polls a CQ (so it is busy polling) and sends what it
     /// posted since its last poll, in one batch.
     pub(crate) fn polled(&self, now: Instant) {
-        self.app_poll_at.store(now.as_nanos().max(1), Ordering::Relaxed);
+        self.app_active_at.store(now.as_nanos().max(1), Ordering::Relaxed);
         self.flush_outbox();
     }
 
@@ -1022,7 +1028,7 @@ impl<E: Endpoint> Fabric<E> {
     /// Whether work requests are being posted by a busy-polling application (it polled a CQ
     /// lately), whose next poll sends them.
     fn in_burst(&self) -> bool {
-        let polled_at = self.app_poll_at.load(Ordering::Relaxed);
+        let polled_at = self.app_active_at.load(Ordering::Relaxed);
         polled_at != 0
             && self.now().as_nanos().saturating_sub(polled_at) < self.burst_after_poll.load(Ordering::Relaxed)
     }
