@@ -55,6 +55,8 @@ impl CompChannel {
     /// `ibv_get_cq_event`: waits for the next CQ event (`None` waits forever; EAGAIN at once if
     /// the fd was made non-blocking). Each event must be acknowledged with [`Cq::ack_events`].
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Arc<Cq>> {
+        // Posts held back for the next poll leave before this thread may sleep.
+        self.ctx.device().node().fabric().flush_outbox();
         let cq = self.events.pop(timeout)?;
         cq.comp_acks.delivered();
         Ok(cq)

@@ -596,9 +596,10 @@ pub(crate) enum Hold {
     /// drivers ran dry), so that one ACK per QP covers the pass.
     InPass,
     /// Packets of work requests just posted: as `InPass`, and also while the application
-    /// busy-polls (see `Fabric::in_burst`); its next poll sends them, or the receive thread:
-    /// a napping one when its nap ends, a waiting one is woken. Packets to shared-memory peers
-    /// never wait (they cost no system call).
+    /// busy-polls (see `Fabric::in_burst`); its next poll sends them (or a wait on a
+    /// completion channel), or else the receive thread: a napping one when its nap ends, a
+    /// waiting one is woken. Packets to shared-memory peers never wait (they cost no system
+    /// call).
     Posted,
 }
 
@@ -976,12 +977,14 @@ impl<E: Endpoint> Fabric<E> {
         let runs = self.route(from, txs);
         // Shared memory costs no system call: nothing to save by waiting.
         let by_udp = runs.iter().any(|r| !(r.local_host && self.shm.get().is_some()));
-        let wait = by_udp
-            && match hold {
-                Hold::No => false,
-                Hold::InPass => IN_RECEIVE_PASS.with(Cell::get),
-                Hold::Posted => IN_RECEIVE_PASS.with(Cell::get) || self.in_burst(),
-            };
+        let may_wait = match hold {
+            Hold::No => false,
+            Hold::InPass => IN_RECEIVE_PASS.with(Cell::get),
+            Hold::Posted => IN_RECEIVE_PASS.with(Cell::get) || self.in_burst(),
+        };
+        // Nothing to send (a work request queued behind a full window): its tickets wait
+        // behind the packets that wait, if any, rather than send them early.
+        let wait = may_wait && (by_udp || (runs.is_empty() && self.outbox_busy.load(Ordering::Acquire)));
         if !wait {
             // At once, behind whatever waits (in order), without going through the outbox.
             let waiting = {
@@ -1025,8 +1028,8 @@ impl<E: Endpoint> Fabric<E> {
         }
     }
 
-    /// Whether work requests are being posted by a busy-polling application (it polled a CQ
-    /// lately), whose next poll sends them.
+    /// Whether work requests are being posted by a busy-polling application: it polled a CQ
+    /// lately, and its next poll sends them.
     fn in_burst(&self) -> bool {
         let polled_at = self.app_active_at.load(Ordering::Relaxed);
         polled_at != 0
@@ -1468,6 +1471,21 @@ mod tests {
         fabric.send_then_release(&a, burst, vec![(qp.clone(), 8)], Hold::Posted);
         assert_eq!(unroutable(), 7 + OUTBOX_PACKETS as u64);
         assert_eq!(qp.released.lock().last(), Some(&8));
+
+        // Nothing to send: the completions wait behind the packets that wait, if any.
+        fabric.polled(fabric.now());
+        post(b"one.", 9, Hold::Posted);
+        fabric.send_then_release(&a, Vec::new(), vec![(qp.clone(), 10)], Hold::Posted);
+        assert_eq!(qp.released.lock().last(), Some(&8), "held behind 9's packet");
+        fabric.polled(fabric.now());
+        assert_eq!(unroutable(), 8 + OUTBOX_PACKETS as u64);
+        assert_eq!(qp.released.lock().last(), Some(&10));
+        fabric.send_then_release(&a, Vec::new(), vec![(qp.clone(), 11)], Hold::Posted);
+        assert_eq!(
+            qp.released.lock().last(),
+            Some(&11),
+            "nothing waits: released at once"
+        );
     }
 
     /// A positive ACK (or, with `nak`, a sequence-error NAK) to `qpn` for `psn`.
