@@ -527,6 +527,8 @@ pub(crate) struct Fabric<E: Endpoint> {
     rx_waiting: AtomicU32,
     /// [`BURST_AFTER_POLL`] in nanoseconds (tests widen it).
     burst_after_poll: AtomicU64,
+    /// Posts since an application thread last polled a CQ.
+    posts_since_poll: AtomicU32,
 }
 
 impl<E: Endpoint> std::fmt::Debug for Fabric<E> {
@@ -792,6 +794,7 @@ impl<E: Endpoint> Fabric<E> {
             sending: Mutex::new(()),
             rx_waiting: AtomicU32::new(0),
             burst_after_poll: AtomicU64::new(BURST_AFTER_POLL.as_nanos() as u64),
+            posts_since_poll: AtomicU32::new(0),
         });
         let (me, wake) = (Arc::downgrade(&f), f.wake.clone());
         std::thread::Builder::new()
@@ -912,6 +915,7 @@ impl<E: Endpoint> Fabric<E> {
     /// posted since its last poll, in one batch.
     pub(crate) fn polled(&self, now: Instant) {
         self.app_active_at.store(now.as_nanos().max(1), Ordering::Relaxed);
+        self.posts_since_poll.store(0, Ordering::Relaxed);
         self.flush_outbox();
     }
 
@@ -1028,11 +1032,15 @@ impl<E: Endpoint> Fabric<E> {
         }
     }
 
-    /// Whether work requests are being posted by a busy-polling application: it polled a CQ
-    /// lately, and its next poll sends them.
+    /// Whether work requests are being posted in a burst by a busy-polling application: it
+    /// polled a CQ lately (its next poll sends them) and this is not the first post since. The
+    /// first goes at once: a program that posts one message per event may sleep next, outside
+    /// softverbs (in `epoll_wait`, say), and its message must not wait for anyone.
     fn in_burst(&self) -> bool {
+        let later = self.posts_since_poll.fetch_add(1, Ordering::Relaxed) > 0;
         let polled_at = self.app_active_at.load(Ordering::Relaxed);
-        polled_at != 0
+        later
+            && polled_at != 0
             && self.now().as_nanos().saturating_sub(polled_at) < self.burst_after_poll.load(Ordering::Relaxed)
     }
 
@@ -1437,55 +1445,53 @@ mod tests {
         post(b"now.", 1, Hold::Posted);
         assert_eq!((unroutable(), qp.released.lock().clone()), (1, vec![1]));
 
-        // A busy poller's posts wait for its next poll, and so do their completions.
+        // After a poll the first post goes at once (the program may sleep next); the rest of
+        // the burst waits for the next poll, and so do their completions.
         fabric.polled(fabric.now());
-        post(b"one.", 2, Hold::Posted);
-        post(b"two.", 3, Hold::Posted);
-        assert_eq!(unroutable(), 1, "held back");
-        assert_eq!(*qp.released.lock(), [1], "completions wait for their packets");
+        post(b"1st.", 2, Hold::Posted);
+        assert_eq!((unroutable(), qp.released.lock().clone()), (2, vec![1, 2]));
+        post(b"one.", 3, Hold::Posted);
+        post(b"two.", 4, Hold::Posted);
+        assert_eq!(unroutable(), 2, "held back");
+        assert_eq!(*qp.released.lock(), [1, 2], "completions wait for their packets");
         fabric.progress(fabric.now());
-        assert_eq!(unroutable(), 3, "sent by the poll");
-        assert_eq!(*qp.released.lock(), [1, 2, 3]);
+        assert_eq!(unroutable(), 4, "sent by the poll");
+        assert_eq!(*qp.released.lock(), [1, 2, 3, 4]);
 
         // Responses wait only during a receive pass.
-        post(b"rsp.", 4, Hold::InPass);
-        assert_eq!(unroutable(), 4);
+        let released = || qp.released.lock().clone();
+        post(b"rsp.", 5, Hold::InPass);
+        assert_eq!(unroutable(), 5);
         {
             let _pass = ReceivePass::new(&fabric);
-            post(b"rsp.", 5, Hold::InPass);
-            assert_eq!(unroutable(), 4, "until the pass ends");
+            post(b"rsp.", 6, Hold::InPass);
+            assert_eq!(unroutable(), 5, "until the pass ends");
         }
-        assert_eq!(
-            (unroutable(), qp.released.lock().clone()),
-            (5, vec![1, 2, 3, 4, 5])
-        );
+        assert_eq!((unroutable(), released()), (6, vec![1, 2, 3, 4, 5, 6]));
 
         // Packets that may not wait (timers, ...) take the waiting ones with them, in order.
-        post(b"pst.", 6, Hold::Posted);
-        post(b"now.", 7, Hold::No);
-        assert_eq!(unroutable(), 7);
-        assert_eq!(*qp.released.lock(), [1, 2, 3, 4, 5, 6, 7]);
+        post(b"1st.", 7, Hold::Posted);
+        post(b"pst.", 8, Hold::Posted);
+        assert_eq!(unroutable(), 7, "the second post waits");
+        post(b"now.", 9, Hold::No);
+        assert_eq!(unroutable(), 9);
+        assert_eq!(released(), (1..=9).collect::<Vec<u64>>());
 
         // A full batch does not wait.
         let burst: Vec<Transmit> = (0..OUTBOX_PACKETS).map(|_| away(0x20_0011, *b"many")).collect();
-        fabric.send_then_release(&a, burst, vec![(qp.clone(), 8)], Hold::Posted);
-        assert_eq!(unroutable(), 7 + OUTBOX_PACKETS as u64);
-        assert_eq!(qp.released.lock().last(), Some(&8));
+        fabric.send_then_release(&a, burst, vec![(qp.clone(), 10)], Hold::Posted);
+        assert_eq!(unroutable(), 9 + OUTBOX_PACKETS as u64);
+        assert_eq!(released().last(), Some(&10));
 
         // Nothing to send: the completions wait behind the packets that wait, if any.
+        post(b"one.", 11, Hold::Posted);
+        fabric.send_then_release(&a, Vec::new(), vec![(qp.clone(), 12)], Hold::Posted);
+        assert_eq!(released().last(), Some(&10), "held behind 11's packet");
         fabric.polled(fabric.now());
-        post(b"one.", 9, Hold::Posted);
-        fabric.send_then_release(&a, Vec::new(), vec![(qp.clone(), 10)], Hold::Posted);
-        assert_eq!(qp.released.lock().last(), Some(&8), "held behind 9's packet");
-        fabric.polled(fabric.now());
-        assert_eq!(unroutable(), 8 + OUTBOX_PACKETS as u64);
-        assert_eq!(qp.released.lock().last(), Some(&10));
-        fabric.send_then_release(&a, Vec::new(), vec![(qp.clone(), 11)], Hold::Posted);
-        assert_eq!(
-            qp.released.lock().last(),
-            Some(&11),
-            "nothing waits: released at once"
-        );
+        assert_eq!(unroutable(), 10 + OUTBOX_PACKETS as u64);
+        assert_eq!(released().last(), Some(&12));
+        fabric.send_then_release(&a, Vec::new(), vec![(qp.clone(), 13)], Hold::Posted);
+        assert_eq!(released().last(), Some(&13), "nothing waits: released at once");
     }
 
     /// A positive ACK (or, with `nak`, a sequence-error NAK) to `qpn` for `psn`.
