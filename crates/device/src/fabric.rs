@@ -990,17 +990,6 @@ impl<E: Endpoint> Fabric<E> {
         // behind the packets that wait, if any, rather than send them early.
         let wait = may_wait && (by_udp || (runs.is_empty() && self.outbox_busy.load(Ordering::Acquire)));
         if !wait {
-            if !by_udp && !self.outbox_busy.load(Ordering::Acquire) {
-                // Only shared memory (or nothing) and nothing waits: straight to the rings,
-                // without the lock, as before the outbox existed (each ring orders its packets;
-                // the application and the receive thread must not queue up behind each other
-                // for a copy into memory).
-                self.send_runs(runs);
-                for (qp, ticket) in tickets {
-                    qp.release_ticket(ticket);
-                }
-                return;
-            }
             // At once, behind whatever waits (in order), without going through the outbox.
             let waiting = {
                 let _sending = self.sending.lock();
