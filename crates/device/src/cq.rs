@@ -55,6 +55,8 @@ impl CompChannel {
     /// `ibv_get_cq_event`: waits for the next CQ event (`None` waits forever; EAGAIN at once if
     /// the fd was made non-blocking). Each event must be acknowledged with [`Cq::ack_events`].
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Arc<Cq>> {
+        // Posts held back for the next poll leave before this thread may sleep.
+        self.ctx.device().node().fabric().flush_outbox();
         let cq = self.events.pop(timeout)?;
         cq.comp_acks.delivered();
         Ok(cq)
@@ -283,6 +285,11 @@ impl Cq {
     /// many.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
         let n = self.take(out);
+        if n > 0 {
+            // Still a busy poller: what it posted since its last poll leaves now, in one batch.
+            let f = self.ctx.device().node().fabric();
+            f.polled(f.now());
+        }
         if n > 0 || out.is_empty() {
             return n;
         }

@@ -23,6 +23,7 @@
 //! - the progress thread sleeps until the earliest transport deadline (retransmission, RNR
 //!   wait) and handles it; it uses no CPU when no deadline is pending.
 
+use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -255,7 +256,7 @@ impl<E: Endpoint> Node<E> {
 
     /// Processes inbound packets until none are left. Returns whether anything was done.
     /// Only one thread drives a node at a time, so packets of a QP are handled in order.
-    fn drive(&self, now: Instant) -> bool {
+    fn drive(self: &Arc<Self>, now: Instant) -> bool {
         let mut did = false;
         // Without a lock: whoever queues a packet drives the fabric next, and sees its own.
         if !self.inbound.has_pending() {
@@ -299,13 +300,17 @@ impl<E: Endpoint> Node<E> {
                 // One send for the whole batch: fewer system calls, and one ACK per QP. Only
                 // then do the batch's completions become visible: an application that sees its
                 // last completion and exits must not leave the peer without the ACK.
-                self.fabric.send_all(self, coalesce_acks(out));
-                for (qp, ticket, _) in tickets {
-                    if failed.contains(&qp.number()) {
-                        qp.fail_ticket(ticket);
-                    } else {
-                        qp.release_ticket(ticket);
-                    }
+                let failed_tickets: Vec<(Arc<E>, u64)> = {
+                    let (bad, good): (Vec<_>, Vec<_>) = tickets
+                        .into_iter()
+                        .map(|(qp, ticket, _)| (qp, ticket))
+                        .partition(|(qp, _)| failed.contains(&qp.number()));
+                    self.fabric
+                        .send_then_release(self, coalesce_acks(out), good, Hold::InPass);
+                    bad
+                };
+                for (qp, ticket) in failed_tickets {
+                    qp.fail_ticket(ticket);
                 }
             }
             drop(batch);
@@ -422,6 +427,144 @@ fn coalesce_acks(mut txs: Vec<Transmit>) -> Vec<Transmit> {
     txs
 }
 
+/// Whether packets along `b` may join a batch along `a`: the same addresses, ports and
+/// header fields, to the same process (QPs of one peer process share its port).
+fn same_link(a: &Route, b: &Route) -> bool {
+    let unicast = a.dest_qpn != MULTICAST_QPN && b.dest_qpn != MULTICAST_QPN;
+    (a.dest_qpn == b.dest_qpn || unicast)
+        && Route {
+            dest_qpn: a.dest_qpn,
+            ..*b
+        } == *a
+}
+
+/// Packets for other processes along one link, from one node.
+struct Run<E: Endpoint> {
+    from: Arc<Node<E>>,
+    route: Route,
+    /// The destination is an address of this host (another process may have a mailbox).
+    local_host: bool,
+    packets: Vec<Vec<u8>>,
+    /// For each packet, where its payload is if it was left in memory.
+    exts: Vec<Option<ExternalRanges>>,
+}
+
+/// Packets waiting to be handed to a driver, in the order they were produced, and the tickets
+/// to release once they were.
+struct Outbox<E: Endpoint> {
+    runs: Vec<Run<E>>,
+    packets: usize,
+    bytes: usize,
+    tickets: Vec<(Arc<E>, u64)>,
+}
+
+impl<E: Endpoint> Default for Outbox<E> {
+    fn default() -> Self {
+        Self {
+            runs: Vec::new(),
+            packets: 0,
+            bytes: 0,
+            tickets: Vec::new(),
+        }
+    }
+}
+
+impl<E: Endpoint> Outbox<E> {
+    fn is_empty(&self) -> bool {
+        self.runs.is_empty() && self.tickets.is_empty()
+    }
+
+    /// Adds a run; its positive ACKs replace the waiting ones to the same QP.
+    fn push(&mut self, mut run: Run<E>) {
+        let acked = |p: &[u8]| is_positive_ack(p).then(|| peek_dest_qpn(p)).flatten();
+        for qpn in run.packets.iter().filter_map(|p| acked(p)) {
+            for old in &mut self.runs {
+                if old.route.dgid != run.route.dgid {
+                    continue;
+                }
+                let before = old.packets.len();
+                old.packets.retain(|p| acked(p) != Some(qpn));
+                let gone = before - old.packets.len();
+                self.packets -= gone;
+                self.bytes -= gone * ACK_LEN;
+            }
+        }
+        self.runs.retain(|r| !r.packets.is_empty());
+        // Within the run too: only its last ACK to each QP stays.
+        let mut seen: Vec<u32> = Vec::new();
+        let mut keep: Vec<bool> = run
+            .packets
+            .iter()
+            .rev()
+            .map(|p| match acked(p) {
+                Some(q) if seen.contains(&q) => false,
+                Some(q) => {
+                    seen.push(q);
+                    true
+                }
+                None => true,
+            })
+            .collect();
+        keep.reverse();
+        let mut k = keep.into_iter();
+        run.packets.retain(|_| k.next().unwrap_or(true));
+        self.packets += run.packets.len();
+        self.bytes += run.packets.iter().map(Vec::len).sum::<usize>();
+        if !run.packets.is_empty() {
+            self.runs.push(run);
+        }
+    }
+}
+
+/// Bytes of a positive ACK (BTH, AETH, ICRC).
+const ACK_LEN: usize = 12 + 4 + 4;
+
+thread_local! {
+    /// Set while this thread runs a [`ReceivePass`].
+    static IN_RECEIVE_PASS: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A thread reading packets until its drivers run dry: what they cause waits in the outbox
+/// (ACKs coalesce there) and is sent when the pass ends, on drop.
+pub(crate) struct ReceivePass<'a, E: Endpoint> {
+    fabric: &'a Fabric<E>,
+    /// Packets received in this pass.
+    pub(crate) received: usize,
+}
+
+impl<'a, E: Endpoint> ReceivePass<'a, E> {
+    fn new(fabric: &'a Fabric<E>) -> Self {
+        IN_RECEIVE_PASS.with(|c| c.set(true));
+        Self { fabric, received: 0 }
+    }
+
+    /// Whether the pass should end: the drivers ran dry (a driver reads until its sockets or
+    /// rings are empty, so a short batch means they were), or enough came that the peers wait
+    /// for ACKs.
+    fn done(&mut self, got: usize) -> bool {
+        self.received += got;
+        got < RECEIVE_PASS_PACKETS / 2 || self.received >= RECEIVE_PASS_PACKETS || self.fabric.outbox_full()
+    }
+}
+
+impl<E: Endpoint> Drop for ReceivePass<'_, E> {
+    fn drop(&mut self) {
+        IN_RECEIVE_PASS.with(|c| c.set(false));
+        self.fabric.flush_outbox();
+    }
+}
+
+/// Packets a receive pass reads at most before what they caused is sent: a requester sets
+/// AckReq at least every 64 packets and keeps at most 128 unacknowledged, so it must not wait
+/// for a whole window.
+const RECEIVE_PASS_PACKETS: usize = 64;
+
+/// Packets of posted work requests held back (see [`Fabric::send_then_release`]) up to a GSO
+/// batch: beyond it waiting saves no system call.
+const OUTBOX_PACKETS: usize = 64;
+/// Bytes held back at most, likewise.
+const OUTBOX_BYTES: usize = 64 << 10;
+
 /// The fabric between the nodes of this process: routes packets through its drivers and
 /// runs the progress and receive threads. Created by the device registry; nodes own it.
 pub(crate) struct Fabric<E: Endpoint> {
@@ -444,8 +587,24 @@ pub(crate) struct Fabric<E: Endpoint> {
     udp_idle_polls: AtomicU32,
     /// Until when (engine nanoseconds) shared memory counts as carrying traffic.
     shm_busy_until: AtomicU64,
-    /// When an application thread last polled an empty CQ (engine nanoseconds).
+    /// When an application thread last polled an empty CQ (engine nanoseconds), reading the
+    /// drivers itself.
     app_poll_at: AtomicU64,
+    /// When an application thread last polled a CQ, empty or not (engine nanoseconds; 0:
+    /// never).
+    app_active_at: AtomicU64,
+    /// Packets for other processes not yet handed to a driver.
+    outbox: Mutex<Outbox<E>>,
+    /// The outbox holds something (a look without the lock; changed under it).
+    outbox_busy: AtomicBool,
+    /// Held while a batch taken from the outbox is being sent.
+    sending: Mutex<()>,
+    /// Receive threads waiting on their driver (not napping while an application polls).
+    rx_waiting: AtomicU32,
+    /// [`BURST_AFTER_POLL`] in nanoseconds (tests widen it).
+    burst_after_poll: AtomicU64,
+    /// Posts since an application thread last polled a CQ.
+    posts_since_poll: AtomicU32,
 }
 
 impl<E: Endpoint> std::fmt::Debug for Fabric<E> {
@@ -506,18 +665,32 @@ impl QpnTable {
 /// socket to it.
 const APP_POLLING: Duration = Duration::from_micros(200);
 
+/// Whether packets handed to [`Fabric::send_then_release`] may wait in the outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// They leave at once (with whatever waits before them).
+    No,
+    /// Responses to received packets: during a receive pass they wait for its end (when the
+    /// drivers ran dry), so that one ACK per QP covers the pass.
+    InPass,
+    /// Packets of work requests just posted: as `InPass`, and also while the application
+    /// busy-polls (see `Fabric::in_burst`); its next poll sends them (or a wait on a
+    /// completion channel), or else the receive thread: a napping one when its nap ends, a
+    /// waiting one is woken. Packets to shared-memory peers never wait (they cost no system
+    /// call).
+    Posted,
+}
+
+/// How recently an application thread must have polled for what it posts to wait in the
+/// outbox for its next poll. Longer than [`APP_POLLING`]: a burst of posts between two polls
+/// may take a while, and sending each post alone makes it longer still.
+const BURST_AFTER_POLL: Duration = Duration::from_millis(1);
+
 /// While shared memory carries traffic, an application poll looks at idle UDP sockets only
 /// once in this many polls.
 const UDP_POLL_EVERY: u32 = 16;
 /// How long after shared memory last delivered it still counts as carrying traffic.
 const SHM_BUSY: Duration = Duration::from_millis(1);
-
-/// A run of packets to another process along one route, with where each payload left in
-/// memory is.
-type RemoteRun = (Route, Vec<Vec<u8>>, Vec<Option<ExternalRanges>>);
-
-/// How long a receive thread keeps looking after its last packet before it sleeps.
-const RX_LINGER: Duration = Duration::from_micros(50);
 
 /// Waits on a receiving driver (UDP or shared memory) and hands what arrives to the nodes with
 /// `pump`; ends once the fabric is gone.
@@ -528,6 +701,8 @@ fn receive_thread<E: Endpoint, D: Driver>(
 ) {
     loop {
         let Some(f) = fabric.upgrade() else { return };
+        // What a polling application posted goes out by now at the latest.
+        f.flush_outbox();
         // While an application thread polls a CQ, it reads the driver itself with no thread
         // hand-off: do not even wait on it, since every wake-up would take a core from a
         // spinning thread (and senders to a mailbox ring its doorbell only while this thread
@@ -536,31 +711,50 @@ fn receive_thread<E: Endpoint, D: Driver>(
             .now()
             .as_nanos()
             .saturating_sub(f.app_poll_at.load(Ordering::Relaxed));
-        drop(f);
         if since < APP_POLLING.as_nanos() as u64 {
+            drop(f);
             std::thread::sleep(APP_POLLING);
             continue;
         }
+        // From here on a thread that holds posted packets back wakes this one: see
+        // `send_then_release`.
+        f.rx_waiting.fetch_add(1, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
+        f.flush_outbox();
+        drop(f);
         // Wakes at least once a second (the UDP driver then takes over the standard port if it
         // was freed).
-        if driver.wait(Duration::from_secs(1)) {
-            let Some(f) = fabric.upgrade() else { return };
+        let readable = driver.wait(Duration::from_secs(1));
+        let Some(f) = fabric.upgrade() else { return };
+        f.rx_waiting.fetch_sub(1, Ordering::SeqCst);
+        if readable {
             // A burst usually goes on: look again for a moment before sleeping, since each
             // sleep costs the sender a wake-up call and this thread a few microseconds.
             let mut last = std::time::Instant::now();
             loop {
-                if pump(&f, true) > 0 {
+                let mut pass = ReceivePass::new(&f);
+                loop {
+                    let got = pump(&f, true);
                     f.drive(f.now());
-                    last = std::time::Instant::now();
-                } else if last.elapsed() >= RX_LINGER {
-                    break;
-                } else {
-                    std::thread::yield_now();
+                    if pass.done(got) {
+                        break;
+                    }
                 }
+                if pass.received > 0 {
+                    last = std::time::Instant::now();
+                }
+                drop(pass);
+                if last.elapsed() >= RX_LINGER {
+                    break;
+                }
+                std::thread::yield_now();
             }
         }
     }
 }
+
+/// How long a receive thread keeps looking after its last packet before it sleeps.
+const RX_LINGER: Duration = Duration::from_micros(50);
 
 /// Runs transport timers when they are due; ends once the fabric is gone.
 fn progress_thread<E: Endpoint>(fabric: Weak<Fabric<E>>, wake: Arc<WakeUp>) {
@@ -686,6 +880,13 @@ impl<E: Endpoint> Fabric<E> {
             udp_idle_polls: AtomicU32::new(0),
             shm_busy_until: AtomicU64::new(0),
             app_poll_at: AtomicU64::new(0),
+            app_active_at: AtomicU64::new(0),
+            outbox: Mutex::new(Outbox::default()),
+            outbox_busy: AtomicBool::new(false),
+            sending: Mutex::new(()),
+            rx_waiting: AtomicU32::new(0),
+            burst_after_poll: AtomicU64::new(BURST_AFTER_POLL.as_nanos() as u64),
+            posts_since_poll: AtomicU32::new(0),
         });
         let (me, wake) = (Arc::downgrade(&f), f.wake.clone());
         std::thread::Builder::new()
@@ -763,25 +964,51 @@ impl<E: Endpoint> Fabric<E> {
     /// progress thread to be scheduled).
     pub(crate) fn progress(&self, now: Instant) {
         self.app_poll_at.store(now.as_nanos(), Ordering::Relaxed);
-        if self.pump_shm(false) > 0 {
-            self.shm_busy_until
-                .store(now.as_nanos() + SHM_BUSY.as_nanos() as u64, Ordering::Relaxed);
+        self.polled(now);
+        // One receive pass: read until the drivers run dry, so that what the packets cause
+        // (ACKs above all) leaves in one batch when the pass ends.
+        let mut pass = ReceivePass::new(self);
+        let mut at = now;
+        loop {
+            let mut got = self.pump_shm(false);
+            if got > 0 {
+                self.shm_busy_until
+                    .store(now.as_nanos() + SHM_BUSY.as_nanos() as u64, Ordering::Relaxed);
+            }
+            // Looking at the UDP sockets is a system call. While shared memory carries this
+            // process's traffic, a poller that found them empty looks again only every few
+            // polls; as long as they deliver, or when shared memory is quiet, every poll reads
+            // them.
+            let skip = now.as_nanos() < self.shm_busy_until.load(Ordering::Relaxed)
+                && self.udp_idle_polls.fetch_add(1, Ordering::Relaxed) % UDP_POLL_EVERY != 0;
+            if !skip {
+                let n = self.pump_udp(false);
+                if n > 0 {
+                    self.udp_idle_polls.store(0, Ordering::Relaxed);
+                }
+                got += n;
+            }
+            self.drive(at);
+            if pass.done(got) {
+                break;
+            }
+            at = self.now();
         }
-        // Looking at the UDP sockets is a system call. While shared memory carries this
-        // process's traffic, a poller that found them empty looks again only every few polls;
-        // as long as they deliver, or when shared memory is quiet, every poll reads them.
-        let skip = now.as_nanos() < self.shm_busy_until.load(Ordering::Relaxed)
-            && self.udp_idle_polls.fetch_add(1, Ordering::Relaxed) % UDP_POLL_EVERY != 0;
-        if !skip && self.pump_udp(false) > 0 {
-            self.udp_idle_polls.store(0, Ordering::Relaxed);
-        }
-        self.drive(now);
         if self.wake.load() <= now.as_nanos() {
             for n in self.live_nodes() {
                 n.run_timers(now);
             }
             self.drive(self.now());
         }
+        drop(pass);
+    }
+
+    /// Notes that an application thread polls a CQ (so it is busy polling) and sends what it
+    /// posted since its last poll, in one batch.
+    pub(crate) fn polled(&self, now: Instant) {
+        self.app_active_at.store(now.as_nanos().max(1), Ordering::Relaxed);
+        self.posts_since_poll.store(0, Ordering::Relaxed);
+        self.flush_outbox();
     }
 
     /// Reads the UDP driver and hands what it got to the nodes before another thread may read
@@ -817,26 +1044,157 @@ impl<E: Endpoint> Fabric<E> {
         n
     }
 
-    /// Routes packets from `from` to their destinations: to the in-process driver of the node
-    /// of this fabric that has the destination GID and QP, otherwise out over UDP (runs of
-    /// packets along one route in one batch).
-    pub(crate) fn send_all(&self, from: &Node<E>, txs: Vec<Transmit>) {
-        if txs.is_empty() {
+    /// Routes packets from `from` to their destinations at once: to the in-process driver of
+    /// the node of this fabric that has the destination GID and QP, otherwise out through
+    /// shared memory or UDP (runs of packets along one link in one batch). Used where packets
+    /// must not wait behind others (a QP moving to the error state under its lock).
+    pub(crate) fn send_all(&self, from: &Arc<Node<E>>, txs: Vec<Transmit>) {
+        let runs = self.route(from, txs);
+        self.send_runs(runs);
+    }
+
+    /// Sends packets from `from` as [`Fabric::send_all`] does, then makes the completions held
+    /// under `tickets` visible. Packets for other processes go through the outbox, in order:
+    /// the next thread that sends takes everything in it, and releases the tickets once their
+    /// packets were handed to a driver (an application that sees its last completion and
+    /// exits must not leave the peer without the packets it was waiting for).
+    ///
+    /// With `hold`, the packets may stay in the outbox for a short while, to leave with others
+    /// in one batch (one `sendmmsg` or GSO call instead of a system call each): see [`Hold`].
+    /// A full outbox leaves at once. A positive ACK replaces the waiting ACKs of its QP (ACKs
+    /// are cumulative), so one ACK covers every packet of a pass.
+    pub(crate) fn send_then_release(
+        &self,
+        from: &Arc<Node<E>>,
+        txs: Vec<Transmit>,
+        tickets: impl IntoIterator<Item = (Arc<E>, u64)>,
+        hold: Hold,
+    ) {
+        let runs = self.route(from, txs);
+        // Shared memory costs no system call: nothing to save by waiting.
+        let by_udp = runs.iter().any(|r| !(r.local_host && self.shm.get().is_some()));
+        let may_wait = match hold {
+            Hold::No => false,
+            Hold::InPass => IN_RECEIVE_PASS.with(Cell::get),
+            Hold::Posted => IN_RECEIVE_PASS.with(Cell::get) || self.in_burst(),
+        };
+        // Nothing to send (a work request queued behind a full window): its tickets wait
+        // behind the packets that wait, if any, rather than send them early.
+        let wait = may_wait && (by_udp || (runs.is_empty() && self.outbox_busy.load(Ordering::Acquire)));
+        if !wait {
+            // At once, behind whatever waits (in order), without going through the outbox.
+            let waiting = {
+                let _sending = self.sending.lock();
+                let waiting = self.take_outbox();
+                self.send_runs(waiting.runs);
+                self.send_runs(runs);
+                waiting.tickets
+            };
+            for (qp, ticket) in waiting.into_iter().chain(tickets) {
+                qp.release_ticket(ticket);
+            }
             return;
         }
-        let nodes = self.live_nodes();
-        // Packets for other processes, in runs along one route (one batch each for the UDP
-        // driver), with where each payload left in memory is. Packets for this process go to
-        // their node's in-process driver at once.
-        let mut remote: Vec<RemoteRun> = Vec::new();
-        let mut add_remote =
-            |route: Route, data: Vec<u8>, ext: Option<ExternalRanges>| match remote.last_mut() {
-                Some((r, batch, exts)) if *r == route => {
-                    batch.push(data);
-                    exts.push(ext);
+        let (full, first) = {
+            let mut out = self.outbox.lock();
+            let first = out.is_empty();
+            for run in runs {
+                out.push(run);
+            }
+            out.tickets.extend(tickets);
+            self.outbox_busy.store(!out.is_empty(), Ordering::Release);
+            (out.packets >= OUTBOX_PACKETS || out.bytes >= OUTBOX_BYTES, first)
+        };
+        if full {
+            self.flush_outbox();
+        } else if hold == Hold::Posted && !IN_RECEIVE_PASS.with(Cell::get) {
+            // Pairs with the fence in `receive_thread`: either that thread sees these packets
+            // before it waits, or this one sees it waiting and wakes it.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if first && self.rx_waiting.load(Ordering::SeqCst) > 0 {
+                // A receive thread waits on its driver: it looks at the outbox once woken
+                // (then naps while the application polls, see `receive_thread`).
+                if let Some(u) = self.udp.get() {
+                    u.wake();
                 }
-                _ => remote.push((route, vec![data], vec![ext])),
-            };
+                if let Some(s) = self.shm.get() {
+                    s.wake();
+                }
+            }
+        }
+    }
+
+    /// Whether work requests are being posted in a burst by a busy-polling application: it
+    /// polled a CQ lately (its next poll sends them) and this is not the first post since. The
+    /// first goes at once: a program that posts one message per event may sleep next, outside
+    /// softverbs (in `epoll_wait`, say), and its message must not wait for anyone.
+    fn in_burst(&self) -> bool {
+        let later = self.posts_since_poll.fetch_add(1, Ordering::Relaxed) > 0;
+        let polled_at = self.app_active_at.load(Ordering::Relaxed);
+        later
+            && polled_at != 0
+            && self.now().as_nanos().saturating_sub(polled_at) < self.burst_after_poll.load(Ordering::Relaxed)
+    }
+
+    /// Empties the outbox.
+    fn take_outbox(&self) -> Outbox<E> {
+        let mut out = self.outbox.lock();
+        if out.is_empty() {
+            return Outbox::default();
+        }
+        self.outbox_busy.store(false, Ordering::Release);
+        std::mem::take(&mut *out)
+    }
+
+    /// Whether the outbox holds a batch's worth.
+    fn outbox_full(&self) -> bool {
+        let out = self.outbox.lock();
+        out.packets >= OUTBOX_PACKETS || out.bytes >= OUTBOX_BYTES
+    }
+
+    /// Sends what the outbox holds, in order, and then releases the tickets of what was sent.
+    pub(crate) fn flush_outbox(&self) {
+        // Every poll comes here: most find nothing, without taking a lock.
+        if !self.outbox_busy.load(Ordering::Acquire) {
+            return;
+        }
+        let tickets = {
+            // Taking and sending under one lock keeps the packets in the order they were
+            // produced; each thread sends at most what was there when it came (a thread that
+            // sends for others forever would never poll again).
+            let _sending = self.sending.lock();
+            let batch = self.take_outbox();
+            self.send_runs(batch.runs);
+            batch.tickets
+        };
+        for (qp, ticket) in tickets {
+            qp.release_ticket(ticket);
+        }
+    }
+
+    /// Delivers the packets for this process's nodes and returns the others in runs along one
+    /// link (one batch each for a driver), counting every packet on `from`.
+    fn route(&self, from: &Arc<Node<E>>, txs: Vec<Transmit>) -> Vec<Run<E>> {
+        let mut remote: Vec<Run<E>> = Vec::new();
+        if txs.is_empty() {
+            return remote;
+        }
+        let nodes = self.live_nodes();
+        let mut add_remote = |route: Route, data: Vec<u8>, ext: Option<ExternalRanges>| match remote
+            .last_mut()
+        {
+            Some(r) if same_link(&r.route, &route) => {
+                r.packets.push(data);
+                r.exts.push(ext);
+            }
+            _ => remote.push(Run {
+                from: from.clone(),
+                route,
+                local_host: route.dest_qpn != MULTICAST_QPN && nodes.iter().any(|n| n.has_gid(&route.dgid)),
+                packets: vec![data],
+                exts: vec![ext],
+            }),
+        };
         for mut tx in txs {
             bump(&from.counters.tx_packets);
             let qpn = peek_dest_qpn(&tx.data).unwrap_or(0);
@@ -873,22 +1231,44 @@ impl<E: Endpoint> Fabric<E> {
                 add_remote(route, tx.data, tx.external);
             }
         }
-        for (route, mut batch, exts) in remote {
+        remote
+    }
+
+    /// Sends runs of packets for other processes: through a process's mailbox if it has one,
+    /// otherwise over UDP. Adjacent runs along one link (QPs of one peer process) go together.
+    fn send_runs(&self, runs: Vec<Run<E>>) {
+        if runs.is_empty() {
+            return;
+        }
+        let mut runs = runs.into_iter().peekable();
+        while let Some(mut run) = runs.next() {
+            while let Some(next) =
+                runs.next_if(|n| Arc::ptr_eq(&n.from, &run.from) && same_link(&n.route, &run.route))
+            {
+                run.packets.extend(next.packets);
+                run.exts.extend(next.exts);
+            }
+            let Run {
+                from,
+                route,
+                local_host,
+                mut packets,
+                exts,
+            } = run;
             // Another process on this host (the address is one of this fabric's devices'):
             // through its mailbox if it has one.
-            let local_host = route.dest_qpn != MULTICAST_QPN && nodes.iter().any(|n| n.has_gid(&route.dgid));
             let by_shm = match self.shm.get() {
-                Some(shm) if local_host => shm.send_to_process(&route, &batch, &exts),
+                Some(shm) if local_host => shm.send_to_process(&route, &packets, &exts),
                 _ => None,
             };
             if by_shm.is_none() && exts.iter().any(Option::is_some) {
                 // UDP carries bytes: fetch the payloads left in memory.
-                for (data, ext) in batch.iter_mut().zip(&exts) {
+                for (data, ext) in packets.iter_mut().zip(&exts) {
                     if let Some(ext) = ext {
                         *data = remote::materialize(data, ext).unwrap_or_default();
                     }
                 }
-                batch.retain(|d| !d.is_empty());
+                packets.retain(|d| !d.is_empty());
             }
             let sent = match by_shm {
                 Some(n) => {
@@ -901,10 +1281,10 @@ impl<E: Endpoint> Fabric<E> {
                         .fetch_add(in_memory as u64, Ordering::Relaxed);
                     n
                 }
-                None => self.udp.get().map_or(0, |u| u.send(&route, &mut batch)),
+                None => self.udp.get().map_or(0, |u| u.send(&route, &mut packets)),
             };
             if route.dest_qpn != MULTICAST_QPN {
-                for _ in sent..batch.len() {
+                for _ in sent..packets.len() {
                     bump(&from.counters.tx_unroutable);
                 }
             }
@@ -1162,7 +1542,13 @@ mod tests {
                 to(group, send_only(MULTICAST_QPN, *b"all.")),
             ],
         );
-        fabric.drive(fabric.now());
+        // The progress thread may be driving the node at the same time (then this drive
+        // returns at once and that thread delivers): wait, bounded, for both packets.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while probe.released.lock().len() < 2 && std::time::Instant::now() < deadline {
+            fabric.drive(fabric.now());
+            std::thread::yield_now();
+        }
 
         let meta = |dgid| RxMeta {
             sgid: ga,
@@ -1183,6 +1569,159 @@ mod tests {
         let (ca, cb) = (a.counters.snapshot(), b.counters.snapshot());
         assert_eq!((ca.tx_packets, ca.tx_unroutable), (3, 1));
         assert_eq!((cb.rx_packets, cb.rx_unknown_qp), (2, 0));
+    }
+
+    /// A packet for a QP of another process (no such node here, and no UDP driver: counted as
+    /// unroutable once it is sent).
+    fn away(qpn: u32, payload: [u8; 4]) -> Transmit {
+        to(Gid::from_ip("10.9.9.9".parse().unwrap()), send_only(qpn, payload))
+    }
+
+    #[test]
+    fn posted_packets_wait_for_the_next_poll_of_a_busy_poller() {
+        let fabric = Fabric::<Probe>::new();
+        // However slow this host: a poll and the posts after it are always one burst.
+        fabric.burst_after_poll.store(u64::MAX, Ordering::Relaxed);
+        let a = fabric.add_node(&[Gid::from_ip("10.0.0.4".parse().unwrap())], 1);
+        let qp = Arc::new(Probe::default());
+        let unroutable = || a.counters.snapshot().tx_unroutable;
+        let post = |payload: &[u8; 4], ticket: u64, hold: Hold| {
+            fabric.send_then_release(
+                &a,
+                vec![away(0x20_0011, *payload)],
+                vec![(qp.clone(), ticket)],
+                hold,
+            );
+        };
+
+        // No application has polled: nothing would send them, so they go at once.
+        post(b"now.", 1, Hold::Posted);
+        assert_eq!((unroutable(), qp.released.lock().clone()), (1, vec![1]));
+
+        // After a poll the first post goes at once (the program may sleep next); the rest of
+        // the burst waits for the next poll, and so do their completions.
+        fabric.polled(fabric.now());
+        post(b"1st.", 2, Hold::Posted);
+        assert_eq!((unroutable(), qp.released.lock().clone()), (2, vec![1, 2]));
+        post(b"one.", 3, Hold::Posted);
+        post(b"two.", 4, Hold::Posted);
+        assert_eq!(unroutable(), 2, "held back");
+        assert_eq!(*qp.released.lock(), [1, 2], "completions wait for their packets");
+        fabric.progress(fabric.now());
+        assert_eq!(unroutable(), 4, "sent by the poll");
+        assert_eq!(*qp.released.lock(), [1, 2, 3, 4]);
+
+        // Responses wait only during a receive pass.
+        let released = || qp.released.lock().clone();
+        post(b"rsp.", 5, Hold::InPass);
+        assert_eq!(unroutable(), 5);
+        {
+            let _pass = ReceivePass::new(&fabric);
+            post(b"rsp.", 6, Hold::InPass);
+            assert_eq!(unroutable(), 5, "until the pass ends");
+        }
+        assert_eq!((unroutable(), released()), (6, vec![1, 2, 3, 4, 5, 6]));
+
+        // Packets that may not wait (timers, ...) take the waiting ones with them, in order.
+        post(b"1st.", 7, Hold::Posted);
+        post(b"pst.", 8, Hold::Posted);
+        assert_eq!(unroutable(), 7, "the second post waits");
+        post(b"now.", 9, Hold::No);
+        assert_eq!(unroutable(), 9);
+        assert_eq!(released(), (1..=9).collect::<Vec<u64>>());
+
+        // A full batch does not wait.
+        let burst: Vec<Transmit> = (0..OUTBOX_PACKETS).map(|_| away(0x20_0011, *b"many")).collect();
+        fabric.send_then_release(&a, burst, vec![(qp.clone(), 10)], Hold::Posted);
+        assert_eq!(unroutable(), 9 + OUTBOX_PACKETS as u64);
+        assert_eq!(released().last(), Some(&10));
+
+        // Nothing to send: the completions wait behind the packets that wait, if any.
+        post(b"one.", 11, Hold::Posted);
+        fabric.send_then_release(&a, Vec::new(), vec![(qp.clone(), 12)], Hold::Posted);
+        assert_eq!(released().last(), Some(&10), "held behind 11's packet");
+        fabric.polled(fabric.now());
+        assert_eq!(unroutable(), 10 + OUTBOX_PACKETS as u64);
+        assert_eq!(released().last(), Some(&12));
+        fabric.send_then_release(&a, Vec::new(), vec![(qp.clone(), 13)], Hold::Posted);
+        assert_eq!(released().last(), Some(&13), "nothing waits: released at once");
+    }
+
+    /// A positive ACK (or, with `nak`, a sequence-error NAK) to `qpn` for `psn`.
+    fn ack(qpn: u32, psn: u32, nak: bool) -> Vec<u8> {
+        use softverbs_wire::aeth::{AethRepr, AethSyndrome, NakCode};
+        use softverbs_wire::PacketRepr;
+        let mut repr = PacketRepr::new(BthRepr::new(Opcode::RcAcknowledge, qpn, Psn::new(psn)), 0);
+        let syndrome = if nak {
+            AethSyndrome::Nak(NakCode::PsnSequenceError)
+        } else {
+            AethSyndrome::ACK_UNLIMITED
+        };
+        repr.aeth = Some(AethRepr { syndrome, msn: psn });
+        let mut buf = vec![0u8; repr.buffer_len()];
+        repr.emit(&mut buf).unwrap();
+        buf
+    }
+
+    #[test]
+    fn the_outbox_keeps_the_newest_ack_of_each_qp() {
+        let fabric = Fabric::<Probe>::new();
+        let a = fabric.add_node(&[Gid::from_ip("10.0.0.5".parse().unwrap())], 1);
+        let peer = Gid::from_ip("10.9.9.8".parse().unwrap());
+        let run = |packets: Vec<Vec<u8>>| {
+            fabric
+                .route(&a, packets.into_iter().map(|p| to(peer, p)).collect())
+                .into_iter()
+                .next()
+                .expect("one run")
+        };
+        let mut out = Outbox::default();
+        out.push(run(vec![
+            ack(0x20_0011, 1, false),
+            send_only(0x20_0011, *b"req."),
+            ack(0x20_0012, 7, false),
+        ]));
+        out.push(run(vec![
+            ack(0x20_0011, 2, true),
+            ack(0x20_0011, 3, false),
+            ack(0x20_0011, 4, false),
+        ]));
+        let left: Vec<Vec<u8>> = out.runs.iter().flat_map(|r| r.packets.clone()).collect();
+        assert_eq!(
+            left,
+            [
+                send_only(0x20_0011, *b"req."),
+                ack(0x20_0012, 7, false),
+                ack(0x20_0011, 2, true),
+                ack(0x20_0011, 4, false),
+            ],
+            "requests, NAKs and other QPs' ACKs stay, in order; one ACK per QP, the newest"
+        );
+        assert_eq!(out.packets, 4);
+        assert_eq!(out.bytes, left.iter().map(Vec::len).sum::<usize>());
+    }
+
+    #[test]
+    fn runs_to_one_process_form_one_link() {
+        let g = Gid::from_ip("10.9.9.7".parse().unwrap());
+        let route = |dest_qpn, dgid| Route {
+            sgid: Gid::ZERO,
+            dgid,
+            dest_qpn,
+            traffic_class: 0,
+            hop_limit: 64,
+            ifindex: 1,
+            ports: (4792, 4793),
+        };
+        assert!(same_link(&route(0x02_0011, g), &route(0x02_0012, g)));
+        assert!(!same_link(&route(0x02_0011, g), &route(0x02_0011, Gid::ZERO)));
+        assert!(!same_link(&route(0x02_0011, g), &route(MULTICAST_QPN, g)));
+        assert!(same_link(&route(MULTICAST_QPN, g), &route(MULTICAST_QPN, g)));
+        let other_port = Route {
+            ports: (4792, 4794),
+            ..route(0x03_0011, g)
+        };
+        assert!(!same_link(&route(0x02_0011, g), &other_port));
     }
 
     #[test]

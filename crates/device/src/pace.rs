@@ -7,6 +7,8 @@
 //! namespace), so every so many bytes sent to a local port it looks, and while that queue is
 //! more than half full it waits for the receiver to catch up (bounded, so a stopped receiver
 //! costs at most a short delay before the datagrams go out and are lost as on a real network).
+//! Reading the table walks the host's whole UDP hash table (about 0.1 ms), so the next look
+//! comes only after as many bytes as could fill half the room the last look found.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -26,7 +28,8 @@ const MIN_PACED: usize = 1024;
 pub(crate) struct Pacer {
     /// The receive buffer a softverbs socket gets (our own; peers run the same code).
     rcvbuf: usize,
-    sent: Mutex<HashMap<(bool, u16), usize>>,
+    /// Per destination: bytes sent since the last look, and how many may go before the next.
+    sent: Mutex<HashMap<(bool, u16), (usize, usize)>>,
 }
 
 impl Pacer {
@@ -43,11 +46,13 @@ impl Pacer {
         if bytes < MIN_PACED {
             return;
         }
+        let high = self.rcvbuf / 2;
+        let low = self.rcvbuf / 4;
         let check = {
             let mut sent = self.sent.lock();
-            let n = sent.entry((v6, port)).or_insert(0);
+            let (n, budget) = sent.entry((v6, port)).or_insert((0, self.rcvbuf / 8));
             *n += bytes;
-            if *n >= self.rcvbuf / 8 {
+            if *n >= *budget {
                 *n = 0;
                 true
             } else {
@@ -57,9 +62,13 @@ impl Pacer {
         if !check {
             return;
         }
-        let high = self.rcvbuf / 2;
-        let low = self.rcvbuf / 4;
         let Some(q) = queued(v6, port) else { return };
+        // Queued datagrams take more memory than their bytes (the table counts that), and
+        // other senders may fill the same queue: half the room left, at least an eighth.
+        let budget = (high.saturating_sub(q) / 2).max(self.rcvbuf / 8);
+        if let Some(e) = self.sent.lock().get_mut(&(v6, port)) {
+            e.1 = budget;
+        }
         if q <= high {
             return;
         }
@@ -115,6 +124,28 @@ mod tests {
         assert_eq!(rx_queue(TABLE, 4792), 0x12C00 + 0x100);
         assert_eq!(rx_queue(TABLE, 4791), 0x0FFF_FFFF);
         assert_eq!(rx_queue(TABLE, 4793), 0);
+    }
+
+    #[test]
+    fn looks_less_often_while_the_receiver_has_room() {
+        // Nobody listens on this port: its queue is empty, so after the first look the next
+        // comes after half the room up to the high mark (a quarter buffer), not an eighth.
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .and_then(|s| s.local_addr())
+            .expect("a free port")
+            .port();
+        let pacer = Pacer::new(1 << 20);
+        let budget = || pacer.sent.lock().get(&(false, port)).copied();
+        pacer.before_send(false, port, (1 << 20) / 8);
+        assert_eq!(budget(), Some((0, (1 << 20) / 4)), "looked once, with room");
+        pacer.before_send(false, port, (1 << 20) / 8);
+        assert_eq!(budget(), Some(((1 << 20) / 8, (1 << 20) / 4)), "no look yet");
+        pacer.before_send(false, port, 100);
+        assert_eq!(
+            budget().map(|b| b.0),
+            Some((1 << 20) / 8),
+            "small sends are not counted"
+        );
     }
 
     #[test]

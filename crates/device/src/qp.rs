@@ -21,7 +21,7 @@ use softverbs_wire::ParsedPacket;
 use crate::context::{Context, EventElement};
 use crate::cq::Cq;
 use crate::device::{cap_flags, Fabric, Node, Resource};
-use crate::fabric::Endpoint;
+use crate::fabric::{Endpoint, Hold};
 use crate::held::Held;
 use crate::pd::{Ah, Pd};
 use crate::raw::{require_cap_net_raw, RawPort};
@@ -760,10 +760,31 @@ impl Qp {
     /// Sends packets, makes their completions visible, and lets the fabric run until it is
     /// quiet.
     fn emit(&self, out: Outputs) {
-        self.transmit(out.txs);
-        self.release(out.ticket);
+        self.emit_as(out, false);
+    }
+
+    /// [`Qp::emit`]; `posted` packets (of work requests just posted) may wait for the
+    /// application's next poll to leave with the rest of its burst (see
+    /// `Fabric::send_then_release`).
+    fn emit_as(&self, out: Outputs, posted: bool) {
+        self.send_then_release(out, posted);
         let f = self.fabric();
         f.drive(f.now());
+    }
+
+    /// Sends packets, then makes their completions visible.
+    fn send_then_release(&self, out: Outputs, posted: bool) {
+        match (&self.raw, self.me.upgrade()) {
+            (None, Some(me)) => {
+                let hold = if posted { Hold::Posted } else { Hold::No };
+                self.fabric()
+                    .send_then_release(self.node(), out.txs, [(me, out.ticket)], hold);
+            }
+            _ => {
+                self.transmit(out.txs);
+                self.release(out.ticket);
+            }
+        }
     }
 
     /// Sends packets the way this QP's go: a raw QP's frames out of its packet socket, the
@@ -1095,7 +1116,7 @@ impl Qp {
         }
         let out = self.drain(&mut inner, now);
         drop(inner);
-        self.emit(out);
+        self.emit_as(out, true);
         result
     }
 
@@ -1172,6 +1193,9 @@ impl Qp {
     }
 
     fn teardown(&self) {
+        // What the QP posted last may still wait in the fabric's outbox for the next poll:
+        // it leaves before the QP goes, as it would have from a NIC's queue.
+        self.fabric().flush_outbox();
         let device = self.context().device();
         // Type 2 windows bound to this QP die with it, before its number can be reused.
         device.node().keys.release_qp_windows(self.qpn);
@@ -1690,8 +1714,7 @@ impl Endpoint for Qp {
 
     fn on_timeout(&self, now: Instant) {
         let out = self.handle_timeout(now);
-        self.transmit(out.txs);
-        self.release(out.ticket);
+        self.send_then_release(out, false);
     }
 
     type Steering = crate::flow::UdFlows;

@@ -18,7 +18,7 @@
 use std::io::{IoSlice, IoSliceMut};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant as StdInstant};
 
@@ -151,7 +151,21 @@ pub(crate) struct Udp {
     pacer: Pacer,
     /// Forwarded datagrams dropped because they did not come from the standard port.
     forged: std::sync::atomic::AtomicU64,
+    /// Sockets (bit i: the i-th of `receive_into`'s list) read directly, without a readiness
+    /// check first: those that delivered since the last full scan.
+    hot: AtomicU8,
+    /// Sockets that delivered since the last full scan.
+    delivered: AtomicU8,
+    /// Receive calls since the last full scan of every socket.
+    since_scan: AtomicU32,
+    /// The next receive scans every socket (`wait` found one readable).
+    scan_next: AtomicBool,
 }
+
+/// A receive call scans every socket at least once in this many calls; in between it reads
+/// only the sockets that delivered lately (one system call per socket, rather than a readiness
+/// check and then a read).
+const SCAN_EVERY: u32 = 64;
 
 /// The slot of a QP number: which process (and port) owns it.
 pub(crate) fn slot_of(qpn: u32) -> u8 {
@@ -190,6 +204,11 @@ impl Udp {
             gso: std::sync::atomic::AtomicBool::new(true),
             pacer: Pacer::new(rcvbuf),
             forged: std::sync::atomic::AtomicU64::new(0),
+            // The own IPv4 socket: what softverbs peers on IPv4 send to.
+            hot: AtomicU8::new(1),
+            delivered: AtomicU8::new(0),
+            since_scan: AtomicU32::new(0),
+            scan_next: AtomicBool::new(true),
         });
         tracing::debug!(
             slot,
@@ -393,37 +412,77 @@ impl Udp {
     }
 
     /// Reads the datagrams waiting on every socket into `batch`, without blocking.
+    ///
+    /// A busy poller calls this all the time, so the common case costs one system call: the
+    /// sockets that delivered lately are read directly; every socket is looked at (one
+    /// `poll` over all, then a read of the ready ones) every [`SCAN_EVERY`] calls, when none
+    /// is hot, and after `wait` saw one readable.
     fn receive_into(&self, batch: &mut PacketBatch) -> usize {
         let before = batch.len();
         let fwd = self.forwarder.lock().clone();
-        let mut fds: Vec<(&OwnedFd, bool)> = self.own.fds().map(|f| (f, false)).collect();
+        let mut fds: [Option<(&OwnedFd, bool)>; 4] = [None; 4];
+        for (i, f) in self.own.fds().enumerate() {
+            fds[i] = Some((f, false));
+        }
         if let Some(f) = fwd.as_ref() {
-            fds.extend(f.fds().map(|f| (f, true)));
+            for (i, f) in f.fds().enumerate() {
+                fds[2 + i] = Some((f, true));
+            }
         }
-        // One readiness check over every socket costs less than a failing recvmsg on each.
-        let mut pfds: Vec<PollFd<'_>> = fds
-            .iter()
-            .map(|(f, _)| PollFd::new(f.as_fd(), PollFlags::POLLIN))
-            .collect();
-        if !matches!(poll(&mut pfds, PollTimeout::ZERO), Ok(n) if n > 0) {
-            return 0;
+        let hot = self.hot.load(Ordering::Relaxed);
+        let scan = self.scan_next.swap(false, Ordering::Relaxed)
+            || hot == 0
+            || self.since_scan.fetch_add(1, Ordering::Relaxed) + 1 >= SCAN_EVERY;
+        let mut ready = [false; 4];
+        if scan {
+            self.since_scan.store(0, Ordering::Relaxed);
+            // Sockets that delivered since the last scan stay hot; the others cool down.
+            self.hot
+                .store(self.delivered.swap(0, Ordering::Relaxed) | 1, Ordering::Relaxed);
+            // One readiness check over every socket costs less than a failing read on each.
+            let mut pfds: Vec<PollFd<'_>> = fds
+                .iter()
+                .flatten()
+                .map(|(f, _)| PollFd::new(f.as_fd(), PollFlags::POLLIN))
+                .collect();
+            if !matches!(poll(&mut pfds, PollTimeout::ZERO), Ok(n) if n > 0) {
+                return 0;
+            }
+            let mut it = pfds.iter();
+            for (i, fd) in fds.iter().enumerate() {
+                if fd.is_some() {
+                    ready[i] = it.next().and_then(|p| p.revents()).is_some_and(|r| !r.is_empty());
+                }
+            }
+        } else {
+            for (i, r) in ready.iter_mut().enumerate() {
+                *r = hot & (1 << i) != 0;
+            }
         }
-        let ready: Vec<bool> = pfds
-            .iter()
-            .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
-            .collect();
-        drop(pfds);
-        for ((fd, is_forwarder), ready) in fds.into_iter().zip(ready) {
-            if !ready {
+        for (i, slot) in fds.iter().enumerate() {
+            let Some((fd, is_forwarder)) = *slot else {
+                continue;
+            };
+            if !ready[i] {
                 continue;
             }
+            let mut read = 0;
             // Bounded (256 datagrams), so one busy socket does not starve the others and a
             // batch stays small; what is left is read on the next call (the socket stays
             // readable). A short read means the socket is empty.
             for _ in 0..256 / RECV_MMSG {
-                if batch.bytes() >= RX_BATCH_BYTES || self.recv_many(fd, is_forwarder, batch) < RECV_MMSG {
+                if batch.bytes() >= RX_BATCH_BYTES {
                     break;
                 }
+                let n = self.recv_many(fd, is_forwarder, batch);
+                read += n;
+                if n < RECV_MMSG {
+                    break;
+                }
+            }
+            if read > 0 {
+                self.delivered.fetch_or(1 << i, Ordering::Relaxed);
+                self.hot.fetch_or(1 << i, Ordering::Relaxed);
             }
         }
         batch.len() - before
@@ -732,6 +791,10 @@ impl Driver for Udp {
                 readable = true;
             }
         }
+        if readable {
+            // The readable socket may not be a hot one.
+            self.scan_next.store(true, Ordering::Relaxed);
+        }
         readable
     }
 
@@ -985,6 +1048,45 @@ mod tests {
         let mut packets = sized_packets(qpn, &many);
         assert_eq!(udp.send_packets(lo, lo, 0, qpn, &mut packets), many.len());
         assert_eq!(receive_plain(&peer, many.len()), packets);
+    }
+
+    #[test]
+    fn a_socket_that_was_quiet_is_still_read() {
+        let udp = Udp::start(free_base_port(), 255).expect("a slot");
+        if udp.own.v6.is_none() {
+            return; // no IPv6 on this host: one socket, always read
+        }
+        let qpn = (u32::from(udp.slot()) << 16) | 0x11;
+        let v4 = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let v6 = UdpSocket::bind("[::1]:0").unwrap();
+        let mut batch = PacketBatch::default();
+        let receive = |batch: &mut PacketBatch, calls: u32| -> usize {
+            // Busy polling: no `wait`, so no hint which socket is readable.
+            (0..calls).map(|_| udp.recv(batch)).sum()
+        };
+        // The IPv4 socket delivers, so it is read directly from then on.
+        v4.send_to(&packet(qpn, 1), ("127.0.0.1", udp.port())).unwrap();
+        let deadline = StdInstant::now() + Duration::from_secs(10);
+        while batch.is_empty() && StdInstant::now() < deadline {
+            receive(&mut batch, 1);
+        }
+        assert_eq!(batch.len(), 1);
+        assert_eq!(udp.hot.load(Ordering::Relaxed) & 0b10, 0, "IPv6 was quiet");
+        // A datagram on the quiet IPv6 socket is found by a full scan within SCAN_EVERY calls.
+        v6.send_to(&packet(qpn, 2), ("::1", udp.port())).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let got = receive(&mut batch, SCAN_EVERY + 1);
+        assert_eq!(got, 1, "read within a scan period");
+        assert_eq!(batch.iter().last().map(|(d, _)| d.to_vec()), Some(packet(qpn, 2)));
+        assert_ne!(udp.hot.load(Ordering::Relaxed) & 0b10, 0, "and now hot");
+        // After a wait saw a socket readable, the next receive looks at every socket.
+        batch.clear();
+        udp.hot.store(1, Ordering::Relaxed);
+        udp.delivered.store(0, Ordering::Relaxed);
+        v6.send_to(&packet(qpn, 3), ("::1", udp.port())).unwrap();
+        assert!(udp.wait(Duration::from_secs(10)), "readable");
+        udp.since_scan.store(0, Ordering::Relaxed);
+        assert_eq!(receive(&mut batch, 1), 1, "the first receive after the wait");
     }
 
     #[test]
