@@ -24,7 +24,7 @@
 //!   wait) and handles it; it uses no CPU when no deadline is pending.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
@@ -354,6 +354,9 @@ fn coalesce_acks(mut txs: Vec<Transmit>) -> Vec<Transmit> {
     txs
 }
 
+/// Live nodes of a fabric, inline for up to four (a process rarely has more devices open).
+type LiveNodes<E> = smallvec::SmallVec<[Arc<Node<E>>; 4]>;
+
 /// The fabric between the nodes of this process: routes packets through its drivers and
 /// runs the progress and receive threads. Created by the device registry; nodes own it.
 pub(crate) struct Fabric<E: Endpoint> {
@@ -372,12 +375,17 @@ pub(crate) struct Fabric<E: Endpoint> {
     shm: OnceLock<Arc<Shm>>,
     /// The shared-memory driver's receive batch; holding it is the right to receive from it.
     shm_rx: Mutex<PacketBatch>,
-    /// Application polls since the UDP sockets last delivered something.
-    udp_idle_polls: AtomicU32,
+    /// While shared memory carries traffic, application polls leave the UDP sockets alone
+    /// until this time (engine nanoseconds); 0 after they delivered something.
+    udp_next_look: AtomicU64,
     /// Until when (engine nanoseconds) shared memory counts as carrying traffic.
     shm_busy_until: AtomicU64,
     /// When an application thread last polled an empty CQ (engine nanoseconds).
     app_poll_at: AtomicU64,
+    /// Raised whenever a packet is queued at any node (see [`InProcess::new`]), lowered by
+    /// [`Fabric::drive`] before it looks at the nodes: a poll with nothing in flight costs one
+    /// load.
+    queued: Arc<AtomicBool>,
 }
 
 impl<E: Endpoint> std::fmt::Debug for Fabric<E> {
@@ -438,9 +446,10 @@ impl QpnTable {
 /// socket to it.
 const APP_POLLING: Duration = Duration::from_micros(200);
 
-/// While shared memory carries traffic, an application poll looks at idle UDP sockets only
-/// once in this many polls.
-const UDP_POLL_EVERY: u32 = 16;
+/// While shared memory carries traffic, application polls look at idle UDP sockets at most
+/// this often (each look is a system call, several times the cost of a poll that finds
+/// nothing; a packet that comes over UDP meanwhile waits this long at most).
+const UDP_LOOK_EVERY: Duration = Duration::from_micros(20);
 /// How long after shared memory last delivered it still counts as carrying traffic.
 const SHM_BUSY: Duration = Duration::from_millis(1);
 
@@ -597,9 +606,10 @@ impl<E: Endpoint> Fabric<E> {
             udp_start: Mutex::new(()),
             shm: OnceLock::new(),
             shm_rx: Mutex::new(PacketBatch::default()),
-            udp_idle_polls: AtomicU32::new(0),
+            udp_next_look: AtomicU64::new(0),
             shm_busy_until: AtomicU64::new(0),
             app_poll_at: AtomicU64::new(0),
+            queued: Arc::new(AtomicBool::new(false)),
         });
         let (me, wake) = (Arc::downgrade(&f), f.wake.clone());
         std::thread::Builder::new()
@@ -619,7 +629,7 @@ impl<E: Endpoint> Fabric<E> {
             mcast: Mutex::new(McastTable::default()),
             keys: KeyTable::default(),
             ud_flows: Default::default(),
-            inbound: InProcess::default(),
+            inbound: InProcess::new(self.queued.clone()),
             processing: Mutex::new(PacketBatch::default()),
             driving: AtomicBool::new(false),
             counters: NodeCounters::default(),
@@ -644,9 +654,14 @@ impl<E: Endpoint> Fabric<E> {
         Instant(u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
 
-    fn live_nodes(&self) -> Vec<Arc<Node<E>>> {
-        let nodes: Vec<Arc<Node<E>>> = self.nodes.read().iter().filter_map(Weak::upgrade).collect();
-        if nodes.len() < self.nodes.read().len() {
+    /// The nodes still in use. Called on every poll, so it allocates nothing for the usual
+    /// few nodes.
+    fn live_nodes(&self) -> LiveNodes<E> {
+        let registered = self.nodes.read();
+        let nodes: LiveNodes<E> = registered.iter().filter_map(Weak::upgrade).collect();
+        let dead = nodes.len() < registered.len();
+        drop(registered);
+        if dead {
             // Devices were dropped: forget them (rare, so the hot path only reads).
             self.nodes.write().retain(|n| n.strong_count() > 0);
         }
@@ -659,15 +674,20 @@ impl<E: Endpoint> Fabric<E> {
     }
 
     /// Drives every node until no packet is left in flight.
+    ///
+    /// Every queue raises `queued` after it took a packet, and this lowers it before it looks
+    /// at the nodes, so a packet queued before the flag was lowered is seen by this pass, and
+    /// one queued later raises it again for the next pass (here, or another thread's). A node
+    /// another thread is driving is left to that thread, which runs until its queue is empty.
     pub(crate) fn drive(&self, now: Instant) {
+        // The usual empty poll ends here, without even a look at the node list.
+        if !self.queued.load(Ordering::Acquire) {
+            return;
+        }
         let nodes = self.live_nodes();
-        loop {
-            let mut did = false;
+        while self.queued.swap(false, Ordering::AcqRel) {
             for n in &nodes {
-                did |= n.drive(now);
-            }
-            if !did {
-                return;
+                n.drive(now);
             }
         }
     }
@@ -682,12 +702,18 @@ impl<E: Endpoint> Fabric<E> {
                 .store(now.as_nanos() + SHM_BUSY.as_nanos() as u64, Ordering::Relaxed);
         }
         // Looking at the UDP sockets is a system call. While shared memory carries this
-        // process's traffic, a poller that found them empty looks again only every few polls;
+        // process's traffic, a poller that found them empty looks again only after a while;
         // as long as they deliver, or when shared memory is quiet, every poll reads them.
-        let skip = now.as_nanos() < self.shm_busy_until.load(Ordering::Relaxed)
-            && self.udp_idle_polls.fetch_add(1, Ordering::Relaxed) % UDP_POLL_EVERY != 0;
-        if !skip && self.pump_udp(false) > 0 {
-            self.udp_idle_polls.store(0, Ordering::Relaxed);
+        let t = now.as_nanos();
+        let skip = t < self.shm_busy_until.load(Ordering::Relaxed)
+            && t < self.udp_next_look.load(Ordering::Relaxed);
+        if !skip {
+            let next = if self.pump_udp(false) > 0 {
+                0
+            } else {
+                t + UDP_LOOK_EVERY.as_nanos() as u64
+            };
+            self.udp_next_look.store(next, Ordering::Relaxed);
         }
         self.drive(now);
         if self.wake.load() <= now.as_nanos() {

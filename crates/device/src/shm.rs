@@ -172,16 +172,21 @@ impl Shm {
                 rec[HEADER..].copy_from_slice(p);
             };
             let len = HEADER + p.len();
-            let start = StdInstant::now();
+            // Read the clock only once the ring was found full (rare).
+            let mut start = None;
             loop {
+                let waited = || start.map_or(Duration::ZERO, |s: StdInstant| s.elapsed());
                 match out.push(len, fill) {
                     Ok(true) => {
                         sent += 1;
                         break;
                     }
                     // Full: the receiver is behind; give it the core for a while.
-                    Ok(false) if start.elapsed() < FULL_SPIN => std::thread::yield_now(),
-                    Ok(false) if start.elapsed() < FULL_WAIT && out.owner_alive() => {
+                    Ok(false) if start.is_none() || waited() < FULL_SPIN => {
+                        start.get_or_insert_with(StdInstant::now);
+                        std::thread::yield_now();
+                    }
+                    Ok(false) if waited() < FULL_WAIT && out.owner_alive() => {
                         std::thread::sleep(Duration::from_micros(50));
                     }
                     _ => return Some(sent),
