@@ -155,6 +155,9 @@ pub(crate) trait Endpoint: Send + Sync + 'static {
     );
 }
 
+/// Endpoints and the tickets their completions wait under (see [`Endpoint::release_ticket`]).
+type Tickets<E> = Vec<(Arc<E>, u64)>;
+
 /// One device's endpoint on the fabric.
 pub(crate) struct Node<E: Endpoint> {
     fabric: Arc<Fabric<E>>,
@@ -169,8 +172,9 @@ pub(crate) struct Node<E: Endpoint> {
     /// Packets for this node: the in-process driver's queue, where other drivers' packets are
     /// delivered too.
     inbound: InProcess,
-    /// The batch being processed; only the driving thread touches it.
-    processing: Mutex<PacketBatch>,
+    /// The batch being processed and the tickets it produced (kept for their memory); only
+    /// the driving thread touches them.
+    processing: Mutex<(PacketBatch, Tickets<E>)>,
     driving: AtomicBool,
     pub(crate) counters: NodeCounters,
 }
@@ -236,24 +240,24 @@ impl<E: Endpoint> Node<E> {
             if self.driving.swap(true, Ordering::Acquire) {
                 return did;
             }
-            let mut batch = self.processing.lock();
-            while self.inbound.recv(&mut batch) > 0 {
+            let mut processing = self.processing.lock();
+            let (batch, tickets) = &mut *processing;
+            while self.inbound.recv(batch) > 0 {
                 did = true;
                 let mut out = Vec::new();
-                let mut tickets = Vec::new();
                 for (data, desc) in batch.iter() {
-                    self.receive(now, data, &desc.meta, desc.ports, &mut out, &mut tickets);
+                    self.receive(now, data, &desc.meta, desc.ports, &mut out, tickets);
                 }
                 batch.clear();
                 // One send for the whole batch: fewer system calls, and one ACK per QP. Only
                 // then do the batch's completions become visible: an application that sees its
                 // last completion and exits must not leave the peer without the ACK.
                 self.fabric.send_all(self, coalesce_acks(out));
-                for (qp, ticket) in tickets {
+                for (qp, ticket) in tickets.drain(..) {
                     qp.release_ticket(ticket);
                 }
             }
-            drop(batch);
+            drop(processing);
             self.driving.store(false, Ordering::Release);
             // A packet may have arrived after the last check but before the release.
             if self.inbound.is_empty() {
@@ -269,7 +273,7 @@ impl<E: Endpoint> Node<E> {
         meta: &RxMeta,
         ports: (u16, u16),
         out: &mut Vec<Transmit>,
-        tickets: &mut Vec<(Arc<E>, u64)>,
+        tickets: &mut Tickets<E>,
     ) {
         bump(&self.counters.rx_packets);
         let Ok(parsed) = RocePacket::parse(data) else {
@@ -630,7 +634,7 @@ impl<E: Endpoint> Fabric<E> {
             keys: KeyTable::default(),
             ud_flows: Default::default(),
             inbound: InProcess::new(self.queued.clone()),
-            processing: Mutex::new(PacketBatch::default()),
+            processing: Mutex::new((PacketBatch::default(), Vec::new())),
             driving: AtomicBool::new(false),
             counters: NodeCounters::default(),
         });
@@ -705,8 +709,8 @@ impl<E: Endpoint> Fabric<E> {
         // process's traffic, a poller that found them empty looks again only after a while;
         // as long as they deliver, or when shared memory is quiet, every poll reads them.
         let t = now.as_nanos();
-        let skip = t < self.shm_busy_until.load(Ordering::Relaxed)
-            && t < self.udp_next_look.load(Ordering::Relaxed);
+        let skip =
+            t < self.shm_busy_until.load(Ordering::Relaxed) && t < self.udp_next_look.load(Ordering::Relaxed);
         if !skip {
             let next = if self.pump_udp(false) > 0 {
                 0

@@ -16,7 +16,6 @@
 //!
 //! `SOFTVERBS_SHM=0` turns the driver off.
 
-use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -87,7 +86,9 @@ pub(crate) struct Shm {
     inbox: Inbox,
     dir: PathBuf,
     netns: u64,
-    peers: Mutex<HashMap<u16, Peer>>,
+    /// By slot port: a short list (one entry per process this one talks to), searched on
+    /// every send, which a linear scan of the ports does faster than hashing.
+    peers: Mutex<Vec<(u16, Peer)>>,
 }
 
 impl Shm {
@@ -111,7 +112,7 @@ impl Shm {
             inbox,
             dir,
             netns,
-            peers: Mutex::new(HashMap::new()),
+            peers: Mutex::new(Vec::new()),
         }))
     }
 
@@ -121,7 +122,14 @@ impl Shm {
         let port = route.ports.1;
         let mut peers = self.peers.lock();
         let now = StdInstant::now();
-        let peer = peers.entry(port).or_insert(Peer::Absent(now));
+        let at = match peers.iter().position(|(p, _)| *p == port) {
+            Some(at) => at,
+            None => {
+                peers.push((port, Peer::Absent(now)));
+                peers.len() - 1
+            }
+        };
+        let peer = &mut peers[at].1;
         if let Peer::Open { out, checked, sent } = peer {
             let idle = now.duration_since(*sent) >= IDLE_RECHECK;
             *sent = now;
