@@ -118,13 +118,18 @@ impl Backoff {
             }
             let start = Instant::now();
             std::thread::yield_now();
-            v.spin = if start.elapsed() > YIELD_RAN_OTHERS {
-                v.spin / 2
-            } else {
-                (v.spin * 2 + 1).min(MAX_SPIN)
-            };
+            v.spin = Self::after_yield(v.spin, start.elapsed());
             b.set(v);
         });
+    }
+
+    /// The spin budget after a yield that took `took`.
+    fn after_yield(spin: u32, took: Duration) -> u32 {
+        if took > YIELD_RAN_OTHERS {
+            spin / 2
+        } else {
+            (spin * 2 + 1).min(MAX_SPIN)
+        }
     }
 }
 
@@ -621,7 +626,32 @@ impl Drop for Cq {
 
 #[cfg(test)]
 mod tests {
-    use super::round_cqe;
+    use super::{round_cqe, Backoff, MAX_SPIN, YIELD_RAN_OTHERS};
+    use std::time::Duration;
+
+    #[test]
+    fn spinning_adapts_to_whether_yields_run_others() {
+        let slow = YIELD_RAN_OTHERS * 10;
+        let fast = Duration::ZERO;
+        // A core shared with the peer: within a few yields the thread yields at once.
+        let mut spin = MAX_SPIN;
+        let mut yields = 0;
+        while spin > 0 {
+            spin = Backoff::after_yield(spin, slow);
+            yields += 1;
+        }
+        assert_eq!(yields, MAX_SPIN.ilog2() + 1);
+        assert_eq!(Backoff::after_yield(0, slow), 0);
+        // A core of its own again: back to spinning, and never beyond the bound.
+        let mut yields = 0;
+        while spin < MAX_SPIN {
+            spin = Backoff::after_yield(spin, fast);
+            yields += 1;
+        }
+        assert_eq!(spin, MAX_SPIN);
+        assert!(yields <= MAX_SPIN.ilog2() + 1, "{yields} yields to recover");
+        assert_eq!(Backoff::after_yield(MAX_SPIN, fast), MAX_SPIN);
+    }
 
     #[test]
     fn cqe_rounding() {

@@ -103,6 +103,45 @@ fn rings_are_claimed_one_per_sender_and_freed_on_drop() {
 }
 
 #[test]
+fn claimed_rings_are_read_in_turn_skipping_idle_ones() {
+    let p = path("turns");
+    let inbox = Inbox::create(&p, SMALL).unwrap();
+    let mut outs: Vec<Outbox> = (0..4).map(|_| Outbox::open(&p).unwrap()).collect();
+    // Ring 1 was claimed once (its bit stays set) and is empty now.
+    drop(outs.remove(1));
+    for round in 0..2u8 {
+        for (i, o) in outs.iter_mut().enumerate() {
+            assert!(o.push(2, |b| b.copy_from_slice(&[i as u8, round])).unwrap());
+        }
+    }
+    // One record per ring in turn; a poll that stops early resumes with the next ring.
+    let mut got = Vec::new();
+    assert_eq!(inbox.poll(2, |r| got.push(r.to_vec())), 2);
+    assert_eq!(inbox.poll(usize::MAX, |r| got.push(r.to_vec())), 4);
+    let want: Vec<Vec<u8>> = [[0, 0], [1, 0], [2, 0], [0, 1], [1, 1], [2, 1]]
+        .iter()
+        .map(|r| r.to_vec())
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(inbox.poll(usize::MAX, |_| {}), 0);
+}
+
+#[test]
+fn the_last_of_the_most_rings_is_read() {
+    let p = path("most");
+    let layout = Layout {
+        rings: softverbs_shm::MAX_RINGS,
+        ..SMALL
+    };
+    let inbox = Inbox::create(&p, layout).unwrap();
+    let mut outs: Vec<Outbox> = (0..layout.rings).map(|_| Outbox::open(&p).unwrap()).collect();
+    let mut last = outs.pop().unwrap();
+    assert!(last.push(4, |b| b.copy_from_slice(b"last")).unwrap());
+    assert!(outs[0].push(5, |b| b.copy_from_slice(b"first")).unwrap());
+    assert_eq!(drain(&inbox), [b"first".to_vec(), b"last".to_vec()]);
+}
+
+#[test]
 fn a_dead_senders_ring_is_taken_over_with_its_records() {
     let p = path("dead");
     let inbox = Inbox::create(&p, Layout { rings: 1, ..SMALL }).unwrap();
