@@ -688,9 +688,9 @@ impl<E: Endpoint> Fabric<E> {
         if !self.queued.load(Ordering::Acquire) {
             return;
         }
-        let nodes = self.live_nodes();
         while self.queued.swap(false, Ordering::AcqRel) {
-            for n in &nodes {
+            // Listed after the flag was lowered: a node added since is in the list.
+            for n in &self.live_nodes() {
                 n.drive(now);
             }
         }
