@@ -267,6 +267,51 @@ fn the_doorbell_wakes_a_sleeping_owner() {
     sender.join().unwrap();
 }
 
+/// A sender that pushes one record at a time, each just as the owner may be on its way to
+/// sleep, is always seen: no wait lasts until its timeout.
+#[test]
+fn no_wake_up_is_lost_while_the_owner_falls_asleep() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    const ROUNDS: u64 = 3000;
+    let p = path("asleep");
+    let inbox = Inbox::create(&p, SMALL).unwrap();
+    let mut out = Outbox::open(&p).unwrap();
+    let consumed = Arc::new(AtomicU64::new(0));
+    let seen = consumed.clone();
+    let sender = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for i in 0..ROUNDS {
+            // Varying delays move the push across the owner's way into its wait.
+            for _ in 0..(i * 37) % 2000 {
+                std::hint::spin_loop();
+            }
+            assert!(out.push(8, |b| b.copy_from_slice(&i.to_le_bytes())).unwrap());
+            while seen.load(Ordering::Acquire) <= i {
+                assert!(Instant::now() < deadline, "record {i} never consumed");
+                std::thread::yield_now();
+            }
+        }
+    });
+    let mut next = 0u64;
+    while next < ROUNDS {
+        let t = Instant::now();
+        if inbox.is_empty() {
+            inbox.wait(Duration::from_secs(20));
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "record {next} pushed but its doorbell was missed"
+        );
+        inbox.poll(usize::MAX, |r| {
+            assert_eq!(u64::from_le_bytes(r.try_into().unwrap()), next);
+            next += 1;
+        });
+        consumed.store(next, Ordering::Release);
+    }
+    sender.join().unwrap();
+}
+
 const STREAM: u64 = 50_000;
 
 /// A sender in another process streams records of varying sizes; the owner sleeps whenever it
