@@ -155,6 +155,30 @@ pub(crate) trait Endpoint: Send + Sync + 'static {
     );
 }
 
+/// A node's QPs by number: looked up up to three times per packet, so hashed cheaply. The keys
+/// are numbers this process chose, so a peer cannot make them collide; it can only look up.
+type QpMap<E> = HashMap<u32, Weak<E>, std::hash::BuildHasherDefault<QpnHasher>>;
+
+/// Hashes a QP number by one multiplication (spreading consecutive numbers over the table).
+#[derive(Debug, Default)]
+struct QpnHasher(u64);
+
+impl std::hash::Hasher for QpnHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u32(u32::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 32)
+    }
+}
+
 /// Endpoints and the tickets their completions wait under (see [`Endpoint::release_ticket`]).
 type Tickets<E> = Vec<(Arc<E>, u64)>;
 
@@ -163,7 +187,7 @@ pub(crate) struct Node<E: Endpoint> {
     fabric: Arc<Fabric<E>>,
     gids: Vec<Gid>,
     ifindex: u32,
-    qps: RwLock<HashMap<u32, Weak<E>>>,
+    qps: RwLock<QpMap<E>>,
     /// Multicast group -> attached QP numbers.
     pub(crate) mcast: Mutex<McastTable>,
     pub(crate) keys: KeyTable,
@@ -629,7 +653,7 @@ impl<E: Endpoint> Fabric<E> {
             fabric: self.clone(),
             gids: gids.iter().copied().filter(|g| !g.is_zero()).collect(),
             ifindex,
-            qps: RwLock::new(HashMap::new()),
+            qps: RwLock::new(QpMap::default()),
             mcast: Mutex::new(McastTable::default()),
             keys: KeyTable::default(),
             ud_flows: Default::default(),
