@@ -382,14 +382,40 @@ fn coalesce_acks(mut txs: Vec<Transmit>) -> Vec<Transmit> {
     txs
 }
 
-/// Live nodes of a fabric, inline for up to four (a process rarely has more devices open).
-type LiveNodes<E> = smallvec::SmallVec<[Arc<Node<E>>; 4]>;
+/// The nodes of a fabric as listed at one moment: taking the list costs one reference count
+/// (it is read on every poll and every send), and it changes only when a device comes or goes.
+type LiveNodes<E> = Arc<[Arc<Node<E>>]>;
+
+/// A device's hold on its node. The fabric lists its nodes strongly (so that listing them
+/// needs no upgrade of weak references); this handle, owned by the device, takes the node off
+/// the list when it is dropped, which breaks the cycle between node and fabric.
+pub(crate) struct NodeHandle<E: Endpoint>(Arc<Node<E>>);
+
+impl<E: Endpoint> std::ops::Deref for NodeHandle<E> {
+    type Target = Arc<Node<E>>;
+
+    fn deref(&self) -> &Arc<Node<E>> {
+        &self.0
+    }
+}
+
+impl<E: Endpoint> std::fmt::Debug for NodeHandle<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<E: Endpoint> Drop for NodeHandle<E> {
+    fn drop(&mut self) {
+        self.0.fabric.remove_node(&self.0);
+    }
+}
 
 /// The fabric between the nodes of this process: routes packets through its drivers and
 /// runs the progress and receive threads. Created by the device registry; nodes own it.
 pub(crate) struct Fabric<E: Endpoint> {
     me: Weak<Self>,
-    nodes: RwLock<Vec<Weak<Node<E>>>>,
+    nodes: RwLock<LiveNodes<E>>,
     epoch: std::time::Instant,
     wake: Arc<WakeUp>,
     qpns: Mutex<QpnTable>,
@@ -521,7 +547,7 @@ fn progress_thread<E: Endpoint>(fabric: Weak<Fabric<E>>, wake: Arc<WakeUp>) {
         let now = f.now();
         f.drive(now);
         let mut next = None;
-        for node in f.live_nodes() {
+        for node in f.live_nodes().iter() {
             if let Some(d) = node.run_timers(now) {
                 next = Some(next.map_or(d, |n: Instant| n.min(d)));
             }
@@ -625,7 +651,7 @@ impl<E: Endpoint> Fabric<E> {
     pub(crate) fn new() -> Arc<Self> {
         let f = Arc::new_cyclic(|me| Self {
             me: me.clone(),
-            nodes: RwLock::new(Vec::new()),
+            nodes: RwLock::new(Vec::new().into()),
             epoch: std::time::Instant::now(),
             wake: Arc::new(WakeUp::new()),
             qpns: Mutex::new(QpnTable::new(FIRST_QPN, LAST_QPN_INDEX)),
@@ -648,7 +674,7 @@ impl<E: Endpoint> Fabric<E> {
     }
 
     /// A node for a device with these GIDs on interface `ifindex`.
-    pub(crate) fn add_node(self: &Arc<Self>, gids: &[Gid], ifindex: u32) -> Arc<Node<E>> {
+    pub(crate) fn add_node(self: &Arc<Self>, gids: &[Gid], ifindex: u32) -> NodeHandle<E> {
         let node = Arc::new(Node {
             fabric: self.clone(),
             gids: gids.iter().copied().filter(|g| !g.is_zero()).collect(),
@@ -663,15 +689,20 @@ impl<E: Endpoint> Fabric<E> {
             counters: NodeCounters::default(),
         });
         let mut nodes = self.nodes.write();
-        // Devices are built on every device listing and most are dropped at once: forget the
-        // dead ones here, or the list (and each dead node's memory) grows with every call.
-        nodes.retain(|n| n.strong_count() > 0);
-        nodes.push(Arc::downgrade(&node));
+        *nodes = nodes.iter().cloned().chain([node.clone()]).collect();
         drop(nodes);
-        node
+        NodeHandle(node)
     }
 
-    /// Nodes registered (live or not yet forgotten).
+    /// Takes `node` off the list (its device is gone). Devices are built on every device
+    /// listing and most are dropped at once, so this keeps the list (and each node's memory)
+    /// from growing with every call.
+    fn remove_node(&self, node: &Arc<Node<E>>) {
+        let mut nodes = self.nodes.write();
+        *nodes = nodes.iter().filter(|n| !Arc::ptr_eq(n, node)).cloned().collect();
+    }
+
+    /// Nodes registered.
     #[cfg(test)]
     fn node_count(&self) -> usize {
         self.nodes.read().len()
@@ -682,18 +713,9 @@ impl<E: Endpoint> Fabric<E> {
         Instant(u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
 
-    /// The nodes still in use. Called on every poll, so it allocates nothing for the usual
-    /// few nodes.
+    /// The nodes in use (those whose devices still exist).
     fn live_nodes(&self) -> LiveNodes<E> {
-        let registered = self.nodes.read();
-        let nodes: LiveNodes<E> = registered.iter().filter_map(Weak::upgrade).collect();
-        let dead = nodes.len() < registered.len();
-        drop(registered);
-        if dead {
-            // Devices were dropped: forget them (rare, so the hot path only reads).
-            self.nodes.write().retain(|n| n.strong_count() > 0);
-        }
-        nodes
+        self.nodes.read().clone()
     }
 
     /// Tells the progress thread about a deadline, waking it if it would sleep past it.
@@ -714,7 +736,7 @@ impl<E: Endpoint> Fabric<E> {
         }
         while self.queued.swap(false, Ordering::AcqRel) {
             // Listed after the flag was lowered: a node added since is in the list.
-            for n in &self.live_nodes() {
+            for n in self.live_nodes().iter() {
                 n.drive(now);
             }
         }
@@ -745,7 +767,7 @@ impl<E: Endpoint> Fabric<E> {
         }
         self.drive(now);
         if self.wake.load() <= now.as_nanos() {
-            for n in self.live_nodes() {
+            for n in self.live_nodes().iter() {
                 n.run_timers(now);
             }
             self.drive(self.now());
