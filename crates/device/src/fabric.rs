@@ -742,6 +742,14 @@ impl<E: Endpoint> Fabric<E> {
         }
     }
 
+    /// [`Fabric::drive`] at the current time, read only if a packet is queued (a sender calls
+    /// this after every post, mostly with nothing to do).
+    pub(crate) fn drive_queued(&self) {
+        if self.queued.load(Ordering::Acquire) {
+            self.drive(self.now());
+        }
+    }
+
     /// Makes progress from an application thread: delivers packets in flight and, if a
     /// transport deadline has passed, runs the timers (so busy polling does not wait for the
     /// progress thread to be scheduled).

@@ -756,8 +756,7 @@ impl Qp {
     fn emit(&self, out: Outputs) {
         self.transmit(out.txs);
         self.release(out.ticket);
-        let f = self.fabric();
-        f.drive(f.now());
+        self.fabric().drive_queued();
     }
 
     /// Sends packets the way this QP's go: a raw QP's frames out of its packet socket, the
