@@ -60,6 +60,20 @@ const CHECK_ALIVE: Duration = Duration::from_millis(10);
 /// Records handed over per receive call.
 const MAX_BATCH: usize = 256;
 
+/// The monotonic clock in nanoseconds: read on every send, and compared as plain integers
+/// (cheaper than `Instant` arithmetic on this path).
+fn mono_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(t.tv_nsec as u64)
+}
+
+/// `d` in nanoseconds.
+const fn nanos(d: Duration) -> u64 {
+    d.as_nanos() as u64
+}
+
 /// Whether the environment allows the driver (`SOFTVERBS_SHM=0` turns it off).
 pub(crate) fn enabled() -> bool {
     std::env::var("SOFTVERBS_SHM").map_or(true, |v| v.trim() != "0")
@@ -70,14 +84,14 @@ pub(crate) fn enabled() -> bool {
 enum Peer {
     Open {
         out: Outbox,
-        /// When the owner was last found alive.
-        checked: StdInstant,
-        /// When a run was last sent.
-        sent: StdInstant,
+        /// When the owner was last found alive ([`mono_ns`]).
+        checked: u64,
+        /// When a run was last sent ([`mono_ns`]).
+        sent: u64,
     },
     /// None (or not ours to open, or its owner dead) when last looked for; look again from
     /// this time on.
-    Absent(StdInstant),
+    Absent(u64),
 }
 
 /// The shared-memory driver of this process.
@@ -121,7 +135,7 @@ impl Shm {
     pub(crate) fn send_to_process(&self, route: &Route, packets: &[Vec<u8>]) -> Option<usize> {
         let port = route.ports.1;
         let mut peers = self.peers.lock();
-        let now = StdInstant::now();
+        let now = mono_ns();
         let at = match peers.iter().position(|(p, _)| *p == port) {
             Some(at) => at,
             None => {
@@ -131,12 +145,12 @@ impl Shm {
         };
         let peer = &mut peers[at].1;
         if let Peer::Open { out, checked, sent } = peer {
-            let idle = now.duration_since(*sent) >= IDLE_RECHECK;
+            let idle = now.saturating_sub(*sent) >= nanos(IDLE_RECHECK);
             *sent = now;
             if out.is_closed() {
                 // Replaced by a new owner of the port (or dropped): look again at once.
                 *peer = Peer::Absent(now);
-            } else if idle || now.duration_since(*checked) >= CHECK_ALIVE {
+            } else if idle || now.saturating_sub(*checked) >= nanos(CHECK_ALIVE) {
                 if out.owner_alive() {
                     *checked = now;
                 } else {
@@ -159,12 +173,12 @@ impl Shm {
                 // A mailbox its owner left behind when it died: the next owner of the port
                 // will replace it soon, if one comes.
                 Ok(_) => {
-                    *peer = Peer::Absent(now + RETRY_STALE);
+                    *peer = Peer::Absent(now + nanos(RETRY_STALE));
                     return None;
                 }
                 // None (a process with the driver off, or of another user).
                 Err(_) => {
-                    *peer = Peer::Absent(now + RETRY_ABSENT);
+                    *peer = Peer::Absent(now + nanos(RETRY_ABSENT));
                     return None;
                 }
             }
