@@ -182,6 +182,15 @@ impl std::hash::Hasher for QpnHasher {
 /// Endpoints and the tickets their completions wait under (see [`Endpoint::release_ticket`]).
 type Tickets<E> = Vec<(Arc<E>, u64)>;
 
+/// What a node's driving thread works with, kept between batches so that handling a packet
+/// allocates none of it.
+struct Processing<E> {
+    batch: PacketBatch,
+    tickets: Tickets<E>,
+    /// The endpoints one packet is for.
+    targets: Vec<Arc<E>>,
+}
+
 /// One device's endpoint on the fabric.
 pub(crate) struct Node<E: Endpoint> {
     fabric: Arc<Fabric<E>>,
@@ -196,9 +205,9 @@ pub(crate) struct Node<E: Endpoint> {
     /// Packets for this node: the in-process driver's queue, where other drivers' packets are
     /// delivered too.
     inbound: InProcess,
-    /// The batch being processed and the tickets it produced (kept for their memory); only
-    /// the driving thread touches them.
-    processing: Mutex<(PacketBatch, Tickets<E>)>,
+    /// The batch being processed and what its packets need (kept for their memory); only the
+    /// driving thread touches them.
+    processing: Mutex<Processing<E>>,
     driving: AtomicBool,
     pub(crate) counters: NodeCounters,
 }
@@ -265,12 +274,17 @@ impl<E: Endpoint> Node<E> {
                 return did;
             }
             let mut processing = self.processing.lock();
-            let (batch, tickets) = &mut *processing;
+            let Processing {
+                batch,
+                tickets,
+                targets,
+            } = &mut *processing;
             while self.inbound.recv(batch) > 0 {
                 did = true;
                 let mut out = Vec::new();
                 for (data, desc) in batch.iter() {
-                    self.receive(now, data, &desc.meta, desc.ports, &mut out, tickets);
+                    let to = (&mut out, &mut *tickets, &mut *targets);
+                    self.receive(now, data, &desc.meta, desc.ports, to);
                 }
                 batch.clear();
                 // One send for the whole batch: fewer system calls, and one ACK per QP. Only
@@ -296,8 +310,7 @@ impl<E: Endpoint> Node<E> {
         data: &[u8],
         meta: &RxMeta,
         ports: (u16, u16),
-        out: &mut Vec<Transmit>,
-        tickets: &mut Tickets<E>,
+        (out, tickets, targets): (&mut Vec<Transmit>, &mut Tickets<E>, &mut Vec<Arc<E>>),
     ) {
         bump(&self.counters.rx_packets);
         let Ok(parsed) = RocePacket::parse(data) else {
@@ -305,7 +318,8 @@ impl<E: Endpoint> Node<E> {
             return;
         };
         let qpn = parsed.repr.bth.dest_qpn;
-        let mut targets: Vec<Arc<E>> = if qpn == MULTICAST_QPN {
+        targets.clear();
+        if qpn == MULTICAST_QPN {
             let members: Vec<u32> = self
                 .mcast
                 .lock()
@@ -314,23 +328,15 @@ impl<E: Endpoint> Node<E> {
                 .map(|m| m.iter().copied().collect())
                 .unwrap_or_default();
             let qps = self.qps.read();
-            members
-                .iter()
-                .filter_map(|q| qps.get(q).and_then(Weak::upgrade))
-                .collect()
+            targets.extend(members.iter().filter_map(|q| qps.get(q).and_then(Weak::upgrade)));
         } else {
-            self.qps
-                .read()
-                .get(&qpn)
-                .and_then(Weak::upgrade)
-                .into_iter()
-                .collect()
-        };
+            targets.extend(self.qps.read().get(&qpn).and_then(Weak::upgrade));
+        }
         if targets.is_empty() {
             bump(&self.counters.rx_unknown_qp);
         }
-        E::steer(&self.ud_flows, &parsed, meta, ports, data.len(), &mut targets);
-        for qp in targets {
+        E::steer(&self.ud_flows, &parsed, meta, ports, data.len(), targets);
+        for qp in targets.drain(..) {
             let (txs, ticket, dropped) = qp.receive_packet(now, &parsed, meta);
             match dropped {
                 None => {}
@@ -338,7 +344,12 @@ impl<E: Endpoint> Node<E> {
                 Some(DropReason::BadQkey) => bump(&self.counters.rx_bad_qkey),
                 Some(_) => bump(&self.counters.rx_dropped),
             }
-            out.extend(txs);
+            if out.is_empty() {
+                // The usual single reply: its vector is the batch's, no copy.
+                *out = txs;
+            } else {
+                out.extend(txs);
+            }
             tickets.push((qp, ticket));
         }
     }
@@ -684,7 +695,11 @@ impl<E: Endpoint> Fabric<E> {
             keys: KeyTable::default(),
             ud_flows: Default::default(),
             inbound: InProcess::new(self.queued.clone()),
-            processing: Mutex::new((PacketBatch::default(), Vec::new())),
+            processing: Mutex::new(Processing {
+                batch: PacketBatch::default(),
+                tickets: Vec::new(),
+                targets: Vec::new(),
+            }),
             driving: AtomicBool::new(false),
             counters: NodeCounters::default(),
         });
