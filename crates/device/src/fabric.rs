@@ -3,9 +3,10 @@
 //! thread.
 //!
 //! The fabric is an owned object: the device registry creates one for the process and every
-//! node holds an `Arc` of it; the fabric holds its nodes weakly. It knows QPs only through the
-//! `Endpoint` trait, so this module does not depend on the QP's internals, and it reads
-//! packet headers only through `softverbs-wire` views.
+//! node holds an `Arc` of it; the fabric lists its nodes until their devices' [`NodeHandle`]s
+//! are dropped. It knows QPs only through the `Endpoint` trait, so this module does not
+//! depend on the QP's internals, and it reads packet headers only through `softverbs-wire`
+//! views.
 //!
 //! Routing: a packet whose destination GID and QP number belong to a node of this fabric goes
 //! to that node's in-process driver (`InProcess`, the node's inbound queue); every other packet
