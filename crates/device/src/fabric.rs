@@ -3,7 +3,7 @@
 //! thread.
 //!
 //! The fabric is an owned object: the device registry creates one for the process and every
-//! node holds an `Arc` of it; the fabric lists its nodes until their devices' [`NodeHandle`]s
+//! node holds an `Arc` of it; the fabric lists its nodes until their devices' `NodeHandle`s
 //! are dropped. It knows QPs only through the `Endpoint` trait, so this module does not
 //! depend on the QP's internals, and it reads packet headers only through `softverbs-wire`
 //! views.
