@@ -3,8 +3,8 @@
 //!
 //! Header (offsets in bytes): magic (0), version (8), ring count (12), ring capacity (16), the
 //! owner's pid (24), "closed" (28: set when the owner drops the mailbox, or when a new owner of
-//! the path replaces the file a dead one left, so that senders still mapping it look again),
-//! flags (32: bit 0, the owner fences with `membarrier`, see below); the doorbell futex word (64) and the owner's "sleeping" word (128), each in
+//! the path replaces the file a dead one left, so that senders still mapping it look again);
+//! the doorbell futex word (64) and the owner's "sleeping" word (128), each in
 //! its own cache line, and beside the latter the "active" word (136: a bit per ring ever
 //! claimed, so the owner looks only at those); then one claim word per ring (192..): 0 when free, else the sender's pid
 //! in the high half and a per-process number below. Rings start at the first page boundary
@@ -16,18 +16,6 @@
 //! consistent operations for these two words and the tails, so one of them always sees the
 //! other: no record is left unannounced while the owner sleeps, and a busy owner costs senders
 //! no system call.
-//!
-//! A sequentially consistent store of the tail makes the sender wait until its record's cache
-//! lines are its own (the ones the owner just read), which on the path of an ACK holds up the
-//! completion behind it. So where the kernel offers it, the cost moves to the owner's rare way
-//! into sleep: every process registers for `membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)`, an
-//! owner that could register says so in the flags, and between announcing its sleep and its
-//! last look it issues that barrier, which runs a full memory barrier on every CPU running a
-//! registered process. A registered sender of such a mailbox then stores its tail with release
-//! order and reads `sleeping` after it in program order only: the barrier lands on the
-//! sender's CPU either before its store (then the sender reads `sleeping` = 1 and rings) or
-//! after it (then the store is visible to the owner's last look). Senders or owners without
-//! `membarrier` use the sequentially consistent operations above.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -50,16 +38,11 @@ const OFF_RINGS: usize = 12;
 const OFF_CAP: usize = 16;
 const OFF_PID: usize = 24;
 const OFF_CLOSED: usize = 28;
-const OFF_FLAGS: usize = 32;
-/// Flag: the owner issues a global expedited `membarrier` before its last look when it sleeps.
-const FLAG_MEMBARRIER: u32 = 1;
 const OFF_BELL: usize = 64;
 const OFF_SLEEPING: usize = 128;
 const OFF_ACTIVE: usize = 136;
 const OFF_CLAIMS: usize = 192;
 const PAGE: usize = 4096;
-/// How long an owner whose barrier failed sleeps at most.
-const FENCE_FAILED_WAIT: Duration = Duration::from_millis(1);
 /// At most this many rings (senders at once) per mailbox (one bit each in the "active" word).
 pub const MAX_RINGS: u32 = 64;
 
@@ -113,14 +96,6 @@ fn uid() -> u32 {
 
 fn pid() -> u32 {
     rustix::process::getpid().as_raw_nonzero().get() as u32
-}
-
-/// Whether this process takes part in global expedited memory barriers: registered once, on
-/// first use; false where the kernel (or a seccomp filter) refuses.
-fn membarrier_registered() -> bool {
-    use rustix::thread::{membarrier, MembarrierCommand};
-    static REGISTERED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *REGISTERED.get_or_init(|| membarrier(MembarrierCommand::RegisterGlobalExpedited).is_ok())
 }
 
 /// Whether process `pid` exists (a process of another user counts as existing).
@@ -202,8 +177,6 @@ pub struct Inbox {
     rings: Mutex<(Vec<Consumer>, usize)>,
     path: PathBuf,
     corrupt: AtomicU64,
-    /// Whether senders may publish with release stores (see the module documentation).
-    fenced: bool,
 }
 
 impl Inbox {
@@ -242,9 +215,6 @@ impl Inbox {
         map.u32_at(OFF_RINGS).store(layout.rings, Ordering::Relaxed);
         map.u32_at(OFF_VERSION).store(VERSION, Ordering::Relaxed);
         map.u32_at(OFF_PID).store(pid(), Ordering::Relaxed);
-        let fenced = membarrier_registered();
-        map.u32_at(OFF_FLAGS)
-            .store(if fenced { FLAG_MEMBARRIER } else { 0 }, Ordering::Relaxed);
         // Last: a sender that sees the magic sees the rest.
         map.u64_at(OFF_MAGIC).store(MAGIC, Ordering::Release);
         if let Err(e) = std::fs::rename(&tmp, path) {
@@ -261,7 +231,6 @@ impl Inbox {
             rings: Mutex::new((rings, 0)),
             path: path.to_path_buf(),
             corrupt: AtomicU64::new(0),
-            fenced,
         })
     }
 
@@ -327,15 +296,6 @@ impl Inbox {
         let sleeping = self.map.u32_at(OFF_SLEEPING);
         let seen = bell.load(Ordering::SeqCst);
         sleeping.store(1, Ordering::SeqCst);
-        let mut timeout = timeout;
-        if self.fenced {
-            use rustix::thread::{membarrier, MembarrierCommand};
-            if membarrier(MembarrierCommand::GlobalExpedited).is_err() {
-                // Cannot happen once registered; were it to, a record could go unannounced:
-                // look again soon instead of trusting the doorbell.
-                timeout = timeout.min(FENCE_FAILED_WAIT);
-            }
-        }
         if self.is_empty() {
             let ts = rustix::time::Timespec {
                 tv_sec: timeout.as_secs() as i64,
@@ -379,9 +339,6 @@ pub struct Outbox {
     slot: usize,
     claim: u64,
     max_record: usize,
-    /// How the tail is published: release where the owner fences (see the module
-    /// documentation), else sequentially consistent.
-    publish: Ordering,
 }
 
 impl Outbox {
@@ -414,12 +371,6 @@ impl Outbox {
             .ok_or(Error::NoRing)?;
         map.u64_at(OFF_ACTIVE).fetch_or(1 << slot, Ordering::SeqCst);
         let ring = Producer::attach(&map, layout.ring_base(slot), layout.ring_capacity);
-        let owner_fences = map.u32_at(OFF_FLAGS).load(Ordering::Relaxed) & FLAG_MEMBARRIER != 0;
-        let publish = if owner_fences && membarrier_registered() {
-            Ordering::Release
-        } else {
-            Ordering::SeqCst
-        };
         Ok(Self {
             file,
             map,
@@ -427,7 +378,6 @@ impl Outbox {
             slot,
             claim,
             max_record: layout.max_record(),
-            publish,
         })
     }
 
@@ -480,12 +430,9 @@ impl Outbox {
     /// Appends a record of `len` bytes that `fill` writes in place, and rings the doorbell if
     /// the owner sleeps. `Ok(false)` if the ring is full now.
     pub fn push(&mut self, len: usize, fill: impl FnOnce(&mut [u8])) -> Result<bool, Error> {
-        if !self.ring.push(&self.map, len, fill, self.publish)? {
+        if !self.ring.push(&self.map, len, fill)? {
             return Ok(false);
         }
-        // Read after the tail in program order; the owner's barrier (or the sequentially
-        // consistent store) orders the two across processors.
-        std::sync::atomic::compiler_fence(Ordering::SeqCst);
         if self.map.u32_at(OFF_SLEEPING).load(Ordering::SeqCst) != 0 {
             ring_bell(&self.map);
         }

@@ -73,16 +73,11 @@ impl Producer {
 
     /// Appends a record of `len` bytes that `fill` writes in place. `Ok(false)` if the ring is
     /// full now (nothing was written), [`Error::TooLarge`] if it could never hold it.
-    ///
-    /// The tail is published with `publish`: sequentially consistent where the caller next
-    /// reads a word the consumer writes and relies on the store coming first, release where
-    /// something else orders the two (see the mailbox's waking protocol).
     pub(crate) fn push(
         &mut self,
         map: &Mapping,
         len: usize,
         fill: impl FnOnce(&mut [u8]),
-        publish: Ordering,
     ) -> Result<bool, Error> {
         if len > max_record(self.cap) {
             return Err(Error::TooLarge {
@@ -112,7 +107,7 @@ impl Producer {
             fill(&mut r[REC..]);
         });
         self.tail += (filler + need) as u64;
-        map.u64_at(self.base + TAIL).store(self.tail, publish);
+        map.u64_at(self.base + TAIL).store(self.tail, Ordering::SeqCst);
         Ok(true)
     }
 }
