@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::os::fd::{BorrowedFd, RawFd};
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -68,6 +68,73 @@ impl CompChannel {
     }
 }
 
+/// How a thread that keeps finding its CQs empty waits between polls.
+///
+/// A peer on another core answers within microseconds, and a system call per empty poll only
+/// delays seeing the answer, so the thread spins first. A peer that shares this core (the
+/// other end of a loopback exchange on a loaded machine, or this process's receive thread)
+/// can answer only once this thread lets it run, so the thread then yields on every empty
+/// poll. Which case holds shows in how long a yield takes: one that returns at once gave the
+/// core to nobody, so spinning longer costs nobody anything; one that took a while ran
+/// someone else, so the thread spins less before yielding next time.
+#[derive(Debug, Clone, Copy)]
+struct Backoff {
+    /// Empty polls in a row.
+    empty: u32,
+    /// Empty polls to spin through before yielding.
+    spin: u32,
+}
+
+/// The most empty polls spun through before a yield (some tens of microseconds).
+const MAX_SPIN: u32 = 256;
+/// A yield that took longer than this let another thread run.
+const YIELD_RAN_OTHERS: Duration = Duration::from_micros(3);
+
+thread_local! {
+    static BACKOFF: std::cell::Cell<Backoff> = const {
+        std::cell::Cell::new(Backoff { empty: 0, spin: MAX_SPIN / 4 })
+    };
+}
+
+impl Backoff {
+    /// A poll found completions.
+    fn found() {
+        BACKOFF.with(|b| {
+            let mut v = b.get();
+            if v.empty != 0 {
+                v.empty = 0;
+                b.set(v);
+            }
+        });
+    }
+
+    /// A poll found nothing: spin or yield.
+    fn nothing() {
+        BACKOFF.with(|b| {
+            let mut v = b.get();
+            v.empty = v.empty.saturating_add(1);
+            if v.empty <= v.spin {
+                b.set(v);
+                std::hint::spin_loop();
+                return;
+            }
+            let start = Instant::now();
+            std::thread::yield_now();
+            v.spin = Self::after_yield(v.spin, start.elapsed());
+            b.set(v);
+        });
+    }
+
+    /// The spin budget after a yield that took `took`.
+    fn after_yield(spin: u32, took: Duration) -> u32 {
+        if took > YIELD_RAN_OTHERS {
+            spin / 2
+        } else {
+            (spin * 2 + 1).min(MAX_SPIN)
+        }
+    }
+}
+
 /// Why a completion could not be queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("completion queue overrun")]
@@ -124,6 +191,8 @@ pub struct Cq {
     user_data: AtomicU64,
     /// Which clocks stamp each completion ([`Timestamps`] bits).
     stamps: AtomicU8,
+    /// The number of unpolled completions, stored under the state lock whenever it changes.
+    queued: AtomicUsize,
 }
 
 /// Which clocks a CQ records in its completions (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP` and
@@ -202,6 +271,7 @@ impl Cq {
             async_acks: AckCounter::default(),
             user_data: AtomicU64::new(0),
             stamps: AtomicU8::new(0),
+            queued: AtomicUsize::new(0),
         }))
     }
 
@@ -291,6 +361,9 @@ impl Cq {
             f.polled(f.now());
         }
         if n > 0 || out.is_empty() {
+            if n > 0 {
+                Backoff::found();
+            }
             return n;
         }
         // Nothing yet: make progress ourselves, so a program that only polls never waits on
@@ -298,20 +371,25 @@ impl Cq {
         let f = self.ctx.device().node().fabric();
         f.progress(f.now());
         let n = self.take(out);
-        if n == 0 {
-            // Busy pollers often share few cores with the peer they wait for (the other end of
-            // a loopback exchange, or this process's receive thread): give it the CPU.
-            std::thread::yield_now();
+        if n > 0 {
+            Backoff::found();
+        } else {
+            Backoff::nothing();
         }
         n
     }
 
     fn take(&self, out: &mut [WorkCompletion]) -> usize {
+        // An empty CQ is seen without its lock (busy pollers look many times per completion).
+        if self.queued.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
         let mut st = self.state.lock();
         let n = out.len().min(st.entries.len());
         for (slot, wc) in out.iter_mut().zip(st.entries.drain(..n)) {
             *slot = wc;
         }
+        self.queued.store(st.entries.len(), Ordering::Release);
         st.polled += n as u64;
         while st.releases.front().is_some_and(|r| r.0 < st.polled) {
             let (_, counter, value) = st.releases.pop_front().expect("checked");
@@ -427,6 +505,7 @@ impl Cq {
                 return Err(CqOverrun);
             }
             st.entries.push_back(wc);
+            self.queued.store(st.entries.len(), Ordering::Release);
             if let Some((counter, value)) = release {
                 let index = st.pushed;
                 st.releases.push_back((index, counter, value));
@@ -554,7 +633,32 @@ impl Drop for Cq {
 
 #[cfg(test)]
 mod tests {
-    use super::round_cqe;
+    use super::{round_cqe, Backoff, MAX_SPIN, YIELD_RAN_OTHERS};
+    use std::time::Duration;
+
+    #[test]
+    fn spinning_adapts_to_whether_yields_run_others() {
+        let slow = YIELD_RAN_OTHERS * 10;
+        let fast = Duration::ZERO;
+        // A core shared with the peer: within a few yields the thread yields at once.
+        let mut spin = MAX_SPIN;
+        let mut yields = 0;
+        while spin > 0 {
+            spin = Backoff::after_yield(spin, slow);
+            yields += 1;
+        }
+        assert_eq!(yields, MAX_SPIN.ilog2() + 1);
+        assert_eq!(Backoff::after_yield(0, slow), 0);
+        // A core of its own again: back to spinning, and never beyond the bound.
+        let mut yields = 0;
+        while spin < MAX_SPIN {
+            spin = Backoff::after_yield(spin, fast);
+            yields += 1;
+        }
+        assert_eq!(spin, MAX_SPIN);
+        assert!(yields <= MAX_SPIN.ilog2() + 1, "{yields} yields to recover");
+        assert_eq!(Backoff::after_yield(MAX_SPIN, fast), MAX_SPIN);
+    }
 
     #[test]
     fn cqe_rounding() {

@@ -20,6 +20,8 @@ use crate::qp::Qp;
 pub(crate) type Fabric = crate::fabric::Fabric<Qp>;
 /// A device's endpoint on the fabric.
 pub(crate) type Node = crate::fabric::Node<Qp>;
+/// A device's hold on its node.
+pub(crate) type NodeHandle = crate::fabric::NodeHandle<Qp>;
 
 /// Number of entries in every port's GID table. Unused entries read as zero.
 pub const GID_TABLE_LEN: usize = 16;
@@ -199,7 +201,7 @@ pub(crate) struct Shared {
     dm_bytes: AtomicU64,
     keys: Mutex<HashSet<u32>>,
     mw_indices: Mutex<HashSet<u32>>,
-    pub(crate) node: Arc<Node>,
+    pub(crate) node: NodeHandle,
     /// The packet socket of raw QPs, while one exists.
     pub(crate) raw: crate::raw::RawSlot,
     /// Live RSS indirection tables.

@@ -3,9 +3,10 @@
 //! thread.
 //!
 //! The fabric is an owned object: the device registry creates one for the process and every
-//! node holds an `Arc` of it; the fabric holds its nodes weakly. It knows QPs only through the
-//! `Endpoint` trait, so this module does not depend on the QP's internals, and it reads
-//! packet headers only through `softverbs-wire` views.
+//! node holds an `Arc` of it; the fabric lists its nodes until their devices' `NodeHandle`s
+//! are dropped. It knows QPs only through the `Endpoint` trait, so this module does not
+//! depend on the QP's internals, and it reads packet headers only through `softverbs-wire`
+//! views.
 //!
 //! Routing: a packet whose destination GID and QP number belong to a node of this fabric goes
 //! to that node's in-process driver (`InProcess`, the node's inbound queue); every other packet
@@ -179,12 +180,51 @@ pub(crate) trait Endpoint: Send + Sync + 'static {
     );
 }
 
+/// A node's QPs by number: looked up up to three times per packet, so hashed cheaply. The keys
+/// are numbers this process chose, so a peer cannot make them collide; it can only look up.
+type QpMap<E> = HashMap<u32, Weak<E>, std::hash::BuildHasherDefault<QpnHasher>>;
+
+/// Hashes a QP number by one multiplication (spreading consecutive numbers over the table).
+#[derive(Debug, Default)]
+struct QpnHasher(u64);
+
+impl std::hash::Hasher for QpnHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u32(u32::from(b));
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0 ^ (self.0 >> 32)
+    }
+}
+
+/// Each endpoint's ticket for a received packet (to release once its replies were sent), with
+/// where its replies are in the batch's outputs (a QP whose payload copy failed sends none of
+/// them).
+type BatchTickets<E> = Vec<(Arc<E>, u64, Range<usize>)>;
+
+/// What a node's driving thread works with, kept between batches so that handling a packet
+/// allocates none of it.
+struct Processing<E> {
+    batch: PacketBatch,
+    /// Each endpoint's ticket for a packet, and the range of the batch's replies it produced.
+    tickets: BatchTickets<E>,
+    /// The endpoints one packet is for.
+    targets: Vec<Arc<E>>,
+}
+
 /// One device's endpoint on the fabric.
 pub(crate) struct Node<E: Endpoint> {
     fabric: Arc<Fabric<E>>,
     gids: Vec<Gid>,
     ifindex: u32,
-    qps: RwLock<HashMap<u32, Weak<E>>>,
+    qps: RwLock<QpMap<E>>,
     /// Multicast group -> attached QP numbers.
     pub(crate) mcast: Mutex<McastTable>,
     pub(crate) keys: KeyTable,
@@ -193,8 +233,9 @@ pub(crate) struct Node<E: Endpoint> {
     /// Packets for this node: the in-process driver's queue, where other drivers' packets are
     /// delivered too.
     inbound: InProcess,
-    /// The batch being processed; only the driving thread touches it.
-    processing: Mutex<PacketBatch>,
+    /// The batch being processed and what its packets need (kept for their memory); only the
+    /// driving thread touches them.
+    processing: Mutex<Processing<E>>,
     driving: AtomicBool,
     pub(crate) counters: NodeCounters,
 }
@@ -266,14 +307,19 @@ impl<E: Endpoint> Node<E> {
             if self.driving.swap(true, Ordering::Acquire) {
                 return did;
             }
-            let mut batch = self.processing.lock();
-            while self.inbound.recv(&mut batch) > 0 {
+            let mut processing = self.processing.lock();
+            let Processing {
+                batch,
+                tickets,
+                targets,
+            } = &mut *processing;
+            while self.inbound.recv(batch) > 0 {
                 did = true;
                 let mut out = Vec::new();
-                let mut tickets = Vec::new();
                 let pending = Pending::default();
                 for (data, desc) in batch.iter() {
-                    self.receive(now, data, desc, &pending, &mut out, &mut tickets);
+                    let to = (&mut out, &mut *tickets, &mut *targets);
+                    self.receive(now, data, desc, &pending, to);
                 }
                 batch.clear();
                 // Payloads left in their senders' memory are copied before anything they
@@ -289,7 +335,7 @@ impl<E: Endpoint> Node<E> {
                 if !failed.is_empty() {
                     // A QP whose payload could not be placed acknowledges none of the batch.
                     let mut keep = vec![true; out.len()];
-                    for (qp, _, range) in &tickets {
+                    for (qp, _, range) in tickets.iter() {
                         if failed.contains(&qp.number()) {
                             keep[range.clone()].fill(false);
                         }
@@ -300,20 +346,23 @@ impl<E: Endpoint> Node<E> {
                 // One send for the whole batch: fewer system calls, and one ACK per QP. Only
                 // then do the batch's completions become visible: an application that sees its
                 // last completion and exits must not leave the peer without the ACK.
-                let failed_tickets: Vec<(Arc<E>, u64)> = {
+                if failed.is_empty() {
+                    let tickets = tickets.drain(..).map(|(qp, ticket, _)| (qp, ticket));
+                    self.fabric
+                        .send_then_release(self, coalesce_acks(out), tickets, Hold::InPass);
+                } else {
                     let (bad, good): (Vec<_>, Vec<_>) = tickets
-                        .into_iter()
+                        .drain(..)
                         .map(|(qp, ticket, _)| (qp, ticket))
                         .partition(|(qp, _)| failed.contains(&qp.number()));
                     self.fabric
                         .send_then_release(self, coalesce_acks(out), good, Hold::InPass);
-                    bad
-                };
-                for (qp, ticket) in failed_tickets {
-                    qp.fail_ticket(ticket);
+                    for (qp, ticket) in bad {
+                        qp.fail_ticket(ticket);
+                    }
                 }
             }
-            drop(batch);
+            drop(processing);
             self.driving.store(false, Ordering::Release);
             // A packet may have arrived after the last check but before the release.
             if self.inbound.is_empty() {
@@ -328,8 +377,7 @@ impl<E: Endpoint> Node<E> {
         data: &[u8],
         desc: &PacketDesc,
         pending: &Pending,
-        out: &mut Vec<Transmit>,
-        tickets: &mut Vec<(Arc<E>, u64, Range<usize>)>,
+        (out, tickets, targets): (&mut Vec<Transmit>, &mut BatchTickets<E>, &mut Vec<Arc<E>>),
     ) {
         let (meta, ports) = (&desc.meta, desc.ports);
         bump(&self.counters.rx_packets);
@@ -347,7 +395,8 @@ impl<E: Endpoint> Node<E> {
             parsed.repr.bth.pad_count = pad_count_for(parsed.repr.payload_len);
         }
         let qpn = parsed.repr.bth.dest_qpn;
-        let mut targets: Vec<Arc<E>> = if qpn == MULTICAST_QPN {
+        targets.clear();
+        if qpn == MULTICAST_QPN {
             let members: Vec<u32> = self
                 .mcast
                 .lock()
@@ -356,23 +405,15 @@ impl<E: Endpoint> Node<E> {
                 .map(|m| m.iter().copied().collect())
                 .unwrap_or_default();
             let qps = self.qps.read();
-            members
-                .iter()
-                .filter_map(|q| qps.get(q).and_then(Weak::upgrade))
-                .collect()
+            targets.extend(members.iter().filter_map(|q| qps.get(q).and_then(Weak::upgrade)));
         } else {
-            self.qps
-                .read()
-                .get(&qpn)
-                .and_then(Weak::upgrade)
-                .into_iter()
-                .collect()
-        };
+            targets.extend(self.qps.read().get(&qpn).and_then(Weak::upgrade));
+        }
         if targets.is_empty() {
             bump(&self.counters.rx_unknown_qp);
         }
-        E::steer(&self.ud_flows, &parsed, meta, ports, data.len(), &mut targets);
-        for qp in targets {
+        E::steer(&self.ud_flows, &parsed, meta, ports, data.len(), targets);
+        for qp in targets.drain(..) {
             let ext = desc.remote.map(|at| RemotePayload { at, qpn: qp.number() });
             let ext = ext.as_ref().map(|e| e as &dyn ExternalPayload);
             let (txs, ticket, dropped) = qp.receive_packet(now, &parsed, ext, meta, pending);
@@ -383,7 +424,12 @@ impl<E: Endpoint> Node<E> {
                 Some(_) => bump(&self.counters.rx_dropped),
             }
             let at = out.len();
-            out.extend(txs);
+            if out.is_empty() {
+                // The usual single reply: its vector is the batch's, no copy.
+                *out = txs;
+            } else {
+                out.extend(txs);
+            }
             tickets.push((qp, ticket, at..out.len()));
         }
     }
@@ -449,6 +495,23 @@ struct Run<E: Endpoint> {
     exts: Vec<Option<ExternalRanges>>,
 }
 
+impl<E: Endpoint> Run<E> {
+    /// Keeps the packets `keep` says yes to (in order), with what is known of their payloads.
+    fn retain(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
+        let mut exts = std::mem::take(&mut self.exts).into_iter();
+        let mut kept = Vec::with_capacity(self.packets.len());
+        self.packets.retain(|p| {
+            let ext = exts.next().flatten();
+            let k = keep(p);
+            if k {
+                kept.push(ext);
+            }
+            k
+        });
+        self.exts = kept;
+    }
+}
+
 /// Packets waiting to be handed to a driver, in the order they were produced, and the tickets
 /// to release once they were.
 struct Outbox<E: Endpoint> {
@@ -483,7 +546,7 @@ impl<E: Endpoint> Outbox<E> {
                     continue;
                 }
                 let before = old.packets.len();
-                old.packets.retain(|p| acked(p) != Some(qpn));
+                old.retain(|p| acked(p) != Some(qpn));
                 let gone = before - old.packets.len();
                 self.packets -= gone;
                 self.bytes -= gone * ACK_LEN;
@@ -507,7 +570,7 @@ impl<E: Endpoint> Outbox<E> {
             .collect();
         keep.reverse();
         let mut k = keep.into_iter();
-        run.packets.retain(|_| k.next().unwrap_or(true));
+        run.retain(|_| k.next().unwrap_or(true));
         self.packets += run.packets.len();
         self.bytes += run.packets.iter().map(Vec::len).sum::<usize>();
         if !run.packets.is_empty() {
@@ -565,11 +628,40 @@ const OUTBOX_PACKETS: usize = 64;
 /// Bytes held back at most, likewise.
 const OUTBOX_BYTES: usize = 64 << 10;
 
+/// The nodes of a fabric as listed at one moment: taking the list costs one reference count
+/// (it is read on every poll and every send), and it changes only when a device comes or goes.
+type LiveNodes<E> = Arc<[Arc<Node<E>>]>;
+
+/// A device's hold on its node. The fabric lists its nodes strongly (so that listing them
+/// needs no upgrade of weak references); this handle, owned by the device, takes the node off
+/// the list when it is dropped, which breaks the cycle between node and fabric.
+pub(crate) struct NodeHandle<E: Endpoint>(Arc<Node<E>>);
+
+impl<E: Endpoint> std::ops::Deref for NodeHandle<E> {
+    type Target = Arc<Node<E>>;
+
+    fn deref(&self) -> &Arc<Node<E>> {
+        &self.0
+    }
+}
+
+impl<E: Endpoint> std::fmt::Debug for NodeHandle<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl<E: Endpoint> Drop for NodeHandle<E> {
+    fn drop(&mut self) {
+        self.0.fabric.remove_node(&self.0);
+    }
+}
+
 /// The fabric between the nodes of this process: routes packets through its drivers and
 /// runs the progress and receive threads. Created by the device registry; nodes own it.
 pub(crate) struct Fabric<E: Endpoint> {
     me: Weak<Self>,
-    nodes: RwLock<Vec<Weak<Node<E>>>>,
+    nodes: RwLock<LiveNodes<E>>,
     epoch: std::time::Instant,
     wake: Arc<WakeUp>,
     qpns: Mutex<QpnTable>,
@@ -583,8 +675,9 @@ pub(crate) struct Fabric<E: Endpoint> {
     shm: OnceLock<Arc<Shm>>,
     /// The shared-memory driver's receive batch; holding it is the right to receive from it.
     shm_rx: Mutex<PacketBatch>,
-    /// Application polls since the UDP sockets last delivered something.
-    udp_idle_polls: AtomicU32,
+    /// While shared memory carries traffic, application polls leave the UDP sockets alone
+    /// until this time (engine nanoseconds); 0 after they delivered something.
+    udp_next_look: AtomicU64,
     /// Until when (engine nanoseconds) shared memory counts as carrying traffic.
     shm_busy_until: AtomicU64,
     /// When an application thread last polled an empty CQ (engine nanoseconds), reading the
@@ -605,6 +698,10 @@ pub(crate) struct Fabric<E: Endpoint> {
     burst_after_poll: AtomicU64,
     /// Posts since an application thread last polled a CQ.
     posts_since_poll: AtomicU32,
+    /// Raised whenever a packet is queued at any node (see [`InProcess::new`]), lowered by
+    /// [`Fabric::drive`] before it looks at the nodes: a poll with nothing in flight costs one
+    /// load.
+    queued: Arc<AtomicBool>,
 }
 
 impl<E: Endpoint> std::fmt::Debug for Fabric<E> {
@@ -686,9 +783,10 @@ pub(crate) enum Hold {
 /// may take a while, and sending each post alone makes it longer still.
 const BURST_AFTER_POLL: Duration = Duration::from_millis(1);
 
-/// While shared memory carries traffic, an application poll looks at idle UDP sockets only
-/// once in this many polls.
-const UDP_POLL_EVERY: u32 = 16;
+/// While shared memory carries traffic, application polls look at idle UDP sockets at most
+/// this often (each look is a system call, several times the cost of a poll that finds
+/// nothing; a packet that comes over UDP meanwhile waits this long at most).
+const UDP_LOOK_EVERY: Duration = Duration::from_micros(20);
 /// How long after shared memory last delivered it still counts as carrying traffic.
 const SHM_BUSY: Duration = Duration::from_millis(1);
 
@@ -764,7 +862,7 @@ fn progress_thread<E: Endpoint>(fabric: Weak<Fabric<E>>, wake: Arc<WakeUp>) {
         let now = f.now();
         f.drive(now);
         let mut next = None;
-        for node in f.live_nodes() {
+        for node in f.live_nodes().iter() {
             if let Some(d) = node.run_timers(now) {
                 next = Some(next.map_or(d, |n: Instant| n.min(d)));
             }
@@ -868,7 +966,7 @@ impl<E: Endpoint> Fabric<E> {
     pub(crate) fn new() -> Arc<Self> {
         let f = Arc::new_cyclic(|me| Self {
             me: me.clone(),
-            nodes: RwLock::new(Vec::new()),
+            nodes: RwLock::new(Vec::new().into()),
             epoch: std::time::Instant::now(),
             wake: Arc::new(WakeUp::new()),
             qpns: Mutex::new(QpnTable::new(FIRST_QPN, LAST_QPN_INDEX)),
@@ -877,7 +975,7 @@ impl<E: Endpoint> Fabric<E> {
             udp_start: Mutex::new(()),
             shm: OnceLock::new(),
             shm_rx: Mutex::new(PacketBatch::default()),
-            udp_idle_polls: AtomicU32::new(0),
+            udp_next_look: AtomicU64::new(0),
             shm_busy_until: AtomicU64::new(0),
             app_poll_at: AtomicU64::new(0),
             app_active_at: AtomicU64::new(0),
@@ -887,6 +985,7 @@ impl<E: Endpoint> Fabric<E> {
             rx_waiting: AtomicU32::new(0),
             burst_after_poll: AtomicU64::new(BURST_AFTER_POLL.as_nanos() as u64),
             posts_since_poll: AtomicU32::new(0),
+            queued: Arc::new(AtomicBool::new(false)),
         });
         let (me, wake) = (Arc::downgrade(&f), f.wake.clone());
         std::thread::Builder::new()
@@ -897,30 +996,39 @@ impl<E: Endpoint> Fabric<E> {
     }
 
     /// A node for a device with these GIDs on interface `ifindex`.
-    pub(crate) fn add_node(self: &Arc<Self>, gids: &[Gid], ifindex: u32) -> Arc<Node<E>> {
+    pub(crate) fn add_node(self: &Arc<Self>, gids: &[Gid], ifindex: u32) -> NodeHandle<E> {
         let node = Arc::new(Node {
             fabric: self.clone(),
             gids: gids.iter().copied().filter(|g| !g.is_zero()).collect(),
             ifindex,
-            qps: RwLock::new(HashMap::new()),
+            qps: RwLock::new(QpMap::default()),
             mcast: Mutex::new(McastTable::default()),
             keys: KeyTable::default(),
             ud_flows: Default::default(),
-            inbound: InProcess::default(),
-            processing: Mutex::new(PacketBatch::default()),
+            inbound: InProcess::new(self.queued.clone()),
+            processing: Mutex::new(Processing {
+                batch: PacketBatch::default(),
+                tickets: Vec::new(),
+                targets: Vec::new(),
+            }),
             driving: AtomicBool::new(false),
             counters: NodeCounters::default(),
         });
         let mut nodes = self.nodes.write();
-        // Devices are built on every device listing and most are dropped at once: forget the
-        // dead ones here, or the list (and each dead node's memory) grows with every call.
-        nodes.retain(|n| n.strong_count() > 0);
-        nodes.push(Arc::downgrade(&node));
+        *nodes = nodes.iter().cloned().chain([node.clone()]).collect();
         drop(nodes);
-        node
+        NodeHandle(node)
     }
 
-    /// Nodes registered (live or not yet forgotten).
+    /// Takes `node` off the list (its device is gone). Devices are built on every device
+    /// listing and most are dropped at once, so this keeps the list (and each node's memory)
+    /// from growing with every call.
+    fn remove_node(&self, node: &Arc<Node<E>>) {
+        let mut nodes = self.nodes.write();
+        *nodes = nodes.iter().filter(|n| !Arc::ptr_eq(n, node)).cloned().collect();
+    }
+
+    /// Nodes registered.
     #[cfg(test)]
     fn node_count(&self) -> usize {
         self.nodes.read().len()
@@ -931,13 +1039,9 @@ impl<E: Endpoint> Fabric<E> {
         Instant(u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
 
-    fn live_nodes(&self) -> Vec<Arc<Node<E>>> {
-        let nodes: Vec<Arc<Node<E>>> = self.nodes.read().iter().filter_map(Weak::upgrade).collect();
-        if nodes.len() < self.nodes.read().len() {
-            // Devices were dropped: forget them (rare, so the hot path only reads).
-            self.nodes.write().retain(|n| n.strong_count() > 0);
-        }
-        nodes
+    /// The nodes in use (those whose devices still exist).
+    fn live_nodes(&self) -> LiveNodes<E> {
+        self.nodes.read().clone()
     }
 
     /// Tells the progress thread about a deadline, waking it if it would sleep past it.
@@ -946,16 +1050,29 @@ impl<E: Endpoint> Fabric<E> {
     }
 
     /// Drives every node until no packet is left in flight.
+    ///
+    /// Every queue raises `queued` after it took a packet, and this lowers it before it looks
+    /// at the nodes, so a packet queued before the flag was lowered is seen by this pass, and
+    /// one queued later raises it again for the next pass (here, or another thread's). A node
+    /// another thread is driving is left to that thread, which runs until its queue is empty.
     pub(crate) fn drive(&self, now: Instant) {
-        let nodes = self.live_nodes();
-        loop {
-            let mut did = false;
-            for n in &nodes {
-                did |= n.drive(now);
+        // The usual empty poll ends here, without even a look at the node list.
+        if !self.queued.load(Ordering::Acquire) {
+            return;
+        }
+        while self.queued.swap(false, Ordering::AcqRel) {
+            // Listed after the flag was lowered: a node added since is in the list.
+            for n in self.live_nodes().iter() {
+                n.drive(now);
             }
-            if !did {
-                return;
-            }
+        }
+    }
+
+    /// [`Fabric::drive`] at the current time, read only if a packet is queued (a sender calls
+    /// this after every post, mostly with nothing to do).
+    pub(crate) fn drive_queued(&self) {
+        if self.queued.load(Ordering::Acquire) {
+            self.drive(self.now());
         }
     }
 
@@ -976,16 +1093,20 @@ impl<E: Endpoint> Fabric<E> {
                     .store(now.as_nanos() + SHM_BUSY.as_nanos() as u64, Ordering::Relaxed);
             }
             // Looking at the UDP sockets is a system call. While shared memory carries this
-            // process's traffic, a poller that found them empty looks again only every few
-            // polls; as long as they deliver, or when shared memory is quiet, every poll reads
+            // process's traffic, a poller that found them empty looks again only after a
+            // while; as long as they deliver, or when shared memory is quiet, every poll reads
             // them.
-            let skip = now.as_nanos() < self.shm_busy_until.load(Ordering::Relaxed)
-                && self.udp_idle_polls.fetch_add(1, Ordering::Relaxed) % UDP_POLL_EVERY != 0;
+            let t = at.as_nanos();
+            let skip = t < self.shm_busy_until.load(Ordering::Relaxed)
+                && t < self.udp_next_look.load(Ordering::Relaxed);
             if !skip {
                 let n = self.pump_udp(false);
-                if n > 0 {
-                    self.udp_idle_polls.store(0, Ordering::Relaxed);
-                }
+                let next = if n > 0 {
+                    0
+                } else {
+                    t + UDP_LOOK_EVERY.as_nanos() as u64
+                };
+                self.udp_next_look.store(next, Ordering::Relaxed);
                 got += n;
             }
             self.drive(at);
@@ -995,7 +1116,7 @@ impl<E: Endpoint> Fabric<E> {
             at = self.now();
         }
         if self.wake.load() <= now.as_nanos() {
-            for n in self.live_nodes() {
+            for n in self.live_nodes().iter() {
                 n.run_timers(now);
             }
             self.drive(self.now());

@@ -48,9 +48,14 @@ impl Held {
 
     /// Marks `ticket`'s packets as sent and returns the completions that may now be seen.
     pub(crate) fn release(&mut self, ticket: u64) -> Vec<Completion> {
-        self.released.insert(ticket);
-        while self.released.remove(&self.watermark) {
+        if ticket == self.watermark && self.released.is_empty() {
+            // Tickets released in the order issued (the usual case): no set to keep.
             self.watermark += 1;
+        } else if ticket >= self.watermark {
+            self.released.insert(ticket);
+            while self.released.remove(&self.watermark) {
+                self.watermark += 1;
+            }
         }
         let mut ready = Vec::new();
         while self.queue.front().is_some_and(|(t, _)| *t < self.watermark) {

@@ -10,6 +10,7 @@
 
 use std::os::fd::BorrowedFd;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
@@ -25,10 +26,21 @@ pub(crate) struct InProcess {
     /// Whether the queue holds packets (changed under its lock): polling threads check it
     /// without taking the lock, so an idle driver costs them no shared writes.
     pending: AtomicBool,
+    /// Raised after every packet queued here; shared by the nodes of one fabric, so that a
+    /// poller learns that no node has anything with a single load.
+    queued: Arc<AtomicBool>,
     ready: Condvar,
 }
 
 impl InProcess {
+    /// A queue that raises `queued` whenever a packet is put in it.
+    pub(crate) fn new(queued: Arc<AtomicBool>) -> Self {
+        Self {
+            queued,
+            ..Self::default()
+        }
+    }
+
     /// Whether packets may be waiting, without taking the lock: a hint for polling threads
     /// (a sender always sees its own packets).
     pub(crate) fn has_pending(&self) -> bool {
@@ -52,6 +64,7 @@ impl InProcess {
         q.push_data(data, (meta, IcrcCheck::Ok, ports, remote));
         self.pending.store(true, Ordering::Release);
         drop(q);
+        self.queued.store(true, Ordering::Release);
         self.ready.notify_all();
     }
 }
@@ -66,6 +79,7 @@ impl Driver for InProcess {
         }
         self.pending.store(!q.is_empty(), Ordering::Release);
         drop(q);
+        self.queued.store(true, Ordering::Release);
         self.ready.notify_all();
         packets.len()
     }

@@ -768,8 +768,7 @@ impl Qp {
     /// `Fabric::send_then_release`).
     fn emit_as(&self, out: Outputs, posted: bool) {
         self.send_then_release(out, posted);
-        let f = self.fabric();
-        f.drive(f.now());
+        self.fabric().drive_queued();
     }
 
     /// Sends packets, then makes their completions visible.

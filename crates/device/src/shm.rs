@@ -19,7 +19,6 @@
 //!
 //! `SOFTVERBS_SHM=0` turns the driver off.
 
-use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -72,6 +71,20 @@ const REMOTE: usize = 12 + 12 * MAX_EXTERNAL_RANGES;
 /// Records handed over per receive call.
 const MAX_BATCH: usize = 256;
 
+/// The monotonic clock in nanoseconds: read on every send, and compared as plain integers
+/// (cheaper than `Instant` arithmetic on this path).
+fn mono_ns() -> u64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
+    (t.tv_sec as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(t.tv_nsec as u64)
+}
+
+/// `d` in nanoseconds.
+const fn nanos(d: Duration) -> u64 {
+    d.as_nanos() as u64
+}
+
 /// Whether the environment allows the driver (`SOFTVERBS_SHM=0` turns it off).
 pub(crate) fn enabled() -> bool {
     std::env::var("SOFTVERBS_SHM").map_or(true, |v| v.trim() != "0")
@@ -82,14 +95,14 @@ pub(crate) fn enabled() -> bool {
 enum Peer {
     Open {
         out: Outbox,
-        /// When the owner was last found alive.
-        checked: StdInstant,
-        /// When a run was last sent.
-        sent: StdInstant,
+        /// When the owner was last found alive ([`mono_ns`]).
+        checked: u64,
+        /// When a run was last sent ([`mono_ns`]).
+        sent: u64,
     },
     /// None (or not ours to open, or its owner dead) when last looked for; look again from
     /// this time on.
-    Absent(StdInstant),
+    Absent(u64),
 }
 
 /// The shared-memory driver of this process.
@@ -98,7 +111,9 @@ pub(crate) struct Shm {
     inbox: Inbox,
     dir: PathBuf,
     netns: u64,
-    peers: Mutex<HashMap<u16, Peer>>,
+    /// By slot port: a short list (one entry per process this one talks to), searched on
+    /// every send, which a linear scan of the ports does faster than hashing.
+    peers: Mutex<Vec<(u16, Peer)>>,
 }
 
 impl Shm {
@@ -122,7 +137,7 @@ impl Shm {
             inbox,
             dir,
             netns,
-            peers: Mutex::new(HashMap::new()),
+            peers: Mutex::new(Vec::new()),
         }))
     }
 
@@ -138,15 +153,22 @@ impl Shm {
     ) -> Option<usize> {
         let port = route.ports.1;
         let mut peers = self.peers.lock();
-        let now = StdInstant::now();
-        let peer = peers.entry(port).or_insert(Peer::Absent(now));
+        let now = mono_ns();
+        let at = match peers.iter().position(|(p, _)| *p == port) {
+            Some(at) => at,
+            None => {
+                peers.push((port, Peer::Absent(now)));
+                peers.len() - 1
+            }
+        };
+        let peer = &mut peers[at].1;
         if let Peer::Open { out, checked, sent } = peer {
-            let idle = now.duration_since(*sent) >= IDLE_RECHECK;
+            let idle = now.saturating_sub(*sent) >= nanos(IDLE_RECHECK);
             *sent = now;
             if out.is_closed() {
                 // Replaced by a new owner of the port (or dropped): look again at once.
                 *peer = Peer::Absent(now);
-            } else if idle || now.duration_since(*checked) >= CHECK_ALIVE {
+            } else if idle || now.saturating_sub(*checked) >= nanos(CHECK_ALIVE) {
                 if out.owner_alive() {
                     *checked = now;
                 } else {
@@ -169,12 +191,12 @@ impl Shm {
                 // A mailbox its owner left behind when it died: the next owner of the port
                 // will replace it soon, if one comes.
                 Ok(_) => {
-                    *peer = Peer::Absent(now + RETRY_STALE);
+                    *peer = Peer::Absent(now + nanos(RETRY_STALE));
                     return None;
                 }
                 // None (a process with the driver off, or of another user).
                 Err(_) => {
-                    *peer = Peer::Absent(now + RETRY_ABSENT);
+                    *peer = Peer::Absent(now + nanos(RETRY_ABSENT));
                     return None;
                 }
             }
@@ -197,16 +219,21 @@ impl Shm {
                 rec[HEADER + extra..].copy_from_slice(p);
             };
             let len = HEADER + extra + p.len();
-            let start = StdInstant::now();
+            // Read the clock only once the ring was found full (rare).
+            let mut start = None;
             loop {
+                let waited = || start.map_or(Duration::ZERO, |s: StdInstant| s.elapsed());
                 match out.push(len, fill) {
                     Ok(true) => {
                         sent += 1;
                         break;
                     }
                     // Full: the receiver is behind; give it the core for a while.
-                    Ok(false) if start.elapsed() < FULL_SPIN => std::thread::yield_now(),
-                    Ok(false) if start.elapsed() < FULL_WAIT && out.owner_alive() => {
+                    Ok(false) if start.is_none() || waited() < FULL_SPIN => {
+                        start.get_or_insert_with(StdInstant::now);
+                        std::thread::yield_now();
+                    }
+                    Ok(false) if waited() < FULL_WAIT && out.owner_alive() => {
                         std::thread::sleep(Duration::from_micros(50));
                     }
                     _ => return Some(sent),

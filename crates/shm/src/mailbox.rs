@@ -255,15 +255,16 @@ impl Inbox {
         let mut guard = self.rings.lock().unwrap_or_else(|p| p.into_inner());
         let (rings, next) = &mut *guard;
         let n = rings.len();
+        let active = if n < 64 { active & ((1 << n) - 1) } else { active };
+        let claimed = active.count_ones() as usize;
         let mut got = 0;
+        // Claimed rings found empty in a row: the scan ends once every one was.
         let mut idle = 0;
-        while got < max && idle < n {
-            let i = *next;
-            *next = (*next + 1) % n;
-            if active & (1 << i) == 0 {
-                idle += 1;
-                continue;
-            }
+        while got < max && idle < claimed {
+            // The next claimed ring at or after `next`, wrapping: only those are looked at.
+            let above = active & (u64::MAX << *next);
+            let i = if above != 0 { above } else { active }.trailing_zeros() as usize;
+            *next = (i + 1) % n;
             match rings[i].pop(&self.map, &mut f) {
                 Ok(Some(())) => {
                     got += 1;

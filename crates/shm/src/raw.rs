@@ -27,23 +27,33 @@ impl Mapping {
     }
 
     /// The mapping's length in bytes.
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
 
     /// Panics unless `offset..offset + len` lies in the mapping and `offset` is a multiple of
     /// `align` (a power of two).
+    #[inline]
     fn check(&self, offset: usize, len: usize, align: usize) {
-        let end = offset.checked_add(len).expect("offset overflow");
-        assert!(
-            end <= self.len(),
-            "{offset}+{len} outside a {}-byte mapping",
+        // Inlined into every access (several per record); the panic is kept out of line.
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() && offset % align == 0 => {}
+            _ => self.bad_offset(offset, len, align),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn bad_offset(&self, offset: usize, len: usize, align: usize) -> ! {
+        panic!(
+            "{offset}+{len} (alignment {align}) outside a {}-byte mapping or misaligned",
             self.len()
-        );
-        assert_eq!(offset % align, 0, "offset {offset} not {align}-aligned");
+        )
     }
 
     /// The 64-bit atomic word at `offset`.
+    #[inline]
     pub(crate) fn u64_at(&self, offset: usize) -> &AtomicU64 {
         self.check(offset, 8, 8);
         // SAFETY: the word lies inside the mapping (checked above), which stays mapped while
@@ -55,6 +65,7 @@ impl Mapping {
     }
 
     /// The 32-bit atomic word at `offset` (also a futex word).
+    #[inline]
     pub(crate) fn u32_at(&self, offset: usize) -> &AtomicU32 {
         self.check(offset, 4, 4);
         // SAFETY: as in `u64_at`: in bounds, 4-aligned, alive while `self` is, and accessed
@@ -69,6 +80,7 @@ impl Mapping {
     /// it, and written only before that. A process that breaks the protocol can only be one of
     /// the same user (the file is private to the user), which could as well write this
     /// process's memory through `ptrace`.
+    #[inline]
     pub(crate) fn with_bytes<R>(&self, offset: usize, len: usize, f: impl FnOnce(&[u8]) -> R) -> R {
         self.check(offset, len, 1);
         // SAFETY: in bounds and mapped while `self` lives (the slice does not escape `f`); the
@@ -77,6 +89,7 @@ impl Mapping {
     }
 
     /// Runs `f` on the bytes at `offset..offset + len`, to write them (see `with_bytes`).
+    #[inline]
     pub(crate) fn with_bytes_mut<R>(&self, offset: usize, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
         self.check(offset, len, 1);
         // SAFETY: in bounds and mapped while `self` lives; by the ring protocol the region

@@ -103,6 +103,45 @@ fn rings_are_claimed_one_per_sender_and_freed_on_drop() {
 }
 
 #[test]
+fn claimed_rings_are_read_in_turn_skipping_idle_ones() {
+    let p = path("turns");
+    let inbox = Inbox::create(&p, SMALL).unwrap();
+    let mut outs: Vec<Outbox> = (0..4).map(|_| Outbox::open(&p).unwrap()).collect();
+    // Ring 1 was claimed once (its bit stays set) and is empty now.
+    drop(outs.remove(1));
+    for round in 0..2u8 {
+        for (i, o) in outs.iter_mut().enumerate() {
+            assert!(o.push(2, |b| b.copy_from_slice(&[i as u8, round])).unwrap());
+        }
+    }
+    // One record per ring in turn; a poll that stops early resumes with the next ring.
+    let mut got = Vec::new();
+    assert_eq!(inbox.poll(2, |r| got.push(r.to_vec())), 2);
+    assert_eq!(inbox.poll(usize::MAX, |r| got.push(r.to_vec())), 4);
+    let want: Vec<Vec<u8>> = [[0, 0], [1, 0], [2, 0], [0, 1], [1, 1], [2, 1]]
+        .iter()
+        .map(|r| r.to_vec())
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(inbox.poll(usize::MAX, |_| {}), 0);
+}
+
+#[test]
+fn the_last_of_the_most_rings_is_read() {
+    let p = path("most");
+    let layout = Layout {
+        rings: softverbs_shm::MAX_RINGS,
+        ..SMALL
+    };
+    let inbox = Inbox::create(&p, layout).unwrap();
+    let mut outs: Vec<Outbox> = (0..layout.rings).map(|_| Outbox::open(&p).unwrap()).collect();
+    let mut last = outs.pop().unwrap();
+    assert!(last.push(4, |b| b.copy_from_slice(b"last")).unwrap());
+    assert!(outs[0].push(5, |b| b.copy_from_slice(b"first")).unwrap());
+    assert_eq!(drain(&inbox), [b"first".to_vec(), b"last".to_vec()]);
+}
+
+#[test]
 fn a_dead_senders_ring_is_taken_over_with_its_records() {
     let p = path("dead");
     let inbox = Inbox::create(&p, Layout { rings: 1, ..SMALL }).unwrap();
@@ -225,6 +264,51 @@ fn the_doorbell_wakes_a_sleeping_owner() {
     }
     assert!(t.elapsed() < Duration::from_secs(25));
     assert_eq!(drain(&inbox), [b"ring".to_vec()]);
+    sender.join().unwrap();
+}
+
+/// A sender that pushes one record at a time, each just as the owner may be on its way to
+/// sleep, is always seen: no wait lasts until its timeout.
+#[test]
+fn no_wake_up_is_lost_while_the_owner_falls_asleep() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
+    const ROUNDS: u64 = 3000;
+    let p = path("asleep");
+    let inbox = Inbox::create(&p, SMALL).unwrap();
+    let mut out = Outbox::open(&p).unwrap();
+    let consumed = Arc::new(AtomicU64::new(0));
+    let seen = consumed.clone();
+    let sender = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for i in 0..ROUNDS {
+            // Varying delays move the push across the owner's way into its wait.
+            for _ in 0..(i * 37) % 2000 {
+                std::hint::spin_loop();
+            }
+            assert!(out.push(8, |b| b.copy_from_slice(&i.to_le_bytes())).unwrap());
+            while seen.load(Ordering::Acquire) <= i {
+                assert!(Instant::now() < deadline, "record {i} never consumed");
+                std::thread::yield_now();
+            }
+        }
+    });
+    let mut next = 0u64;
+    while next < ROUNDS {
+        let t = Instant::now();
+        if inbox.is_empty() {
+            inbox.wait(Duration::from_secs(20));
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "record {next} pushed but its doorbell was missed"
+        );
+        inbox.poll(usize::MAX, |r| {
+            assert_eq!(u64::from_le_bytes(r.try_into().unwrap()), next);
+            next += 1;
+        });
+        consumed.store(next, Ordering::Release);
+    }
     sender.join().unwrap();
 }
 
