@@ -2,6 +2,8 @@
 //! our `libibverbs.so.1` with only `LD_LIBRARY_PATH` set. Two-process tests run a server and a
 //! client on 127.0.0.1 over device `sv_lo`, using the GID index of `::ffff:127.0.0.1`; every
 //! run is bounded by a timeout, and the runs are serialised so they do not compete for CPU.
+//! A run that times out reports which process hung, its threads' kernel state and (with gdb
+//! installed) stacks, and what every process printed, its stdout line-buffered by `stdbuf`.
 
 mod common;
 
