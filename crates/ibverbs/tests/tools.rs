@@ -2,11 +2,16 @@
 //! our `libibverbs.so.1` with only `LD_LIBRARY_PATH` set. Two-process tests run a server and a
 //! client on 127.0.0.1 over device `sv_lo`, using the GID index of `::ffff:127.0.0.1`; every
 //! run is bounded by a timeout, and the runs are serialised so they do not compete for CPU.
+//! A run that times out reports which process hung, its threads' kernel state and (with gdb
+//! installed) stacks, and what every process printed, its stdout line-buffered by `stdbuf`.
 
 mod common;
 
+use std::io::Read;
+use std::path::Path;
 use std::process::{Child, Output, Stdio};
 use std::sync::{Mutex, OnceLock};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -64,12 +69,147 @@ fn listening(port: u16) -> bool {
 
 fn spawn(program: &str, args: &[String]) -> Child {
     require(program);
-    let mut c = command(program);
+    // Line-buffered stdout (stdbuf execs the program, so the pid stays the program's): a
+    // process killed on a time-out still shows how far it got.
+    let mut c = if Path::new(STDBUF).exists() {
+        let mut c = command(STDBUF);
+        c.arg("-oL").arg(program);
+        c
+    } else {
+        command(program)
+    };
     c.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c.spawn().unwrap_or_else(|e| panic!("spawn {program}: {e}"))
+}
+
+const STDBUF: &str = "/usr/bin/stdbuf";
+
+/// A pipe drained by a thread, so a chatty child never blocks on it.
+fn drain(pipe: Option<impl Read + Send + 'static>) -> JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut p) = pipe {
+            let _ = p.read_to_end(&mut buf);
+        }
+        buf
+    })
+}
+
+/// What the kernel says each thread of `pid` is doing, and, if gdb is installed, the stacks.
+fn diagnose(pid: u32) -> String {
+    let mut report = String::new();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"));
+    for task in tasks.into_iter().flatten().flatten() {
+        let dir = task.path();
+        let read = |f: &str| {
+            std::fs::read_to_string(dir.join(f))
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        };
+        // The state is the field after the parenthesised name.
+        let stat = read("stat");
+        let state = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .split_whitespace()
+            .next()
+            .unwrap_or("?");
+        report += &format!(
+            "  thread {} {:?}: state {state}, wchan {}, syscall {}\n",
+            task.file_name().to_string_lossy(),
+            read("comm"),
+            read("wchan"),
+            read("syscall"),
+        );
+    }
+    if Path::new("/usr/bin/gdb").exists() {
+        let gdb = std::process::Command::new("/usr/bin/gdb")
+            .args(["-p", &pid.to_string(), "-batch", "-ex", "thread apply all bt"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        if let Ok(mut gdb) = gdb {
+            let out = drain(gdb.stdout.take());
+            let start = Instant::now();
+            while gdb.try_wait().ok().flatten().is_none() && start.elapsed() < Duration::from_secs(60) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = gdb.kill();
+            let _ = gdb.wait();
+            report += &String::from_utf8_lossy(&out.join().unwrap_or_default());
+        }
+    }
+    report
+}
+
+/// Waits for every `(role, child)` until all exit or `limit` has passed. On a time-out it
+/// panics with a report that names each process still running, with its threads' state and
+/// stacks, and shows what every process printed; all of them are killed first.
+fn wait_all(children: Vec<(String, Child)>, limit: Duration) -> Vec<Output> {
+    let start = Instant::now();
+    let mut runs: Vec<_> = children
+        .into_iter()
+        .map(|(role, mut child)| {
+            let out = drain(child.stdout.take());
+            let err = drain(child.stderr.take());
+            (role, child, out, err)
+        })
+        .collect();
+    let mut hung = Vec::new();
+    loop {
+        let running: Vec<usize> = (0..runs.len())
+            .filter(|&i| runs[i].1.try_wait().expect("wait").is_none())
+            .collect();
+        if running.is_empty() {
+            break;
+        }
+        if start.elapsed() > limit {
+            for i in running {
+                let (role, child, ..) = &runs[i];
+                hung.push(format!(
+                    "{role} (pid {}) still runs:\n{}",
+                    child.id(),
+                    diagnose(child.id())
+                ));
+            }
+            for (_, child, ..) in &mut runs {
+                let _ = child.kill();
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let outputs: Vec<(String, Output)> = runs
+        .into_iter()
+        .map(|(role, mut child, out, err)| {
+            let status = child.wait().expect("wait");
+            let stdout = out.join().unwrap_or_default();
+            let stderr = err.join().unwrap_or_default();
+            (
+                role,
+                Output {
+                    status,
+                    stdout,
+                    stderr,
+                },
+            )
+        })
+        .collect();
+    if !hung.is_empty() {
+        let mut report = format!("timed out after {limit:?}\n{}", hung.join("\n"));
+        for (role, o) in &outputs {
+            let (out, err) = text(o);
+            report += &format!("\n-- {role} ({:?}) stdout:\n{out}\nstderr:\n{err}", o.status);
+        }
+        panic!("{report}");
+    }
+    outputs.into_iter().map(|(_, o)| o).collect()
 }
 
 /// Runs `program args` as server and `program args 127.0.0.1` as client; both must exit 0.
@@ -105,9 +245,16 @@ fn server_and_clients(
     }
     let mut cargs = args.clone();
     cargs.push("127.0.0.1".into());
-    let children: Vec<Child> = (0..clients).map(|_| spawn(client_program, &cargs)).collect();
-    let cs: Vec<Output> = children.into_iter().map(|c| wait_bounded(c, LIMIT)).collect();
-    let s = wait_bounded(server, LIMIT);
+    let mut children = vec![(format!("server {program}"), server)];
+    children.extend((0..clients).map(|i| {
+        (
+            format!("client {i} {client_program}"),
+            spawn(client_program, &cargs),
+        )
+    }));
+    let mut outputs = wait_all(children, LIMIT);
+    let cs = outputs.split_off(1);
+    let s = outputs.remove(0);
     let (sout, serr) = text(&s);
     let mut report = format!(
         "{program} {args:?}\n-- server ({:?}) stdout:\n{sout}\nstderr:\n{serr}",
@@ -168,6 +315,38 @@ fn perftest_with(program: &str, server_prints_table: bool, extra: &[&str]) {
     if server_prints_table {
         assert!(has_table(&s), "{program} server: {}", text(&s).0);
     }
+}
+
+/// A run that times out names the process that hung, with its threads, and shows what each
+/// process printed, so that an intermittent hang can be told apart from a slow run.
+#[test]
+fn a_timed_out_run_names_the_hung_process() {
+    let sh = |script: &str| {
+        std::process::Command::new("/bin/sh")
+            .args(["-c", script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let children = vec![
+        ("server".to_string(), sh("echo waiting; exec sleep 60")),
+        ("client 0".to_string(), sh("echo done")),
+    ];
+    let start = Instant::now();
+    let panic = std::panic::catch_unwind(|| wait_all(children, Duration::from_secs(1)))
+        .expect_err("the server outlives the limit");
+    assert!(
+        start.elapsed() < Duration::from_secs(50),
+        "the hung process was killed"
+    );
+    let report = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(report.contains("server (pid "), "{report}");
+    assert!(report.contains("still runs"), "{report}");
+    assert!(report.contains("\"sleep\""), "its threads: {report}");
+    assert!(!report.contains("client 0 (pid "), "the client exited: {report}");
+    assert!(report.contains("waiting") && report.contains("done"), "{report}");
 }
 
 #[test]
@@ -723,8 +902,9 @@ fn raw_ethernet_bw() {
     // The server receives for six seconds; the client starts well inside them.
     std::thread::sleep(Duration::from_secs(1));
     let client = spawn(program, &args("--client", "2"));
-    let c = wait_bounded(client, LIMIT);
-    let s = wait_bounded(server, LIMIT);
+    let mut outputs = wait_all(vec![("server".into(), server), ("client".into(), client)], LIMIT);
+    let c = outputs.remove(1);
+    let s = outputs.remove(0);
     let iterations = |o: &Output| {
         let (out, err) = text(o);
         assert!(o.status.success(), "{out}\n{err}");
