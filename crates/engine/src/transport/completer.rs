@@ -272,7 +272,9 @@ impl QpEngine {
                 lost = !psn.is_before(w.first_psn);
                 break;
             }
-            if psn.is_before(w.last_psn()) || !w.fully_sent() {
+            // A cumulative ACK at or past the last PSN proves the responder executed the WQE,
+            // even if a late RNR NAK rewound it to be sent again meanwhile.
+            if psn.is_before(w.last_psn()) {
                 break;
             }
             progressed |= self.pop_completed();
