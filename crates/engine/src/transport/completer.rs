@@ -273,8 +273,9 @@ impl QpEngine {
                 break;
             }
             // A cumulative ACK at or past the last PSN proves the responder executed the WQE,
-            // even if a late RNR NAK rewound it to be sent again meanwhile.
-            if psn.is_before(w.last_psn()) {
+            // even if a late RNR NAK rewound it to be sent again meanwhile; but only once all
+            // of it was sent at least once (an ACK for PSNs never sent proves nothing).
+            if psn.is_before(w.last_psn()) || !self.req.sent_high.is_after(w.last_psn()) {
                 break;
             }
             progressed |= self.pop_completed();
