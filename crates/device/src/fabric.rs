@@ -178,6 +178,25 @@ pub(crate) trait Endpoint: Send + Sync + 'static {
     );
 }
 
+/// The management QP (QP1) of a node: receives the MADs addressed to it and runs its timers
+/// (the connection manager, `crate::cm`). The fabric only routes to it.
+pub(crate) trait Gsi: Send + Sync + 'static {
+    /// Handles a UD packet addressed to QP1 (its source GID in `meta`); returns what to send.
+    fn receive(&self, now: Instant, pkt: &ParsedPacket<'_>, meta: &RxMeta) -> Vec<Transmit>;
+    /// The next timer deadline.
+    fn next_deadline(&self) -> Option<Instant>;
+    /// Runs expired timers; returns what to send.
+    fn on_timeout(&self, now: Instant) -> Vec<Transmit>;
+    /// The concrete handler, for its owner to find again.
+    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
+}
+
+/// Whether `qpn` names QP1 of some process: 1 from standard peers, or 1 with a softverbs
+/// process's slot in bits 16..24 (no ordinary QP has index 1).
+pub(crate) fn is_gsi_qpn(qpn: u32) -> bool {
+    qpn & 0xFFFF == 1 && qpn != MULTICAST_QPN
+}
+
 /// One device's endpoint on the fabric.
 pub(crate) struct Node<E: Endpoint> {
     fabric: Arc<Fabric<E>>,
@@ -196,6 +215,8 @@ pub(crate) struct Node<E: Endpoint> {
     processing: Mutex<PacketBatch>,
     driving: AtomicBool,
     pub(crate) counters: NodeCounters,
+    /// QP1, once the connection manager was started on this node.
+    gsi: OnceLock<Arc<dyn Gsi>>,
 }
 
 impl<E: Endpoint> std::fmt::Debug for Node<E> {
@@ -229,6 +250,21 @@ impl<E: Endpoint> Node<E> {
 
     fn has_gid(&self, gid: &Gid) -> bool {
         self.gids.contains(gid)
+    }
+
+    /// The node's GIDs (its GID table without the unused entries).
+    pub(crate) fn gids(&self) -> &[Gid] {
+        &self.gids
+    }
+
+    /// QP1's handler, installed by `init` on first use.
+    pub(crate) fn gsi(&self, init: impl FnOnce() -> Arc<dyn Gsi>) -> &Arc<dyn Gsi> {
+        self.gsi.get_or_init(init)
+    }
+
+    /// Whether this node takes packets for `qpn` as QP1 (see [`is_gsi_qpn`]).
+    fn takes_gsi(&self, qpn: u32, own_slot: Option<u8>) -> bool {
+        is_gsi_qpn(qpn) && self.gsi.get().is_some() && own_slot.is_some_and(|s| u32::from(s) == qpn >> 16)
     }
 
     fn has_qp(&self, qpn: u32) -> bool {
@@ -342,6 +378,13 @@ impl<E: Endpoint> Node<E> {
             parsed.repr.bth.pad_count = pad_count_for(parsed.repr.payload_len);
         }
         let qpn = parsed.repr.bth.dest_qpn;
+        if is_gsi_qpn(qpn) {
+            match self.gsi.get() {
+                Some(gsi) => out.extend(gsi.receive(now, &parsed, meta)),
+                None => bump(&self.counters.rx_unknown_qp),
+            }
+            return;
+        }
         let mut targets: Vec<Arc<E>> = if qpn == MULTICAST_QPN {
             let members: Vec<u32> = self
                 .mcast
@@ -386,6 +429,12 @@ impl<E: Endpoint> Node<E> {
     /// Runs due transport timers of this node's QPs; returns the earliest pending deadline.
     fn run_timers(&self, now: Instant) -> Option<Instant> {
         let mut next: Option<Instant> = None;
+        if let Some(gsi) = self.gsi.get() {
+            if gsi.next_deadline().is_some_and(|d| d <= now) {
+                self.fabric.send_all(self, gsi.on_timeout(now));
+            }
+            next = gsi.next_deadline();
+        }
         for qp in self.qps() {
             if qp.next_deadline().is_some_and(|d| d <= now) {
                 qp.on_timeout(now);
@@ -709,6 +758,7 @@ impl<E: Endpoint> Fabric<E> {
             processing: Mutex::new(PacketBatch::default()),
             driving: AtomicBool::new(false),
             counters: NodeCounters::default(),
+            gsi: OnceLock::new(),
         });
         let mut nodes = self.nodes.write();
         // Devices are built on every device listing and most are dropped at once: forget the
@@ -825,6 +875,7 @@ impl<E: Endpoint> Fabric<E> {
             return;
         }
         let nodes = self.live_nodes();
+        let own_slot = self.udp.get().map(|u| u.slot());
         // Packets for other processes, in runs along one route (one batch each for the UDP
         // driver), with where each payload left in memory is. Packets for this process go to
         // their node's in-process driver at once.
@@ -860,7 +911,10 @@ impl<E: Endpoint> Fabric<E> {
                     n.inbound.send(&route, &mut [tx.data.clone()]);
                 }
                 add_remote(route, tx.data, tx.external);
-            } else if let Some(n) = nodes.iter().find(|n| n.has_gid(&tx.dest.dgid) && n.has_qp(qpn)) {
+            } else if let Some(n) = nodes
+                .iter()
+                .find(|n| n.has_gid(&tx.dest.dgid) && (n.has_qp(qpn) || n.takes_gsi(qpn, own_slot)))
+            {
                 if let Some(ext) = &tx.external {
                     // This process's carrier moves bytes.
                     let Some(full) = remote::materialize(&tx.data, ext) else {
