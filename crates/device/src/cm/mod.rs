@@ -264,6 +264,20 @@ pub struct CmId {
     state: Mutex<IdState>,
 }
 
+/// CM ids alive in this process.
+static LIVE_IDS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many CM ids are alive in this process (leak checks).
+pub fn live_ids() -> usize {
+    LIVE_IDS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+impl Drop for CmId {
+    fn drop(&mut self) {
+        LIVE_IDS.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// The ACK timeout the CM puts in paths: `max(PLT + 1, ack_delay)` with RoCE's PLT of 16.
 const DEFAULT_ACK_TIMEOUT: u8 = 17;
 /// Ephemeral ports, as Linux's default range.
@@ -320,6 +334,7 @@ impl CmId {
 
     fn build(channel: Option<Arc<EventChannel>>, ps: PortSpace, qp_type: QpType) -> Result<Arc<Self>> {
         let sync = channel.is_none();
+        LIVE_IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let channel = match channel {
             Some(c) => c,
             None => EventChannel::new()?,

@@ -62,13 +62,25 @@ impl CmPort {
         let gsi = node.gsi(|| {
             let mut seed = [0u8; 8];
             let _ = getrandom::getrandom(&mut seed);
+            let mut config = CmConfig {
+                local_gid,
+                ca_guid: guid,
+                id_tag: slot,
+                ..CmConfig::default()
+            };
+            // Shorter waits for tests and small clusters; the defaults are rdma_cm's.
+            let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u8>().ok());
+            if let Some(t) = env("SOFTVERBS_CM_RESPONSE_TIMEOUT") {
+                config.cm_response_timeout = t.min(31);
+            }
+            if let Some(r) = env("SOFTVERBS_CM_RETRIES") {
+                config.max_cm_retries = r.min(15);
+            }
+            if let Some(p) = env("SOFTVERBS_CM_PACKET_LIFETIME") {
+                config.packet_life_time = p.min(31);
+            }
             let engine = CmEngine::new(
-                CmConfig {
-                    local_gid,
-                    ca_guid: guid,
-                    id_tag: slot,
-                    ..CmConfig::default()
-                },
+                config,
                 u64::from_ne_bytes(seed),
             );
             Arc::new(CmPort {
