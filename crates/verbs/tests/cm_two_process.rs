@@ -1,0 +1,309 @@
+//! The connection manager between two processes of one host, over shared memory and over UDP
+//! (`SOFTVERBS_SHM=0`): the test re-runs its own executable as a server and a client. Covers RC
+//! with SEND/RECV and both disconnects, UD through SIDR, a rejection with private data, a
+//! port nobody listens on, and a server that is killed after the connection was established.
+
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use softverbs::cm::{CmEvent, CmEventType as E, CmId, ConnParam, EventChannel, PortSpace};
+use softverbs::*;
+
+const WAIT: Option<Duration> = Some(Duration::from_secs(20));
+
+fn lo(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
+}
+
+fn expect(ch: &EventChannel, ty: E) -> CmEvent {
+    let ev = ch.get_event_timeout(WAIT).expect("an event within 20 s");
+    assert_eq!(ev.event_type(), ty, "status {}", ev.status());
+    ev
+}
+
+struct Res {
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    mr: MemoryRegion,
+}
+
+fn res(id: &CmId) -> Res {
+    let ctx = id.context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None, 0).unwrap();
+    let mr = pd.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
+    Res { pd, cq, mr }
+}
+
+fn poll(cq: &CompletionQueue) -> WorkCompletion {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut wc = [WorkCompletion::default(); 1];
+    loop {
+        if cq.poll(&mut wc) == 1 {
+            return wc[0];
+        }
+        assert!(Instant::now() < deadline, "no completion within 20 s");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn send(sge: Sge, ud: Option<UdAddress>) -> SendRequest {
+    SendRequest {
+        wr_id: 1,
+        op: SendOp::Send {
+            imm: None,
+            invalidate: None,
+        },
+        flags: SendFlags::SIGNALED,
+        payload: Payload::Sges(vec![sge]),
+        ud,
+        xrc_srqn: None,
+    }
+}
+
+fn recv(qp: &QueuePair, r: &Res) {
+    qp.post_recv(&[RecvWr {
+        wr_id: 2,
+        sg_list: vec![r.mr.sge(0..256).unwrap()],
+    }])
+    .unwrap();
+}
+
+/// The server side of `scenario`: prints its port, then serves one client.
+fn server(scenario: &str) {
+    let ch = EventChannel::new().unwrap();
+    let ps = if scenario == "ud" { PortSpace::Udp } else { PortSpace::Tcp };
+    let listen = CmId::new(Some(&ch), ps).unwrap();
+    listen.bind_addr(lo(0)).unwrap();
+    listen.listen(4).unwrap();
+    println!("port {}", listen.src_addr().unwrap().port());
+    let req = expect(&ch, E::ConnectRequest);
+    let id = req.id().clone();
+    let data = match req.param() {
+        cm::EventParam::Conn(c) => c.private_data.clone(),
+        cm::EventParam::Ud(u) => u.private_data.clone(),
+        cm::EventParam::None => panic!("no parameters"),
+    };
+    drop(req);
+    assert_eq!(&data[..6], b"client");
+    match scenario {
+        "reject" => {
+            id.reject(b"go away").unwrap();
+            // Stay until the client saw it (the REJ is answered from here if it is lost).
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        "ud" => {
+            let r = res(&id);
+            let qp = id.create_qp(&r.pd, &QpInit::new(QpType::Ud, &r.cq)).unwrap();
+            recv(&qp, &r);
+            id.accept(&ConnParam::default()).unwrap();
+            let wc = poll(&r.cq);
+            assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 40 + 5));
+            let mut got = [0u8; 5];
+            r.mr.read(40, &mut got).unwrap();
+            assert_eq!(&got, b"hello");
+        }
+        _ => {
+            let r = res(&id);
+            let qp = id.create_qp(&r.pd, &QpInit::new(QpType::Rc, &r.cq)).unwrap();
+            recv(&qp, &r);
+            id.accept(&ConnParam {
+                private_data: b"server".to_vec(),
+                ..ConnParam::default()
+            })
+            .unwrap();
+            expect(&ch, E::Established);
+            let wc = poll(&r.cq);
+            assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 5));
+            if scenario == "vanish" {
+                println!("established");
+                // Killed here by the test.
+                std::thread::sleep(Duration::from_secs(60));
+                return;
+            }
+            r.mr.write(100, b"world").unwrap();
+            qp.post_send(&[send(r.mr.sge(100..105).unwrap(), None)]).unwrap();
+            assert_eq!(poll(&r.cq).status, WcStatus::Success);
+            let ev = expect(&ch, E::Disconnected);
+            assert_eq!(ev.status(), 0);
+            drop(ev);
+            id.disconnect().unwrap();
+            expect(&ch, E::TimewaitExit);
+        }
+    }
+    println!("ok");
+}
+
+/// The client side of `scenario` against `port`.
+fn client(scenario: &str, port: u16, ready: Option<&mut dyn FnMut()>) {
+    let ch = EventChannel::new().unwrap();
+    let ps = if scenario == "ud" { PortSpace::Udp } else { PortSpace::Tcp };
+    let id = CmId::new(Some(&ch), ps).unwrap();
+    id.resolve_addr(None, lo(port), 2000).unwrap();
+    expect(&ch, E::AddrResolved);
+    id.resolve_route(2000).unwrap();
+    expect(&ch, E::RouteResolved);
+    let r = res(&id);
+    let qp_type = if scenario == "ud" { QpType::Ud } else { QpType::Rc };
+    let qp = id.create_qp(&r.pd, &QpInit::new(qp_type, &r.cq)).unwrap();
+    recv(&qp, &r);
+    id.connect(&ConnParam {
+        private_data: b"client".to_vec(),
+        ..ConnParam::default()
+    })
+    .unwrap();
+    match scenario {
+        "reject" => {
+            let ev = expect(&ch, E::Rejected);
+            assert_eq!(ev.status(), 28);
+            assert_eq!(&ev.conn().unwrap().private_data[..7], b"go away");
+        }
+        "nobody" => {
+            let ev = expect(&ch, E::Rejected);
+            assert_eq!(ev.status(), 8);
+        }
+        "ud" => {
+            let ev = expect(&ch, E::Established);
+            let ud = ev.ud().unwrap().clone();
+            drop(ev);
+            let ah = r.pd.create_ah(&ud.ah_attr).unwrap();
+            r.mr.write(100, b"hello").unwrap();
+            qp.post_send(&[send(r.mr.sge(100..105).unwrap(), Some(ah.ud_address(ud.qp_num, ud.qkey)))])
+                .unwrap();
+            assert_eq!(poll(&r.cq).status, WcStatus::Success);
+        }
+        _ => {
+            let ev = expect(&ch, E::Established);
+            assert_eq!(&ev.conn().unwrap().private_data[..6], b"server");
+            drop(ev);
+            r.mr.write(100, b"hello").unwrap();
+            qp.post_send(&[send(r.mr.sge(100..105).unwrap(), None)]).unwrap();
+            assert_eq!(poll(&r.cq).status, WcStatus::Success);
+            if scenario == "vanish" {
+                if let Some(f) = ready {
+                    f();
+                }
+                // The peer is gone: the DREQ goes unanswered.
+                let started = Instant::now();
+                id.disconnect().unwrap();
+                let ev = expect(&ch, E::Disconnected);
+                assert_eq!(ev.status(), -110, "the DREQ timed out");
+                assert!(started.elapsed() < Duration::from_secs(20));
+            } else {
+                let wc = poll(&r.cq);
+                assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 5));
+                let mut got = [0u8; 5];
+                r.mr.read(0, &mut got).unwrap();
+                assert_eq!(&got, b"world");
+                id.disconnect().unwrap();
+                expect(&ch, E::Disconnected);
+            }
+        }
+    }
+    // The MADs took the carrier under test.
+    let shm_packets = id.context().unwrap().counters().tx_shm_packets;
+    match std::env::var("SOFTVERBS_SHM").as_deref() {
+        Ok("0") => assert_eq!(shm_packets, 0),
+        _ => assert!(shm_packets > 0, "nothing went through shared memory"),
+    }
+    println!("ok");
+}
+
+fn spawn(shm: &str, args: &[&str], short_timeouts: bool) -> Child {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(args).env("SOFTVERBS_SHM", shm).stdout(Stdio::piped());
+    if short_timeouts {
+        cmd.env("SOFTVERBS_CM_RESPONSE_TIMEOUT", "12")
+            .env("SOFTVERBS_CM_PACKET_LIFETIME", "10")
+            .env("SOFTVERBS_CM_RETRIES", "3");
+    }
+    cmd.spawn().unwrap()
+}
+
+fn wait(child: &mut Child, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s.success();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn read_line(r: &mut impl BufRead) -> String {
+    let mut s = String::new();
+    r.read_line(&mut s).unwrap();
+    s.trim().to_string()
+}
+
+fn run(shm: &str, scenario: &str) -> bool {
+    let short = scenario == "vanish";
+    let mut srv = spawn(shm, &["--server", scenario], short);
+    let mut out = BufReader::new(srv.stdout.take().unwrap());
+    let line = read_line(&mut out);
+    let Some(port) = line.strip_prefix("port ").and_then(|p| p.parse::<u16>().ok()) else {
+        let _ = srv.kill();
+        return false;
+    };
+    if scenario == "nobody" {
+        // The server stops listening: nobody is left on the port.
+        let _ = srv.kill();
+        let _ = srv.wait();
+    }
+    let mut cli = spawn(shm, &["--client", scenario, &port.to_string()], short);
+    if scenario == "vanish" {
+        let l = read_line(&mut out);
+        if l != "established" {
+            let _ = cli.kill();
+            return false;
+        }
+        let _ = srv.kill();
+        let _ = srv.wait();
+    }
+    let ok_client = wait(&mut cli, Duration::from_secs(60));
+    let ok_server = if matches!(scenario, "nobody" | "vanish") {
+        true
+    } else {
+        wait(&mut srv, Duration::from_secs(30)) && read_line(&mut out) == "ok"
+    };
+    ok_client && ok_server
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("--server") => return server(&args[2]),
+        Some("--client") => return client(&args[2], args[3].parse().unwrap(), None),
+        _ => {}
+    }
+    // `cargo test -- --list` and filters: this harness has one test.
+    if args.iter().any(|a| a == "--list") {
+        println!("cm_two_process: test");
+        return;
+    }
+    let mut failed = 0;
+    let mut passed = 0;
+    for shm in ["1", "0"] {
+        for scenario in ["rc", "ud", "reject", "nobody", "vanish"] {
+            let carrier = if shm == "0" { "udp" } else { "shared memory" };
+            let ok = run(shm, scenario);
+            println!("test {scenario} over {carrier} ... {}", if ok { "ok" } else { "FAILED" });
+            if ok {
+                passed += 1;
+            } else {
+                failed += 1;
+            }
+        }
+    }
+    println!("test result: {passed} passed; {failed} failed");
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}
