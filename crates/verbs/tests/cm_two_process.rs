@@ -202,10 +202,12 @@ fn client(scenario: &str, port: u16, ready: Option<&mut dyn FnMut()>) {
             }
         }
     }
-    // The MADs took the carrier under test.
+    // The MADs took the carrier under test (with nobody listening, this process's own CM
+    // answered).
     let shm_packets = id.context().unwrap().counters().tx_shm_packets;
     match std::env::var("SOFTVERBS_SHM").as_deref() {
         Ok("0") => assert_eq!(shm_packets, 0),
+        _ if scenario == "nobody" => {}
         _ => assert!(shm_packets > 0, "nothing went through shared memory"),
     }
     println!("ok");
