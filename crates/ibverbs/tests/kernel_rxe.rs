@@ -9,8 +9,8 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -32,7 +32,10 @@ fn script() -> PathBuf {
 
 /// Whether a guest can boot here; if not, why.
 fn vm_possible() -> Result<(), String> {
-    let o = Command::new(script()).arg("check").output().map_err(|e| e.to_string())?;
+    let o = Command::new(script())
+        .arg("check")
+        .output()
+        .map_err(|e| e.to_string())?;
     if o.status.success() {
         Ok(())
     } else {
@@ -43,9 +46,18 @@ fn vm_possible() -> Result<(), String> {
 /// A pingpong over our library in the namespace, on the tap's device.
 fn ours(ns: &Netns, program: &str, args: &[&str]) -> Command {
     let mut c = command("ip");
-    c.args(["netns", "exec", &ns.0, program, "-d", &format!("sv_{TAP}"), "-g", "1"])
-        .args(args)
-        .env("SOFTVERBS_INTERFACES", TAP);
+    c.args([
+        "netns",
+        "exec",
+        &ns.0,
+        program,
+        "-d",
+        &format!("sv_{TAP}"),
+        "-g",
+        "1",
+    ])
+    .args(args)
+    .env("SOFTVERBS_INTERFACES", TAP);
     c
 }
 
@@ -94,7 +106,12 @@ fn rdma_core_pingpongs_between_kernel_rxe_and_softverbs() {
     );
     let mut vm = Vm(Command::new(script())
         .args(["run", "--netns", &ns.0, "--tap", TAP])
-        .args(["--host-ip", &format!("{HOST}/24"), "--guest-ip", &format!("{GUEST}/24")])
+        .args([
+            "--host-ip",
+            &format!("{HOST}/24"),
+            "--guest-ip",
+            &format!("{GUEST}/24"),
+        ])
         .args(["--timeout", "600", "--", "sh", "-c", &guest])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -124,7 +141,10 @@ fn rdma_core_pingpongs_between_kernel_rxe_and_softverbs() {
                     if line.trim_end().ends_with(what) {
                         return;
                     }
-                    assert!(!line.contains("RXE-VM-EXIT"), "the guest stopped before {what}:\n{log}");
+                    assert!(
+                        !line.contains("RXE-VM-EXIT"),
+                        "the guest stopped before {what}:\n{log}"
+                    );
                 }
                 Err(_) => panic!("no {what} from the guest within {limit:?}:\n{log}"),
             }
@@ -142,7 +162,10 @@ fn rdma_core_pingpongs_between_kernel_rxe_and_softverbs() {
         let program = format!("/usr/bin/ibv_{step}_pingpong");
         let o = run_bounded(ours(&ns, &program, &["-n", "200"]), RUN);
         let (out, err) = text(&o);
-        assert!(o.status.success(), "{program} server of ours, kernel rxe client:\n{out}\n{err}");
+        assert!(
+            o.status.success(),
+            "{program} server of ours, kernel rxe client:\n{out}\n{err}"
+        );
         assert!(out.contains("200 iters"), "{out}");
     }
     wait_for("RXE-VM-EXIT 0", RUN);

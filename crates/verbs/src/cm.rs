@@ -58,7 +58,9 @@ use softverbs_device::cm as ccm;
 use softverbs_engine::types::{QpAttr, QpAttrMask, QpState};
 use softverbs_engine::{Error, Result};
 
-pub use softverbs_device::cm::{live_ids, source_for, CmEventType, ConnParam, EventParam, PortSpace, UdParam, RDMA_UDP_QKEY};
+pub use softverbs_device::cm::{
+    live_ids, source_for, CmEventType, ConnParam, EventParam, PortSpace, UdParam, RDMA_UDP_QKEY,
+};
 
 use crate::context::Context;
 use crate::pd::ProtectionDomain;
@@ -86,7 +88,11 @@ impl EventChannel {
         let ev = self.0.get_event(timeout)?;
         let id = CmId::wrap(&ev.id, None);
         let listen_id = ev.listen_id.as_ref().map(|l| CmId::wrap(l, None));
-        Ok(CmEvent { core: ev, id, listen_id })
+        Ok(CmEvent {
+            core: ev,
+            id,
+            listen_id,
+        })
     }
 
     /// Events waiting.

@@ -6,7 +6,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use softverbs::cm::{CmEventType as E, CmEvent, CmId, ConnParam, EventChannel, PortSpace, RDMA_UDP_QKEY};
+use softverbs::cm::{CmEvent, CmEventType as E, CmId, ConnParam, EventChannel, PortSpace, RDMA_UDP_QKEY};
 use softverbs::*;
 
 const WAIT: Option<Duration> = Some(Duration::from_secs(10));
@@ -105,8 +105,17 @@ fn rc_events_in_order_with_send_and_disconnect() {
     assert_eq!(client.dst_addr(), Some(lo(port)));
     let cr = res(&client);
     let cqp = qp(&client, &cr, QpType::Rc);
-    assert_eq!(cqp.state(), QpState::Init, "rdma_create_qp leaves a connected QP in INIT");
-    let max = client.context().unwrap().query_device().max_qp_init_rd_atom.min(255) as u8;
+    assert_eq!(
+        cqp.state(),
+        QpState::Init,
+        "rdma_create_qp leaves a connected QP in INIT"
+    );
+    let max = client
+        .context()
+        .unwrap()
+        .query_device()
+        .max_qp_init_rd_atom
+        .min(255) as u8;
     client
         .connect(&ConnParam {
             private_data: b"hello".to_vec(),
@@ -120,13 +129,19 @@ fn rc_events_in_order_with_send_and_disconnect() {
     let conn = req.conn().unwrap().clone();
     assert_eq!(conn.private_data.len(), 56, "the whole REQ user area");
     assert_eq!(&conn.private_data[..5], b"hello");
-    assert_eq!(conn.responder_resources, max, "swapped: the peer's initiator depth, 0xFF = device max");
+    assert_eq!(
+        conn.responder_resources, max,
+        "swapped: the peer's initiator depth, 0xFF = device max"
+    );
     assert_eq!(conn.initiator_depth, 2, "swapped: the peer's responder resources");
     assert_eq!(conn.qp_num, cqp.qp_num());
     assert!(req.listen_id().is_some());
     let server = req.id().clone();
     assert_eq!(server.src_addr().unwrap().port(), port);
-    assert_eq!(server.dst_addr().unwrap().port(), client.src_addr().unwrap().port());
+    assert_eq!(
+        server.dst_addr().unwrap().port(),
+        client.src_addr().unwrap().port()
+    );
     drop(req);
     let sr = res(&server);
     let sqp = qp(&server, &sr, QpType::Rc);
@@ -244,12 +259,20 @@ fn conn_param_and_private_data_limits() {
         private_data: vec![1; 57],
         ..ConnParam::default()
     };
-    assert_eq!(client.connect(&too_long).unwrap_err().errno(), 22, "56 bytes after the CMA header");
+    assert_eq!(
+        client.connect(&too_long).unwrap_err().errno(),
+        22,
+        "56 bytes after the CMA header"
+    );
     let too_deep = ConnParam {
         initiator_depth: 200,
         ..ConnParam::default()
     };
-    assert_eq!(client.connect(&too_deep).unwrap_err().errno(), 22, "beyond the device limit");
+    assert_eq!(
+        client.connect(&too_deep).unwrap_err().errno(),
+        22,
+        "beyond the device limit"
+    );
     client
         .connect(&ConnParam {
             private_data: vec![7; 56],
@@ -292,10 +315,16 @@ fn channel_fd_is_readable_exactly_when_an_event_is_pending() {
     let flags = nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFL).unwrap();
     nix::fcntl::fcntl(
         fd,
-        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK),
+        nix::fcntl::FcntlArg::F_SETFL(
+            nix::fcntl::OFlag::from_bits_truncate(flags) | nix::fcntl::OFlag::O_NONBLOCK,
+        ),
     )
     .unwrap();
-    assert_eq!(ch.get_event().unwrap_err().errno(), 11, "EAGAIN when non-blocking");
+    assert_eq!(
+        ch.get_event().unwrap_err().errno(),
+        11,
+        "EAGAIN when non-blocking"
+    );
     let id = CmId::new(Some(&ch), PortSpace::Tcp).unwrap();
     id.resolve_addr(None, lo(9), 2000).unwrap();
     assert!(readable());
@@ -350,15 +379,22 @@ fn ud_via_sidr_exchanges_a_datagram() {
     assert_eq!(&ud.private_data[..2], b"ok");
     let ah = cr.pd.create_ah(&ud.ah_attr).unwrap();
     cr.mr.write(0, b"datagram").unwrap();
-    cqp.post_send(&[send(cr.mr.sge(0..8).unwrap(), Some(ah.ud_address(ud.qp_num, ud.qkey)))])
-        .unwrap();
+    cqp.post_send(&[send(
+        cr.mr.sge(0..8).unwrap(),
+        Some(ah.ud_address(ud.qp_num, ud.qkey)),
+    )])
+    .unwrap();
     assert_eq!(poll(&cr.cq, 1)[0].status, WcStatus::Success);
     let wc = poll(&sr.cq, 1)[0];
     assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 8 + 40));
     let mut got = [0u8; 8];
     sr.mr.read(40, &mut got).unwrap();
     assert_eq!(&got, b"datagram");
-    assert_eq!(ch.pending(), 0, "the passive side reports nothing after accepting");
+    assert_eq!(
+        ch.pending(),
+        0,
+        "the passive side reports nothing after accepting"
+    );
 }
 
 #[test]
@@ -390,7 +426,14 @@ fn multicast_join_delivers_a_datagram() {
         sg_list: vec![rr.mr.sge(0..128).unwrap()],
     }])
     .unwrap();
-    assert_eq!(CmId::new(Some(&ch), PortSpace::Tcp).unwrap().join_multicast(group).unwrap_err().errno(), 22);
+    assert_eq!(
+        CmId::new(Some(&ch), PortSpace::Tcp)
+            .unwrap()
+            .join_multicast(group)
+            .unwrap_err()
+            .errno(),
+        22
+    );
     rx.join_multicast(group).unwrap();
     let ev = expect(&ch, E::MulticastJoin);
     let ud = ev.ud().unwrap().clone();
@@ -404,10 +447,16 @@ fn multicast_join_delivers_a_datagram() {
     let tqp = qp(&tx, &tr, QpType::Ud);
     let ah = tr.pd.create_ah(&ud.ah_attr).unwrap();
     tr.mr.write(0, b"to the group").unwrap();
-    tqp.post_send(&[send(tr.mr.sge(0..12).unwrap(), Some(ah.ud_address(ud.qp_num, ud.qkey)))])
-        .unwrap();
+    tqp.post_send(&[send(
+        tr.mr.sge(0..12).unwrap(),
+        Some(ah.ud_address(ud.qp_num, ud.qkey)),
+    )])
+    .unwrap();
     let wc = poll(&rr.cq, 1)[0];
-    assert_eq!((wc.status, wc.wr_id, wc.byte_len), (WcStatus::Success, 3, 12 + 40));
+    assert_eq!(
+        (wc.status, wc.wr_id, wc.byte_len),
+        (WcStatus::Success, 3, 12 + 40)
+    );
     let mut got = [0u8; 12];
     rr.mr.read(40, &mut got).unwrap();
     assert_eq!(&got, b"to the group");
@@ -491,7 +540,10 @@ fn a_thousand_connections_leave_nothing_behind() {
         if entries <= entries_before && ids == 1 {
             break;
         }
-        assert!(Instant::now() < deadline, "{entries} CM entries and {ids} ids left");
+        assert!(
+            Instant::now() < deadline,
+            "{entries} CM entries and {ids} ids left"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(fd_count(), fds, "no file descriptor leaked");
@@ -499,7 +551,12 @@ fn a_thousand_connections_leave_nothing_behind() {
     let cpu = || {
         let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
         let after = &stat[stat.rfind(')').unwrap() + 2..];
-        let f: Vec<u64> = after.split(' ').skip(11).take(2).map(|v| v.parse().unwrap()).collect();
+        let f: Vec<u64> = after
+            .split(' ')
+            .skip(11)
+            .take(2)
+            .map(|v| v.parse().unwrap())
+            .collect();
         f[0] + f[1]
     };
     let before = cpu();

@@ -74,7 +74,11 @@ fn recv(qp: &QueuePair, r: &Res) {
 /// The server side of `scenario`: prints its port, then serves one client.
 fn server(scenario: &str) {
     let ch = EventChannel::new().unwrap();
-    let ps = if scenario == "ud" { PortSpace::Udp } else { PortSpace::Tcp };
+    let ps = if scenario == "ud" {
+        PortSpace::Udp
+    } else {
+        PortSpace::Tcp
+    };
     let listen = CmId::new(Some(&ch), ps).unwrap();
     listen.bind_addr(lo(0)).unwrap();
     listen.listen(4).unwrap();
@@ -139,7 +143,11 @@ fn server(scenario: &str) {
 /// The client side of `scenario` against `port`.
 fn client(scenario: &str, port: u16, ready: Option<&mut dyn FnMut()>) {
     let ch = EventChannel::new().unwrap();
-    let ps = if scenario == "ud" { PortSpace::Udp } else { PortSpace::Tcp };
+    let ps = if scenario == "ud" {
+        PortSpace::Udp
+    } else {
+        PortSpace::Tcp
+    };
     let id = CmId::new(Some(&ch), ps).unwrap();
     id.resolve_addr(None, lo(port), 2000).unwrap();
     expect(&ch, E::AddrResolved);
@@ -170,8 +178,11 @@ fn client(scenario: &str, port: u16, ready: Option<&mut dyn FnMut()>) {
             drop(ev);
             let ah = r.pd.create_ah(&ud.ah_attr).unwrap();
             r.mr.write(100, b"hello").unwrap();
-            qp.post_send(&[send(r.mr.sge(100..105).unwrap(), Some(ah.ud_address(ud.qp_num, ud.qkey)))])
-                .unwrap();
+            qp.post_send(&[send(
+                r.mr.sge(100..105).unwrap(),
+                Some(ah.ud_address(ud.qp_num, ud.qkey)),
+            )])
+            .unwrap();
             assert_eq!(poll(&r.cq).status, WcStatus::Success);
         }
         _ => {
@@ -245,37 +256,39 @@ fn read_line(r: &mut impl BufRead) -> String {
     s.trim().to_string()
 }
 
+fn stop(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 fn run(shm: &str, scenario: &str) -> bool {
     let short = scenario == "vanish";
     let mut srv = spawn(shm, &["--server", scenario], short);
     let mut out = BufReader::new(srv.stdout.take().unwrap());
     let line = read_line(&mut out);
-    let Some(port) = line.strip_prefix("port ").and_then(|p| p.parse::<u16>().ok()) else {
+    let port = line.strip_prefix("port ").and_then(|p| p.parse::<u16>().ok());
+    let Some(port) = port else {
         let _ = srv.kill();
+        let _ = srv.wait();
         return false;
     };
     if scenario == "nobody" {
         // The server stops listening: nobody is left on the port.
-        let _ = srv.kill();
-        let _ = srv.wait();
+        stop(&mut srv);
     }
     let mut cli = spawn(shm, &["--client", scenario, &port.to_string()], short);
+    let mut ok = true;
     if scenario == "vanish" {
-        let l = read_line(&mut out);
-        if l != "established" {
-            let _ = cli.kill();
-            return false;
-        }
-        let _ = srv.kill();
-        let _ = srv.wait();
+        ok = read_line(&mut out) == "established";
+        stop(&mut srv);
     }
-    let ok_client = wait(&mut cli, Duration::from_secs(60));
-    let ok_server = if matches!(scenario, "nobody" | "vanish") {
-        true
-    } else {
-        wait(&mut srv, Duration::from_secs(30)) && read_line(&mut out) == "ok"
-    };
-    ok_client && ok_server
+    ok &= wait(&mut cli, Duration::from_secs(60));
+    if !matches!(scenario, "nobody" | "vanish") {
+        ok &= wait(&mut srv, Duration::from_secs(30)) && read_line(&mut out) == "ok";
+    }
+    stop(&mut srv);
+    stop(&mut cli);
+    ok
 }
 
 fn main() {
@@ -296,7 +309,10 @@ fn main() {
         for scenario in ["rc", "ud", "reject", "nobody", "vanish"] {
             let carrier = if shm == "0" { "udp" } else { "shared memory" };
             let ok = run(shm, scenario);
-            println!("test {scenario} over {carrier} ... {}", if ok { "ok" } else { "FAILED" });
+            println!(
+                "test {scenario} over {carrier} ... {}",
+                if ok { "ok" } else { "FAILED" }
+            );
             if ok {
                 passed += 1;
             } else {

@@ -20,10 +20,12 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use softverbs_engine::cm::{AcceptParams, CmEvent as EngineEvent, CommId, ConnectParams, SidrId, SidrReplyParams};
+use softverbs_engine::cm::{
+    AcceptParams, CmEvent as EngineEvent, CommId, ConnectParams, SidrId, SidrReplyParams,
+};
 use softverbs_engine::time::Instant;
 use softverbs_engine::types::{
-    AccessFlags, AhAttr, GlobalRoute, Gid, Mtu, QpAttr, QpAttrMask, QpState, QpType,
+    AccessFlags, AhAttr, Gid, GlobalRoute, Mtu, QpAttr, QpAttrMask, QpState, QpType,
 };
 use softverbs_engine::{Error, Result};
 use softverbs_wire::cm::{
@@ -255,7 +257,7 @@ struct IdState {
 /// `struct rdma_cm_id`.
 #[derive(Debug)]
 pub struct CmId {
-    me: Weak<CmId>,
+    me: Weak<Self>,
     channel: Arc<EventChannel>,
     sync: bool,
     ps: PortSpace,
@@ -305,7 +307,9 @@ pub fn device_of(ip: IpAddr) -> Result<(Device, u8)> {
             return Ok((d, i as u8));
         }
     }
-    Err(Error::NoDevice(format!("no softverbs device has the address {ip}").into()))
+    Err(Error::NoDevice(
+        format!("no softverbs device has the address {ip}").into(),
+    ))
 }
 
 /// The source address the kernel would use towards `dst` (a connected UDP socket's local
@@ -316,10 +320,12 @@ pub fn source_for(dst: IpAddr) -> std::result::Result<IpAddr, i32> {
         IpAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
     };
     let s = UdpSocket::bind(bind).map_err(|e| -e.raw_os_error().unwrap_or(22))?;
-    s.connect((dst, 9)).map_err(|e| -e.raw_os_error().unwrap_or(101))?;
-    s.local_addr().map(|a| a.ip()).map_err(|e| -e.raw_os_error().unwrap_or(22))
+    s.connect((dst, 9))
+        .map_err(|e| -e.raw_os_error().unwrap_or(101))?;
+    s.local_addr()
+        .map(|a| a.ip())
+        .map_err(|e| -e.raw_os_error().unwrap_or(22))
 }
-
 
 impl CmId {
     /// `rdma_create_id`: an id in `ps` reporting to `channel`, or synchronous (its calls block
@@ -450,7 +456,16 @@ impl CmId {
         }
         let ev = self.channel.get_event(None)?;
         ev.ack();
-        if ev.status != 0 || matches!(ev.event, CmEventType::AddrError | CmEventType::RouteError | CmEventType::Unreachable | CmEventType::Rejected | CmEventType::ConnectError) {
+        if ev.status != 0
+            || matches!(
+                ev.event,
+                CmEventType::AddrError
+                    | CmEventType::RouteError
+                    | CmEventType::Unreachable
+                    | CmEventType::Rejected
+                    | CmEventType::ConnectError
+            )
+        {
             let errno = if ev.status < 0 { -ev.status } else { 111 };
             return Err(os_err(errno));
         }
@@ -495,7 +510,8 @@ impl CmId {
                 Ok((d, idx, ip)) => {
                     let port = src.map_or(0, |s| s.port());
                     let port = if port == 0 {
-                        *EPHEMERAL.start() + (random_u32() % u32::from(EPHEMERAL.end() - EPHEMERAL.start())) as u16
+                        *EPHEMERAL.start()
+                            + (random_u32() % u32::from(EPHEMERAL.end() - EPHEMERAL.start())) as u16
                     } else {
                         port
                     };
@@ -566,7 +582,8 @@ impl CmId {
         let (sid, reg, port) = if src.port() == 0 {
             let mut found = None;
             for _ in 0..64 {
-                let p = *EPHEMERAL.start() + (random_u32() % u32::from(EPHEMERAL.end() - EPHEMERAL.start())) as u16;
+                let p = *EPHEMERAL.start()
+                    + (random_u32() % u32::from(EPHEMERAL.end() - EPHEMERAL.start())) as u16;
                 let sid = service_id(self.ps, p);
                 if let Ok(reg) = registry::listen(base, sid, slot) {
                     found = Some((sid, reg, p));
@@ -609,7 +626,7 @@ impl CmId {
 
     /// `rdma_get_request` for synchronous listeners: waits for the next CONNECT_REQUEST and
     /// returns its new id.
-    pub fn get_request(&self) -> Result<Arc<CmId>> {
+    pub fn get_request(&self) -> Result<Arc<Self>> {
         loop {
             let ev = self.channel.get_event(None)?;
             ev.ack();
@@ -743,7 +760,10 @@ impl CmId {
     pub fn attach_qp(&self, qp: &Arc<Qp>) -> Result<()> {
         {
             let st = self.state.lock();
-            let dev = st.device.as_ref().ok_or_else(|| Error::invalid("the id has no device yet"))?;
+            let dev = st
+                .device
+                .as_ref()
+                .ok_or_else(|| Error::invalid("the id has no device yet"))?;
             if qp.context().device() != dev {
                 return Err(Error::invalid("the QP is on another device"));
             }
@@ -786,7 +806,13 @@ impl CmId {
             if st.phase != Phase::RouteResolved {
                 return Err(Error::invalid("the route is not resolved"));
             }
-            (st.src.unwrap(), st.dst.unwrap(), st.qp.clone(), st.tos, st.ack_timeout)
+            (
+                st.src.unwrap(),
+                st.dst.unwrap(),
+                st.qp.clone(),
+                st.tos,
+                st.ack_timeout,
+            )
         };
         let hdr = CmaHeaderRepr {
             port: src.port(),
@@ -915,14 +941,17 @@ impl CmId {
             self.state.lock().phase = Phase::Connected;
             return Ok(());
         }
-        let (conn, req) = conn.zip(req).ok_or_else(|| Error::invalid("no connection request"))?;
+        let (conn, req) = conn
+            .zip(req)
+            .ok_or_else(|| Error::invalid("no connection request"))?;
         if param.private_data.len() > private_data_len::REP {
             return Err(Error::invalid("more than 196 bytes of private data"));
         }
         let attr = port.device.attr();
         let responder_resources =
             resources(param.responder_resources, attr.max_qp_rd_atom)?.min(req.initiator_depth);
-        let initiator_depth = resources(param.initiator_depth, attr.max_qp_init_rd_atom)?.min(req.responder_resources);
+        let initiator_depth =
+            resources(param.initiator_depth, attr.max_qp_init_rd_atom)?.min(req.responder_resources);
         let sq_psn = psn();
         {
             let mut st = self.state.lock();
@@ -1017,15 +1046,21 @@ impl CmId {
             }
             st.conn.ok_or_else(|| Error::invalid("no connection"))?
         };
-        port.with(|inner, _| inner.engine.establish(conn)).map_err(cm_err)?;
+        port.with(|inner, _| inner.engine.establish(conn))
+            .map_err(cm_err)?;
         self.complete_sync()
     }
 
     /// `rdma_notify(IBV_EVENT_COMM_EST)`: data arrived before the RTU.
     pub fn notify_established(&self) -> Result<()> {
         let port = self.port()?;
-        let conn = self.state.lock().conn.ok_or_else(|| Error::invalid("no connection"))?;
-        port.with(|inner, _| inner.engine.notify_established(conn)).map_err(cm_err)
+        let conn = self
+            .state
+            .lock()
+            .conn
+            .ok_or_else(|| Error::invalid("no connection"))?;
+        port.with(|inner, _| inner.engine.notify_established(conn))
+            .map_err(cm_err)
     }
 
     /// `rdma_disconnect`: moves the QP to ERR, then sends a DREQ (or the DREP to the peer's);
@@ -1040,7 +1075,8 @@ impl CmId {
         if let Some(qp) = qp {
             let _ = self.move_qp(&qp, QpState::Err);
         }
-        port.with(|inner, now| inner.engine.disconnect(now, conn, &[])).map_err(cm_err)
+        port.with(|inner, now| inner.engine.disconnect(now, conn, &[]))
+            .map_err(cm_err)
     }
 
     /// `rdma_join_multicast` on a UD id: the join is local (no SA on RoCE); MULTICAST_JOIN
@@ -1171,16 +1207,18 @@ pub fn live_entries(device: &Device) -> Result<(usize, usize)> {
     Ok((inner.engine.live_entries(), ids))
 }
 
-fn conn_event(req_or_rep_private: &[u8], resp: u8, init: u8, fc: bool, retry: u8, rnr: u8, srq: bool, qpn: u32) -> EventParam {
+/// CONNECT_REQUEST parameters from a REQ (the peer's view swapped, as the kernel reports
+/// it; the user data after the CMA header).
+fn req_param(req: &softverbs_wire::cm::ReqRepr) -> EventParam {
     EventParam::Conn(ConnParam {
-        private_data: req_or_rep_private.to_vec(),
-        responder_resources: resp,
-        initiator_depth: init,
-        flow_control: u8::from(fc),
-        retry_count: retry,
-        rnr_retry_count: rnr,
-        srq: u8::from(srq),
-        qp_num: qpn,
+        private_data: req.private_data[CMA_HEADER_LEN..].to_vec(),
+        responder_resources: req.initiator_depth,
+        initiator_depth: req.responder_resources,
+        flow_control: u8::from(req.e2e_flow_control),
+        retry_count: req.retry_count,
+        rnr_retry_count: req.rnr_retry_count,
+        srq: u8::from(req.srq),
+        qp_num: req.local_qpn,
     })
 }
 
@@ -1191,7 +1229,9 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
     match ev {
         EngineEvent::ConnectRequest { id, source: _, req } => {
             let listener = inner.listeners.get(&req.service_id).and_then(Weak::upgrade);
-            let hdr = CmaHeaderRepr::parse(&CmaHeaderPacket::new_unchecked(&req.private_data[..CMA_HEADER_LEN]));
+            let hdr = CmaHeaderRepr::parse(&CmaHeaderPacket::new_unchecked(
+                &req.private_data[..CMA_HEADER_LEN],
+            ));
             let (Some(listener), Ok(hdr)) = (listener, hdr) else {
                 let _ = inner.engine.reject(now, id, rej_reason::INVALID_SERVICE_ID, &[]);
                 return;
@@ -1229,16 +1269,7 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
                 st.req = Some(req.clone());
             }
             inner.conns.insert(id, Arc::downgrade(&child));
-            let param = conn_event(
-                &req.private_data[CMA_HEADER_LEN..],
-                req.initiator_depth,
-                req.responder_resources,
-                req.e2e_flow_control,
-                req.retry_count,
-                req.rnr_retry_count,
-                req.srq,
-                req.local_qpn,
-            );
+            let param = req_param(&req);
             listener.channel.push(CmEvent {
                 id: child,
                 listen_id: Some(listener.clone()),
@@ -1249,7 +1280,9 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
         }
         EngineEvent::SidrRequest { id, req } => {
             let listener = inner.listeners.get(&req.service_id).and_then(Weak::upgrade);
-            let hdr = CmaHeaderRepr::parse(&CmaHeaderPacket::new_unchecked(&req.private_data[..CMA_HEADER_LEN]));
+            let hdr = CmaHeaderRepr::parse(&CmaHeaderPacket::new_unchecked(
+                &req.private_data[..CMA_HEADER_LEN],
+            ));
             let unsupported = SidrReplyParams {
                 status: sidr_status::UNSUPPORTED,
                 qpn: 0,
@@ -1350,7 +1383,9 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
             reason,
             private_data,
         } => {
-            let Some(cmid) = inner.conns.remove(&id).and_then(|w| w.upgrade()) else { return };
+            let Some(cmid) = inner.conns.remove(&id).and_then(|w| w.upgrade()) else {
+                return;
+            };
             let qp = {
                 let mut st = cmid.state.lock();
                 st.phase = Phase::Failed;
@@ -1372,7 +1407,9 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
             );
         }
         EngineEvent::Unreachable { id } | EngineEvent::ConnectError { id } => {
-            let Some(cmid) = inner.conns.remove(&id).and_then(|w| w.upgrade()) else { return };
+            let Some(cmid) = inner.conns.remove(&id).and_then(|w| w.upgrade()) else {
+                return;
+            };
             let ty = if matches!(ev_kind(&cmid), Phase::Connecting) {
                 CmEventType::Unreachable
             } else {
@@ -1388,11 +1425,17 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
         EngineEvent::Disconnected { id, timed_out } => {
             let Some(cmid) = find(inner, &id) else { return };
             cmid.state.lock().phase = Phase::Disconnected;
-            let status = if timed_out { softverbs_engine::cm::ETIMEDOUT_STATUS } else { 0 };
+            let status = if timed_out {
+                softverbs_engine::cm::ETIMEDOUT_STATUS
+            } else {
+                0
+            };
             cmid.event(CmEventType::Disconnected, status, EventParam::None);
         }
         EngineEvent::TimewaitExit { id } => {
-            let Some(cmid) = inner.conns.remove(&id).and_then(|w| w.upgrade()) else { return };
+            let Some(cmid) = inner.conns.remove(&id).and_then(|w| w.upgrade()) else {
+                return;
+            };
             cmid.state.lock().conn = None;
             cmid.event(CmEventType::TimewaitExit, 0, EventParam::None);
         }
@@ -1420,7 +1463,11 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
                     }),
                 );
             } else {
-                let status = if rep.status == 0 { -22 } else { i32::from(rep.status) };
+                let status = if rep.status == 0 {
+                    -22
+                } else {
+                    i32::from(rep.status)
+                };
                 cmid.event(CmEventType::Unreachable, status, EventParam::None);
             }
         }
@@ -1433,7 +1480,11 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
                 st.sidr = None;
                 st.phase = Phase::Failed;
             }
-            cmid.event(CmEventType::Unreachable, softverbs_engine::cm::ETIMEDOUT_STATUS, EventParam::None);
+            cmid.event(
+                CmEventType::Unreachable,
+                softverbs_engine::cm::ETIMEDOUT_STATUS,
+                EventParam::None,
+            );
         }
     }
 }
@@ -1445,15 +1496,14 @@ fn ev_kind(id: &CmId) -> Phase {
 /// ESTABLISHED / CONNECT_RESPONSE parameters from a REP (the peer's view swapped, as the
 /// kernel reports it).
 fn rep_param(rep: &softverbs_wire::cm::RepRepr) -> EventParam {
-    conn_event(
-        &rep.private_data,
-        rep.initiator_depth,
-        rep.responder_resources,
-        rep.e2e_flow_control,
-        0,
-        rep.rnr_retry_count,
-        rep.srq,
-        rep.local_qpn,
-    )
+    EventParam::Conn(ConnParam {
+        private_data: rep.private_data.to_vec(),
+        responder_resources: rep.initiator_depth,
+        initiator_depth: rep.responder_resources,
+        flow_control: u8::from(rep.e2e_flow_control),
+        retry_count: 0,
+        rnr_retry_count: rep.rnr_retry_count,
+        srq: u8::from(rep.srq),
+        qp_num: rep.local_qpn,
+    })
 }
-

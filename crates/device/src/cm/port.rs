@@ -32,7 +32,9 @@ pub(crate) struct CmPort {
 
 impl std::fmt::Debug for CmPort {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CmPort").field("slot", &self.slot).finish_non_exhaustive()
+        f.debug_struct("CmPort")
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
     }
 }
 
@@ -79,11 +81,8 @@ impl CmPort {
             if let Some(p) = env("SOFTVERBS_CM_PACKET_LIFETIME") {
                 config.packet_life_time = p.min(31);
             }
-            let engine = CmEngine::new(
-                config,
-                u64::from_ne_bytes(seed),
-            );
-            Arc::new(CmPort {
+            let engine = CmEngine::new(config, u64::from_ne_bytes(seed));
+            Arc::new(Self {
                 node: weak,
                 device: device.clone(),
                 slot,
@@ -98,7 +97,7 @@ impl CmPort {
         });
         gsi.clone()
             .as_any()
-            .downcast::<CmPort>()
+            .downcast::<Self>()
             .map_err(|_| softverbs_engine::Error::invalid("QP1 of this device is not a CM"))
     }
 
@@ -204,7 +203,10 @@ pub(crate) fn source_index(gids: &[Gid], dest: &Gid) -> u8 {
     let v4 = |g: &Gid| g.to_ip().is_ipv4();
     gids.iter()
         .position(|g| g == dest)
-        .or_else(|| gids.iter().position(|g| v4(g) == v4(dest) && !g.to_ip().is_loopback()))
+        .or_else(|| {
+            gids.iter()
+                .position(|g| v4(g) == v4(dest) && !g.to_ip().is_loopback())
+        })
         .or_else(|| gids.iter().position(|g| v4(g) == v4(dest)))
         .unwrap_or(0) as u8
 }
@@ -240,5 +242,3 @@ impl Gsi for CmPort {
         self
     }
 }
-
-

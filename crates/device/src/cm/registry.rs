@@ -26,10 +26,7 @@ fn dir(base_port: u16) -> Option<PathBuf> {
 
 fn path(base_port: u16, service_id: u64) -> Option<PathBuf> {
     let d = dir(base_port)?;
-    Some(d.with_file_name(format!(
-        "{}-{service_id:016x}",
-        d.file_name()?.to_string_lossy()
-    )))
+    Some(d.with_file_name(format!("{}-{service_id:016x}", d.file_name()?.to_string_lossy())))
 }
 
 /// A registered listener; unregisters when dropped.
@@ -50,7 +47,8 @@ impl Drop for Listening {
 /// Registers this process (slot `slot`) as the host's listener on `service_id`.
 /// EADDRINUSE if another listener holds it.
 pub(crate) fn listen(base_port: u16, service_id: u64, slot: u8) -> Result<Listening> {
-    let path = path(base_port, service_id).ok_or_else(|| Error::invalid("no private directory for CM listeners"))?;
+    let path =
+        path(base_port, service_id).ok_or_else(|| Error::invalid("no private directory for CM listeners"))?;
     for _ in 0..8 {
         let file = OpenOptions::new()
             .read(true)
@@ -59,9 +57,8 @@ pub(crate) fn listen(base_port: u16, service_id: u64, slot: u8) -> Result<Listen
             .truncate(false)
             .mode(0o600)
             .open(&path)?;
-        let mut held = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(h) => h,
-            Err(_) => return Err(Error::Io(std::io::Error::from_raw_os_error(98))),
+        let Ok(mut held) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
+            return Err(Error::Io(std::io::Error::from_raw_os_error(98)));
         };
         // The previous holder may have unlinked the file between our open and our lock.
         let same = std::fs::metadata(&path)
@@ -73,7 +70,10 @@ pub(crate) fn listen(base_port: u16, service_id: u64, slot: u8) -> Result<Listen
         }
         held.set_len(0)?;
         held.write_all(&[slot])?;
-        return Ok(Listening { lock: Some(held), path });
+        return Ok(Listening {
+            lock: Some(held),
+            path,
+        });
     }
     Err(Error::busy("the listener registry keeps changing"))
 }

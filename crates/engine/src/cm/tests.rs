@@ -316,5 +316,7 @@ fn id_tag_fills_the_top_byte_of_chosen_ids() {
     }
     // The REQ carries the tagged ID, so the peer's replies name this process.
     let reqs = sent(&mut cm);
-    assert!(reqs.iter().any(|(_, m)| matches!(m, CmMessage::Req(r) if r.local_comm_id >> 24 == 0x2A)));
+    assert!(reqs
+        .iter()
+        .any(|(_, m)| matches!(m, CmMessage::Req(r) if r.local_comm_id >> 24 == 0x2A)));
 }
