@@ -2,14 +2,17 @@
 //! address and route resolution, the QP transitions librdmacm performs, and QP1 on the fabric.
 //!
 //! Each device port gets a [`CmEngine`](softverbs_engine::cm::CmEngine) (the IB CM protocol,
-//! sans-IO) behind QP1 ([`port`]): MADs addressed to QP1 reach it from the fabric, the MADs it
+//! sans-IO) behind QP1 (module `port`): MADs addressed to QP1 reach it from the fabric, the MADs it
 //! emits leave as UD SEND ONLY packets from QP1, and the progress thread runs its timers. Its
 //! events are turned here into `rdma_cm` events on the ids' channels, with the QP transitions
 //! librdmacm performs (passive accept: RTR and RTS before the REP; active: RTR and RTS on the
 //! REP, then the RTU; REJECTED moves the QP to ERR; DISCONNECTED leaves it alone).
 //!
-//! Several processes of one host share its addresses; see [`registry`] for how a MAD reaches
-//! the process that owns the connection or listens on the service.
+//! Several processes of one host share its addresses. A MAD for a peer on this host goes to QP1
+//! of the right process (QPN `slot << 16 | 1`): replies by the slot in the top byte of the
+//! communication or SIDR request ID it names (`CmConfig::id_tag`), requests by a per-host
+//! registry of listeners (a locked file per service ID, module `registry`). MADs from other
+//! hosts arrive at QP1 of the process holding the standard RoCE port.
 
 mod port;
 mod registry;
