@@ -2,6 +2,10 @@
 //! (`SOFTVERBS_SHM=0`): the test re-runs its own executable as a server and a client. Covers RC
 //! with SEND/RECV and both disconnects, UD through SIDR, a rejection with private data, a
 //! port nobody listens on, and a server that is killed after the connection was established.
+//! As root, also across two network namespaces ("hosts") where the server is not the process
+//! holding the standard RoCE port: the MADs from the other host are forwarded to it.
+
+mod common;
 
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -72,7 +76,7 @@ fn recv(qp: &QueuePair, r: &Res) {
 }
 
 /// The server side of `scenario`: prints its port, then serves one client.
-fn server(scenario: &str) {
+fn server(scenario: &str, ip: Ipv4Addr) {
     let ch = EventChannel::new().unwrap();
     let ps = if scenario == "ud" {
         PortSpace::Udp
@@ -80,7 +84,7 @@ fn server(scenario: &str) {
         PortSpace::Tcp
     };
     let listen = CmId::new(Some(&ch), ps).unwrap();
-    listen.bind_addr(lo(0)).unwrap();
+    listen.bind_addr(SocketAddr::from((ip, 0))).unwrap();
     listen.listen(4).unwrap();
     println!("port {}", listen.src_addr().unwrap().port());
     let req = expect(&ch, E::ConnectRequest);
@@ -141,7 +145,7 @@ fn server(scenario: &str) {
 }
 
 /// The client side of `scenario` against `port`.
-fn client(scenario: &str, port: u16, ready: Option<&mut dyn FnMut()>) {
+fn client(scenario: &str, dst: SocketAddr) {
     let ch = EventChannel::new().unwrap();
     let ps = if scenario == "ud" {
         PortSpace::Udp
@@ -149,7 +153,7 @@ fn client(scenario: &str, port: u16, ready: Option<&mut dyn FnMut()>) {
         PortSpace::Tcp
     };
     let id = CmId::new(Some(&ch), ps).unwrap();
-    id.resolve_addr(None, lo(port), 2000).unwrap();
+    id.resolve_addr(None, dst, 2000).unwrap();
     expect(&ch, E::AddrResolved);
     id.resolve_route(2000).unwrap();
     expect(&ch, E::RouteResolved);
@@ -193,9 +197,6 @@ fn client(scenario: &str, port: u16, ready: Option<&mut dyn FnMut()>) {
             qp.post_send(&[send(r.mr.sge(100..105).unwrap(), None)]).unwrap();
             assert_eq!(poll(&r.cq).status, WcStatus::Success);
             if scenario == "vanish" {
-                if let Some(f) = ready {
-                    f();
-                }
                 // The peer is gone: the DREQ goes unanswered.
                 let started = Instant::now();
                 id.disconnect().unwrap();
@@ -218,7 +219,7 @@ fn client(scenario: &str, port: u16, ready: Option<&mut dyn FnMut()>) {
     let shm_packets = id.context().unwrap().counters().tx_shm_packets;
     match std::env::var("SOFTVERBS_SHM").as_deref() {
         Ok("0") => assert_eq!(shm_packets, 0),
-        _ if scenario == "nobody" => {}
+        _ if scenario == "nobody" || !dst.ip().is_loopback() => {}
         _ => assert!(shm_packets > 0, "nothing went through shared memory"),
     }
     println!("ok");
@@ -276,7 +277,7 @@ fn run(shm: &str, scenario: &str) -> bool {
         // The server stops listening: nobody is left on the port.
         stop(&mut srv);
     }
-    let mut cli = spawn(shm, &["--client", scenario, &port.to_string()], short);
+    let mut cli = spawn(shm, &["--client", scenario, &lo(port).to_string()], short);
     let mut ok = true;
     if scenario == "vanish" {
         ok = read_line(&mut out) == "established";
@@ -291,11 +292,45 @@ fn run(shm: &str, scenario: &str) -> bool {
     ok
 }
 
+/// Holds the standard RoCE port of its host (the first process to start a device driver takes
+/// it) until killed, with a CM of its own running.
+fn hold(ip: Ipv4Addr) {
+    let ch = EventChannel::new().unwrap();
+    let id = CmId::new(Some(&ch), PortSpace::Tcp).unwrap();
+    id.bind_addr(SocketAddr::from((ip, 0))).unwrap();
+    id.listen(1).unwrap();
+    println!("ready");
+    std::thread::sleep(Duration::from_secs(120));
+}
+
+/// Host A runs the holder of the standard port and then the server (another slot); the client
+/// on host B sends every MAD to A's standard port, whose holder forwards them to the server.
+fn across_hosts() {
+    use common::netns::Hosts;
+    const IPS: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 78, 0, 1), Ipv4Addr::new(10, 78, 0, 2)];
+    let hosts = Hosts::new("svcm", "h", IPS, false);
+    let a = IPS[0].to_string();
+    let mut holder = hosts.spawn(0, &["--hold", &a]);
+    assert_eq!(holder.line(Duration::from_secs(20)), "ready");
+    let mut srv = hosts.spawn(0, &["--server", "rc", &a]);
+    let line = srv.line(Duration::from_secs(20));
+    let port: u16 = line.strip_prefix("port ").unwrap().parse().unwrap();
+    let dst = SocketAddr::from((IPS[0], port)).to_string();
+    let mut cli = hosts.spawn(1, &["--client", "rc", &dst]);
+    assert_eq!(cli.line(Duration::from_secs(60)), "ok", "the client finished");
+    assert_eq!(srv.line(Duration::from_secs(30)), "ok", "the server finished");
+    drop(holder);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
-        Some("--server") => return server(&args[2]),
-        Some("--client") => return client(&args[2], args[3].parse().unwrap(), None),
+        Some("--server") => {
+            let ip = args.get(3).map_or(Ipv4Addr::LOCALHOST, |a| a.parse().unwrap());
+            return server(&args[2], ip);
+        }
+        Some("--client") => return client(&args[2], args[3].parse().unwrap()),
+        Some("--hold") => return hold(args[2].parse().unwrap()),
         _ => {}
     }
     // `cargo test -- --list` and filters: this harness has one test.
@@ -319,6 +354,20 @@ fn main() {
                 failed += 1;
             }
         }
+    }
+    if nix::unistd::Uid::effective().is_root() {
+        let ok = std::panic::catch_unwind(across_hosts).is_ok();
+        println!(
+            "test rc across hosts, forwarded to a second process ... {}",
+            if ok { "ok" } else { "FAILED" }
+        );
+        if ok {
+            passed += 1;
+        } else {
+            failed += 1;
+        }
+    } else {
+        println!("test rc across hosts ... skipped (needs root for network namespaces)");
     }
     println!("test result: {passed} passed; {failed} failed");
     if failed > 0 {

@@ -17,6 +17,8 @@
 mod port;
 mod registry;
 
+pub(crate) use port::forward_slot;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::{Arc, Weak};

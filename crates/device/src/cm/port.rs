@@ -153,20 +153,9 @@ impl CmPort {
         if !node.gids().contains(dest) {
             return 1;
         }
-        let slot = match CmMessage::parse(mad) {
-            Ok((_, CmMessage::Req(r))) => registry::lookup(self.base_port, r.service_id),
-            Ok((_, CmMessage::SidrReq(r))) => registry::lookup(self.base_port, r.service_id),
-            Ok((_, CmMessage::SidrRep(r))) => Some((r.request_id >> 24) as u8),
-            Ok((_, CmMessage::Rep(r))) => Some((r.remote_comm_id >> 24) as u8),
-            Ok((_, CmMessage::Rtu(r))) => Some((r.remote_comm_id >> 24) as u8),
-            Ok((_, CmMessage::Rej(r))) => Some((r.remote_comm_id >> 24) as u8),
-            Ok((_, CmMessage::Mra(r))) => Some((r.remote_comm_id >> 24) as u8),
-            Ok((_, CmMessage::Dreq(r))) => Some((r.remote_comm_id >> 24) as u8),
-            Ok((_, CmMessage::Drep(r))) => Some((r.remote_comm_id >> 24) as u8),
-            Err(_) => None,
-        };
+        let slot = mad_slot(self.base_port, mad);
         // Nobody listens (or an unknown ID): this process's own CM answers as the host would.
-        let slot = slot.filter(|s| *s != 0).unwrap_or(self.slot);
+        let slot = slot.unwrap_or(self.slot);
         (u32::from(slot) << 16) | 1
     }
 
@@ -196,6 +185,38 @@ impl CmPort {
             external: None,
         }
     }
+}
+
+/// The process (slot) of this host a MAD belongs to: the listener's for a request, the one
+/// whose ID a reply names; `None` when that cannot be told (then whoever got it handles it).
+pub(crate) fn mad_slot(base_port: u16, mad: &[u8]) -> Option<u8> {
+    let slot = match CmMessage::parse(mad).ok()?.1 {
+        CmMessage::Req(r) => registry::lookup(base_port, r.service_id)?,
+        CmMessage::SidrReq(r) => registry::lookup(base_port, r.service_id)?,
+        CmMessage::SidrRep(r) => (r.request_id >> 24) as u8,
+        CmMessage::Rep(r) => (r.remote_comm_id >> 24) as u8,
+        CmMessage::Rtu(r) => (r.remote_comm_id >> 24) as u8,
+        CmMessage::Rej(r) => (r.remote_comm_id >> 24) as u8,
+        CmMessage::Mra(r) => (r.remote_comm_id >> 24) as u8,
+        CmMessage::Dreq(r) => (r.remote_comm_id >> 24) as u8,
+        CmMessage::Drep(r) => (r.remote_comm_id >> 24) as u8,
+    };
+    (slot != 0).then_some(slot)
+}
+
+/// For the holder of the standard port: the slot of the process a datagram to QP1 (BTH, DETH,
+/// MAD, ICRC) from another host belongs to, so it is forwarded there like any packet of that
+/// slot. Only UD SEND ONLY packets to QPN 1 with QP1's Q_Key are looked at.
+pub(crate) fn forward_slot(base_port: u16, datagram: &[u8]) -> Option<u8> {
+    let pkt = softverbs_wire::RocePacket::new_checked(datagram).ok()?;
+    let repr = softverbs_wire::PacketRepr::parse(&pkt).ok()?;
+    let ok = repr.bth.opcode == Opcode::UdSendOnly
+        && repr.bth.dest_qpn == 1
+        && repr.deth.is_some_and(|d| d.qkey == GSI_QKEY);
+    if !ok {
+        return None;
+    }
+    mad_slot(base_port, pkt.payload())
 }
 
 /// The GID to send to `dest` from: `dest` itself if it is ours, else the first of its family.
