@@ -1239,6 +1239,97 @@ mod tests {
         assert_eq!((cb.rx_packets, cb.rx_unknown_qp), (2, 0));
     }
 
+    /// A QP1 handler that records the MADs it gets and has one timer.
+    #[derive(Default)]
+    struct GsiProbe {
+        got: Mutex<Vec<(Vec<u8>, Gid)>>,
+        deadline: Mutex<Option<Instant>>,
+        fired: Mutex<u32>,
+    }
+
+    impl Gsi for GsiProbe {
+        fn receive(&self, _now: Instant, pkt: &ParsedPacket<'_>, meta: &RxMeta) -> Vec<Transmit> {
+            self.got.lock().push((pkt.payload.to_vec(), meta.sgid));
+            Vec::new()
+        }
+
+        fn next_deadline(&self) -> Option<Instant> {
+            *self.deadline.lock()
+        }
+
+        fn on_timeout(&self, _now: Instant) -> Vec<Transmit> {
+            *self.fired.lock() += 1;
+            self.deadline.lock().take();
+            Vec::new()
+        }
+
+        fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+            self
+        }
+    }
+
+    #[test]
+    fn qp1_packets_reach_the_gsi_handler_and_its_timer_runs() {
+        let gid = |s: &str| Gid::from_ip(s.parse().unwrap());
+        let (ga, gb) = (gid("10.0.1.1"), gid("10.0.1.2"));
+        let fabric = Fabric::<Probe>::new();
+        let _a = fabric.add_node(&[ga], 1);
+        let b = fabric.add_node(&[gb], 1);
+        // Without a handler, QP1 is an unknown QP.
+        b.inject(
+            &send_only(1, *b"none"),
+            RxMeta {
+                sgid: ga,
+                dgid: gb,
+                traffic_class: 0,
+                hop_limit: 64,
+            },
+            None,
+        );
+        fabric.drive(fabric.now());
+        assert_eq!(b.counters.snapshot().rx_unknown_qp, 1);
+
+        let probe = Arc::new(GsiProbe::default());
+        let p = probe.clone();
+        b.gsi(move || p);
+        b.inject(
+            &send_only(1, *b"mad!"),
+            RxMeta {
+                sgid: ga,
+                dgid: gb,
+                traffic_class: 0,
+                hop_limit: 64,
+            },
+            None,
+        );
+        // QP1 of a softverbs process (its slot in bits 16..24) is QP1 too.
+        b.inject(
+            &send_only(0x03_0001, *b"mad2"),
+            RxMeta {
+                sgid: ga,
+                dgid: gb,
+                traffic_class: 0,
+                hop_limit: 64,
+            },
+            None,
+        );
+        fabric.drive(fabric.now());
+        assert_eq!(
+            *probe.got.lock(),
+            [(b"mad!".to_vec(), ga), (b"mad2".to_vec(), ga)]
+        );
+        assert!(is_gsi_qpn(1) && is_gsi_qpn(0x05_0001) && !is_gsi_qpn(0x11) && !is_gsi_qpn(MULTICAST_QPN));
+
+        // The progress thread runs the handler's timer.
+        *probe.deadline.lock() = Some(fabric.now() + Duration::from_millis(20));
+        fabric.schedule(fabric.now() + Duration::from_millis(20));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while *probe.fired.lock() == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(*probe.fired.lock(), 1, "the timer fired once");
+    }
+
     #[test]
     fn the_progress_thread_ends_with_its_fabric() {
         let fabric = Fabric::<Probe>::new();

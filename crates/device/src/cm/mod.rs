@@ -1512,3 +1512,67 @@ fn rep_param(rep: &softverbs_wire::cm::RepRepr) -> EventParam {
         qp_num: rep.local_qpn,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destroy_waits_for_the_acknowledgement_of_delivered_events() {
+        let ch = EventChannel::new().unwrap();
+        let id = CmId::create(Some(&ch), PortSpace::Tcp).unwrap();
+        id.resolve_addr(None, SocketAddr::from((Ipv4Addr::LOCALHOST, 9)), 2000)
+            .unwrap();
+        let ev = ch.get_event(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(ev.event, CmEventType::AddrResolved);
+        assert_eq!(id.port_num(), 1);
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (id2, done2) = (id.clone(), done.clone());
+        let t = std::thread::spawn(move || {
+            id2.destroy();
+            done2.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !done.load(std::sync::atomic::Ordering::SeqCst),
+            "destroy waits for the ack"
+        );
+        ev.ack();
+        t.join().unwrap();
+        assert!(done.load(std::sync::atomic::Ordering::SeqCst));
+        // Undelivered events are dropped with their id.
+        let id = CmId::create(Some(&ch), PortSpace::Tcp).unwrap();
+        id.resolve_addr(None, SocketAddr::from((Ipv4Addr::LOCALHOST, 9)), 2000)
+            .unwrap();
+        assert_eq!(ch.pending(), 1);
+        id.destroy();
+        assert_eq!(ch.pending(), 0);
+    }
+
+    #[test]
+    fn conn_param_resources() {
+        assert_eq!(resources(0xFF, 16).unwrap(), 16);
+        assert_eq!(resources(4, 16).unwrap(), 4);
+        assert_eq!(resources(17, 16).unwrap_err().errno(), 22);
+        assert_eq!(resources(0xFF, 1000).unwrap(), 255);
+    }
+
+    #[test]
+    fn resolution_finds_the_loopback_device() {
+        assert_eq!(
+            source_for(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            Ok(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        );
+        let (d, idx) = device_of(IpAddr::V4(Ipv4Addr::LOCALHOST)).unwrap();
+        assert_eq!(
+            d.gid_table()[usize::from(idx)],
+            Gid::from_ip(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        );
+        assert_eq!(
+            device_of(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)))
+                .unwrap_err()
+                .errno(),
+            19
+        );
+    }
+}

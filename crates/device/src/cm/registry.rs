@@ -91,3 +91,24 @@ pub(crate) fn lookup(base_port: u16, service_id: u64) -> Option<u8> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_listener_per_service_and_nothing_left_behind() {
+        // A base port no other test uses, so the names are this test's own.
+        let base = 40_000 + (std::process::id() % 20_000) as u16;
+        let sid = 0x0106_0000 | u64::from(std::process::id() as u16);
+        assert_eq!(lookup(base, sid), None);
+        let held = listen(base, sid, 7).unwrap();
+        assert_eq!(lookup(base, sid), Some(7));
+        assert_eq!(listen(base, sid, 8).unwrap_err().errno(), 98, "EADDRINUSE");
+        drop(held);
+        assert_eq!(lookup(base, sid), None);
+        let again = listen(base, sid, 9).unwrap();
+        assert_eq!(lookup(base, sid), Some(9));
+        drop(again);
+    }
+}
