@@ -75,6 +75,102 @@ fn recv(qp: &QueuePair, r: &Res) {
     .unwrap();
 }
 
+/// How many connections the "many" scenario makes.
+const MANY: usize = 1000;
+
+/// The next event that is not a TIMEWAIT_EXIT (those of earlier connections may come between).
+fn expect_skip(ch: &EventChannel, ty: E) -> CmEvent {
+    loop {
+        let ev = ch.get_event_timeout(WAIT).expect("an event within 20 s");
+        if ev.event_type() != E::TimewaitExit {
+            assert_eq!(ev.event_type(), ty, "status {}", ev.status());
+            return ev;
+        }
+    }
+}
+
+fn fd_count() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// Waits until the CM of `ctx`'s device holds nothing but `ids` registered ids.
+fn settle(ch: &EventChannel, ctx: &Context, ids: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        while let Ok(ev) = ch.get_event_timeout(Some(Duration::from_millis(10))) {
+            assert_eq!(ev.event_type(), E::TimewaitExit);
+        }
+        let now = cm::cm_entries(ctx).unwrap();
+        if now == (0, ids) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "CM entries and ids left: {now:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Serves `MANY` connections one after the other.
+fn many_server(ip: Ipv4Addr) {
+    let ch = EventChannel::new().unwrap();
+    let listen = CmId::new(Some(&ch), PortSpace::Tcp).unwrap();
+    listen.bind_addr(SocketAddr::from((ip, 0))).unwrap();
+    listen.listen(16).unwrap();
+    println!("port {}", listen.src_addr().unwrap().port());
+    let ctx = listen.context().unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16, None, 0).unwrap();
+    for _ in 0..MANY {
+        let req = expect_skip(&ch, E::ConnectRequest);
+        let id = req.id().clone();
+        drop(req);
+        id.create_qp(&pd, &QpInit::new(QpType::Rc, &cq)).unwrap();
+        id.accept(&ConnParam::default()).unwrap();
+        expect_skip(&ch, E::Established);
+        expect_skip(&ch, E::Disconnected);
+        id.disconnect().unwrap();
+    }
+    settle(&ch, &ctx, 1);
+    drop(listen);
+    assert_eq!(cm::live_ids(), 0);
+    println!("ok");
+}
+
+/// Makes `MANY` connections one after the other, each set up, used for nothing and torn down;
+/// nothing may be left at the end.
+fn many_client(dst: SocketAddr) {
+    let ch = EventChannel::new().unwrap();
+    let mut res = None;
+    let mut fds = 0;
+    for i in 0..MANY {
+        let id = CmId::new(Some(&ch), PortSpace::Tcp).unwrap();
+        id.resolve_addr(None, dst, 2000).unwrap();
+        expect_skip(&ch, E::AddrResolved);
+        id.resolve_route(2000).unwrap();
+        expect_skip(&ch, E::RouteResolved);
+        let (ctx, pd, cq) = res.get_or_insert_with(|| {
+            let ctx = id.context().unwrap();
+            let pd = ctx.alloc_pd().unwrap();
+            let cq = ctx.create_cq(16, None, 0).unwrap();
+            (ctx, pd, cq)
+        });
+        let _ = ctx;
+        let qp = id.create_qp(pd, &QpInit::new(QpType::Rc, cq)).unwrap();
+        id.connect(&ConnParam::default()).unwrap();
+        expect_skip(&ch, E::Established);
+        assert_eq!(qp.state(), QpState::Rts);
+        id.disconnect().unwrap();
+        expect_skip(&ch, E::Disconnected);
+        if i == 0 {
+            fds = fd_count();
+        }
+    }
+    let (ctx, _pd, _cq) = res.unwrap();
+    settle(&ch, &ctx, 0);
+    assert_eq!(cm::live_ids(), 0, "every id is gone");
+    assert_eq!(fd_count(), fds, "no file descriptor leaked");
+    println!("ok");
+}
+
 /// The server side of `scenario`: prints its port, then serves one client.
 fn server(scenario: &str, ip: Ipv4Addr) {
     let ch = EventChannel::new().unwrap();
@@ -283,7 +379,7 @@ fn run(shm: &str, scenario: &str) -> bool {
         ok = read_line(&mut out) == "established";
         stop(&mut srv);
     }
-    ok &= wait(&mut cli, Duration::from_secs(60));
+    ok &= wait(&mut cli, Duration::from_secs(180));
     if !matches!(scenario, "nobody" | "vanish") {
         ok &= wait(&mut srv, Duration::from_secs(30)) && read_line(&mut out) == "ok";
     }
@@ -325,6 +421,8 @@ fn across_hosts() {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
+        Some("--server") if args[2] == "many" => return many_server(Ipv4Addr::LOCALHOST),
+        Some("--client") if args[2] == "many" => return many_client(args[3].parse().unwrap()),
         Some("--server") => {
             let ip = args.get(3).map_or(Ipv4Addr::LOCALHOST, |a| a.parse().unwrap());
             return server(&args[2], ip);
@@ -341,7 +439,7 @@ fn main() {
     let mut failed = 0;
     let mut passed = 0;
     for shm in ["1", "0"] {
-        for scenario in ["rc", "ud", "reject", "nobody", "vanish"] {
+        for scenario in ["rc", "ud", "reject", "nobody", "vanish", "many"] {
             let carrier = if shm == "0" { "udp" } else { "shared memory" };
             let ok = run(shm, scenario);
             println!(

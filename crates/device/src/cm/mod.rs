@@ -965,7 +965,9 @@ impl CmId {
             st.link.initiator_depth = initiator_depth;
             // The passive side sends with the requester's retry counts.
             st.link.retry_count = req.retry_count;
-            st.link.rnr_retry = param.rnr_retry_count & 7;
+            // And with the RNR retry count the REQ asked the responder to use; the REP tells the
+            // requester ours.
+            st.link.rnr_retry = req.rnr_retry_count & 7;
         }
         let (local_qpn, srq) = match &qp {
             Some(q) => {
@@ -1137,11 +1139,12 @@ impl CmId {
     /// its state needs), drops undelivered events (undelivered requests are rejected), then
     /// waits until every delivered event was acknowledged.
     pub fn destroy(&self) {
-        let (listening, ports, conn, sidr, port, qp, mcast) = {
+        let (listening, ports, conn, sidr, port, qp, mcast, unanswered) = {
             let mut st = self.state.lock();
             if st.phase == Phase::Destroyed {
                 return;
             }
+            let unanswered = st.phase == Phase::Requested;
             st.phase = Phase::Destroyed;
             (
                 st.listening.take(),
@@ -1151,6 +1154,7 @@ impl CmId {
                 st.port.clone(),
                 st.qp.take(),
                 std::mem::take(&mut st.mcast),
+                unanswered,
             )
         };
         if let Some((sid, reg)) = listening {
@@ -1171,7 +1175,17 @@ impl CmId {
                     inner.conns.remove(&c);
                 }
                 if let Some(s) = sidr {
-                    inner.sidr_out.remove(&s.request_id);
+                    if unanswered {
+                        // A SIDR request nobody will answer: refuse it, so it is forgotten.
+                        let refuse = SidrReplyParams {
+                            status: sidr_status::REJECT,
+                            qpn: 0,
+                            qkey: 0,
+                        };
+                        let _ = inner.engine.sidr_reply(now, s, &refuse, &[]);
+                    } else {
+                        inner.sidr_out.remove(&s.request_id);
+                    }
                 }
             });
         }
