@@ -566,3 +566,55 @@ fn a_thousand_connections_leave_nothing_behind() {
     drop(listen);
     assert_eq!(softverbs::cm::live_ids(), 0, "every id is gone");
 }
+
+#[test]
+fn an_id_without_a_qp_gets_connect_response_and_establishes() {
+    let _alone = serial();
+    let ch = EventChannel::new().unwrap();
+    let (_listen, port) = listener(&ch, PortSpace::Tcp);
+    let client = resolved(&ch, PortSpace::Tcp, port);
+    let cr = res(&client);
+    // The application owns the QP (rping -q): rdma_init_qp_attr and ibv_modify_qp.
+    let own = cr.pd.create_qp(&QpInit::new(QpType::Rc, &cr.cq)).unwrap();
+    let (attr, mask) = client.init_qp_attr(QpState::Init).unwrap();
+    own.modify(&attr, mask).unwrap();
+    client
+        .connect(&ConnParam {
+            qp_num: own.qp_num(),
+            ..ConnParam::default()
+        })
+        .unwrap();
+    let req = expect(&ch, E::ConnectRequest);
+    assert_eq!(req.conn().unwrap().qp_num, own.qp_num());
+    let server = req.id().clone();
+    drop(req);
+    let sr = res(&server);
+    let sqp = qp(&server, &sr, QpType::Rc);
+    sqp.post_recv(&[RecvWr {
+        wr_id: 4,
+        sg_list: vec![sr.mr.sge(0..64).unwrap()],
+    }])
+    .unwrap();
+    server.accept(&ConnParam::default()).unwrap();
+    let ev = expect(&ch, E::ConnectResponse);
+    assert!(ev.id().same_as(&client));
+    assert_eq!(ev.conn().unwrap().qp_num, sqp.qp_num());
+    drop(ev);
+    assert_eq!(
+        server.accept(&ConnParam::default()).unwrap_err().errno(),
+        22,
+        "accepted once"
+    );
+    for state in [QpState::Rtr, QpState::Rts] {
+        let (attr, mask) = client.init_qp_attr(state).unwrap();
+        own.modify(&attr, mask).unwrap();
+    }
+    client.establish().unwrap();
+    for _ in 0..2 {
+        expect(&ch, E::Established);
+    }
+    cr.mr.write(0, b"own qp").unwrap();
+    own.post_send(&[send(cr.mr.sge(0..6).unwrap(), None)]).unwrap();
+    assert_eq!(poll(&cr.cq, 1)[0].status, WcStatus::Success);
+    assert_eq!(poll(&sr.cq, 1)[0].byte_len, 6);
+}

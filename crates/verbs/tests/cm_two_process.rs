@@ -1,7 +1,10 @@
 //! The connection manager between two processes of one host, over shared memory and over UDP
 //! (`SOFTVERBS_SHM=0`): the test re-runs its own executable as a server and a client. Covers RC
 //! with SEND/RECV and both disconnects, UD through SIDR, a rejection with private data, a
-//! port nobody listens on, and a server that is killed after the connection was established.
+//! port nobody listens on, a server killed after the connection was established (DISCONNECTED
+//! when the DREQ times out) or before it answered the REQ (REJECTED 8, as its host no longer
+//! listens), a host where nothing answers (UNREACHABLE), and 1,000 connections
+//! set up and torn down with nothing left behind.
 //! As root, also across two network namespaces ("hosts") where the server is not the process
 //! holding the standard RoCE port: the MADs from the other host are forwarded to it.
 
@@ -192,6 +195,12 @@ fn server(scenario: &str, ip: Ipv4Addr) {
     };
     drop(req);
     assert_eq!(&data[..6], b"client");
+    if scenario == "ghost" {
+        println!("requested");
+        // Killed here by the test, before answering.
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
     match scenario {
         "reject" => {
             id.reject(b"go away").unwrap();
@@ -272,6 +281,16 @@ fn client(scenario: &str, dst: SocketAddr) {
             let ev = expect(&ch, E::Rejected);
             assert_eq!(ev.status(), 8);
         }
+        "ghost" => {
+            // The listener died before answering: this host's CM refuses the resent REQ.
+            let ev = expect(&ch, E::Rejected);
+            assert_eq!(ev.status(), 8);
+        }
+        "void" => {
+            // Nothing at all answers at the address.
+            let ev = expect(&ch, E::Unreachable);
+            assert_eq!(ev.status(), -110, "the REQ timed out");
+        }
         "ud" => {
             let ev = expect(&ch, E::Established);
             let ud = ev.ud().unwrap().clone();
@@ -315,7 +334,7 @@ fn client(scenario: &str, dst: SocketAddr) {
     let shm_packets = id.context().unwrap().counters().tx_shm_packets;
     match std::env::var("SOFTVERBS_SHM").as_deref() {
         Ok("0") => assert_eq!(shm_packets, 0),
-        _ if scenario == "nobody" || !dst.ip().is_loopback() => {}
+        _ if matches!(scenario, "nobody" | "ghost") || !dst.ip().is_loopback() => {}
         _ => assert!(shm_packets > 0, "nothing went through shared memory"),
     }
     println!("ok");
@@ -359,7 +378,7 @@ fn stop(child: &mut Child) {
 }
 
 fn run(shm: &str, scenario: &str) -> bool {
-    let short = scenario == "vanish";
+    let short = matches!(scenario, "vanish" | "ghost");
     let mut srv = spawn(shm, &["--server", scenario], short);
     let mut out = BufReader::new(srv.stdout.take().unwrap());
     let line = read_line(&mut out);
@@ -379,8 +398,12 @@ fn run(shm: &str, scenario: &str) -> bool {
         ok = read_line(&mut out) == "established";
         stop(&mut srv);
     }
+    if scenario == "ghost" {
+        ok = read_line(&mut out) == "requested";
+        stop(&mut srv);
+    }
     ok &= wait(&mut cli, Duration::from_secs(180));
-    if !matches!(scenario, "nobody" | "vanish") {
+    if !matches!(scenario, "nobody" | "vanish" | "ghost") {
         ok &= wait(&mut srv, Duration::from_secs(30)) && read_line(&mut out) == "ok";
     }
     stop(&mut srv);
@@ -406,6 +429,21 @@ fn across_hosts() {
     const IPS: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 78, 0, 1), Ipv4Addr::new(10, 78, 0, 2)];
     let hosts = Hosts::new("svcm", "h", IPS, false);
     let a = IPS[0].to_string();
+    // Nothing runs on host A yet: the REQ goes unanswered.
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &hosts.ns[1]])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--client", "void", &SocketAddr::from((IPS[0], 7471)).to_string()])
+        .env("SOFTVERBS_INTERFACES", &hosts.ifs[1])
+        .env("SOFTVERBS_CM_RESPONSE_TIMEOUT", "12")
+        .env("SOFTVERBS_CM_PACKET_LIFETIME", "10")
+        .env("SOFTVERBS_CM_RETRIES", "3");
+    let mut void = common::netns::Peer::spawn(cmd);
+    assert_eq!(
+        void.line(Duration::from_secs(60)),
+        "ok",
+        "UNREACHABLE when nothing answers"
+    );
     let mut holder = hosts.spawn(0, &["--hold", &a]);
     assert_eq!(holder.line(Duration::from_secs(20)), "ready");
     let mut srv = hosts.spawn(0, &["--server", "rc", &a]);
@@ -439,7 +477,7 @@ fn main() {
     let mut failed = 0;
     let mut passed = 0;
     for shm in ["1", "0"] {
-        for scenario in ["rc", "ud", "reject", "nobody", "vanish", "many"] {
+        for scenario in ["rc", "ud", "reject", "nobody", "vanish", "ghost", "many"] {
             let carrier = if shm == "0" { "udp" } else { "shared memory" };
             let ok = run(shm, scenario);
             println!(
@@ -456,7 +494,7 @@ fn main() {
     if nix::unistd::Uid::effective().is_root() {
         let ok = std::panic::catch_unwind(across_hosts).is_ok();
         println!(
-            "test rc across hosts, forwarded to a second process ... {}",
+            "test across hosts: UNREACHABLE, then RC forwarded to a second process ... {}",
             if ok { "ok" } else { "FAILED" }
         );
         if ok {
