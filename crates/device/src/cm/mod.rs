@@ -957,10 +957,9 @@ impl CmId {
             resources(param.responder_resources, attr.max_qp_rd_atom)?.min(req.initiator_depth);
         let initiator_depth =
             resources(param.initiator_depth, attr.max_qp_init_rd_atom)?.min(req.responder_resources);
-        let sq_psn = psn();
+        let sq_psn = self.state.lock().link.sq_psn;
         {
             let mut st = self.state.lock();
-            st.link.sq_psn = sq_psn;
             st.link.responder_resources = responder_resources;
             st.link.initiator_depth = initiator_depth;
             // The passive side sends with the requester's retry counts.
@@ -1281,9 +1280,18 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
                 st.port = ports.iter().find(|p| std::ptr::eq(Arc::as_ptr(p), port)).cloned();
                 st.sgid_index = port::source_index(port.device.node().gids(), &Gid::from_ip(local));
                 st.conn = Some(id);
-                st.link.remote_qpn = req.local_qpn;
-                st.link.rq_psn = req.starting_psn;
-                st.link.mtu = u32::from(req.path_mtu).min(port.device.port_attr().active_mtu.raw());
+                // What accept will use unless told less, so that an application that moves
+                // its own QP with `init_qp_attr` before accepting gets the same values.
+                st.link = Link {
+                    remote_qpn: req.local_qpn,
+                    rq_psn: req.starting_psn,
+                    sq_psn: psn(),
+                    responder_resources: req.initiator_depth,
+                    initiator_depth: req.responder_resources,
+                    retry_count: req.retry_count,
+                    rnr_retry: req.rnr_retry_count,
+                    mtu: u32::from(req.path_mtu).min(port.device.port_attr().active_mtu.raw()),
+                };
                 st.tos = req.primary_path.traffic_class;
                 st.req = Some(req.clone());
             }
