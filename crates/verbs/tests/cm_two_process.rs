@@ -469,6 +469,9 @@ fn main() {
         Some("--hold") => return hold(args[2].parse().unwrap()),
         _ => {}
     }
+    // A private base port, so the test does not depend on other softverbs processes of the
+    // host; the children inherit it.
+    std::env::set_var("SOFTVERBS_UDP_PORT", common::free_base_port().to_string());
     // `cargo test -- --list` and filters: this harness has one test.
     if args.iter().any(|a| a == "--list") {
         println!("cm_two_process: test");
