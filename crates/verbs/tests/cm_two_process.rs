@@ -6,7 +6,8 @@
 //! listens), a host where nothing answers (UNREACHABLE), and 1,000 connections
 //! set up and torn down with nothing left behind.
 //! As root, also across two network namespaces ("hosts") where the server is not the process
-//! holding the standard RoCE port: the MADs from the other host are forwarded to it.
+//! holding the standard RoCE port: the MADs from the other host are forwarded to it, and tshark
+//! decodes every datagram to QP1 captured on the link as a CM MAD.
 
 mod common;
 
@@ -429,6 +430,29 @@ fn across_hosts() {
     const IPS: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 78, 0, 1), Ipv4Addr::new(10, 78, 0, 2)];
     let hosts = Hosts::new("svcm", "h", IPS, false);
     let a = IPS[0].to_string();
+    // Host B's side of the link, for tshark.
+    let pcap = std::env::temp_dir().join(format!("softverbs-cm-{}.pcap", std::process::id()));
+    let mut tcpdump = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &hosts.ns[1],
+            "tcpdump",
+            "-Z",
+            "root",
+            "--immediate-mode",
+            "-i",
+            &hosts.ifs[1],
+            "-U",
+            "-w",
+        ])
+        .arg(&pcap)
+        .arg("udp")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("tcpdump (scripts/setup-deps installs it)");
+    let mut err = BufReader::new(tcpdump.stderr.take().unwrap());
+    assert!(read_line(&mut err).contains("listening on"), "tcpdump started");
     // Nothing runs on host A yet: the REQ goes unanswered.
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", &hosts.ns[1]])
@@ -454,6 +478,54 @@ fn across_hosts() {
     assert_eq!(cli.line(Duration::from_secs(60)), "ok", "the client finished");
     assert_eq!(srv.line(Duration::from_secs(30)), "ok", "the server finished");
     drop(holder);
+    // The last packets are written (-U) by the time both sides are done.
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(tcpdump.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    );
+    let _ = tcpdump.wait();
+    check_capture(&pcap);
+    let _ = std::fs::remove_file(&pcap);
+}
+
+/// Wireshark decodes every datagram to or from QP1 on the link as a CM MAD (RoCEv2 UD SEND
+/// ONLY, Q_Key 0x80010000), and the connection's whole exchange is there.
+fn check_capture(pcap: &std::path::Path) {
+    let base = std::env::var("SOFTVERBS_UDP_PORT").unwrap_or_else(|_| "4791".into());
+    let out = Command::new("tshark")
+        .arg("-r")
+        .arg(pcap)
+        .args(["-d", &format!("udp.port=={base},infiniband"), "-V"])
+        .output()
+        .expect("tshark (scripts/setup-deps installs it)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let frames: Vec<&str> = text
+        .split("\nFrame ")
+        .filter(|f| f.contains("Destination Queue Pair: 0x000001"))
+        .collect();
+    assert!(frames.len() >= 5, "{} QP1 frames", frames.len());
+    for f in &frames {
+        for needle in [
+            "Opcode: Unreliable Datagram (UD) - SEND only (100)",
+            "Queue Key: 0x0000000080010000",
+            "Source Queue Pair: 0x00000001",
+            "Management Class: 0x07",
+        ] {
+            assert!(f.contains(needle), "no {needle:?} in:\n{f}");
+        }
+        assert!(!f.contains("Malformed"), "malformed:\n{f}");
+    }
+    for kind in [
+        "CM ConnectRequest",
+        "CM ConnectReply",
+        "CM ReadyToUse",
+        "CM DisconnectRequest",
+        "CM DisconnectReply",
+    ] {
+        assert!(frames.iter().any(|f| f.contains(kind)), "no {kind} on the link");
+    }
 }
 
 fn main() {
