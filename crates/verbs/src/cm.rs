@@ -305,6 +305,12 @@ impl CmId {
         self.0.core.leave_multicast(group)
     }
 
+    /// `rdma_migrate_id`: reports to `channel` from now on (`None`: synchronous). Waits until the
+    /// events already taken from the old channel were acknowledged (dropped); pending ones move.
+    pub fn migrate(&self, channel: Option<&EventChannel>) -> Result<()> {
+        self.0.core.migrate(channel.map(|c| &c.0))
+    }
+
     /// `rdma_set_option(RDMA_OPTION_ID_TOS)`.
     pub fn set_tos(&self, tos: u8) {
         self.0.core.set_tos(tos);

@@ -618,3 +618,51 @@ fn an_id_without_a_qp_gets_connect_response_and_establishes() {
     assert_eq!(poll(&cr.cq, 1)[0].status, WcStatus::Success);
     assert_eq!(poll(&sr.cq, 1)[0].byte_len, 6);
 }
+
+#[test]
+fn ipv6_connection_over_loopback() {
+    let _alone = serial();
+    let v6 = |port| SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port));
+    if softverbs::cm::source_for(v6(1).ip()).is_err() {
+        eprintln!("no IPv6 loopback here: skipped");
+        return;
+    }
+    let ch = EventChannel::new().unwrap();
+    let listen = CmId::new(Some(&ch), PortSpace::Tcp).unwrap();
+    listen.bind_addr(v6(0)).unwrap();
+    listen.listen(4).unwrap();
+    let port = listen.src_addr().unwrap().port();
+    let client = CmId::new(Some(&ch), PortSpace::Tcp).unwrap();
+    client.resolve_addr(None, v6(port), 2000).unwrap();
+    expect(&ch, E::AddrResolved);
+    assert_eq!(client.src_addr().unwrap().ip(), v6(0).ip());
+    client.resolve_route(2000).unwrap();
+    expect(&ch, E::RouteResolved);
+    let cr = res(&client);
+    let _cqp = qp(&client, &cr, QpType::Rc);
+    client.connect(&ConnParam::default()).unwrap();
+    let req = expect(&ch, E::ConnectRequest);
+    let server = req.id().clone();
+    drop(req);
+    assert_eq!(server.dst_addr().unwrap().ip(), v6(0).ip(), "from the CMA header");
+    let sr = res(&server);
+    let _sqp = qp(&server, &sr, QpType::Rc);
+    server.accept(&ConnParam::default()).unwrap();
+    expect(&ch, E::Established);
+    expect(&ch, E::Established);
+}
+
+#[test]
+fn migrate_moves_the_id_and_its_pending_events() {
+    let _alone = serial();
+    let (ch1, ch2) = (EventChannel::new().unwrap(), EventChannel::new().unwrap());
+    let id = CmId::new(Some(&ch1), PortSpace::Tcp).unwrap();
+    id.resolve_addr(None, lo(9), 2000).unwrap();
+    expect(&ch1, E::AddrResolved);
+    id.resolve_route(2000).unwrap();
+    assert_eq!(ch1.pending(), 1);
+    id.migrate(Some(&ch2)).unwrap();
+    assert_eq!((ch1.pending(), ch2.pending()), (0, 1), "the pending event moved");
+    let ev = expect(&ch2, E::RouteResolved);
+    assert!(ev.id().same_as(&id));
+}

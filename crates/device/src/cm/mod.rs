@@ -263,8 +263,8 @@ struct IdState {
 #[derive(Debug)]
 pub struct CmId {
     me: Weak<Self>,
-    channel: Arc<EventChannel>,
-    sync: bool,
+    /// The channel and whether it is the id's private one (a synchronous id).
+    channel: Mutex<(Arc<EventChannel>, bool)>,
     ps: PortSpace,
     qp_type: QpType,
     acks: AckCounter,
@@ -352,8 +352,7 @@ impl CmId {
         };
         Ok(Arc::new_cyclic(|me| Self {
             me: me.clone(),
-            channel,
-            sync,
+            channel: Mutex::new((channel, sync)),
             ps,
             qp_type,
             acks: AckCounter::default(),
@@ -385,13 +384,42 @@ impl CmId {
     }
 
     /// The channel events are reported on (a private one for synchronous ids).
-    pub fn channel(&self) -> &Arc<EventChannel> {
-        &self.channel
+    pub fn channel(&self) -> Arc<EventChannel> {
+        self.channel.lock().0.clone()
     }
 
     /// Whether the id is synchronous.
     pub fn is_sync(&self) -> bool {
-        self.sync
+        self.channel.lock().1
+    }
+
+    /// `rdma_migrate_id`: reports to `channel` from now on (`None`: the id becomes synchronous).
+    /// Waits until the events already delivered were acknowledged; undelivered ones move along.
+    pub fn migrate(&self, channel: Option<&Arc<EventChannel>>) -> Result<()> {
+        let new = match channel {
+            Some(c) => (c.clone(), false),
+            None => (EventChannel::new()?, true),
+        };
+        self.acks.wait_all_acked();
+        let mut ch = self.channel.lock();
+        let mut moving = Vec::new();
+        ch.0.queue.remove_where(|e| {
+            let mine = std::ptr::eq(Arc::as_ptr(e.owner()), self);
+            if mine {
+                moving.push(e.clone());
+            }
+            mine
+        });
+        for e in moving {
+            new.0.push(e);
+        }
+        *ch = new;
+        Ok(())
+    }
+
+    /// Pushes an event on the id's channel (under the channel lock, so a migration moves it).
+    fn push(&self, ev: CmEvent) {
+        self.channel.lock().0.push(ev);
     }
 
     /// The port space.
@@ -445,7 +473,7 @@ impl CmId {
     }
 
     fn event(&self, event: CmEventType, status: i32, param: EventParam) {
-        self.channel.push(CmEvent {
+        self.push(CmEvent {
             id: self.arc(),
             listen_id: None,
             event,
@@ -456,10 +484,11 @@ impl CmId {
 
     /// Synchronous ids: takes the result of the call just made. Failure events become errors.
     fn complete_sync(&self) -> Result<()> {
-        if !self.sync {
+        let (ch, sync) = self.channel.lock().clone();
+        if !sync {
             return Ok(());
         }
-        let ev = self.channel.get_event(None)?;
+        let ev = ch.get_event(None)?;
         ev.ack();
         if ev.status != 0
             || matches!(
@@ -633,7 +662,7 @@ impl CmId {
     /// returns its new id.
     pub fn get_request(&self) -> Result<Arc<Self>> {
         loop {
-            let ev = self.channel.get_event(None)?;
+            let ev = self.channel().get_event(None)?;
             ev.ack();
             if ev.event == CmEventType::ConnectRequest {
                 return Ok(ev.id);
@@ -1194,7 +1223,7 @@ impl CmId {
             }
         }
         let mut orphans = Vec::new();
-        self.channel.queue.remove_where(|e| {
+        self.channel().queue.remove_where(|e| {
             let mine = std::ptr::eq(Arc::as_ptr(e.owner()), self) || std::ptr::eq(Arc::as_ptr(&e.id), self);
             if mine && e.listen_id.is_some() && !std::ptr::eq(Arc::as_ptr(&e.id), self) {
                 orphans.push(e.id.clone());
@@ -1263,7 +1292,7 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
                 return;
             }
             let Ok(child) = CmId::build(
-                (!listener.sync).then(|| listener.channel.clone()),
+                (!listener.is_sync()).then(|| listener.channel()),
                 listener.ps,
                 listener.qp_type,
             ) else {
@@ -1297,7 +1326,7 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
             }
             inner.conns.insert(id, Arc::downgrade(&child));
             let param = req_param(&req);
-            listener.channel.push(CmEvent {
+            listener.push(CmEvent {
                 id: child,
                 listen_id: Some(listener.clone()),
                 event: CmEventType::ConnectRequest,
@@ -1320,7 +1349,7 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
                 return;
             };
             let Ok(child) = CmId::build(
-                (!listener.sync).then(|| listener.channel.clone()),
+                (!listener.is_sync()).then(|| listener.channel()),
                 listener.ps,
                 listener.qp_type,
             ) else {
@@ -1341,7 +1370,7 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
                 st.sidr = Some(id);
                 av(&st, Gid::from_ip(hdr.src_addr))
             };
-            listener.channel.push(CmEvent {
+            listener.push(CmEvent {
                 id: child,
                 listen_id: Some(listener.clone()),
                 event: CmEventType::ConnectRequest,
