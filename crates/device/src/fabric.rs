@@ -12,7 +12,9 @@
 //! goes out through the UDP driver (`Udp`), which starts with the first QP number the process
 //! allocates (its slot numbers the QPs). A multicast packet goes to every member node here and
 //! out over UDP. A batch the UDP driver received is handed to the nodes whose GIDs its packets
-//! were sent to, into the same inbound queues.
+//! were sent to, into the same inbound queues. Packets for QP1 (QPN 1, or 1 with a process's slot)
+//! go to the node's `Gsi` handler, the connection manager, which the progress thread also runs
+//! the timers of.
 //!
 //! Progress happens in four places, so that nothing waits on the application:
 //! - the thread that posts a work request drives the fabric until it is quiet, so an exchange
