@@ -57,8 +57,20 @@ pub(crate) fn listen(base_port: u16, service_id: u64, slot: u8) -> Result<Listen
             .truncate(false)
             .mode(0o600)
             .open(&path)?;
-        let Ok(mut held) = Flock::lock(file, FlockArg::LockExclusiveNonblock) else {
-            return Err(Error::Io(std::io::Error::from_raw_os_error(98)));
+        // A lookup holds a shared lock for a moment: only a lock held on for a while is a
+        // listener.
+        let mut file = file;
+        let mut tries = 0;
+        let mut held = loop {
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(h) => break h,
+                Err((f, _)) if tries < 5 => {
+                    tries += 1;
+                    file = f;
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(_) => return Err(Error::Io(std::io::Error::from_raw_os_error(98))),
+            }
         };
         // The previous holder may have unlinked the file between our open and our lock.
         let same = std::fs::metadata(&path)
@@ -81,10 +93,14 @@ pub(crate) fn listen(base_port: u16, service_id: u64, slot: u8) -> Result<Listen
 /// The slot of the process listening on `service_id` on this host, if any.
 pub(crate) fn lookup(base_port: u16, service_id: u64) -> Option<u8> {
     let path = path(base_port, service_id)?;
-    let file = File::open(path).ok()?;
+    let file = File::open(&path).ok()?;
     match Flock::lock(file, FlockArg::LockSharedNonblock) {
-        // Nobody holds it: a leftover.
-        Ok(_) => None,
+        // Nobody holds it: left by a listener that died. Removed under the lock; a listener
+        // that opened it meanwhile finds the path gone once it holds its lock, and retries.
+        Ok(_stale) => {
+            let _ = std::fs::remove_file(&path);
+            None
+        }
         Err((mut file, _)) => {
             let mut b = [0u8; 1];
             (file.read(&mut b).ok()? == 1).then_some(b[0])
@@ -107,6 +123,12 @@ mod tests {
         assert_eq!(listen(base, sid, 8).unwrap_err().errno(), 98, "EADDRINUSE");
         drop(held);
         assert_eq!(lookup(base, sid), None);
+        // A listener that died leaves its file: unlocked, so it counts as no listener and is
+        // cleaned up.
+        let p = path(base, sid).unwrap();
+        std::fs::write(&p, [5u8]).unwrap();
+        assert_eq!(lookup(base, sid), None);
+        assert!(!p.exists(), "the leftover was removed");
         let again = listen(base, sid, 9).unwrap();
         assert_eq!(lookup(base, sid), Some(9));
         drop(again);
