@@ -14,8 +14,11 @@
 //! registry of listeners (a locked file per service ID, module `registry`). MADs from other
 //! hosts arrive at QP1 of the process holding the standard RoCE port.
 
+mod addrinfo;
 mod port;
 mod registry;
+
+pub use addrinfo::{eai, getaddrinfo, rai, AddrHints, AddrInfo, AF_INET, AF_INET6};
 
 pub(crate) use port::forward_slot;
 
