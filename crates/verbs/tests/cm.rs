@@ -666,3 +666,67 @@ fn migrate_moves_the_id_and_its_pending_events() {
     let ev = expect(&ch2, E::RouteResolved);
     assert!(ev.id().same_as(&id));
 }
+
+/// rping's pattern: the server RDMA READs the client's buffer and RDMA WRITEs into it, which
+/// the QP transitions allow only with responder resources negotiated.
+#[test]
+fn rdma_read_and_write_with_negotiated_resources() {
+    let _alone = serial();
+    let ch = EventChannel::new().unwrap();
+    let (_listen, port) = listener(&ch, PortSpace::Tcp);
+    let client = resolved(&ch, PortSpace::Tcp, port);
+    let cr = res(&client);
+    let remote = AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_READ | AccessFlags::REMOTE_WRITE;
+    let cmr = cr.pd.register(4096, remote).unwrap();
+    let cqp = qp(&client, &cr, QpType::Rc);
+    let rw = ConnParam {
+        responder_resources: 1,
+        initiator_depth: 1,
+        ..ConnParam::default()
+    };
+    client.connect(&rw).unwrap();
+    let req = expect(&ch, E::ConnectRequest);
+    let server = req.id().clone();
+    drop(req);
+    let sr = res(&server);
+    let sqp = qp(&server, &sr, QpType::Rc);
+    server.accept(&rw).unwrap();
+    expect(&ch, E::Established);
+    expect(&ch, E::Established);
+    assert!(cqp.query().qp_access_flags.contains(AccessFlags::REMOTE_READ));
+    assert_eq!(cqp.query().max_dest_rd_atomic, 1);
+    assert_eq!(sqp.query().max_rd_atomic, 1);
+
+    cmr.write(0, b"read me").unwrap();
+    let op = |wr_id, op| SendRequest {
+        wr_id,
+        op,
+        flags: SendFlags::SIGNALED,
+        payload: Payload::Sges(vec![sr.mr.sge(0..7).unwrap()]),
+        ud: None,
+        xrc_srqn: None,
+    };
+    sqp.post_send(&[op(
+        1,
+        SendOp::Read {
+            remote: cmr.remote(0),
+        },
+    )])
+    .unwrap();
+    assert_eq!(poll(&sr.cq, 1)[0].status, WcStatus::Success);
+    let mut got = [0u8; 7];
+    sr.mr.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"read me");
+    sr.mr.write(0, b"written").unwrap();
+    sqp.post_send(&[op(
+        2,
+        SendOp::Write {
+            remote: cmr.remote(100),
+            imm: None,
+        },
+    )])
+    .unwrap();
+    assert_eq!(poll(&sr.cq, 1)[0].status, WcStatus::Success);
+    cmr.read(100, &mut got).unwrap();
+    assert_eq!(&got, b"written");
+}
