@@ -300,6 +300,12 @@ impl CmId {
         self.0.core.join_multicast(group)
     }
 
+    /// `rdma_join_multicast_ex`: with `send_only`, the QP is not attached (it sends to the
+    /// group and receives nothing from it).
+    pub fn join_multicast_ex(&self, group: IpAddr, send_only: bool) -> Result<()> {
+        self.0.core.join_multicast_ex(group, send_only)
+    }
+
     /// `rdma_leave_multicast`.
     pub fn leave_multicast(&self, group: IpAddr) -> Result<()> {
         self.0.core.leave_multicast(group)

@@ -445,6 +445,14 @@ fn multicast_join_delivers_a_datagram() {
     tx.bind_addr(lo(0)).unwrap();
     let tr = res(&tx);
     let tqp = qp(&tx, &tr, QpType::Ud);
+    // A send-only member: the event comes, the QP stays out of the group.
+    tx.join_multicast_ex(group, true).unwrap();
+    drop(expect(&ch, E::MulticastJoin));
+    tqp.post_recv(&[RecvWr {
+        wr_id: 8,
+        sg_list: vec![tr.mr.sge(1024..1152).unwrap()],
+    }])
+    .unwrap();
     let ah = tr.pd.create_ah(&ud.ah_attr).unwrap();
     tr.mr.write(0, b"to the group").unwrap();
     tqp.post_send(&[send(
@@ -460,6 +468,16 @@ fn multicast_join_delivers_a_datagram() {
     let mut got = [0u8; 12];
     rr.mr.read(40, &mut got).unwrap();
     assert_eq!(&got, b"to the group");
+    let recvs = poll(&tr.cq, 1);
+    assert_eq!(
+        recvs[0].opcode,
+        WcOpcode::Send,
+        "the sender's own completion only"
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    let mut wc = [WorkCompletion::default(); 4];
+    assert_eq!(tr.cq.poll(&mut wc), 0, "nothing reached the send-only member");
+    tx.leave_multicast(group).unwrap();
     rx.leave_multicast(group).unwrap();
 }
 

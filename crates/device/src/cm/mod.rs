@@ -200,7 +200,13 @@ impl EventChannel {
         ev.owner().acks.delivered();
         if ev.event == CmEventType::MulticastJoin {
             if let EventParam::Ud(ud) = &ev.param {
-                let qp = ev.id.state.lock().qp.clone();
+                let st = ev.id.state.lock();
+                // Send-only members are not attached (`rdma_join_multicast_ex` join flag 1).
+                let qp = st
+                    .qp
+                    .clone()
+                    .filter(|_| !st.send_only.contains(&ud.ah_attr.grh.dgid));
+                drop(st);
                 if let Some(qp) = qp {
                     let _ = qp.attach_mcast(&ud.ah_attr.grh.dgid, 0);
                 }
@@ -257,6 +263,8 @@ struct IdState {
     tos: u8,
     ack_timeout: Option<u8>,
     mcast: Vec<Gid>,
+    /// Of those, the groups joined send-only.
+    send_only: Vec<Gid>,
     link: Link,
     /// The ports a listener listens on (every device's for the wildcard address).
     ports: Vec<Arc<CmPort>>,
@@ -376,6 +384,7 @@ impl CmId {
                 tos: 0,
                 ack_timeout: None,
                 mcast: Vec::new(),
+                send_only: Vec::new(),
                 ports: Vec::new(),
                 link: Link::default(),
             }),
@@ -1121,6 +1130,12 @@ impl CmId {
     /// reports the group's address vector (MGID = the group's IP, QPN 0xFFFFFF, Q_Key
     /// 0x01234567); the id's QP is attached when the event is read.
     pub fn join_multicast(&self, group: IpAddr) -> Result<()> {
+        self.join_multicast_ex(group, false)
+    }
+
+    /// `rdma_join_multicast_ex`: as [`CmId::join_multicast`]; a send-only member (join flag
+    /// `RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER`) gets the event but its QP is not attached.
+    pub fn join_multicast_ex(&self, group: IpAddr, send_only: bool) -> Result<()> {
         if self.qp_type != QpType::Ud {
             return Err(Error::invalid("only UD ids join groups"));
         }
@@ -1137,6 +1152,9 @@ impl CmId {
                 return Err(os_err(98));
             }
             st.mcast.push(mgid);
+            if send_only {
+                st.send_only.push(mgid);
+            }
             let mut ah = av(&st, mgid);
             ah.grh.hop_limit = 1;
             UdParam {
@@ -1160,7 +1178,9 @@ impl CmId {
             .position(|g| *g == mgid)
             .ok_or_else(|| Error::invalid("not a member"))?;
         st.mcast.remove(at);
-        if let Some(qp) = &st.qp {
+        let was_send_only = st.send_only.contains(&mgid);
+        st.send_only.retain(|g| *g != mgid);
+        if let Some(qp) = st.qp.as_ref().filter(|_| !was_send_only) {
             let _ = qp.detach_mcast(&mgid, 0);
         }
         Ok(())
