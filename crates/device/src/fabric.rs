@@ -13,7 +13,9 @@
 //! goes out through the UDP driver (`Udp`), which starts with the first QP number the process
 //! allocates (its slot numbers the QPs). A multicast packet goes to every member node here and
 //! out over UDP. A batch the UDP driver received is handed to the nodes whose GIDs its packets
-//! were sent to, into the same inbound queues.
+//! were sent to, into the same inbound queues. Packets for QP1 (QPN 1, or 1 with a process's slot)
+//! go to the node's `Gsi` handler, the connection manager, which the progress thread also runs
+//! the timers of.
 //!
 //! Progress happens in four places, so that nothing waits on the application:
 //! - the thread that posts a work request drives the fabric until it is quiet, so an exchange
@@ -219,6 +221,25 @@ struct Processing<E> {
     targets: Vec<Arc<E>>,
 }
 
+/// The management QP (QP1) of a node: receives the MADs addressed to it and runs its timers
+/// (the connection manager, `crate::cm`). The fabric only routes to it.
+pub(crate) trait Gsi: Send + Sync + 'static {
+    /// Handles a UD packet addressed to QP1 (its source GID in `meta`); returns what to send.
+    fn receive(&self, now: Instant, pkt: &ParsedPacket<'_>, meta: &RxMeta) -> Vec<Transmit>;
+    /// The next timer deadline.
+    fn next_deadline(&self) -> Option<Instant>;
+    /// Runs expired timers; returns what to send.
+    fn on_timeout(&self, now: Instant) -> Vec<Transmit>;
+    /// The concrete handler, for its owner to find again.
+    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync>;
+}
+
+/// Whether `qpn` names QP1 of some process: 1 from standard peers, or 1 with a softverbs
+/// process's slot in bits 16..24 (no ordinary QP has index 1).
+pub(crate) fn is_gsi_qpn(qpn: u32) -> bool {
+    qpn & 0xFFFF == 1 && qpn != MULTICAST_QPN
+}
+
 /// One device's endpoint on the fabric.
 pub(crate) struct Node<E: Endpoint> {
     fabric: Arc<Fabric<E>>,
@@ -238,6 +259,8 @@ pub(crate) struct Node<E: Endpoint> {
     processing: Mutex<Processing<E>>,
     driving: AtomicBool,
     pub(crate) counters: NodeCounters,
+    /// QP1, once the connection manager was started on this node.
+    gsi: OnceLock<Arc<dyn Gsi>>,
 }
 
 impl<E: Endpoint> std::fmt::Debug for Node<E> {
@@ -271,6 +294,21 @@ impl<E: Endpoint> Node<E> {
 
     fn has_gid(&self, gid: &Gid) -> bool {
         self.gids.contains(gid)
+    }
+
+    /// The node's GIDs (its GID table without the unused entries).
+    pub(crate) fn gids(&self) -> &[Gid] {
+        &self.gids
+    }
+
+    /// QP1's handler, installed by `init` on first use.
+    pub(crate) fn gsi(&self, init: impl FnOnce() -> Arc<dyn Gsi>) -> &Arc<dyn Gsi> {
+        self.gsi.get_or_init(init)
+    }
+
+    /// Whether this node takes packets for `qpn` as QP1 (see [`is_gsi_qpn`]).
+    fn takes_gsi(&self, qpn: u32, own_slot: Option<u8>) -> bool {
+        is_gsi_qpn(qpn) && self.gsi.get().is_some() && own_slot.is_some_and(|s| u32::from(s) == qpn >> 16)
     }
 
     fn has_qp(&self, qpn: u32) -> bool {
@@ -395,6 +433,13 @@ impl<E: Endpoint> Node<E> {
             parsed.repr.bth.pad_count = pad_count_for(parsed.repr.payload_len);
         }
         let qpn = parsed.repr.bth.dest_qpn;
+        if is_gsi_qpn(qpn) {
+            match self.gsi.get() {
+                Some(gsi) => out.extend(gsi.receive(now, &parsed, meta)),
+                None => bump(&self.counters.rx_unknown_qp),
+            }
+            return;
+        }
         targets.clear();
         if qpn == MULTICAST_QPN {
             let members: Vec<u32> = self
@@ -435,8 +480,14 @@ impl<E: Endpoint> Node<E> {
     }
 
     /// Runs due transport timers of this node's QPs; returns the earliest pending deadline.
-    fn run_timers(&self, now: Instant) -> Option<Instant> {
+    fn run_timers(self: &Arc<Self>, now: Instant) -> Option<Instant> {
         let mut next: Option<Instant> = None;
+        if let Some(gsi) = self.gsi.get() {
+            if gsi.next_deadline().is_some_and(|d| d <= now) {
+                self.fabric.send_all(self, gsi.on_timeout(now));
+            }
+            next = gsi.next_deadline();
+        }
         for qp in self.qps() {
             if qp.next_deadline().is_some_and(|d| d <= now) {
                 qp.on_timeout(now);
@@ -1013,6 +1064,7 @@ impl<E: Endpoint> Fabric<E> {
             }),
             driving: AtomicBool::new(false),
             counters: NodeCounters::default(),
+            gsi: OnceLock::new(),
         });
         let mut nodes = self.nodes.write();
         *nodes = nodes.iter().cloned().chain([node.clone()]).collect();
@@ -1301,6 +1353,7 @@ impl<E: Endpoint> Fabric<E> {
             return remote;
         }
         let nodes = self.live_nodes();
+        let own_slot = self.udp.get().map(|u| u.slot());
         let mut add_remote = |route: Route, data: Vec<u8>, ext: Option<ExternalRanges>| match remote
             .last_mut()
         {
@@ -1339,7 +1392,10 @@ impl<E: Endpoint> Fabric<E> {
                     n.inbound.send(&route, &mut [tx.data.clone()]);
                 }
                 add_remote(route, tx.data, tx.external);
-            } else if let Some(n) = nodes.iter().find(|n| n.has_gid(&tx.dest.dgid) && n.has_qp(qpn)) {
+            } else if let Some(n) = nodes
+                .iter()
+                .find(|n| n.has_gid(&tx.dest.dgid) && (n.has_qp(qpn) || n.takes_gsi(qpn, own_slot)))
+            {
                 if let Some(ext) = &tx.external {
                     // This process's carrier moves bytes.
                     let Some(full) = remote::materialize(&tx.data, ext) else {
@@ -1843,6 +1899,97 @@ mod tests {
             ..route(0x03_0011, g)
         };
         assert!(!same_link(&route(0x02_0011, g), &other_port));
+    }
+
+    /// A QP1 handler that records the MADs it gets and has one timer.
+    #[derive(Default)]
+    struct GsiProbe {
+        got: Mutex<Vec<(Vec<u8>, Gid)>>,
+        deadline: Mutex<Option<Instant>>,
+        fired: Mutex<u32>,
+    }
+
+    impl Gsi for GsiProbe {
+        fn receive(&self, _now: Instant, pkt: &ParsedPacket<'_>, meta: &RxMeta) -> Vec<Transmit> {
+            self.got.lock().push((pkt.payload.to_vec(), meta.sgid));
+            Vec::new()
+        }
+
+        fn next_deadline(&self) -> Option<Instant> {
+            *self.deadline.lock()
+        }
+
+        fn on_timeout(&self, _now: Instant) -> Vec<Transmit> {
+            *self.fired.lock() += 1;
+            self.deadline.lock().take();
+            Vec::new()
+        }
+
+        fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+            self
+        }
+    }
+
+    #[test]
+    fn qp1_packets_reach_the_gsi_handler_and_its_timer_runs() {
+        let gid = |s: &str| Gid::from_ip(s.parse().unwrap());
+        let (ga, gb) = (gid("10.0.1.1"), gid("10.0.1.2"));
+        let fabric = Fabric::<Probe>::new();
+        let _a = fabric.add_node(&[ga], 1);
+        let b = fabric.add_node(&[gb], 1);
+        // Without a handler, QP1 is an unknown QP.
+        b.inject(
+            &send_only(1, *b"none"),
+            RxMeta {
+                sgid: ga,
+                dgid: gb,
+                traffic_class: 0,
+                hop_limit: 64,
+            },
+            None,
+        );
+        fabric.drive(fabric.now());
+        assert_eq!(b.counters.snapshot().rx_unknown_qp, 1);
+
+        let probe = Arc::new(GsiProbe::default());
+        let p = probe.clone();
+        b.gsi(move || p);
+        b.inject(
+            &send_only(1, *b"mad!"),
+            RxMeta {
+                sgid: ga,
+                dgid: gb,
+                traffic_class: 0,
+                hop_limit: 64,
+            },
+            None,
+        );
+        // QP1 of a softverbs process (its slot in bits 16..24) is QP1 too.
+        b.inject(
+            &send_only(0x03_0001, *b"mad2"),
+            RxMeta {
+                sgid: ga,
+                dgid: gb,
+                traffic_class: 0,
+                hop_limit: 64,
+            },
+            None,
+        );
+        fabric.drive(fabric.now());
+        assert_eq!(
+            *probe.got.lock(),
+            [(b"mad!".to_vec(), ga), (b"mad2".to_vec(), ga)]
+        );
+        assert!(is_gsi_qpn(1) && is_gsi_qpn(0x05_0001) && !is_gsi_qpn(0x11) && !is_gsi_qpn(MULTICAST_QPN));
+
+        // The progress thread runs the handler's timer.
+        *probe.deadline.lock() = Some(fabric.now() + Duration::from_millis(20));
+        fabric.schedule(fabric.now() + Duration::from_millis(20));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while *probe.fired.lock() == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(*probe.fired.lock(), 1, "the timer fired once");
     }
 
     #[test]

@@ -620,7 +620,11 @@ impl Udp {
         }
         if is_forwarder {
             let qpn = softverbs_wire::bth::peek_dest_qpn(bytes).unwrap_or(0);
-            let slot = slot_of(qpn);
+            let mut slot = slot_of(qpn);
+            if qpn == 1 {
+                // QP1 of this host: the connection manager tells which process the MAD is for.
+                slot = crate::cm::forward_slot(self.base, bytes).unwrap_or(0);
+            }
             if slot != 0 && slot != self.slot && qpn != crate::fabric::MULTICAST_QPN {
                 self.forward(src, dst_ip, slot, bytes);
                 return None;

@@ -20,6 +20,7 @@
 //! # Ok::<(), softverbs::Error>(())
 //! ```
 
+pub mod cm;
 mod context;
 mod counters;
 mod cq;

@@ -97,6 +97,10 @@ pub struct CmConfig {
     /// Service timeout an MRA announces when a duplicate REQ or REP arrives before the
     /// application answered (Linux: 24, about 68.7 s).
     pub mra_service_timeout: u8,
+    /// When non-zero, the top byte of every communication ID and SIDR request ID this engine
+    /// chooses. Several processes of one host share a GID; the tag (a process's slot) lets a
+    /// reply be routed to the process whose engine sent the request.
+    pub id_tag: u8,
 }
 
 impl Default for CmConfig {
@@ -108,6 +112,7 @@ impl Default for CmConfig {
             max_cm_retries: 15,
             packet_life_time: 16,
             mra_service_timeout: 24,
+            id_tag: 0,
         }
     }
 }
@@ -764,7 +769,8 @@ impl CmEngine {
     ) -> Result<SidrId, CmError> {
         let private_data = copy_private::<{ private_data_len::SIDR_REQ }>(private_data)?;
         let request_id = loop {
-            let candidate = self.rng.next_u32();
+            let raw = self.rng.next_u32();
+            let candidate = self.tagged(raw);
             if !self.sidr_out.contains_key(&candidate) {
                 break candidate;
             }
@@ -918,11 +924,20 @@ impl CmEngine {
 
     fn new_comm_id(&mut self) -> u32 {
         loop {
-            let id = self.rng.next_u32();
+            let raw = self.rng.next_u32();
+            let id = self.tagged(raw);
             // 0 marks "unknown" in REJs to messages of no connection.
             if id != 0 && !self.conns.contains_key(&id) {
                 return id;
             }
+        }
+    }
+
+    /// `raw` with the configured tag in its top byte (unchanged without a tag).
+    fn tagged(&self, raw: u32) -> u32 {
+        match self.config.id_tag {
+            0 => raw,
+            tag => (u32::from(tag) << 24) | (raw & 0x00FF_FFFF),
         }
     }
 

@@ -294,3 +294,29 @@ fn requester_giving_up_is_found_by_ca_guid_and_dreq_must_name_our_qp() {
     assert_eq!(b.poll_event(), None);
     assert!(b.poll_transmit().is_none());
 }
+
+#[test]
+fn id_tag_fills_the_top_byte_of_chosen_ids() {
+    let mut cm = CmEngine::new(
+        CmConfig {
+            local_gid: gid(1),
+            id_tag: 0x2A,
+            ..CmConfig::default()
+        },
+        7,
+    );
+    let now = Instant(0);
+    for _ in 0..32 {
+        let id = cm.connect(now, gid(2), &ConnectParams::default(), &[]).unwrap();
+        assert_eq!(id.0 >> 24, 0x2A);
+        let sidr = cm
+            .sidr_request(now, gid(2), service_id(PortSpace::Udp, 1), 0xFFFF, &[])
+            .unwrap();
+        assert_eq!(sidr.request_id >> 24, 0x2A);
+    }
+    // The REQ carries the tagged ID, so the peer's replies name this process.
+    let reqs = sent(&mut cm);
+    assert!(reqs
+        .iter()
+        .any(|(_, m)| matches!(m, CmMessage::Req(r) if r.local_comm_id >> 24 == 0x2A)));
+}

@@ -1,0 +1,265 @@
+//! QP1 of one device port: the CM engine on the fabric, and the dispatch of its events to ids.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+use softverbs_engine::cm::{CmConfig, CmEngine, CommId};
+use softverbs_engine::time::Instant;
+use softverbs_engine::transport::{Dest, RxMeta, Transmit};
+use softverbs_engine::types::Gid;
+use softverbs_wire::cm::CmMessage;
+use softverbs_wire::{BthPacket, BthRepr, DethPacket, DethRepr, Opcode, ParsedPacket, Psn};
+
+use crate::device::{Device, Node};
+use crate::fabric::{is_gsi_qpn, Gsi};
+
+use super::{registry, CmId};
+
+/// The Q_Key of QP1.
+pub(crate) const GSI_QKEY: u32 = 0x8001_0000;
+
+/// The CM of one device port: its engine and the ids it serves.
+pub(crate) struct CmPort {
+    node: Weak<Node>,
+    /// The device (its node holds this port: devices of the registry live as long as the process).
+    pub(crate) device: Device,
+    /// This process's UDP slot (tags IDs, names QP1 for peers of this host).
+    pub(crate) slot: u8,
+    pub(crate) base_port: u16,
+    pub(crate) inner: Mutex<PortInner>,
+}
+
+impl std::fmt::Debug for CmPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CmPort")
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
+    }
+}
+
+/// State under the port's lock.
+pub(crate) struct PortInner {
+    pub(crate) engine: CmEngine,
+    /// Connections by local communication ID.
+    pub(crate) conns: HashMap<CommId, Weak<CmId>>,
+    /// Listeners by service ID.
+    pub(crate) listeners: HashMap<u64, Weak<CmId>>,
+    /// SIDR requests this side sent, by request ID.
+    pub(crate) sidr_out: HashMap<u32, Weak<CmId>>,
+}
+
+impl CmPort {
+    /// The port of `device`, started on first use.
+    pub(crate) fn of(device: &Device) -> softverbs_engine::Result<Arc<Self>> {
+        let node = device.node();
+        // QP numbers carry the process's slot: allocating one starts the UDP driver.
+        let probe = device.alloc_qpn()?;
+        device.free_qpn(probe);
+        let slot = (probe >> 16) as u8;
+        let base_port = device.config().udp_port;
+        let guid = device.guid();
+        let local_gid = node.gids().first().copied().unwrap_or(Gid::ZERO);
+        let weak = Arc::downgrade(node);
+        let gsi = node.gsi(|| {
+            let mut seed = [0u8; 8];
+            let _ = getrandom::getrandom(&mut seed);
+            let mut config = CmConfig {
+                local_gid,
+                ca_guid: guid,
+                id_tag: slot,
+                ..CmConfig::default()
+            };
+            // Shorter waits for tests and small clusters; the defaults are rdma_cm's.
+            let env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u8>().ok());
+            if let Some(t) = env("SOFTVERBS_CM_RESPONSE_TIMEOUT") {
+                config.cm_response_timeout = t.min(31);
+            }
+            if let Some(r) = env("SOFTVERBS_CM_RETRIES") {
+                config.max_cm_retries = r.min(15);
+            }
+            if let Some(p) = env("SOFTVERBS_CM_PACKET_LIFETIME") {
+                config.packet_life_time = p.min(31);
+            }
+            let engine = CmEngine::new(config, u64::from_ne_bytes(seed));
+            Arc::new(Self {
+                node: weak,
+                device: device.clone(),
+                slot,
+                base_port,
+                inner: Mutex::new(PortInner {
+                    engine,
+                    conns: HashMap::new(),
+                    listeners: HashMap::new(),
+                    sidr_out: HashMap::new(),
+                }),
+            })
+        });
+        gsi.clone()
+            .as_any()
+            .downcast::<Self>()
+            .map_err(|_| softverbs_engine::Error::invalid("QP1 of this device is not a CM"))
+    }
+
+    pub(crate) fn node(&self) -> Option<Arc<Node>> {
+        self.node.upgrade()
+    }
+
+    pub(crate) fn now(&self) -> Instant {
+        self.node().map_or(Instant(0), |n| n.fabric().now())
+    }
+
+    /// Runs `f` on the locked state, dispatches the events it caused, sends the MADs and
+    /// tells the progress thread about the next deadline.
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&mut PortInner, Instant) -> R) -> R {
+        let now = self.now();
+        let mut inner = self.inner.lock();
+        let r = f(&mut inner, now);
+        let txs = self.settle(&mut inner, now);
+        let next = inner.engine.poll_timeout();
+        drop(inner);
+        if let Some(node) = self.node() {
+            let fabric = node.fabric();
+            fabric.send_all(&node, txs);
+            if let Some(at) = next {
+                fabric.schedule(at);
+            }
+            // Peers in this process answer at once, as for posted work requests.
+            fabric.drive(fabric.now());
+        }
+        r
+    }
+
+    /// Dispatches every pending engine event and turns the engine's MADs into packets.
+    fn settle(&self, inner: &mut PortInner, now: Instant) -> Vec<Transmit> {
+        while let Some(ev) = inner.engine.poll_event() {
+            super::dispatch(self, inner, now, ev);
+        }
+        let mut out = Vec::new();
+        let node = self.node();
+        while let Some(t) = inner.engine.poll_transmit() {
+            if let Some(node) = &node {
+                out.push(self.packet(node, t.dest, &t.mad));
+            }
+        }
+        out
+    }
+
+    /// QP1 of the process that is to get `mad` at `dest`: a peer process of this host by its
+    /// slot (found from the IDs the message carries), else QP1 of a standard peer.
+    fn dest_qpn(&self, node: &Node, dest: &Gid, mad: &[u8]) -> u32 {
+        // Address resolution picks the device that owns the source address, so a peer on this
+        // host is reached through the node that has its address.
+        if !node.gids().contains(dest) {
+            return 1;
+        }
+        let slot = mad_slot(self.base_port, mad);
+        // Nobody listens (or an unknown ID): this process's own CM answers as the host would.
+        let slot = slot.unwrap_or(self.slot);
+        (u32::from(slot) << 16) | 1
+    }
+
+    /// A UD SEND ONLY from QP1 carrying `mad`.
+    fn packet(&self, node: &Node, dest: Gid, mad: &[u8]) -> Transmit {
+        let dest_qpn = self.dest_qpn(node, &dest, mad);
+        let bth = BthRepr::new(Opcode::UdSendOnly, dest_qpn, Psn::new(0));
+        let deth = DethRepr {
+            qkey: GSI_QKEY,
+            src_qpn: 1,
+        };
+        let (b, d) = (softverbs_wire::bth::HEADER_LEN, softverbs_wire::deth::HEADER_LEN);
+        // MADs are 256 bytes: no pad; the driver fills the ICRC.
+        let mut data = vec![0u8; b + d + mad.len() + 4];
+        bth.emit(&mut BthPacket::new_unchecked(&mut data[..b]));
+        deth.emit(&mut DethPacket::new_unchecked(&mut data[b..b + d]));
+        data[b + d..b + d + mad.len()].copy_from_slice(mad);
+        Transmit {
+            dest: Dest {
+                dgid: dest,
+                sgid_index: source_index(node.gids(), &dest),
+                traffic_class: 0,
+                hop_limit: 64,
+                flow_label: 0,
+            },
+            data,
+            external: None,
+        }
+    }
+}
+
+/// The process (slot) of this host a MAD belongs to: the listener's for a request, the one
+/// whose ID a reply names; `None` when that cannot be told (then whoever got it handles it).
+pub(crate) fn mad_slot(base_port: u16, mad: &[u8]) -> Option<u8> {
+    let slot = match CmMessage::parse(mad).ok()?.1 {
+        CmMessage::Req(r) => registry::lookup(base_port, r.service_id)?,
+        CmMessage::SidrReq(r) => registry::lookup(base_port, r.service_id)?,
+        CmMessage::SidrRep(r) => (r.request_id >> 24) as u8,
+        CmMessage::Rep(r) => (r.remote_comm_id >> 24) as u8,
+        CmMessage::Rtu(r) => (r.remote_comm_id >> 24) as u8,
+        CmMessage::Rej(r) => (r.remote_comm_id >> 24) as u8,
+        CmMessage::Mra(r) => (r.remote_comm_id >> 24) as u8,
+        CmMessage::Dreq(r) => (r.remote_comm_id >> 24) as u8,
+        CmMessage::Drep(r) => (r.remote_comm_id >> 24) as u8,
+    };
+    (slot != 0).then_some(slot)
+}
+
+/// For the holder of the standard port: the slot of the process a datagram to QP1 (BTH, DETH,
+/// MAD, ICRC) from another host belongs to, so it is forwarded there like any packet of that
+/// slot. Only UD SEND ONLY packets to QPN 1 with QP1's Q_Key are looked at.
+pub(crate) fn forward_slot(base_port: u16, datagram: &[u8]) -> Option<u8> {
+    let pkt = softverbs_wire::RocePacket::new_checked(datagram).ok()?;
+    let repr = softverbs_wire::PacketRepr::parse(&pkt).ok()?;
+    let ok = repr.bth.opcode == Opcode::UdSendOnly
+        && repr.bth.dest_qpn == 1
+        && repr.deth.is_some_and(|d| d.qkey == GSI_QKEY);
+    if !ok {
+        return None;
+    }
+    mad_slot(base_port, pkt.payload())
+}
+
+/// The GID to send to `dest` from: `dest` itself if it is ours, else the first of its family.
+pub(crate) fn source_index(gids: &[Gid], dest: &Gid) -> u8 {
+    let v4 = |g: &Gid| g.to_ip().is_ipv4();
+    gids.iter()
+        .position(|g| g == dest)
+        .or_else(|| {
+            gids.iter()
+                .position(|g| v4(g) == v4(dest) && !g.to_ip().is_loopback())
+        })
+        .or_else(|| gids.iter().position(|g| v4(g) == v4(dest)))
+        .unwrap_or(0) as u8
+}
+
+impl Gsi for CmPort {
+    fn receive(&self, now: Instant, pkt: &ParsedPacket<'_>, meta: &RxMeta) -> Vec<Transmit> {
+        let ok = pkt.repr.bth.opcode == Opcode::UdSendOnly
+            && is_gsi_qpn(pkt.repr.bth.dest_qpn)
+            && pkt.repr.deth.is_some_and(|d| d.qkey == GSI_QKEY);
+        if !ok {
+            return Vec::new();
+        }
+        let mut inner = self.inner.lock();
+        inner.engine.handle_mad(now, meta.sgid, pkt.payload);
+        let txs = self.settle(&mut inner, now);
+        if let (Some(at), Some(node)) = (inner.engine.poll_timeout(), self.node()) {
+            node.fabric().schedule(at);
+        }
+        txs
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.inner.lock().engine.poll_timeout()
+    }
+
+    fn on_timeout(&self, now: Instant) -> Vec<Transmit> {
+        let mut inner = self.inner.lock();
+        inner.engine.handle_timeout(now);
+        self.settle(&mut inner, now)
+    }
+
+    fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
+        self
+    }
+}
