@@ -42,31 +42,6 @@ fn gid_index() -> String {
         .clone()
 }
 
-/// A TCP port nobody listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Whether something listens on TCP `port` (read from /proc, so the server's one accept is not
-/// consumed by a probe).
-fn listening(port: u16) -> bool {
-    let needle = format!(":{port:04X} ");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f)
-            .unwrap_or_default()
-            .lines()
-            .skip(1)
-            .any(|l| {
-                let cols: Vec<&str> = l.split_whitespace().collect();
-                cols.len() > 3 && format!("{} ", cols[1]).ends_with(&needle) && cols[3] == "0A"
-            })
-    })
-}
-
 fn spawn(program: &str, args: &[String]) -> Child {
     require(program);
     // Line-buffered stdout (stdbuf execs the program, so the pid stays the program's): a
