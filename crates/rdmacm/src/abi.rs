@@ -1,0 +1,173 @@
+//! `repr(C)` mirrors of the `<rdma/rdma_cma.h>` structures. Verbs objects (`ibv_context`,
+//! `ibv_qp`, ...) are opaque pointers here: they belong to `libibverbs.so.1`.
+#![allow(non_camel_case_types, missing_docs)] // the C names; each field is documented in rdma_cma.h
+
+use std::ffi::{c_char, c_int, c_void};
+
+use libc::{sockaddr, sockaddr_storage, socklen_t};
+
+/// `union ibv_gid`, as raw bytes with the alignment of its `__be64` view.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+pub struct ibv_gid {
+    pub raw: [u8; 16],
+}
+
+/// `struct ibv_global_route`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_global_route {
+    pub dgid: ibv_gid,
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+}
+
+/// `struct ibv_ah_attr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_ah_attr {
+    pub grh: ibv_global_route,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub is_global: u8,
+    pub port_num: u8,
+}
+
+/// `struct ibv_ece`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ibv_ece {
+    pub vendor_id: u32,
+    pub options: u32,
+    pub comp_mask: u32,
+}
+
+/// `struct rdma_ib_addr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_ib_addr {
+    pub sgid: ibv_gid,
+    pub dgid: ibv_gid,
+    pub pkey: u16,
+}
+
+/// `struct rdma_addr`: the source and destination addresses (each a `sockaddr_storage`
+/// union in C) and the GIDs.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_addr {
+    pub src_addr: sockaddr_storage,
+    pub dst_addr: sockaddr_storage,
+    pub addr: rdma_ib_addr,
+}
+
+/// `struct rdma_route`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_route {
+    pub addr: rdma_addr,
+    pub path_rec: *mut c_void,
+    pub num_paths: c_int,
+}
+
+/// `struct rdma_event_channel`.
+#[repr(C)]
+pub struct rdma_event_channel {
+    pub fd: c_int,
+}
+
+/// `struct rdma_cm_id` (416 bytes).
+#[repr(C)]
+pub struct rdma_cm_id {
+    pub verbs: *mut c_void,
+    pub channel: *mut rdma_event_channel,
+    pub context: *mut c_void,
+    pub qp: *mut c_void,
+    pub route: rdma_route,
+    pub ps: c_int,
+    pub port_num: u8,
+    pub event: *mut rdma_cm_event,
+    pub send_cq_channel: *mut c_void,
+    pub send_cq: *mut c_void,
+    pub recv_cq_channel: *mut c_void,
+    pub recv_cq: *mut c_void,
+    pub srq: *mut c_void,
+    pub pd: *mut c_void,
+    pub qp_type: c_int,
+}
+
+/// `struct rdma_conn_param`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_conn_param {
+    pub private_data: *const c_void,
+    pub private_data_len: u8,
+    pub responder_resources: u8,
+    pub initiator_depth: u8,
+    pub flow_control: u8,
+    pub retry_count: u8,
+    pub rnr_retry_count: u8,
+    pub srq: u8,
+    pub qp_num: u32,
+}
+
+/// `struct rdma_ud_param`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct rdma_ud_param {
+    pub private_data: *const c_void,
+    pub private_data_len: u8,
+    pub ah_attr: ibv_ah_attr,
+    pub qp_num: u32,
+    pub qkey: u32,
+}
+
+/// The `param` union of `struct rdma_cm_event`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union rdma_cm_event_param {
+    pub conn: rdma_conn_param,
+    pub ud: rdma_ud_param,
+}
+
+/// `struct rdma_cm_event`.
+#[repr(C)]
+pub struct rdma_cm_event {
+    pub id: *mut rdma_cm_id,
+    pub listen_id: *mut rdma_cm_id,
+    pub event: c_int,
+    pub status: c_int,
+    pub param: rdma_cm_event_param,
+}
+
+/// `struct rdma_addrinfo`.
+#[repr(C)]
+pub struct rdma_addrinfo {
+    pub ai_flags: c_int,
+    pub ai_family: c_int,
+    pub ai_qp_type: c_int,
+    pub ai_port_space: c_int,
+    pub ai_src_len: socklen_t,
+    pub ai_dst_len: socklen_t,
+    pub ai_src_addr: *mut sockaddr,
+    pub ai_dst_addr: *mut sockaddr,
+    pub ai_src_canonname: *mut c_char,
+    pub ai_dst_canonname: *mut c_char,
+    pub ai_route_len: usize,
+    pub ai_route: *mut c_void,
+    pub ai_connect_len: usize,
+    pub ai_connect: *mut c_void,
+    pub ai_next: *mut rdma_addrinfo,
+}
+
+/// `struct rdma_cm_join_mc_attr_ex`.
+#[repr(C)]
+pub struct rdma_cm_join_mc_attr_ex {
+    pub comp_mask: u32,
+    pub join_flags: u32,
+    pub addr: *mut sockaddr,
+}
