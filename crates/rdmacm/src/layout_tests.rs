@@ -21,12 +21,46 @@ macro_rules! layout {
 
 fn checks() -> Vec<(String, usize)> {
     let mut v = Vec::new();
-    layout!(v, ibv_global_route { dgid, flow_label, sgid_index, hop_limit, traffic_class });
-    layout!(v, ibv_ah_attr { grh, dlid, sl, src_path_bits, static_rate, is_global, port_num });
-    layout!(v, ibv_ece { vendor_id, options, comp_mask });
+    layout!(
+        v,
+        ibv_global_route {
+            dgid,
+            flow_label,
+            sgid_index,
+            hop_limit,
+            traffic_class
+        }
+    );
+    layout!(
+        v,
+        ibv_ah_attr {
+            grh,
+            dlid,
+            sl,
+            src_path_bits,
+            static_rate,
+            is_global,
+            port_num
+        }
+    );
+    layout!(
+        v,
+        ibv_ece {
+            vendor_id,
+            options,
+            comp_mask
+        }
+    );
     layout!(v, rdma_ib_addr { sgid, dgid, pkey });
     layout!(v, rdma_addr { src_addr = "src_storage", dst_addr = "dst_storage", addr });
-    layout!(v, rdma_route { addr, path_rec, num_paths });
+    layout!(
+        v,
+        rdma_route {
+            addr,
+            path_rec,
+            num_paths
+        }
+    );
     layout!(v, rdma_event_channel { fd });
     layout!(
         v,
@@ -62,8 +96,26 @@ fn checks() -> Vec<(String, usize)> {
             qp_num
         }
     );
-    layout!(v, rdma_ud_param { private_data, private_data_len, ah_attr, qp_num, qkey });
-    layout!(v, rdma_cm_event { id, listen_id, event, status, param });
+    layout!(
+        v,
+        rdma_ud_param {
+            private_data,
+            private_data_len,
+            ah_attr,
+            qp_num,
+            qkey
+        }
+    );
+    layout!(
+        v,
+        rdma_cm_event {
+            id,
+            listen_id,
+            event,
+            status,
+            param
+        }
+    );
     layout!(
         v,
         rdma_addrinfo {
@@ -84,7 +136,14 @@ fn checks() -> Vec<(String, usize)> {
             ai_next
         }
     );
-    layout!(v, rdma_cm_join_mc_attr_ex { comp_mask, join_flags, addr });
+    layout!(
+        v,
+        rdma_cm_join_mc_attr_ex {
+            comp_mask,
+            join_flags,
+            addr
+        }
+    );
     v
 }
 
@@ -99,7 +158,9 @@ fn mirrors_match_rdma_cma_h() {
     let checks = checks();
     let dir = std::env::temp_dir().join(format!("rdmacm-layout-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut c = String::from("#include <stdio.h>\n#include <stddef.h>\n#include <rdma/rdma_cma.h>\nint main(void) {\n");
+    let mut c = String::from(
+        "#include <stdio.h>\n#include <stddef.h>\n#include <rdma/rdma_cma.h>\nint main(void) {\n",
+    );
     for (expr, _) in &checks {
         c.push_str(&format!("    printf(\"%zu\\n\", (size_t){expr});\n"));
     }
@@ -134,7 +195,11 @@ fn mirrors_match_rdma_cma_h() {
 fn event_names_and_ports() {
     use crate::entry::{rdma_event_str, rdma_get_dst_port, rdma_get_src_port};
     // SAFETY: the returned pointers are static NUL-terminated strings.
-    let name = |e| unsafe { std::ffi::CStr::from_ptr(rdma_event_str(e)) }.to_str().unwrap();
+    let name = |e| {
+        unsafe { std::ffi::CStr::from_ptr(rdma_event_str(e)) }
+            .to_str()
+            .unwrap()
+    };
     assert_eq!(name(0), "RDMA_CM_EVENT_ADDR_RESOLVED");
     assert_eq!(name(9), "RDMA_CM_EVENT_ESTABLISHED");
     assert_eq!(name(15), "RDMA_CM_EVENT_TIMEWAIT_EXIT");
@@ -150,12 +215,22 @@ fn event_names_and_ports() {
         sin_zero: [0; 8],
     };
     // SAFETY: a sockaddr_in fits in the sockaddr_storage it is written to.
-    unsafe { std::ptr::write(&mut id.route.addr.src_addr as *mut _ as *mut libc::sockaddr_in, sin) };
+    unsafe {
+        std::ptr::write(
+            &mut id.route.addr.src_addr as *mut _ as *mut libc::sockaddr_in,
+            sin,
+        )
+    };
     let mut sin6: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
     sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
     sin6.sin6_port = 20079u16.to_be();
     // SAFETY: likewise for sockaddr_in6.
-    unsafe { std::ptr::write(&mut id.route.addr.dst_addr as *mut _ as *mut libc::sockaddr_in6, sin6) };
+    unsafe {
+        std::ptr::write(
+            &mut id.route.addr.dst_addr as *mut _ as *mut libc::sockaddr_in6,
+            sin6,
+        )
+    };
     // SAFETY: `id` is a valid rdma_cm_id.
     unsafe {
         assert_eq!(u16::from_be(rdma_get_src_port(&mut id)), 7174);

@@ -15,7 +15,11 @@ const SYSTEM_LIB: &str = "/usr/lib/x86_64-linux-gnu/librdmacm.so.1";
 fn built_library() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
     let lib = exe.parent().expect("target/<profile>/deps").join("librdmacm.so");
-    assert!(lib.exists(), "{} not found: cargo builds the cdylib with the tests", lib.display());
+    assert!(
+        lib.exists(),
+        "{} not found: cargo builds the cdylib with the tests",
+        lib.display()
+    );
     lib
 }
 
@@ -43,7 +47,9 @@ fn require(path: &str) {
 
 /// Runs `cmd`, killing it after `limit`.
 fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).stdin(Stdio::null());
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .stdin(Stdio::null());
     let mut child = cmd.spawn().expect("spawn");
     let start = Instant::now();
     while child.try_wait().expect("wait").is_none() {
@@ -58,7 +64,11 @@ fn run_bounded(mut cmd: Command, limit: Duration) -> Output {
 
 /// `(name, version, hidden)` of every defined, versioned dynamic symbol, from `objdump -T`.
 fn versioned_exports(lib: &Path) -> BTreeSet<(String, String, bool)> {
-    let out = Command::new("objdump").arg("-T").arg(lib).output().expect("objdump runs");
+    let out = Command::new("objdump")
+        .arg("-T")
+        .arg(lib)
+        .output()
+        .expect("objdump runs");
     assert!(out.status.success(), "objdump -T {} failed", lib.display());
     String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -77,7 +87,11 @@ fn versioned_exports(lib: &Path) -> BTreeSet<(String, String, bool)> {
 }
 
 fn readelf(args: &[&str], lib: &Path) -> String {
-    let out = Command::new("readelf").args(args).arg(lib).output().expect("readelf runs");
+    let out = Command::new("readelf")
+        .args(args)
+        .arg(lib)
+        .output()
+        .expect("readelf runs");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -88,10 +102,17 @@ fn export_set_equals_rdma_core() {
     let ours = versioned_exports(&built_library());
     let theirs = versioned_exports(Path::new(SYSTEM_LIB));
     // 68 functions and the 4 node symbols.
-    assert_eq!(theirs.len(), 72, "the reference library should define 72 versioned symbols");
+    assert_eq!(
+        theirs.len(),
+        72,
+        "the reference library should define 72 versioned symbols"
+    );
     let missing: Vec<_> = theirs.difference(&ours).collect();
     let extra: Vec<_> = ours.difference(&theirs).collect();
-    assert!(missing.is_empty() && extra.is_empty(), "missing: {missing:#?}\nextra: {extra:#?}");
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "missing: {missing:#?}\nextra: {extra:#?}"
+    );
 }
 
 #[test]
@@ -115,25 +136,42 @@ fn version_definitions_soname_and_bind_now() {
     assert_eq!(ours, ["RDMACM_1.0", "RDMACM_1.1", "RDMACM_1.2", "RDMACM_1.3"]);
     let dynamic = readelf(&["-d"], &lib);
     assert!(dynamic.contains("Library soname: [librdmacm.so.1]"), "{dynamic}");
-    assert!(dynamic.contains("BIND_NOW") || dynamic.contains("NOW"), "{dynamic}");
+    assert!(
+        dynamic.contains("BIND_NOW") || dynamic.contains("NOW"),
+        "{dynamic}"
+    );
 }
 
 #[test]
 fn rdmacm_utils_load_and_bind_against_us() {
-    for tool in ["/usr/bin/rping", "/usr/bin/ucmatose", "/usr/bin/udaddy", "/usr/bin/mckey"] {
+    for tool in [
+        "/usr/bin/rping",
+        "/usr/bin/ucmatose",
+        "/usr/bin/udaddy",
+        "/usr/bin/mckey",
+    ] {
         require(tool);
         // LD_BIND_NOW resolves every symbol at load time, so a missing one fails here.
         let mut c = Command::new("ldd");
         c.arg("-r").arg(tool).env("LD_LIBRARY_PATH", lib_dir());
         let o = run_bounded(c, Duration::from_secs(20));
-        let all = format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
         assert!(o.status.success(), "{tool}: {all}");
         assert!(
-            all.contains(&format!("librdmacm.so.1 => {}", lib_dir().join("librdmacm.so.1").display())),
+            all.contains(&format!(
+                "librdmacm.so.1 => {}",
+                lib_dir().join("librdmacm.so.1").display()
+            )),
             "{tool} does not resolve librdmacm.so.1 to ours: {all}"
         );
         assert!(
-            !all.contains("undefined symbol") && !all.contains("version information") && !all.contains("not found"),
+            !all.contains("undefined symbol")
+                && !all.contains("version information")
+                && !all.contains("not found"),
             "{tool}: {all}"
         );
     }
