@@ -161,7 +161,7 @@ pub struct rdma_addrinfo {
     pub ai_route: *mut c_void,
     pub ai_connect_len: usize,
     pub ai_connect: *mut c_void,
-    pub ai_next: *mut rdma_addrinfo,
+    pub ai_next: *mut Self,
 }
 
 /// `struct rdma_cm_join_mc_attr_ex`.
