@@ -219,7 +219,7 @@ fn event_names_and_ports() {
         std::ptr::write(
             &mut id.route.addr.src_addr as *mut _ as *mut libc::sockaddr_in,
             sin,
-        )
+        );
     };
     let mut sin6: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
     sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
@@ -229,7 +229,7 @@ fn event_names_and_ports() {
         std::ptr::write(
             &mut id.route.addr.dst_addr as *mut _ as *mut libc::sockaddr_in6,
             sin6,
-        )
+        );
     };
     // SAFETY: `id` is a valid rdma_cm_id.
     unsafe {
