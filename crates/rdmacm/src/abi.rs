@@ -171,3 +171,41 @@ pub struct rdma_cm_join_mc_attr_ex {
     pub join_flags: u32,
     pub addr: *mut sockaddr,
 }
+
+/// The private entry table `libibverbs.so.1` of this workspace exports as
+/// `softverbs_rdmacm_ops@@SOFTVERBS_PRIVATE_1` (a function returning a pointer to it). The
+/// connection manager must run in the one copy of the core inside `libibverbs.so.1`, beside the
+/// `ibv_*` objects the ids refer to, so `librdmacm.so.1` forwards these calls there. This file
+/// is compiled into both libraries, so both see one definition.
+#[repr(C)]
+pub struct RdmacmOps {
+    /// `size_of::<RdmacmOps>()` of the library that filled it: a mismatch means the two
+    /// libraries come from different builds.
+    pub size: usize,
+    pub create_event_channel: unsafe extern "C" fn() -> *mut rdma_event_channel,
+    pub destroy_event_channel: unsafe extern "C" fn(*mut rdma_event_channel),
+    pub create_id:
+        unsafe extern "C" fn(*mut rdma_event_channel, *mut *mut rdma_cm_id, *mut c_void, c_int) -> c_int,
+    pub destroy_id: unsafe extern "C" fn(*mut rdma_cm_id) -> c_int,
+    pub bind_addr: unsafe extern "C" fn(*mut rdma_cm_id, *mut sockaddr) -> c_int,
+    pub resolve_addr: unsafe extern "C" fn(*mut rdma_cm_id, *mut sockaddr, *mut sockaddr, c_int) -> c_int,
+    pub resolve_route: unsafe extern "C" fn(*mut rdma_cm_id, c_int) -> c_int,
+    pub listen: unsafe extern "C" fn(*mut rdma_cm_id, c_int) -> c_int,
+    pub connect: unsafe extern "C" fn(*mut rdma_cm_id, *mut rdma_conn_param) -> c_int,
+    pub accept: unsafe extern "C" fn(*mut rdma_cm_id, *mut rdma_conn_param) -> c_int,
+    pub reject: unsafe extern "C" fn(*mut rdma_cm_id, *const c_void, u8) -> c_int,
+    pub disconnect: unsafe extern "C" fn(*mut rdma_cm_id) -> c_int,
+    pub establish: unsafe extern "C" fn(*mut rdma_cm_id) -> c_int,
+    pub notify: unsafe extern "C" fn(*mut rdma_cm_id, c_int) -> c_int,
+    pub get_cm_event: unsafe extern "C" fn(*mut rdma_event_channel, *mut *mut rdma_cm_event) -> c_int,
+    pub ack_cm_event: unsafe extern "C" fn(*mut rdma_cm_event) -> c_int,
+    pub create_qp: unsafe extern "C" fn(*mut rdma_cm_id, *mut c_void, *mut c_void) -> c_int,
+    pub destroy_qp: unsafe extern "C" fn(*mut rdma_cm_id),
+    pub init_qp_attr: unsafe extern "C" fn(*mut rdma_cm_id, *mut c_void, *mut c_int) -> c_int,
+    pub set_option: unsafe extern "C" fn(*mut rdma_cm_id, c_int, c_int, *mut c_void, usize) -> c_int,
+    pub migrate_id: unsafe extern "C" fn(*mut rdma_cm_id, *mut rdma_event_channel) -> c_int,
+    pub get_devices: unsafe extern "C" fn(*mut c_int) -> *mut *mut c_void,
+    pub free_devices: unsafe extern "C" fn(*mut *mut c_void),
+    pub join_multicast: unsafe extern "C" fn(*mut rdma_cm_id, *mut sockaddr, *mut c_void) -> c_int,
+    pub leave_multicast: unsafe extern "C" fn(*mut rdma_cm_id, *mut sockaddr) -> c_int,
+}

@@ -9,6 +9,9 @@ use std::ffi::{c_char, c_int, c_void};
 
 use libc::{fd_set, msghdr, nfds_t, off_t, pollfd, size_t, sockaddr, socklen_t, ssize_t, timeval};
 
+use std::mem::size_of;
+use std::sync::OnceLock;
+
 use crate::abi::*;
 use crate::{fail, set_errno};
 
@@ -85,21 +88,125 @@ pub(crate) unsafe extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
     port_of(unsafe { &(*id).route.addr.dst_addr })
 }
 
-/// `rdma_create_event_channel`: not translated yet (NULL, ENOSYS).
+/// The connection manager's table in `libibverbs.so.1` (`softverbs_rdmacm_ops`), looked up
+/// once; `None` under a `libibverbs.so.1` without it (rdma-core's).
+fn ops() -> Option<&'static RdmacmOps> {
+    static OPS: OnceLock<usize> = OnceLock::new();
+    let p = *OPS.get_or_init(|| {
+        // SAFETY: dlopen/dlsym with NUL-terminated names; the handle is kept for the process
+        // (the library stays loaded), and the symbol, if present, is a function of the
+        // signature below, which this workspace's libibverbs.so.1 defines.
+        unsafe {
+            let h = libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
+            if h.is_null() {
+                return 0;
+            }
+            let f = libc::dlsym(h, c"softverbs_rdmacm_ops".as_ptr());
+            if f.is_null() {
+                return 0;
+            }
+            let f: extern "C" fn() -> *const RdmacmOps = std::mem::transmute(f);
+            let t = f();
+            if t.is_null() || (*t).size != size_of::<RdmacmOps>() {
+                return 0;
+            }
+            t as usize
+        }
+    });
+    // SAFETY: a table in static storage of the loaded libibverbs.so.1.
+    (p != 0).then(|| unsafe { &*(p as *const RdmacmOps) })
+}
+
+/// Forwards an entry point to the table, or fails with -1 and ENOSYS without one.
+macro_rules! forward {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $field:ident;)*) => {
+        $(
+            #[doc = concat!("`", stringify!($name), "`, run by the connection manager in `libibverbs.so.1`.")]
+            pub(crate) unsafe extern "C" fn $name($($arg: $ty),*) -> $ret {
+                match ops() {
+                    // SAFETY: the caller's arguments satisfy the librdmacm API contract, which is
+                    // what the implementation requires.
+                    Some(o) => unsafe { (o.$field)($($arg),*) },
+                    None => enosys() as $ret,
+                }
+            }
+        )*
+    };
+}
+
+forward! {
+    rdma_create_id(channel: *mut rdma_event_channel, id: *mut *mut rdma_cm_id, context: *mut c_void, ps: c_int) -> c_int = create_id;
+    rdma_destroy_id(id: *mut rdma_cm_id) -> c_int = destroy_id;
+    rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int = bind_addr;
+    rdma_resolve_addr(id: *mut rdma_cm_id, src: *mut sockaddr, dst: *mut sockaddr, timeout_ms: c_int) -> c_int = resolve_addr;
+    rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_int) -> c_int = resolve_route;
+    rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int = listen;
+    rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int = connect;
+    rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int = accept;
+    rdma_reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int = reject;
+    rdma_disconnect(id: *mut rdma_cm_id) -> c_int = disconnect;
+    rdma_establish(id: *mut rdma_cm_id) -> c_int = establish;
+    rdma_notify(id: *mut rdma_cm_id, event: c_int) -> c_int = notify;
+    rdma_get_cm_event(channel: *mut rdma_event_channel, event: *mut *mut rdma_cm_event) -> c_int = get_cm_event;
+    rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int = ack_cm_event;
+    rdma_create_qp(id: *mut rdma_cm_id, pd: *mut c_void, attr: *mut c_void) -> c_int = create_qp;
+    rdma_init_qp_attr(id: *mut rdma_cm_id, attr: *mut c_void, mask: *mut c_int) -> c_int = init_qp_attr;
+    rdma_set_option(id: *mut rdma_cm_id, level: c_int, optname: c_int, optval: *mut c_void, optlen: size_t) -> c_int = set_option;
+    rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int = migrate_id;
+    rdma_join_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr, context: *mut c_void) -> c_int = join_multicast;
+    rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int = leave_multicast;
+}
+
+/// `rdma_create_event_channel` (NULL and ENOSYS without the table).
 pub(crate) extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
-    set_errno(libc::ENOSYS);
-    std::ptr::null_mut()
+    match ops() {
+        // SAFETY: no arguments; the table's function is sound to call.
+        Some(o) => unsafe { (o.create_event_channel)() },
+        None => {
+            set_errno(libc::ENOSYS);
+            std::ptr::null_mut()
+        }
+    }
 }
 
-/// `rdma_get_devices`: not translated yet (NULL, ENOSYS).
-pub(crate) extern "C" fn rdma_get_devices(_num: *mut c_int) -> *mut *mut c_void {
-    set_errno(libc::ENOSYS);
-    std::ptr::null_mut()
+/// `rdma_get_devices` (NULL and ENOSYS without the table).
+pub(crate) unsafe extern "C" fn rdma_get_devices(num: *mut c_int) -> *mut *mut c_void {
+    match ops() {
+        // SAFETY: `num` is NULL or the caller's out pointer.
+        Some(o) => unsafe { (o.get_devices)(num) },
+        None => {
+            set_errno(libc::ENOSYS);
+            std::ptr::null_mut()
+        }
+    }
 }
 
-/// The release calls (`rdma_destroy_event_channel`, `rdma_destroy_ep`, `rdma_destroy_qp`,
-/// `rdma_free_devices`, `rdma_freeaddrinfo`): no call of this library creates the objects they
-/// release yet, so there is nothing to do.
+/// `rdma_destroy_event_channel`.
+pub(crate) unsafe extern "C" fn rdma_destroy_event_channel(ch: *mut rdma_event_channel) {
+    if let Some(o) = ops() {
+        // SAFETY: `ch` is a channel the table made (no other kind can exist).
+        unsafe { (o.destroy_event_channel)(ch) }
+    }
+}
+
+/// `rdma_destroy_qp`.
+pub(crate) unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
+    if let Some(o) = ops() {
+        // SAFETY: `id` is an id the table made.
+        unsafe { (o.destroy_qp)(id) }
+    }
+}
+
+/// `rdma_free_devices`.
+pub(crate) unsafe extern "C" fn rdma_free_devices(list: *mut *mut c_void) {
+    if let Some(o) = ops() {
+        // SAFETY: `list` came from `rdma_get_devices`.
+        unsafe { (o.free_devices)(list) }
+    }
+}
+
+/// The release calls with nothing to release yet (`rdma_destroy_ep`, `rdma_destroy_srq`,
+/// `rdma_freeaddrinfo`): their constructors do not succeed yet.
 pub(crate) extern "C" fn release(_object: *mut c_void) {}
 
 macro_rules! not_yet {
@@ -115,34 +222,14 @@ macro_rules! not_yet {
 }
 
 not_yet! {
-    rdma_create_id(channel: *mut rdma_event_channel, id: *mut *mut rdma_cm_id, context: *mut c_void, ps: c_int) -> c_int = enosys;
     rdma_create_ep(id: *mut *mut rdma_cm_id, res: *mut rdma_addrinfo, pd: *mut c_void, qp_init_attr: *mut c_void) -> c_int = enosys;
-    rdma_destroy_id(id: *mut rdma_cm_id) -> c_int = enosys;
-    rdma_bind_addr(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int = enosys;
-    rdma_resolve_addr(id: *mut rdma_cm_id, src: *mut sockaddr, dst: *mut sockaddr, timeout_ms: c_int) -> c_int = enosys;
-    rdma_resolve_route(id: *mut rdma_cm_id, timeout_ms: c_int) -> c_int = enosys;
-    rdma_create_qp(id: *mut rdma_cm_id, pd: *mut c_void, attr: *mut c_void) -> c_int = enosys;
     rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *mut c_void) -> c_int = enosys;
     rdma_create_srq(id: *mut rdma_cm_id, pd: *mut c_void, attr: *mut c_void) -> c_int = enosys;
     rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut c_void) -> c_int = enosys;
-    rdma_connect(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int = enosys;
-    rdma_establish(id: *mut rdma_cm_id) -> c_int = enosys;
-    rdma_listen(id: *mut rdma_cm_id, backlog: c_int) -> c_int = enosys;
     rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int = enosys;
-    rdma_accept(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int = enosys;
-    rdma_reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int = enosys;
     rdma_reject_ece(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int = enosys;
-    rdma_notify(id: *mut rdma_cm_id, event: c_int) -> c_int = enosys;
-    rdma_disconnect(id: *mut rdma_cm_id) -> c_int = enosys;
-    rdma_join_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr, context: *mut c_void) -> c_int = enosys;
     rdma_join_multicast_ex(id: *mut rdma_cm_id, attr: *mut rdma_cm_join_mc_attr_ex, context: *mut c_void) -> c_int = enosys;
-    rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int = enosys;
-    rdma_get_cm_event(channel: *mut rdma_event_channel, event: *mut *mut rdma_cm_event) -> c_int = enosys;
-    rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int = enosys;
-    rdma_set_option(id: *mut rdma_cm_id, level: c_int, optname: c_int, optval: *mut c_void, optlen: size_t) -> c_int = enosys;
-    rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int = enosys;
     rdma_getaddrinfo(node: *const c_char, service: *const c_char, hints: *const rdma_addrinfo, res: *mut *mut rdma_addrinfo) -> c_int = enosys;
-    rdma_init_qp_attr(id: *mut rdma_cm_id, attr: *mut c_void, mask: *mut c_int) -> c_int = enosys;
     rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int = enosys;
     rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int = enosys;
     rsocket(domain: c_int, ty: c_int, protocol: c_int) -> c_int = enosys;

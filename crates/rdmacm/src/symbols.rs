@@ -62,14 +62,14 @@ exports! {
     "rdma_create_srq" "RDMACM_1.0" => e::rdma_create_srq;
     "rdma_create_srq_ex" "RDMACM_1.0" => e::rdma_create_srq_ex;
     "rdma_destroy_ep" "RDMACM_1.0" => e::release;
-    "rdma_destroy_event_channel" "RDMACM_1.0" => e::release;
+    "rdma_destroy_event_channel" "RDMACM_1.0" => e::rdma_destroy_event_channel;
     "rdma_destroy_id" "RDMACM_1.0" => e::rdma_destroy_id;
-    "rdma_destroy_qp" "RDMACM_1.0" => e::release;
+    "rdma_destroy_qp" "RDMACM_1.0" => e::rdma_destroy_qp;
     "rdma_destroy_srq" "RDMACM_1.0" => e::release;
     "rdma_disconnect" "RDMACM_1.0" => e::rdma_disconnect;
     "rdma_establish" "RDMACM_1.2" => e::rdma_establish;
     "rdma_event_str" "RDMACM_1.0" => e::rdma_event_str;
-    "rdma_free_devices" "RDMACM_1.0" => e::release;
+    "rdma_free_devices" "RDMACM_1.0" => e::rdma_free_devices;
     "rdma_freeaddrinfo" "RDMACM_1.0" => e::release;
     "rdma_get_cm_event" "RDMACM_1.0" => e::rdma_get_cm_event;
     "rdma_get_devices" "RDMACM_1.0" => e::rdma_get_devices;
