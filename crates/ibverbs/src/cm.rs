@@ -754,6 +754,92 @@ unsafe extern "C" fn leave_multicast(id: *mut rdma_cm_id, addr: *mut libc::socka
     result(b.core.leave_multicast(a.ip()))
 }
 
+/// An `rdma_addrinfo` with the addresses it points at.
+#[repr(C)]
+struct SvAddrInfo {
+    ai: rdma_addrinfo,
+    src: libc::sockaddr_storage,
+    dst: libc::sockaddr_storage,
+}
+
+fn sockaddr_len(a: &SocketAddr) -> libc::socklen_t {
+    (if a.is_ipv4() {
+        size_of::<libc::sockaddr_in>()
+    } else {
+        size_of::<libc::sockaddr_in6>()
+    }) as libc::socklen_t
+}
+
+unsafe extern "C" fn getaddrinfo(
+    node: *const std::ffi::c_char,
+    service: *const std::ffi::c_char,
+    hints: *const rdma_addrinfo,
+    res: *mut *mut rdma_addrinfo,
+) -> c_int {
+    if res.is_null() {
+        return fail_minus_one(libc::EINVAL);
+    }
+    // SAFETY: NULL or NUL-terminated strings (the API contract).
+    let text =
+        |p: *const std::ffi::c_char| unsafe { p.as_ref() }.map(|_| unsafe { std::ffi::CStr::from_ptr(p) });
+    let (node, service) = (text(node), text(service));
+    let (Ok(node), Ok(service)) = (
+        node.map(|n| n.to_str()).transpose(),
+        service.map(|s| s.to_str()).transpose(),
+    ) else {
+        return libc::EAI_NONAME;
+    };
+    let mut h = ccm::AddrHints::default();
+    // SAFETY: NULL or a valid hints structure.
+    if let Some(hi) = unsafe { hints.as_ref() } {
+        h.flags = hi.ai_flags as u32;
+        h.family = hi.ai_family;
+        h.qp_type =
+            softverbs_engine::types::QpType::from_raw(hi.ai_qp_type as _).filter(|_| hi.ai_qp_type != 0);
+        h.port_space = u16::try_from(hi.ai_port_space)
+            .ok()
+            .and_then(ccm::PortSpace::from_value);
+        // SAFETY: NULL or a valid address of `ai_src_len` bytes.
+        h.src = unsafe { sock_addr(hi.ai_src_addr) };
+    }
+    let list = match ccm::getaddrinfo(node, service, &h) {
+        Ok(l) => l,
+        Err(e) => return e,
+    };
+    let mut head: *mut rdma_addrinfo = std::ptr::null_mut();
+    for a in list.iter().rev() {
+        // SAFETY: all-zero is valid for every field (null pointers, zero lengths).
+        let mut b: Box<SvAddrInfo> = Box::new(unsafe { std::mem::zeroed() });
+        b.ai.ai_flags = a.flags as c_int;
+        b.ai.ai_family = a.family;
+        b.ai.ai_qp_type = a.qp_type as c_int;
+        b.ai.ai_port_space = c_int::from(a.port_space.value());
+        if let Some(s) = a.src {
+            store_addr(&mut b.src, Some(s));
+            b.ai.ai_src_len = sockaddr_len(&s);
+            b.ai.ai_src_addr = (&mut b.src as *mut libc::sockaddr_storage).cast();
+        }
+        if let Some(d) = a.dst {
+            store_addr(&mut b.dst, Some(d));
+            b.ai.ai_dst_len = sockaddr_len(&d);
+            b.ai.ai_dst_addr = (&mut b.dst as *mut libc::sockaddr_storage).cast();
+        }
+        b.ai.ai_next = head;
+        head = Box::into_raw(b).cast();
+    }
+    // SAFETY: the caller's out pointer.
+    unsafe { *res = head };
+    0
+}
+
+unsafe extern "C" fn freeaddrinfo(mut res: *mut rdma_addrinfo) {
+    while !res.is_null() {
+        // SAFETY: every node of the list is the first field of a box `getaddrinfo` made.
+        let b = unsafe { Box::from_raw(res.cast::<SvAddrInfo>()) };
+        res = b.ai.ai_next;
+    }
+}
+
 static OPS: RdmacmOps = RdmacmOps {
     size: size_of::<RdmacmOps>(),
     create_event_channel,
@@ -781,6 +867,8 @@ static OPS: RdmacmOps = RdmacmOps {
     free_devices,
     join_multicast,
     leave_multicast,
+    getaddrinfo,
+    freeaddrinfo,
 };
 
 /// `softverbs_rdmacm_ops@@SOFTVERBS_PRIVATE_1`: the table `librdmacm.so.1` forwards to.

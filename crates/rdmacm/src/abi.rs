@@ -208,4 +208,11 @@ pub struct RdmacmOps {
     pub free_devices: unsafe extern "C" fn(*mut *mut c_void),
     pub join_multicast: unsafe extern "C" fn(*mut rdma_cm_id, *mut sockaddr, *mut c_void) -> c_int,
     pub leave_multicast: unsafe extern "C" fn(*mut rdma_cm_id, *mut sockaddr) -> c_int,
+    pub getaddrinfo: unsafe extern "C" fn(
+        *const c_char,
+        *const c_char,
+        *const rdma_addrinfo,
+        *mut *mut rdma_addrinfo,
+    ) -> c_int,
+    pub freeaddrinfo: unsafe extern "C" fn(*mut rdma_addrinfo),
 }

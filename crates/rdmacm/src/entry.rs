@@ -155,6 +155,15 @@ forward! {
     rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int = migrate_id;
     rdma_join_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr, context: *mut c_void) -> c_int = join_multicast;
     rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int = leave_multicast;
+    rdma_getaddrinfo(node: *const c_char, service: *const c_char, hints: *const rdma_addrinfo, res: *mut *mut rdma_addrinfo) -> c_int = getaddrinfo;
+}
+
+/// `rdma_freeaddrinfo`.
+pub(crate) unsafe extern "C" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
+    if let Some(o) = ops() {
+        // SAFETY: `res` is NULL or a list `rdma_getaddrinfo` made.
+        unsafe { (o.freeaddrinfo)(res) }
+    }
 }
 
 /// `rdma_create_event_channel` (NULL and ENOSYS without the table).
@@ -229,7 +238,6 @@ not_yet! {
     rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int = enosys;
     rdma_reject_ece(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int = enosys;
     rdma_join_multicast_ex(id: *mut rdma_cm_id, attr: *mut rdma_cm_join_mc_attr_ex, context: *mut c_void) -> c_int = enosys;
-    rdma_getaddrinfo(node: *const c_char, service: *const c_char, hints: *const rdma_addrinfo, res: *mut *mut rdma_addrinfo) -> c_int = enosys;
     rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int = enosys;
     rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int = enosys;
     rsocket(domain: c_int, ty: c_int, protocol: c_int) -> c_int = enosys;

@@ -70,7 +70,7 @@ exports! {
     "rdma_establish" "RDMACM_1.2" => e::rdma_establish;
     "rdma_event_str" "RDMACM_1.0" => e::rdma_event_str;
     "rdma_free_devices" "RDMACM_1.0" => e::rdma_free_devices;
-    "rdma_freeaddrinfo" "RDMACM_1.0" => e::release;
+    "rdma_freeaddrinfo" "RDMACM_1.0" => e::rdma_freeaddrinfo;
     "rdma_get_cm_event" "RDMACM_1.0" => e::rdma_get_cm_event;
     "rdma_get_devices" "RDMACM_1.0" => e::rdma_get_devices;
     "rdma_get_dst_port" "RDMACM_1.0" => e::rdma_get_dst_port;
