@@ -38,6 +38,9 @@ struct SvCmChannel {
 struct SvCmId {
     id: rdma_cm_id,
     core: Arc<ccm::CmId>,
+    /// The contexts given to `rdma_join_multicast` per group GID: the MULTICAST_JOIN and
+    /// MULTICAST_ERROR events carry them in `param.ud.private_data`, as in librdmacm.
+    mc_contexts: Vec<(Gid, usize)>,
 }
 
 /// `struct rdma_cm_event`, the core event (acknowledged when the box is freed) and the private
@@ -201,6 +204,7 @@ fn c_id(core: &Arc<ccm::CmId>, channel: *mut rdma_event_channel, context: *mut c
     let p = Box::into_raw(Box::new(SvCmId {
         id,
         core: core.clone(),
+        mc_contexts: Vec::new(),
     }));
     maps().ids.insert(key(core), p as usize);
     p
@@ -489,7 +493,19 @@ unsafe extern "C" fn get_cm_event(ch: *mut rdma_event_channel, out: *mut *mut rd
                 qp_num: u.qp_num,
                 qkey: u.qkey,
             };
-            u.private_data.clone()
+            if matches!(
+                core.event,
+                ccm::CmEventType::MulticastJoin | ccm::CmEventType::MulticastError
+            ) {
+                // SAFETY: `idp` is a live id box.
+                let ctxs = unsafe { &(*idp).mc_contexts };
+                if let Some((_, c)) = ctxs.iter().find(|(g, _)| *g == u.ah_attr.grh.dgid) {
+                    ev.param.ud.private_data = *c as *const c_void;
+                }
+                Vec::new()
+            } else {
+                u.private_data.clone()
+            }
         }
         ccm::EventParam::None => Vec::new(),
     };
@@ -738,12 +754,28 @@ unsafe extern "C" fn join_multicast(
     addr: *mut libc::sockaddr,
     context: *mut c_void,
 ) -> c_int {
+    // SAFETY: the caller's arguments, passed on.
+    unsafe { join_multicast_ex(id, addr, 0, context) }
+}
+
+unsafe extern "C" fn join_multicast_ex(
+    id: *mut rdma_cm_id,
+    addr: *mut libc::sockaddr,
+    send_only: c_int,
+    context: *mut c_void,
+) -> c_int {
     // SAFETY: the API contract: a live id and a valid address.
     let (Some(b), Some(a)) = (unsafe { id_box(id) }, unsafe { sock_addr(addr) }) else {
         return fail_minus_one(libc::EINVAL);
     };
-    let _ = context;
-    result(b.core.join_multicast(a.ip()))
+    let gid = Gid::from_ip(a.ip());
+    b.mc_contexts.retain(|(g, _)| *g != gid);
+    b.mc_contexts.push((gid, context as usize));
+    let r = b.core.join_multicast_ex(a.ip(), send_only != 0);
+    if r.is_err() {
+        b.mc_contexts.retain(|(g, _)| *g != gid);
+    }
+    result(r)
 }
 
 unsafe extern "C" fn leave_multicast(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
@@ -751,6 +783,8 @@ unsafe extern "C" fn leave_multicast(id: *mut rdma_cm_id, addr: *mut libc::socka
     let (Some(b), Some(a)) = (unsafe { id_box(id) }, unsafe { sock_addr(addr) }) else {
         return fail_minus_one(libc::EINVAL);
     };
+    let gid = Gid::from_ip(a.ip());
+    b.mc_contexts.retain(|(g, _)| *g != gid);
     result(b.core.leave_multicast(a.ip()))
 }
 
@@ -867,6 +901,7 @@ static OPS: RdmacmOps = RdmacmOps {
     free_devices,
     join_multicast,
     leave_multicast,
+    join_multicast_ex,
     getaddrinfo,
     freeaddrinfo,
 };

@@ -208,6 +208,8 @@ pub struct RdmacmOps {
     pub free_devices: unsafe extern "C" fn(*mut *mut c_void),
     pub join_multicast: unsafe extern "C" fn(*mut rdma_cm_id, *mut sockaddr, *mut c_void) -> c_int,
     pub leave_multicast: unsafe extern "C" fn(*mut rdma_cm_id, *mut sockaddr) -> c_int,
+    /// `rdma_join_multicast_ex` with the group and whether the join is send-only.
+    pub join_multicast_ex: unsafe extern "C" fn(*mut rdma_cm_id, *mut sockaddr, c_int, *mut c_void) -> c_int,
     pub getaddrinfo: unsafe extern "C" fn(
         *const c_char,
         *const c_char,

@@ -158,6 +158,36 @@ forward! {
     rdma_getaddrinfo(node: *const c_char, service: *const c_char, hints: *const rdma_addrinfo, res: *mut *mut rdma_addrinfo) -> c_int = getaddrinfo;
 }
 
+/// `rdma_join_multicast_ex`: the address (`RDMA_CM_JOIN_MC_ATTR_ADDRESS`) and join flags
+/// (`RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS`: full member 0, send-only full member 1) are required, as
+/// in librdmacm; other flags are EINVAL.
+///
+/// # Safety
+/// `id` is a live id and `attr` a valid attribute block.
+pub(crate) unsafe extern "C" fn rdma_join_multicast_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut rdma_cm_join_mc_attr_ex,
+    context: *mut c_void,
+) -> c_int {
+    let Some(o) = ops() else {
+        return enosys();
+    };
+    // SAFETY: NULL or the caller's valid attribute block.
+    let Some(a) = (unsafe { attr.as_ref() }) else {
+        return fail(libc::EINVAL);
+    };
+    const ADDRESS: u32 = 1;
+    const JOIN_FLAGS: u32 = 2;
+    if a.comp_mask & (ADDRESS | JOIN_FLAGS) != (ADDRESS | JOIN_FLAGS)
+        || a.comp_mask & !3 != 0
+        || a.join_flags > 1
+    {
+        return fail(libc::EINVAL);
+    }
+    // SAFETY: the caller's arguments, with the checked fields.
+    unsafe { (o.join_multicast_ex)(id, a.addr, a.join_flags as c_int, context) }
+}
+
 /// `rdma_freeaddrinfo`.
 pub(crate) unsafe extern "C" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
     if let Some(o) = ops() {
@@ -237,7 +267,6 @@ not_yet! {
     rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut c_void) -> c_int = enosys;
     rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int = enosys;
     rdma_reject_ece(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int = enosys;
-    rdma_join_multicast_ex(id: *mut rdma_cm_id, attr: *mut rdma_cm_join_mc_attr_ex, context: *mut c_void) -> c_int = enosys;
     rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int = enosys;
     rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int = enosys;
     rsocket(domain: c_int, ty: c_int, protocol: c_int) -> c_int = enosys;
