@@ -41,6 +41,9 @@ struct SvCmId {
     /// The contexts given to `rdma_join_multicast` per group GID: the MULTICAST_JOIN and
     /// MULTICAST_ERROR events carry them in `param.ud.private_data`, as in librdmacm.
     mc_contexts: Vec<(Gid, usize)>,
+    /// For a listener made by `rdma_create_ep`: the PD and QP attributes `rdma_get_request`
+    /// gives the ids it returns.
+    qp_init: Option<(usize, ibv_qp_init_attr)>,
 }
 
 /// `struct rdma_cm_event`, the core event (acknowledged when the box is freed) and the private
@@ -205,6 +208,7 @@ fn c_id(core: &Arc<ccm::CmId>, channel: *mut rdma_event_channel, context: *mut c
         id,
         core: core.clone(),
         mc_contexts: Vec::new(),
+        qp_init: None,
     }));
     maps().ids.insert(key(core), p as usize);
     p
@@ -575,38 +579,37 @@ unsafe extern "C" fn create_qp(id: *mut rdma_cm_id, pd: *mut c_void, attr: *mut 
     if !b.id.verbs.is_null() && unsafe { (*pd).context } != b.id.verbs.cast() {
         return fail_minus_one(libc::EINVAL);
     }
-    // librdmacm creates the CQs the caller leaves out.
+    // librdmacm creates the CQs the caller leaves out, each with its completion channel
+    // (`rdma_get_send_comp`/`rdma_get_recv_comp` wait on them).
     let ctx = b.id.verbs.cast::<ibv_context>();
-    if init.send_cq.is_null() || init.recv_cq.is_null() {
-        let depth = |n: u32| (n.max(1)) as c_int;
-        if init.send_cq.is_null() {
-            // SAFETY: `ctx` is this library's open context.
-            init.send_cq = unsafe {
-                v::create_cq(
-                    ctx,
-                    depth(init.cap.max_send_wr),
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    0,
-                )
-            };
-            b.id.send_cq = init.send_cq.cast();
+    for send in [true, false] {
+        let (slot, depth) = if send {
+            (&mut init.send_cq, init.cap.max_send_wr)
+        } else {
+            (&mut init.recv_cq, init.cap.max_recv_wr)
+        };
+        if !slot.is_null() {
+            continue;
         }
-        if init.recv_cq.is_null() {
-            // SAFETY: as above.
-            init.recv_cq = unsafe {
-                v::create_cq(
-                    ctx,
-                    depth(init.cap.max_recv_wr),
-                    std::ptr::null_mut(),
-                    std::ptr::null_mut(),
-                    0,
-                )
-            };
-            b.id.recv_cq = init.recv_cq.cast();
-        }
-        if init.send_cq.is_null() || init.recv_cq.is_null() {
+        // SAFETY: `ctx` is this library's open context.
+        let ch = unsafe { v::create_comp_channel(ctx) };
+        if ch.is_null() {
             return -1;
+        }
+        // SAFETY: as above, with the channel just made.
+        let cq = unsafe { v::create_cq(ctx, depth.max(1) as c_int, b as *mut SvCmId as *mut c_void, ch, 0) };
+        if cq.is_null() {
+            // SAFETY: the channel was just made and has no CQ.
+            unsafe { v::destroy_comp_channel(ch) };
+            return -1;
+        }
+        *slot = cq;
+        if send {
+            b.id.send_cq_channel = ch.cast();
+            b.id.send_cq = cq.cast();
+        } else {
+            b.id.recv_cq_channel = ch.cast();
+            b.id.recv_cq = cq.cast();
         }
     }
     // SAFETY: `pd` and `init` are valid, as above.
@@ -647,6 +650,15 @@ unsafe extern "C" fn destroy_qp(id: *mut rdma_cm_id) {
         if !cq.is_null() {
             // SAFETY: CQs `create_qp` made for the id, used by nothing else now.
             unsafe { v::destroy_cq(cq.cast()) };
+        }
+    }
+    for ch in [
+        std::mem::replace(&mut b.id.send_cq_channel, std::ptr::null_mut()),
+        std::mem::replace(&mut b.id.recv_cq_channel, std::ptr::null_mut()),
+    ] {
+        if !ch.is_null() {
+            // SAFETY: their CQs were destroyed just above.
+            unsafe { v::destroy_comp_channel(ch.cast()) };
         }
     }
 }
@@ -874,6 +886,127 @@ unsafe extern "C" fn freeaddrinfo(mut res: *mut rdma_addrinfo) {
     }
 }
 
+unsafe extern "C" fn create_ep(
+    out: *mut *mut rdma_cm_id,
+    res: *mut rdma_addrinfo,
+    pd: *mut c_void,
+    init: *mut c_void,
+) -> c_int {
+    // SAFETY: the API contract: a valid out pointer and address information.
+    let Some(r) = (unsafe { res.as_ref() }) else {
+        return fail_minus_one(libc::EINVAL);
+    };
+    if out.is_null() {
+        return fail_minus_one(libc::EINVAL);
+    }
+    let mut id = std::ptr::null_mut();
+    // SAFETY: no channel (a synchronous id) and a valid out pointer.
+    if unsafe {
+        create_id(
+            std::ptr::null_mut(),
+            &mut id,
+            std::ptr::null_mut(),
+            r.ai_port_space,
+        )
+    } != 0
+    {
+        return -1;
+    }
+    let passive = r.ai_flags & 1 != 0; // RAI_PASSIVE
+                                       // SAFETY: `id` was just made; the addresses are the caller's valid ones.
+    let rc = unsafe {
+        if passive {
+            bind_addr(id, r.ai_src_addr)
+        } else {
+            match resolve_addr(id, r.ai_src_addr, r.ai_dst_addr, 2000) {
+                0 => resolve_route(id, 2000),
+                e => e,
+            }
+        }
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error()
+            .raw_os_error()
+            .unwrap_or(libc::EINVAL);
+        // SAFETY: `id` is ours and unused elsewhere.
+        unsafe { destroy_id(id) };
+        return fail_minus_one(e);
+    }
+    // SAFETY: `init` is NULL or a valid `ibv_qp_init_attr` (the API contract).
+    if let Some(attr) = unsafe { init.cast::<ibv_qp_init_attr>().as_mut() } {
+        // The QP type comes from the address information, as in librdmacm.
+        attr.qp_type = r.ai_qp_type as std::ffi::c_uint;
+        if passive {
+            // SAFETY: `id` is a live box; the attributes are plain data, copied.
+            unsafe { (*id.cast::<SvCmId>()).qp_init = Some((pd as usize, std::ptr::read(attr))) };
+        } else {
+            // SAFETY: as above; `create_qp` writes the CQs it makes into the caller's attr.
+            if unsafe { create_qp(id, pd, init) } != 0 {
+                let e = std::io::Error::last_os_error()
+                    .raw_os_error()
+                    .unwrap_or(libc::EINVAL);
+                // SAFETY: `id` is ours and unused elsewhere.
+                unsafe { destroy_id(id) };
+                return fail_minus_one(e);
+            }
+        }
+    }
+    // SAFETY: the caller's out pointer.
+    unsafe { *out = id };
+    0
+}
+
+unsafe extern "C" fn destroy_ep(id: *mut rdma_cm_id) {
+    // SAFETY: the API contract: a live id, given up.
+    unsafe {
+        if !id.is_null() && !(*id).qp.is_null() {
+            destroy_qp(id);
+        }
+        destroy_id(id);
+    }
+}
+
+unsafe extern "C" fn get_request(listen: *mut rdma_cm_id, out: *mut *mut rdma_cm_id) -> c_int {
+    // SAFETY: the API contract: a live listening id and a valid out pointer.
+    let Some(l) = (unsafe { id_box(listen) }) else {
+        return fail_minus_one(libc::EINVAL);
+    };
+    if out.is_null() {
+        return fail_minus_one(libc::EINVAL);
+    }
+    let core = match l.core.get_request() {
+        Ok(c) => c,
+        Err(e) => return fail_minus_one(errno_of(&e)),
+    };
+    let idp = c_id(&core, l.id.channel, l.id.context);
+    // SAFETY: a live id box, not yet known to the caller.
+    let b = unsafe { &mut *idp };
+    refresh(b);
+    if let Some((pd, attr)) = &l.qp_init {
+        // SAFETY: a copy of the listener's attributes, and its PD (or NULL: the default).
+        let mut attr = unsafe { std::ptr::read(attr) };
+        // SAFETY: as above.
+        if unsafe {
+            create_qp(
+                idp.cast(),
+                *pd as *mut c_void,
+                (&mut attr as *mut ibv_qp_init_attr).cast(),
+            )
+        } != 0
+        {
+            let e = std::io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL);
+            // SAFETY: the new id is ours alone.
+            unsafe { destroy_id(idp.cast()) };
+            return fail_minus_one(e);
+        }
+    }
+    // SAFETY: the caller's out pointer.
+    unsafe { *out = idp.cast() };
+    0
+}
+
 static OPS: RdmacmOps = RdmacmOps {
     size: size_of::<RdmacmOps>(),
     create_event_channel,
@@ -904,6 +1037,9 @@ static OPS: RdmacmOps = RdmacmOps {
     join_multicast_ex,
     getaddrinfo,
     freeaddrinfo,
+    create_ep,
+    destroy_ep,
+    get_request,
 };
 
 /// `softverbs_rdmacm_ops@@SOFTVERBS_PRIVATE_1`: the table `librdmacm.so.1` forwards to.

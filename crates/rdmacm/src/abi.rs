@@ -217,4 +217,8 @@ pub struct RdmacmOps {
         *mut *mut rdma_addrinfo,
     ) -> c_int,
     pub freeaddrinfo: unsafe extern "C" fn(*mut rdma_addrinfo),
+    pub create_ep:
+        unsafe extern "C" fn(*mut *mut rdma_cm_id, *mut rdma_addrinfo, *mut c_void, *mut c_void) -> c_int,
+    pub destroy_ep: unsafe extern "C" fn(*mut rdma_cm_id),
+    pub get_request: unsafe extern "C" fn(*mut rdma_cm_id, *mut *mut rdma_cm_id) -> c_int,
 }

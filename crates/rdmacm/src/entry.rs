@@ -155,6 +155,8 @@ forward! {
     rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int = migrate_id;
     rdma_join_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr, context: *mut c_void) -> c_int = join_multicast;
     rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut sockaddr) -> c_int = leave_multicast;
+    rdma_create_ep(id: *mut *mut rdma_cm_id, res: *mut rdma_addrinfo, pd: *mut c_void, qp_init_attr: *mut c_void) -> c_int = create_ep;
+    rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int = get_request;
     rdma_getaddrinfo(node: *const c_char, service: *const c_char, hints: *const rdma_addrinfo, res: *mut *mut rdma_addrinfo) -> c_int = getaddrinfo;
 }
 
@@ -186,6 +188,14 @@ pub(crate) unsafe extern "C" fn rdma_join_multicast_ex(
     }
     // SAFETY: the caller's arguments, with the checked fields.
     unsafe { (o.join_multicast_ex)(id, a.addr, a.join_flags as c_int, context) }
+}
+
+/// `rdma_destroy_ep`.
+pub(crate) unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
+    if let Some(o) = ops() {
+        // SAFETY: `id` is an id the table made, given up.
+        unsafe { (o.destroy_ep)(id) }
+    }
 }
 
 /// `rdma_freeaddrinfo`.
@@ -261,11 +271,9 @@ macro_rules! not_yet {
 }
 
 not_yet! {
-    rdma_create_ep(id: *mut *mut rdma_cm_id, res: *mut rdma_addrinfo, pd: *mut c_void, qp_init_attr: *mut c_void) -> c_int = enosys;
     rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *mut c_void) -> c_int = enosys;
     rdma_create_srq(id: *mut rdma_cm_id, pd: *mut c_void, attr: *mut c_void) -> c_int = enosys;
     rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut c_void) -> c_int = enosys;
-    rdma_get_request(listen: *mut rdma_cm_id, id: *mut *mut rdma_cm_id) -> c_int = enosys;
     rdma_reject_ece(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int = enosys;
     rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int = enosys;
     rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int = enosys;

@@ -61,7 +61,7 @@ exports! {
     "rdma_create_qp_ex" "RDMACM_1.0" => e::rdma_create_qp_ex;
     "rdma_create_srq" "RDMACM_1.0" => e::rdma_create_srq;
     "rdma_create_srq_ex" "RDMACM_1.0" => e::rdma_create_srq_ex;
-    "rdma_destroy_ep" "RDMACM_1.0" => e::release;
+    "rdma_destroy_ep" "RDMACM_1.0" => e::rdma_destroy_ep;
     "rdma_destroy_event_channel" "RDMACM_1.0" => e::rdma_destroy_event_channel;
     "rdma_destroy_id" "RDMACM_1.0" => e::rdma_destroy_id;
     "rdma_destroy_qp" "RDMACM_1.0" => e::rdma_destroy_qp;
