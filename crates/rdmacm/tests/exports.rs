@@ -177,8 +177,9 @@ fn rdmacm_utils_load_and_bind_against_us() {
     }
 }
 
-/// A C program built against `<rdma/rdma_cma.h>` and linked with our library: the entry points
-/// with no translation yet fail with -1/NULL and ENOSYS, the implemented ones answer.
+/// A C program built against `<rdma/rdma_cma.h>` and linked with our library, under rdma-core's
+/// `libibverbs.so.1` (which has no connection-manager table): the connection-manager calls and
+/// rsockets fail with -1/NULL and ENOSYS, the calls that need no table answer.
 #[test]
 fn c_program_sees_the_errno_convention() {
     require("/usr/include/rdma/rdma_cma.h");
