@@ -1,9 +1,10 @@
 //! The entry points of `librdmacm.so.1`.
 //!
-//! Implemented: the calls that need no connection-manager object ([`rdma_event_str`], the port
-//! getters on a caller's `rdma_cm_id`, and the release calls, which have nothing to release
-//! while no object can be created). Every other entry point fails with -1 (or NULL) and `errno`
-//! ENOSYS until it is translated onto `softverbs_device::cm`; see the crate README for the list.
+//! The connection-manager calls are forwarded to the table `libibverbs.so.1` exports
+//! ([`RdmacmOps`]), and fail with -1 (or NULL) and ENOSYS when it is absent. Answered here:
+//! [`rdma_event_str`] and the port getters, which read the caller's `rdma_cm_id`. The calls
+//! with no implementation yet (rsockets, SRQs on ids, ECE, `rdma_create_qp_ex`) fail with -1
+//! and ENOSYS; the crate README lists them.
 
 use std::ffi::{c_char, c_int, c_void};
 
@@ -254,8 +255,7 @@ pub(crate) unsafe extern "C" fn rdma_free_devices(list: *mut *mut c_void) {
     }
 }
 
-/// The release calls with nothing to release yet (`rdma_destroy_ep`, `rdma_destroy_srq`,
-/// `rdma_freeaddrinfo`): their constructors do not succeed yet.
+/// `rdma_destroy_srq`: nothing to release, as `rdma_create_srq` does not succeed yet.
 pub(crate) extern "C" fn release(_object: *mut c_void) {}
 
 macro_rules! not_yet {
