@@ -206,3 +206,28 @@ fn rdma_server_and_rdma_client_synchronous_api() {
         );
     }
 }
+
+/// `tests/c/cm_calls.c`, compiled against the system headers: devices, options, QP attributes,
+/// addresses and ports, a rejection with private data both ways, in one process.
+#[test]
+fn c_program_connection_manager_calls() {
+    require("/usr/include/rdma/rdma_cma.h");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/cm_calls.c");
+    let bin = lib_dir().join("cm_calls");
+    let cc = Command::new("gcc")
+        .arg(&src)
+        .arg("-o")
+        .arg(&bin)
+        .arg(format!("-L{}", lib_dir().display()))
+        .args(["-l:librdmacm.so.1", "-l:libibverbs.so.1", "-Wl,-z,now"])
+        .output()
+        .expect("gcc runs");
+    assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));
+    let ns = Netns::new("calls");
+    let o = wait_bounded(
+        ns.command(bin.to_str().unwrap(), &[]).spawn().expect("spawn"),
+        Duration::from_secs(30),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n");
+}
