@@ -579,14 +579,28 @@ unsafe extern "C" fn create_qp(id: *mut rdma_cm_id, pd: *mut c_void, attr: *mut 
     if !b.id.verbs.is_null() && unsafe { (*pd).context } != b.id.verbs.cast() {
         return fail_minus_one(libc::EINVAL);
     }
-    // librdmacm creates the CQs the caller leaves out, each with its completion channel
-    // (`rdma_get_send_comp`/`rdma_get_recv_comp` wait on them).
+    if !ensure_cqs(b, &mut init.send_cq, &mut init.recv_cq, &init.cap) {
+        return -1;
+    }
+    // SAFETY: `pd` and `init` are valid, as above.
+    let qp = unsafe { v::create_qp(pd, init) };
+    adopt_qp(b, qp, pd)
+}
+
+/// Makes the CQs the caller left out, each with its completion channel, as librdmacm does
+/// (`rdma_get_send_comp`/`rdma_get_recv_comp` wait on them); false (errno set) on failure.
+fn ensure_cqs(
+    b: &mut SvCmId,
+    send_cq: &mut *mut crate::abi::ibv_cq,
+    recv_cq: &mut *mut crate::abi::ibv_cq,
+    cap: &crate::abi::ibv_qp_cap,
+) -> bool {
     let ctx = b.id.verbs.cast::<ibv_context>();
     for send in [true, false] {
         let (slot, depth) = if send {
-            (&mut init.send_cq, init.cap.max_send_wr)
+            (&mut *send_cq, cap.max_send_wr)
         } else {
-            (&mut init.recv_cq, init.cap.max_recv_wr)
+            (&mut *recv_cq, cap.max_recv_wr)
         };
         if !slot.is_null() {
             continue;
@@ -594,14 +608,14 @@ unsafe extern "C" fn create_qp(id: *mut rdma_cm_id, pd: *mut c_void, attr: *mut 
         // SAFETY: `ctx` is this library's open context.
         let ch = unsafe { v::create_comp_channel(ctx) };
         if ch.is_null() {
-            return -1;
+            return false;
         }
         // SAFETY: as above, with the channel just made.
         let cq = unsafe { v::create_cq(ctx, depth.max(1) as c_int, b as *mut SvCmId as *mut c_void, ch, 0) };
         if cq.is_null() {
             // SAFETY: the channel was just made and has no CQ.
             unsafe { v::destroy_comp_channel(ch) };
-            return -1;
+            return false;
         }
         *slot = cq;
         if send {
@@ -612,8 +626,11 @@ unsafe extern "C" fn create_qp(id: *mut rdma_cm_id, pd: *mut c_void, attr: *mut 
             b.id.recv_cq = cq.cast();
         }
     }
-    // SAFETY: `pd` and `init` are valid, as above.
-    let qp = unsafe { v::create_qp(pd, init) };
+    true
+}
+
+/// Makes `qp` (just created, or NULL with errno set) the id's QP, moved as librdmacm does.
+fn adopt_qp(b: &mut SvCmId, qp: *mut ibv_qp, pd: *mut ibv_pd) -> c_int {
     if qp.is_null() {
         return -1;
     }
@@ -630,6 +647,39 @@ unsafe extern "C" fn create_qp(id: *mut rdma_cm_id, pd: *mut c_void, attr: *mut 
     b.id.qp = qp.cast();
     b.id.pd = pd.cast();
     0
+}
+
+/// `rdma_create_qp_ex`: as `rdma_create_qp`, from `ibv_qp_init_attr_ex` (its PD, or the
+/// default one when `IBV_QP_INIT_ATTR_PD` is not set).
+unsafe extern "C" fn create_qp_ex(id: *mut rdma_cm_id, attr: *mut c_void) -> c_int {
+    // SAFETY: the API contract: a live id and a valid `ibv_qp_init_attr_ex`.
+    let (Some(b), Some(a)) = (unsafe { id_box(id) }, unsafe {
+        attr.cast::<crate::abi::ibv_qp_init_attr_ex>().as_mut()
+    }) else {
+        return fail_minus_one(libc::EINVAL);
+    };
+    if b.id.verbs.is_null() {
+        return fail_minus_one(libc::EINVAL);
+    }
+    if a.comp_mask & crate::abi::IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+        a.pd = default_pd(b.id.verbs.cast());
+        if a.pd.is_null() {
+            return -1;
+        }
+        a.comp_mask |= crate::abi::IBV_QP_INIT_ATTR_PD;
+    }
+    // SAFETY: `a.pd` is a PD of this library.
+    if unsafe { (*a.pd).context } != b.id.verbs.cast() {
+        return fail_minus_one(libc::EINVAL);
+    }
+    let cap = a.cap;
+    if !ensure_cqs(b, &mut a.send_cq, &mut a.recv_cq, &cap) {
+        return -1;
+    }
+    let pd = a.pd;
+    // SAFETY: the context and attributes are valid, as above.
+    let qp = unsafe { crate::datapath::create_qp_ex(b.id.verbs.cast(), a) };
+    adopt_qp(b, qp, pd)
 }
 
 unsafe extern "C" fn destroy_qp(id: *mut rdma_cm_id) {
@@ -1026,6 +1076,7 @@ static OPS: RdmacmOps = RdmacmOps {
     get_cm_event,
     ack_cm_event,
     create_qp,
+    create_qp_ex,
     destroy_qp,
     init_qp_attr,
     set_option,

@@ -65,6 +65,19 @@ int main(void)
     if (rdma_init_qp_attr(client, &qa, &mask)) return 18;
     if (!(mask & IBV_QP_STATE) || !(mask & IBV_QP_ACCESS_FLAGS) || qa.port_num != 1) return 19;
 
+    /* A QP from ibv_qp_init_attr_ex with no PD and no CQs: the id gets the device's PD and CQs
+     * with completion channels, and the QP is in INIT. */
+    struct ibv_qp_init_attr_ex ax = { .qp_type = IBV_QPT_RC,
+                                      .cap = { .max_send_wr = 4, .max_recv_wr = 4,
+                                               .max_send_sge = 1, .max_recv_sge = 1 } };
+    if (rdma_create_qp_ex(client, &ax) || !client->qp || !client->pd || !client->send_cq ||
+        !client->recv_cq || !client->send_cq_channel || client->qp->pd != client->pd)
+        return 30;
+    struct ibv_qp_attr qattr;
+    struct ibv_qp_init_attr qinit;
+    if (ibv_query_qp(client->qp, &qattr, IBV_QP_STATE, &qinit) || qattr.qp_state != IBV_QPS_INIT)
+        return 31;
+
     const char hello[] = "hello, listener";
     struct rdma_conn_param cp = { .private_data = hello, .private_data_len = sizeof hello,
                                   .responder_resources = 1, .initiator_depth = 1,
@@ -88,6 +101,11 @@ int main(void)
         return 27;
     rdma_ack_cm_event(ev);
 
+    /* The rejection moved the client's QP to ERR, as librdmacm does. */
+    if (ibv_query_qp(client->qp, &qattr, IBV_QP_STATE, &qinit) || qattr.qp_state != IBV_QPS_ERR)
+        return 32;
+    rdma_destroy_qp(client);
+    if (client->qp) return 33;
     if (rdma_destroy_id(child) || rdma_destroy_id(client) || rdma_destroy_id(listen_id)) return 28;
     rdma_destroy_event_channel(ch);
     if (strcmp(rdma_event_str(RDMA_CM_EVENT_TIMEWAIT_EXIT), "RDMA_CM_EVENT_TIMEWAIT_EXIT"))
