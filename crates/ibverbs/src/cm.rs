@@ -193,7 +193,10 @@ fn refresh(b: &mut SvCmId) {
 
 /// The C box of core id `core`, made (reporting to `channel`, with `context`) if it has none.
 fn c_id(core: &Arc<ccm::CmId>, channel: *mut rdma_event_channel, context: *mut c_void) -> *mut SvCmId {
-    if let Some(&p) = maps().ids.get(&key(core)) {
+    // One lock over the lookup and the insertion: two threads reading events of one new id
+    // must get the same box.
+    let mut m = maps();
+    if let Some(&p) = m.ids.get(&key(core)) {
         return p as *mut SvCmId;
     }
     let ps = c_int::from(core.port_space().value());
@@ -210,7 +213,7 @@ fn c_id(core: &Arc<ccm::CmId>, channel: *mut rdma_event_channel, context: *mut c
         mc_contexts: Vec::new(),
         qp_init: None,
     }));
-    maps().ids.insert(key(core), p as usize);
+    m.ids.insert(key(core), p as usize);
     p
 }
 
