@@ -296,10 +296,14 @@ unsafe extern "C" fn destroy_id(id: *mut rdma_cm_id) -> c_int {
     if id.is_null() {
         return fail_minus_one(libc::EINVAL);
     }
-    // SAFETY: the id is the first field of a box this library made; the caller gives it up.
+    // The core drops the id's undelivered events and waits until the delivered ones are
+    // acknowledged; only then is the box unreachable. Freed earlier, a thread still reading an
+    // event of this id would get a fresh box without the caller's context.
+    // SAFETY: the id is the first field of a live box this library made.
+    unsafe { (*id.cast::<SvCmId>()).core.destroy() };
+    // SAFETY: as above; the caller gives the id up.
     let b = unsafe { Box::from_raw(id.cast::<SvCmId>()) };
     maps().ids.remove(&key(&b.core));
-    b.core.destroy();
     0
 }
 
