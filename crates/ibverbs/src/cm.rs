@@ -1064,6 +1064,47 @@ unsafe extern "C" fn get_request(listen: *mut rdma_cm_id, out: *mut *mut rdma_cm
     0
 }
 
+/// `rdma_create_srq`: an SRQ in `pd` (the device's default PD when NULL) kept in `id->srq`.
+unsafe extern "C" fn create_srq(id: *mut rdma_cm_id, pd: *mut c_void, attr: *mut c_void) -> c_int {
+    // SAFETY: the API contract: a live id and a valid `ibv_srq_init_attr`.
+    let Some(b) = (unsafe { id_box(id) }) else {
+        return fail_minus_one(libc::EINVAL);
+    };
+    if b.id.verbs.is_null() || attr.is_null() || !b.id.srq.is_null() {
+        return fail_minus_one(libc::EINVAL);
+    }
+    let mut pd = pd.cast::<ibv_pd>();
+    if pd.is_null() {
+        pd = default_pd(b.id.verbs.cast());
+        if pd.is_null() {
+            return -1;
+        }
+    }
+    // SAFETY: `pd` is a PD of this library and `attr` the caller's valid attributes.
+    let srq = unsafe { v::create_srq(pd, attr.cast()) };
+    if srq.is_null() {
+        return -1;
+    }
+    b.id.srq = srq.cast();
+    if b.id.pd.is_null() {
+        b.id.pd = pd.cast();
+    }
+    0
+}
+
+/// `rdma_destroy_srq`: destroys `id->srq`.
+unsafe extern "C" fn destroy_srq(id: *mut rdma_cm_id) {
+    // SAFETY: the API contract: a live id.
+    let Some(b) = (unsafe { id_box(id) }) else {
+        return;
+    };
+    let srq = std::mem::replace(&mut b.id.srq, std::ptr::null_mut());
+    if !srq.is_null() {
+        // SAFETY: the SRQ `create_srq` made, no longer referred to by the id.
+        unsafe { v::destroy_srq(srq.cast()) };
+    }
+}
+
 static OPS: RdmacmOps = RdmacmOps {
     size: size_of::<RdmacmOps>(),
     create_event_channel,
@@ -1085,6 +1126,8 @@ static OPS: RdmacmOps = RdmacmOps {
     create_qp,
     create_qp_ex,
     destroy_qp,
+    create_srq,
+    destroy_srq,
     init_qp_attr,
     set_option,
     migrate_id,

@@ -202,6 +202,8 @@ pub struct RdmacmOps {
     pub create_qp: unsafe extern "C" fn(*mut rdma_cm_id, *mut c_void, *mut c_void) -> c_int,
     pub create_qp_ex: unsafe extern "C" fn(*mut rdma_cm_id, *mut c_void) -> c_int,
     pub destroy_qp: unsafe extern "C" fn(*mut rdma_cm_id),
+    pub create_srq: unsafe extern "C" fn(*mut rdma_cm_id, *mut c_void, *mut c_void) -> c_int,
+    pub destroy_srq: unsafe extern "C" fn(*mut rdma_cm_id),
     pub init_qp_attr: unsafe extern "C" fn(*mut rdma_cm_id, *mut c_void, *mut c_int) -> c_int,
     pub set_option: unsafe extern "C" fn(*mut rdma_cm_id, c_int, c_int, *mut c_void, usize) -> c_int,
     pub migrate_id: unsafe extern "C" fn(*mut rdma_cm_id, *mut rdma_event_channel) -> c_int,

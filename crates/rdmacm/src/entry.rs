@@ -3,7 +3,7 @@
 //! The connection-manager calls are forwarded to the table `libibverbs.so.1` exports
 //! ([`RdmacmOps`]), and fail with -1 (or NULL) and ENOSYS when it is absent. Answered here:
 //! [`rdma_event_str`] and the port getters, which read the caller's `rdma_cm_id`. The calls
-//! with no implementation yet (rsockets, SRQs on ids, ECE) fail with -1
+//! with no implementation yet (rsockets, `rdma_create_srq_ex`, ECE) fail with -1
 //! and ENOSYS; the crate README lists them.
 
 use std::ffi::{c_char, c_int, c_void};
@@ -152,6 +152,7 @@ forward! {
     rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int = ack_cm_event;
     rdma_create_qp(id: *mut rdma_cm_id, pd: *mut c_void, attr: *mut c_void) -> c_int = create_qp;
     rdma_create_qp_ex(id: *mut rdma_cm_id, attr: *mut c_void) -> c_int = create_qp_ex;
+    rdma_create_srq(id: *mut rdma_cm_id, pd: *mut c_void, attr: *mut c_void) -> c_int = create_srq;
     rdma_init_qp_attr(id: *mut rdma_cm_id, attr: *mut c_void, mask: *mut c_int) -> c_int = init_qp_attr;
     rdma_set_option(id: *mut rdma_cm_id, level: c_int, optname: c_int, optval: *mut c_void, optlen: size_t) -> c_int = set_option;
     rdma_migrate_id(id: *mut rdma_cm_id, channel: *mut rdma_event_channel) -> c_int = migrate_id;
@@ -256,8 +257,13 @@ pub(crate) unsafe extern "C" fn rdma_free_devices(list: *mut *mut c_void) {
     }
 }
 
-/// `rdma_destroy_srq`: nothing to release, as `rdma_create_srq` does not succeed yet.
-pub(crate) extern "C" fn release(_object: *mut c_void) {}
+/// `rdma_destroy_srq`.
+pub(crate) unsafe extern "C" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
+    if let Some(o) = ops() {
+        // SAFETY: `id` is an id the table made.
+        unsafe { (o.destroy_srq)(id) }
+    }
+}
 
 macro_rules! not_yet {
     ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $f:ident;)*) => {
@@ -272,7 +278,6 @@ macro_rules! not_yet {
 }
 
 not_yet! {
-    rdma_create_srq(id: *mut rdma_cm_id, pd: *mut c_void, attr: *mut c_void) -> c_int = enosys;
     rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut c_void) -> c_int = enosys;
     rdma_reject_ece(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int = enosys;
     rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int = enosys;

@@ -65,7 +65,7 @@ exports! {
     "rdma_destroy_event_channel" "RDMACM_1.0" => e::rdma_destroy_event_channel;
     "rdma_destroy_id" "RDMACM_1.0" => e::rdma_destroy_id;
     "rdma_destroy_qp" "RDMACM_1.0" => e::rdma_destroy_qp;
-    "rdma_destroy_srq" "RDMACM_1.0" => e::release;
+    "rdma_destroy_srq" "RDMACM_1.0" => e::rdma_destroy_srq;
     "rdma_disconnect" "RDMACM_1.0" => e::rdma_disconnect;
     "rdma_establish" "RDMACM_1.2" => e::rdma_establish;
     "rdma_event_str" "RDMACM_1.0" => e::rdma_event_str;

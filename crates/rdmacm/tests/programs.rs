@@ -222,7 +222,7 @@ fn c_program_connection_manager_calls() {
         .arg("-o")
         .arg(&bin)
         .arg(format!("-L{}", lib_dir().display()))
-        .args(["-l:librdmacm.so.1", "-l:libibverbs.so.1", "-Wl,-z,now"])
+        .args(["-l:librdmacm.so.1", "-l:libibverbs.so.1", "-Wl,-z,now", "-Werror"])
         .output()
         .expect("gcc runs");
     assert!(cc.status.success(), "{}", String::from_utf8_lossy(&cc.stderr));

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <arpa/inet.h>
 #include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
 
 static int expect(struct rdma_event_channel *ch, enum rdma_cm_event_type type,
                   struct rdma_cm_event **out)
@@ -64,6 +65,13 @@ int main(void)
     int mask = 0;
     if (rdma_init_qp_attr(client, &qa, &mask)) return 18;
     if (!(mask & IBV_QP_STATE) || !(mask & IBV_QP_ACCESS_FLAGS) || qa.port_num != 1) return 19;
+
+    /* An SRQ on the id (default PD), destroyed again. */
+    struct ibv_srq_init_attr sa = { .attr = { .max_wr = 8, .max_sge = 1 } };
+    if (rdma_create_srq(client, NULL, &sa) || !client->srq || client->srq->pd != client->pd)
+        return 34;
+    rdma_destroy_srq(client);
+    if (client->srq) return 35;
 
     /* A QP from ibv_qp_init_attr_ex with no PD and no CQs: the id gets the device's PD and CQs
      * with completion channels, and the QP is in INIT. */
