@@ -3,6 +3,8 @@
  * errno convention. Prints "ok" and exits 0 when every check holds; otherwise the exit status
  * names the failed check. */
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 #include <arpa/inet.h>
@@ -61,6 +63,15 @@ int main(void)
     if (((struct sockaddr_in *)rdma_get_peer_addr(client))->sin_addr.s_addr != sin.sin_addr.s_addr)
         return 17;
 
+    /* A non-blocking channel with nothing pending: -1 and EAGAIN, and its fd is not readable. */
+    int fl = fcntl(ch->fd, F_GETFL);
+    if (fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK)) return 36;
+    errno = 0;
+    if (rdma_get_cm_event(ch, &ev) != -1 || errno != EAGAIN) return 37;
+    struct pollfd pfd = { .fd = ch->fd, .events = POLLIN };
+    if (poll(&pfd, 1, 0) != 0) return 38;
+    if (fcntl(ch->fd, F_SETFL, fl)) return 39;
+
     struct ibv_qp_attr qa = { .qp_state = IBV_QPS_INIT };
     int mask = 0;
     if (rdma_init_qp_attr(client, &qa, &mask)) return 18;
@@ -91,6 +102,8 @@ int main(void)
                                   .responder_resources = 1, .initiator_depth = 1,
                                   .retry_count = 7, .qp_num = 0x123 };
     if (rdma_connect(client, &cp)) return 20;
+    /* The channel's fd becomes readable once the request is pending. */
+    if (poll(&pfd, 1, 5000) != 1 || !(pfd.revents & POLLIN)) return 40;
     if (expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST, &ev)) return 21;
     child = ev->id;
     if (ev->listen_id != listen_id || child == listen_id || child->context != (void *)0x1234)
