@@ -459,10 +459,10 @@ unsafe extern "C" fn get_cm_event(ch: *mut rdma_event_channel, out: *mut *mut rd
         Ok(e) => e,
         Err(e) => return fail_minus_one(errno_of(&e)),
     };
-    let listen = core.listen_id.as_ref().map(|l| {
-        let lp = maps().ids.get(&key(l)).copied().unwrap_or(0) as *mut SvCmId;
-        lp
-    });
+    let listen = core
+        .listen_id
+        .as_ref()
+        .map(|l| maps().ids.get(&key(l)).copied().unwrap_or(0) as *mut SvCmId);
     let (channel, context) = match listen {
         // SAFETY: a listener's box lives until its id is destroyed, which waits for this event's
         // acknowledgement.
