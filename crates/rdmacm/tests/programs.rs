@@ -155,10 +155,11 @@ fn rping_ten_verified_pings() {
 fn ucmatose_server_and_client() {
     require("/usr/bin/ucmatose");
     let ns = Netns::new("ucma");
+    // 20 connections, 50 messages each way on every one.
     let (s, c) = pair(
         &ns,
-        ("/usr/bin/ucmatose", &[]),
-        ("/usr/bin/ucmatose", &["-s", "127.0.0.1"]),
+        ("/usr/bin/ucmatose", &["-c", "20", "-C", "50"]),
+        ("/usr/bin/ucmatose", &["-s", "127.0.0.1", "-c", "20", "-C", "50"]),
     );
     for (who, o) in [("server", &s), ("client", &c)] {
         assert!(o.status.success(), "{who}: {}", text(o));
@@ -175,10 +176,11 @@ fn ucmatose_server_and_client() {
 fn udaddy_sidr_server_and_client() {
     require("/usr/bin/udaddy");
     let ns = Netns::new("udaddy");
+    // 20 connections, 50 messages each way on every one.
     let (s, c) = pair(
         &ns,
-        ("/usr/bin/udaddy", &[]),
-        ("/usr/bin/udaddy", &["-s", "127.0.0.1"]),
+        ("/usr/bin/udaddy", &["-c", "20", "-C", "50"]),
+        ("/usr/bin/udaddy", &["-s", "127.0.0.1", "-c", "20", "-C", "50"]),
     );
     for (who, o) in [("server", &s), ("client", &c)] {
         assert!(o.status.success(), "{who}: {}", text(o));
