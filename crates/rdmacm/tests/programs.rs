@@ -31,6 +31,13 @@ fn lib_dir() -> &'static Path {
     })
 }
 
+/// One pair of programs at a time, so that a slow machine shared with other work does not push
+/// them past their time limits.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn require(path: &str) {
     assert!(
         Path::new(path).exists(),
@@ -125,6 +132,7 @@ fn pair(ns: &Netns, server: (&str, &[&str]), client: (&str, &[&str])) -> (Output
 
 #[test]
 fn rping_ten_verified_pings() {
+    let _serial = serial();
     require("/usr/bin/rping");
     let ns = Netns::new("rping");
     let (s, c) = pair(
@@ -153,6 +161,7 @@ fn rping_ten_verified_pings() {
 
 #[test]
 fn ucmatose_server_and_client() {
+    let _serial = serial();
     require("/usr/bin/ucmatose");
     let ns = Netns::new("ucma");
     // 20 connections, 50 messages each way on every one.
@@ -174,6 +183,7 @@ fn ucmatose_server_and_client() {
 
 #[test]
 fn udaddy_sidr_server_and_client() {
+    let _serial = serial();
     require("/usr/bin/udaddy");
     let ns = Netns::new("udaddy");
     // 20 connections, 50 messages each way on every one.
@@ -195,6 +205,7 @@ fn udaddy_sidr_server_and_client() {
 
 #[test]
 fn rdma_server_and_rdma_client_synchronous_api() {
+    let _serial = serial();
     require("/usr/bin/rdma_server");
     let ns = Netns::new("rsrv");
     let (s, c) = pair(
@@ -216,6 +227,7 @@ fn rdma_server_and_rdma_client_synchronous_api() {
 /// addresses and ports, a rejection with private data both ways, in one process.
 #[test]
 fn c_program_connection_manager_calls() {
+    let _serial = serial();
     require("/usr/include/rdma/rdma_cma.h");
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/cm_calls.c");
     let bin = lib_dir().join("cm_calls");
