@@ -13,6 +13,9 @@
 //!   struct conversions in `verbs::convert`; `datapath`: posting, polling, the extended CQ
 //!   (`ibv_cq_ex`) and the extended QP work-request API (`ibv_wr_*`).
 //!
+//! - `cm`: the connection manager's C entry points, which `librdmacm.so.1` (`crates/rdmacm`)
+//!   reaches through one private export, `softverbs_rdmacm_ops@@SOFTVERBS_PRIVATE_1`.
+//!
 //! Each C object is the first field of a Rust-owned `repr(C)` box that also holds the `Arc` of
 //! its core object, so a C pointer converts back to its box by a cast. The `ibv_context` is the
 //! last field of a `verbs_context`, as the inline wrappers of `verbs.h` require.
@@ -27,6 +30,7 @@
 
 pub mod abi;
 mod clock;
+mod cm;
 mod counters;
 mod cq_moderation;
 mod datapath;

@@ -63,7 +63,7 @@ macro_rules! nodes {
 nodes! {
     "IBVERBS_1.0" "IBVERBS_1.1" "IBVERBS_1.5" "IBVERBS_1.6" "IBVERBS_1.7" "IBVERBS_1.8"
     "IBVERBS_1.9" "IBVERBS_1.10" "IBVERBS_1.11" "IBVERBS_1.12" "IBVERBS_1.13" "IBVERBS_1.14"
-    "IBVERBS_PRIVATE_34"
+    "IBVERBS_PRIVATE_34" "SOFTVERBS_PRIVATE_1"
 }
 
 #[cfg(not(test))]
@@ -273,4 +273,9 @@ exports! {
     "ibv_cmd_req_notify_cq" "@@" "IBVERBS_PRIVATE_34" => cmd_eopnotsupp;
     "ibv_cmd_rereg_mr" "@@" "IBVERBS_PRIVATE_34" => cmd_eopnotsupp;
     "ibv_cmd_resize_cq" "@@" "IBVERBS_PRIVATE_34" => cmd_eopnotsupp;
+}
+
+// SOFTVERBS_PRIVATE_1: the connection manager's entry table, for crates/rdmacm's librdmacm.so.1.
+exports! {
+    "softverbs_rdmacm_ops" "@@" "SOFTVERBS_PRIVATE_1" => crate::cm::ops;
 }
