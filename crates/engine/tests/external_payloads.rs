@@ -6,21 +6,13 @@
 mod sim;
 
 use sim::*;
-use softverbs_engine::types::{Mtu, QpType, WcStatus};
+use softverbs_engine::types::{Mtu, WcStatus};
 
 const MIB: u64 = 1 << 20;
 
+/// [`lossy_pair`] with payloads left in memory on both sides.
 fn pair(seed: u64, loss: f64, mtu: Mtu) -> (Sim, QpId, QpId) {
-    let o = ConnOpts {
-        mtu,
-        timeout: 8,
-        ..ConnOpts::default()
-    };
-    let (mut sim, a, b) = Sim::pair(seed, QpType::Rc, &o);
-    sim.net = NetConfig {
-        corrupt_pct: loss / 4.0,
-        ..NetConfig::lossy(loss)
-    };
+    let (mut sim, a, b) = lossy_pair(seed, loss, mtu);
     for (node, qp) in [(0, a), (1, b)] {
         sim.mem(node).external.set(true);
         sim.qp_mut(qp).engine.set_external_payloads(true);

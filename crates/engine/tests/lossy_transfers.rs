@@ -12,20 +12,6 @@ const MIB: u64 = 1 << 20;
 const LOSSES: [f64; 3] = [0.0, 1.0, 10.0];
 const SEEDS: [u64; 4] = [1, 0xC0FFEE, 0x5EED_0003, 42];
 
-fn lossy_pair(seed: u64, loss: f64, mtu: Mtu) -> (Sim, QpId, QpId) {
-    let o = ConnOpts {
-        mtu,
-        timeout: 8,
-        ..ConnOpts::default()
-    };
-    let (mut sim, a, b) = Sim::pair(seed, QpType::Rc, &o);
-    sim.net = NetConfig {
-        corrupt_pct: loss / 4.0,
-        ..NetConfig::lossy(loss)
-    };
-    (sim, a, b)
-}
-
 /// Runs one 1 MiB transfer of kind `op` and checks the bytes and completions.
 fn one_mib(seed: u64, loss: f64, mtu: Mtu, op: &str) {
     let (mut sim, a, b) = lossy_pair(seed, loss, mtu);

@@ -6,29 +6,17 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use softverbs::cm::{CmEvent, CmEventType as E, CmId, ConnParam, EventChannel, PortSpace, RDMA_UDP_QKEY};
+use softverbs::cm::{CmEventType as E, CmId, ConnParam, EventChannel, PortSpace, RDMA_UDP_QKEY};
 use softverbs::*;
 
-const WAIT: Option<Duration> = Some(Duration::from_secs(10));
+mod common;
+
+use common::cm::{expect, loopback as lo, res, Res};
 
 /// The tests share the loopback device's CM; the leak count needs it to itself.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn lo(port: u16) -> SocketAddr {
-    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
-}
-
-fn next(ch: &EventChannel) -> CmEvent {
-    ch.get_event_timeout(WAIT).expect("an event within 10 s")
-}
-
-fn expect(ch: &EventChannel, ty: E) -> CmEvent {
-    let ev = next(ch);
-    assert_eq!(ev.event_type(), ty, "status {}", ev.status());
-    ev
 }
 
 fn listener(ch: &EventChannel, ps: PortSpace) -> (CmId, u16) {
@@ -47,20 +35,6 @@ fn resolved(ch: &EventChannel, ps: PortSpace, port: u16) -> CmId {
     id.resolve_route(2000).unwrap();
     expect(ch, E::RouteResolved);
     id
-}
-
-struct Res {
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    mr: MemoryRegion,
-}
-
-fn res(id: &CmId) -> Res {
-    let ctx = id.context().unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64, None, 0).unwrap();
-    let mr = pd.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
-    Res { pd, cq, mr }
 }
 
 fn qp(id: &CmId, r: &Res, qp_type: QpType) -> QueuePair {

@@ -19,31 +19,7 @@ use std::time::{Duration, Instant};
 use softverbs::cm::{CmEvent, CmEventType as E, CmId, ConnParam, EventChannel, PortSpace};
 use softverbs::*;
 
-const WAIT: Option<Duration> = Some(Duration::from_secs(20));
-
-fn lo(port: u16) -> SocketAddr {
-    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
-}
-
-fn expect(ch: &EventChannel, ty: E) -> CmEvent {
-    let ev = ch.get_event_timeout(WAIT).expect("an event within 20 s");
-    assert_eq!(ev.event_type(), ty, "status {}", ev.status());
-    ev
-}
-
-struct Res {
-    pd: ProtectionDomain,
-    cq: CompletionQueue,
-    mr: MemoryRegion,
-}
-
-fn res(id: &CmId) -> Res {
-    let ctx = id.context().unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64, None, 0).unwrap();
-    let mr = pd.register(4096, AccessFlags::LOCAL_WRITE).unwrap();
-    Res { pd, cq, mr }
-}
+use common::cm::{expect, loopback as lo, res, Res, WAIT};
 
 fn poll(cq: &CompletionQueue) -> WorkCompletion {
     let deadline = Instant::now() + Duration::from_secs(20);

@@ -37,6 +37,22 @@ fn pass(now: Instant, from: &mut CmEngine, to: &mut CmEngine) -> Vec<CmMessage> 
     out
 }
 
+/// Engines 1 and 2, 2 listening on port 7174 of the TCP port space; 1 connected to it, and
+/// 2 handed the REQ. Returns the client's id and the REQ.
+fn requested(t0: Instant) -> (CmEngine, CmEngine, CommId, [u8; MAD_LEN]) {
+    let (mut a, mut b) = (engine(1), engine(2));
+    let sid = service_id(PortSpace::Tcp, 7174);
+    b.listen(sid).unwrap();
+    let params = ConnectParams {
+        service_id: sid,
+        ..ConnectParams::default()
+    };
+    let id = a.connect(t0, gid(2), &params, &[]).unwrap();
+    let req_mad = a.poll_transmit().unwrap().mad;
+    b.handle_mad(t0, gid(1), &req_mad);
+    (a, b, id, req_mad)
+}
+
 #[test]
 fn timeout_conversion() {
     assert_eq!(cm_timeout(0), Duration::from_millis(1));
@@ -125,23 +141,8 @@ fn sidr_without_listener_gets_status_1() {
 
 #[test]
 fn duplicates_are_answered_from_the_stored_reply() {
-    let (mut a, mut b) = (engine(1), engine(2));
-    let sid = service_id(PortSpace::Tcp, 7174);
-    b.listen(sid).unwrap();
     let t0 = Instant::ZERO;
-    let id = a
-        .connect(
-            t0,
-            gid(2),
-            &ConnectParams {
-                service_id: sid,
-                ..ConnectParams::default()
-            },
-            &[],
-        )
-        .unwrap();
-    let req_mad = a.poll_transmit().unwrap().mad;
-    b.handle_mad(t0, gid(1), &req_mad);
+    let (mut a, mut b, id, req_mad) = requested(t0);
     let Some(CmEvent::ConnectRequest { id: server, .. }) = b.poll_event() else {
         panic!("no request")
     };
@@ -190,23 +191,8 @@ fn duplicates_are_answered_from_the_stored_reply() {
 
 #[test]
 fn stale_comm_id_in_timewait() {
-    let (mut a, mut b) = (engine(1), engine(2));
-    let sid = service_id(PortSpace::Tcp, 7174);
-    b.listen(sid).unwrap();
     let t0 = Instant::ZERO;
-    let id = a
-        .connect(
-            t0,
-            gid(2),
-            &ConnectParams {
-                service_id: sid,
-                ..ConnectParams::default()
-            },
-            &[],
-        )
-        .unwrap();
-    let req_mad = a.poll_transmit().unwrap().mad;
-    b.handle_mad(t0, gid(1), &req_mad);
+    let (mut a, mut b, id, req_mad) = requested(t0);
     let Some(CmEvent::ConnectRequest { id: server, .. }) = b.poll_event() else {
         panic!()
     };

@@ -1599,6 +1599,22 @@ impl Default for ConnOpts {
     }
 }
 
+/// Two connected RC QPs on a network losing `loss` % of packets (and corrupting a quarter as
+/// many), with a short ACK timeout so that recovery is quick in virtual time.
+pub fn lossy_pair(seed: u64, loss: f64, mtu: Mtu) -> (Sim, QpId, QpId) {
+    let o = ConnOpts {
+        mtu,
+        timeout: 8,
+        ..ConnOpts::default()
+    };
+    let (mut sim, a, b) = Sim::pair(seed, QpType::Rc, &o);
+    sim.net = NetConfig {
+        corrupt_pct: loss / 4.0,
+        ..NetConfig::lossy(loss)
+    };
+    (sim, a, b)
+}
+
 /// Every right a region can have.
 pub fn all_access() -> AccessFlags {
     AccessFlags::LOCAL_WRITE

@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub(crate) mod cm;
 pub(crate) mod netns;
 
 use softverbs::*;
