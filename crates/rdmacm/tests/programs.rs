@@ -1,7 +1,7 @@
 //! Debian's rdmacm-utils between two processes over our `librdmacm.so.1` and
-//! `libibverbs.so.1`: `rping`, `ucmatose`, `udaddy`, `rdma_server`/`rdma_client`. Each pair runs
-//! in a network namespace of its own (root), so the fixed or default ports these programs use
-//! cannot collide with anything else; every run is bounded.
+//! `libibverbs.so.1`: `rping`, `ucmatose`, `udaddy`, `rdma_server`/`rdma_client`, and perftest
+//! with `-R`. Each pair runs in a network namespace of its own (root), so the fixed or default
+//! ports these programs use cannot collide with anything else; every run is bounded.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -235,4 +235,52 @@ fn c_program_connection_manager_calls() {
     );
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "ok\n");
+}
+
+/// perftest's `program` with `-R`: its control connection and then the measured QPs are set
+/// up through the connection manager. The server listens again right after an exchange with
+/// the client over the control connection, so the client's second request must not be
+/// rejected for arriving first.
+fn perftest_over_rdma_cm(program: &str, tag: &str, args: &[&str]) {
+    let _serial = serial();
+    let path = format!("/usr/bin/{program}");
+    require(&path);
+    let ns = Netns::new(tag);
+    let mut server: Vec<&str> = vec!["-d", "sv_lo", "-R"];
+    server.extend_from_slice(args);
+    let mut client = server.clone();
+    client.push("127.0.0.1");
+    let (s, c) = pair(&ns, (&path, &server), (&path, &client));
+    for (who, o) in [("server", &s), ("client", &c)] {
+        assert!(o.status.success(), "{program} {who}: {}", text(o));
+    }
+    // The result table: a header naming the columns, then one line per size with the
+    // iteration count given.
+    let out = String::from_utf8_lossy(&c.stdout);
+    assert!(out.contains("#bytes"), "{program} client: {}", text(&c));
+    let rows = out
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some("200"))
+        .count();
+    assert_eq!(rows, 1, "{program} client: {}", text(&c));
+}
+
+#[test]
+fn perftest_send_bw_with_rdma_cm() {
+    perftest_over_rdma_cm("ib_send_bw", "psbw", &["-n", "200"]);
+}
+
+#[test]
+fn perftest_write_bw_with_rdma_cm() {
+    perftest_over_rdma_cm("ib_write_bw", "pwbw", &["-n", "200"]);
+}
+
+#[test]
+fn perftest_read_bw_with_rdma_cm() {
+    perftest_over_rdma_cm("ib_read_bw", "prbw", &["-n", "200"]);
+}
+
+#[test]
+fn perftest_send_lat_with_rdma_cm() {
+    perftest_over_rdma_cm("ib_send_lat", "pslat", &["-n", "200", "-s", "8"]);
 }

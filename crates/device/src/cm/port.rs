@@ -1,7 +1,8 @@
 //! QP1 of one device port: the CM engine on the fabric, and the dispatch of its events to ids.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use parking_lot::Mutex;
 use softverbs_engine::cm::{CmConfig, CmEngine, CommId};
@@ -47,6 +48,45 @@ pub(crate) struct PortInner {
     pub(crate) listeners: HashMap<u64, Weak<CmId>>,
     /// SIDR requests this side sent, by request ID.
     pub(crate) sidr_out: HashMap<u32, Weak<CmId>>,
+    /// Requests to a peer of this host that nobody listens for yet (see [`HOLD_UNROUTED`]).
+    unrouted: Vec<Unrouted>,
+    /// Requests lately delivered to a listener of this host, by [`request_key`]: a resend
+    /// finding no listener means the listener went away, and is answered at once.
+    delivered: VecDeque<(u64, Instant)>,
+}
+
+/// How long a request counts as delivered (longer than any request's retries).
+const DELIVERED_FOR: Duration = Duration::from_secs(120);
+/// The most requests remembered as delivered.
+const DELIVERED_MAX: usize = 4096;
+
+/// How long a REQ or SIDR_REQ to an address of this host waits for a listener before this
+/// process's own CM answers it (a REJ or SIDR_REP "no listener"). A request between hosts
+/// spends at least a network round trip before the peer looks for its listener; between two
+/// processes of one host it would otherwise be looked up at once, so a server that listens
+/// again right after an exchange with its client (perftest's `-R` does) would lose the race
+/// it always wins on a network. The wait is re-checked every [`UNROUTED_RECHECK`].
+const HOLD_UNROUTED: Duration = Duration::from_millis(100);
+const UNROUTED_RECHECK: Duration = Duration::from_millis(1);
+
+/// A request held back by [`HOLD_UNROUTED`].
+struct Unrouted {
+    key: u64,
+    dest: Gid,
+    mad: [u8; 256],
+    give_up: Instant,
+    recheck: Instant,
+}
+
+impl PortInner {
+    /// The engine's next timer or the next look for a held request's listener.
+    fn next_deadline(&self) -> Option<Instant> {
+        let held = self.unrouted.iter().map(|u| u.recheck).min();
+        match (self.engine.poll_timeout(), held) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 impl CmPort {
@@ -92,6 +132,8 @@ impl CmPort {
                     conns: HashMap::new(),
                     listeners: HashMap::new(),
                     sidr_out: HashMap::new(),
+                    unrouted: Vec::new(),
+                    delivered: VecDeque::new(),
                 }),
             })
         });
@@ -116,7 +158,7 @@ impl CmPort {
         let mut inner = self.inner.lock();
         let r = f(&mut inner, now);
         let txs = self.settle(&mut inner, now);
-        let next = inner.engine.poll_timeout();
+        let next = inner.next_deadline();
         drop(inner);
         if let Some(node) = self.node() {
             let fabric = node.fabric();
@@ -136,32 +178,92 @@ impl CmPort {
             super::dispatch(self, inner, now, ev);
         }
         let mut out = Vec::new();
-        let node = self.node();
+        let Some(node) = self.node() else {
+            while inner.engine.poll_transmit().is_some() {}
+            return out;
+        };
+        while inner.delivered.len() > DELIVERED_MAX
+            || inner
+                .delivered
+                .front()
+                .is_some_and(|&(_, at)| at + DELIVERED_FOR <= now)
+        {
+            inner.delivered.pop_front();
+        }
         while let Some(t) = inner.engine.poll_transmit() {
-            if let Some(node) = &node {
-                out.push(self.packet(node, t.dest, &t.mad));
+            let qpn = match self.route(&node, &t.dest, &t.mad) {
+                Route::Qpn(qpn) => qpn,
+                Route::Listener(slot, key) => {
+                    inner.delivered.push_back((key, now));
+                    gsi_qpn(slot)
+                }
+                Route::NoListener(key) => {
+                    if inner.unrouted.iter().any(|u| u.key == key) {
+                        // A resend of a request still held: that one stands for it.
+                        continue;
+                    }
+                    if inner.delivered.iter().any(|&(k, _)| k == key) {
+                        gsi_qpn(self.slot)
+                    } else {
+                        inner.unrouted.push(Unrouted {
+                            key,
+                            dest: t.dest,
+                            mad: t.mad,
+                            give_up: now + HOLD_UNROUTED,
+                            recheck: now + UNROUTED_RECHECK,
+                        });
+                        continue;
+                    }
+                }
+            };
+            out.push(self.packet(&node, t.dest, qpn, &t.mad));
+        }
+        // Held requests whose listener appeared, or whose wait is over.
+        let mut i = 0;
+        while i < inner.unrouted.len() {
+            let u = &mut inner.unrouted[i];
+            if u.recheck > now {
+                i += 1;
+                continue;
             }
+            let slot = match mad_slot(self.base_port, &u.mad) {
+                Some(slot) => slot,
+                // Nobody listens: this process's own CM answers as the host would.
+                None if u.give_up <= now => self.slot,
+                None => {
+                    u.recheck = now + UNROUTED_RECHECK;
+                    i += 1;
+                    continue;
+                }
+            };
+            let u = inner.unrouted.swap_remove(i);
+            if slot != self.slot {
+                inner.delivered.push_back((u.key, now));
+            }
+            out.push(self.packet(&node, u.dest, gsi_qpn(slot), &u.mad));
         }
         out
     }
 
-    /// QP1 of the process that is to get `mad` at `dest`: a peer process of this host by its
-    /// slot (found from the IDs the message carries), else QP1 of a standard peer.
-    fn dest_qpn(&self, node: &Node, dest: &Gid, mad: &[u8]) -> u32 {
+    /// Where `mad` to `dest` goes: QP1 of a standard peer, or of the process of this host it
+    /// belongs to (found from the IDs the message carries or the listener registry).
+    fn route(&self, node: &Node, dest: &Gid, mad: &[u8]) -> Route {
         // Address resolution picks the device that owns the source address, so a peer on this
         // host is reached through the node that has its address.
         if !node.gids().contains(dest) {
-            return 1;
+            return Route::Qpn(1);
         }
-        let slot = mad_slot(self.base_port, mad);
-        // Nobody listens (or an unknown ID): this process's own CM answers as the host would.
-        let slot = slot.unwrap_or(self.slot);
-        (u32::from(slot) << 16) | 1
+        match (mad_slot(self.base_port, mad), request_key(mad)) {
+            (Some(slot), Some(key)) => Route::Listener(slot, key),
+            (Some(slot), None) => Route::Qpn(gsi_qpn(slot)),
+            (None, Some(key)) => Route::NoListener(key),
+            // An unknown ID: this process's own CM answers as the host would.
+            (None, None) => Route::Qpn(gsi_qpn(self.slot)),
+        }
     }
 
-    /// A UD SEND ONLY from QP1 carrying `mad`.
-    fn packet(&self, node: &Node, dest: Gid, mad: &[u8]) -> Transmit {
-        let dest_qpn = self.dest_qpn(node, &dest, mad);
+    /// A UD SEND ONLY from QP1 to QP `dest_qpn` carrying `mad`.
+    fn packet(&self, node: &Node, dest: Gid, dest_qpn: u32, mad: &[u8]) -> Transmit {
         let bth = BthRepr::new(Opcode::UdSendOnly, dest_qpn, Psn::new(0));
         let deth = DethRepr {
             qkey: GSI_QKEY,
@@ -184,6 +286,31 @@ impl CmPort {
             data,
             external: None,
         }
+    }
+}
+
+/// QP1 of the process with UDP slot `slot`.
+fn gsi_qpn(slot: u8) -> u32 {
+    (u32::from(slot) << 16) | 1
+}
+
+/// Where a MAD to a peer goes (see [`CmPort::route`]).
+enum Route {
+    /// To this QP (of a standard peer, or of the process a reply belongs to).
+    Qpn(u32),
+    /// A request (by [`request_key`]) to the listener in the process with this slot.
+    Listener(u8, u64),
+    /// A request (by [`request_key`]) to this host that nobody listens for (yet).
+    NoListener(u64),
+}
+
+/// Tells a request (REQ or SIDR_REQ) and its resends apart from other requests; `None` for
+/// any other MAD.
+fn request_key(mad: &[u8]) -> Option<u64> {
+    match CmMessage::parse(mad).ok()?.1 {
+        CmMessage::Req(r) => Some(u64::from(r.local_comm_id)),
+        CmMessage::SidrReq(r) => Some((1 << 32) | u64::from(r.request_id)),
+        _ => None,
     }
 }
 
@@ -243,14 +370,14 @@ impl Gsi for CmPort {
         let mut inner = self.inner.lock();
         inner.engine.handle_mad(now, meta.sgid, pkt.payload);
         let txs = self.settle(&mut inner, now);
-        if let (Some(at), Some(node)) = (inner.engine.poll_timeout(), self.node()) {
+        if let (Some(at), Some(node)) = (inner.next_deadline(), self.node()) {
             node.fabric().schedule(at);
         }
         txs
     }
 
     fn next_deadline(&self) -> Option<Instant> {
-        self.inner.lock().engine.poll_timeout()
+        self.inner.lock().next_deadline()
     }
 
     fn on_timeout(&self, now: Instant) -> Vec<Transmit> {
