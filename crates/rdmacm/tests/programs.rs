@@ -284,3 +284,49 @@ fn perftest_read_bw_with_rdma_cm() {
 fn perftest_send_lat_with_rdma_cm() {
     perftest_over_rdma_cm("ib_send_lat", "pslat", &["-n", "200", "-s", "8"]);
 }
+
+/// `cmtime`: 200 connections set up and torn down, each step timed. The server serves until
+/// it is stopped; the client must report every step.
+#[test]
+fn cmtime_two_hundred_connections() {
+    let _serial = serial();
+    require("/usr/bin/cmtime");
+    let ns = Netns::new("cmtime");
+    let mut srv = ns
+        .command("/usr/bin/cmtime", &["-b", "127.0.0.1", "-c", "200"])
+        .spawn()
+        .expect("spawn the server");
+    std::thread::sleep(Duration::from_millis(300));
+    let c = wait_bounded(
+        ns.command("/usr/bin/cmtime", &["-s", "127.0.0.1", "-c", "200"])
+            .spawn()
+            .expect("spawn the client"),
+        Duration::from_secs(60),
+    );
+    let _ = srv.kill();
+    let s = srv.wait_with_output().expect("server output");
+    assert!(c.status.success(), "client: {}\nserver: {}", text(&c), text(&s));
+    let out = String::from_utf8_lossy(&c.stdout);
+    for step in [
+        "create id",
+        "resolve addr",
+        "resolve route",
+        "create qp",
+        "connect",
+        "disconnect",
+        "destroy",
+    ] {
+        let row = out
+            .lines()
+            .find(|l| l.split(':').next().map(str::trim) == Some(step))
+            .unwrap_or_else(|| panic!("no {step} row: {}", text(&c)));
+        let numbers: Vec<f64> = row
+            .split(':')
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .map(|v| v.parse().expect("a number"))
+            .collect();
+        assert_eq!(numbers.len(), 4, "{row}");
+    }
+}
