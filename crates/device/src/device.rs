@@ -191,6 +191,36 @@ impl Resource {
 pub(crate) struct McastTable {
     pub(crate) groups: HashMap<Gid, HashSet<u32>>,
     pub(crate) total: u32,
+    /// This device's entries in the host's membership registry, one per group.
+    joined: HashMap<Gid, crate::mcast::Membership>,
+}
+
+impl McastTable {
+    /// Attaches QP `qpn` to `group`; the first QP of a group makes this process (UDP slot
+    /// `slot`, device `ifindex`) a member for other processes of the host.
+    pub(crate) fn attach(&mut self, group: Gid, qpn: u32, base_port: u16, slot: u8, ifindex: u32) {
+        let members = self.groups.entry(group).or_default();
+        if members.is_empty() && slot != 0 {
+            if let Some(m) = crate::mcast::join(base_port, &group, slot, ifindex) {
+                self.joined.insert(group, m);
+            }
+        }
+        members.insert(qpn);
+        self.total += 1;
+    }
+
+    /// Detaches QP `qpn` from `group` (which it was attached to); the last QP of a group ends
+    /// the membership.
+    pub(crate) fn detach(&mut self, group: &Gid, qpn: u32) {
+        if let Some(m) = self.groups.get_mut(group) {
+            m.remove(&qpn);
+            if m.is_empty() {
+                self.groups.remove(group);
+                self.joined.remove(group);
+            }
+        }
+        self.total -= 1;
+    }
 }
 
 /// State shared by every context of one device in this process.

@@ -52,6 +52,9 @@ use crate::udp::Udp;
 
 /// The multicast destination QPN.
 pub const MULTICAST_QPN: u32 = 0xFF_FFFF;
+/// How long the member processes of a multicast group are taken as known (a process that
+/// joins is reached within this).
+const MCAST_MEMBERS_FOR: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Packet counters of one device, readable through the verbs API.
 #[derive(Debug, Default)]
@@ -313,6 +316,11 @@ impl<E: Endpoint> Node<E> {
 
     fn has_qp(&self, qpn: u32) -> bool {
         self.qps.read().contains_key(&qpn)
+    }
+
+    /// The index of the interface this node's device stands for.
+    pub(crate) fn ifindex(&self) -> u32 {
+        self.ifindex
     }
 
     fn has_group(&self, gid: &Gid) -> bool {
@@ -726,6 +734,9 @@ pub(crate) struct Fabric<E: Endpoint> {
     shm: OnceLock<Arc<Shm>>,
     /// The shared-memory driver's receive batch; holding it is the right to receive from it.
     shm_rx: Mutex<PacketBatch>,
+    /// Other processes of this host in each multicast group sent to, and when that was looked
+    /// up (see `crate::mcast`).
+    mcast_members: Mutex<HashMap<Gid, (std::time::Instant, Vec<u8>)>>,
     /// While shared memory carries traffic, application polls leave the UDP sockets alone
     /// until this time (engine nanoseconds); 0 after they delivered something.
     udp_next_look: AtomicU64,
@@ -1025,6 +1036,7 @@ impl<E: Endpoint> Fabric<E> {
             udp_rx: Mutex::new(PacketBatch::default()),
             udp_start: Mutex::new(()),
             shm: OnceLock::new(),
+            mcast_members: Mutex::new(HashMap::new()),
             shm_rx: Mutex::new(PacketBatch::default()),
             udp_next_look: AtomicU64::new(0),
             shm_busy_until: AtomicU64::new(0),
@@ -1432,6 +1444,9 @@ impl<E: Endpoint> Fabric<E> {
                 mut packets,
                 exts,
             } = run;
+            if route.dest_qpn == MULTICAST_QPN {
+                self.copy_to_local_members(&route, &packets);
+            }
             // Another process on this host (the address is one of this fabric's devices'):
             // through its mailbox if it has one.
             let by_shm = match self.shm.get() {
@@ -1465,6 +1480,31 @@ impl<E: Endpoint> Fabric<E> {
                     bump(&from.counters.tx_unroutable);
                 }
             }
+        }
+    }
+
+    /// Multicast packets reach the members of their group in other processes of this host
+    /// through their mailboxes (the network would loop them back only with a multicast route
+    /// and group sockets, see `crate::mcast`); members elsewhere get them over UDP.
+    fn copy_to_local_members(&self, route: &Route, packets: &[Vec<u8>]) {
+        let (Some(shm), Some(udp)) = (self.shm.get(), self.udp.get()) else {
+            return;
+        };
+        let (base, own) = (udp.base(), udp.slot());
+        let slots = {
+            let mut cache = self.mcast_members.lock();
+            let now = std::time::Instant::now();
+            let entry = cache.entry(route.dgid).or_insert_with(|| (now, Vec::new()));
+            if entry.1.is_empty() || now.duration_since(entry.0) >= MCAST_MEMBERS_FOR {
+                *entry = (now, crate::mcast::members(base, &route.dgid));
+            }
+            entry.1.clone()
+        };
+        let exts = vec![None; packets.len()];
+        for slot in slots.into_iter().filter(|&s| s != own) {
+            let mut to = *route;
+            to.ports.1 = base.saturating_add(u16::from(slot));
+            let _ = shm.send_to_process(&to, packets, &exts);
         }
     }
 

@@ -24,6 +24,7 @@ pub mod fabric;
 pub mod flow;
 mod held;
 mod local;
+mod mcast;
 pub mod mem;
 pub mod mw;
 pub mod netif;

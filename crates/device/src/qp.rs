@@ -1162,8 +1162,14 @@ impl Qp {
                 limits.max_mcast_qp_attach
             )));
         }
-        table.groups.entry(*gid).or_default().insert(self.qpn);
-        table.total += 1;
+        let node = device.node();
+        table.attach(
+            *gid,
+            self.qpn,
+            device.config().udp_port,
+            crate::udp::slot_of(self.qpn),
+            node.ifindex(),
+        );
         inner.mcast.insert(*gid);
         Ok(())
     }
@@ -1175,14 +1181,7 @@ impl Qp {
             return Err(Error::invalid(format!("the QP is not attached to {gid}")));
         }
         let device = self.context().device();
-        let mut table = device.node().mcast.lock();
-        if let Some(m) = table.groups.get_mut(gid) {
-            m.remove(&self.qpn);
-            if m.is_empty() {
-                table.groups.remove(gid);
-            }
-        }
-        table.total -= 1;
+        device.node().mcast.lock().detach(gid, self.qpn);
         Ok(())
     }
 
@@ -1202,13 +1201,7 @@ impl Qp {
         if !groups.is_empty() {
             let mut table = device.node().mcast.lock();
             for g in groups {
-                if let Some(m) = table.groups.get_mut(&g) {
-                    m.remove(&self.qpn);
-                    if m.is_empty() {
-                        table.groups.remove(&g);
-                    }
-                }
-                table.total -= 1;
+                table.detach(&g, self.qpn);
             }
         }
         device.node().remove_qp(self.qpn);

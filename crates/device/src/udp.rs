@@ -224,6 +224,11 @@ impl Udp {
         self.slot
     }
 
+    /// The standard RoCE port, above which the slots' ports are.
+    pub(crate) fn base(&self) -> u16 {
+        self.base
+    }
+
     /// This process's own UDP port.
     pub(crate) fn port(&self) -> u16 {
         self.own.port

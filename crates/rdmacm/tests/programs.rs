@@ -330,3 +330,52 @@ fn cmtime_two_hundred_connections() {
         assert_eq!(numbers.len(), 4, "{row}");
     }
 }
+
+/// `mckey`: a receiving process joins a multicast group, then a sending process joins it and
+/// sends 10 datagrams to the group; the receiver must get all of them.
+#[test]
+fn mckey_multicast_between_two_processes() {
+    use std::io::{BufRead, BufReader};
+    let _serial = serial();
+    require("/usr/bin/mckey");
+    let ns = Netns::new("mckey");
+    let common = ["-m", "239.1.2.3", "-b", "127.0.0.1", "-C", "10"];
+    let mut receiver = ns
+        .command("/usr/bin/mckey", &common)
+        .spawn()
+        .expect("spawn the receiver");
+    // Only once it has joined (it says so) is the group's traffic its own.
+    let stdout = receiver.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.contains("receiving data transfers") {
+                let _ = tx.send(());
+            }
+            lines.push(line);
+        }
+        lines
+    });
+    let joined = rx.recv_timeout(Duration::from_secs(20)).is_ok();
+    let sender = joined.then(|| {
+        let mut args = common.to_vec();
+        args.push("-s");
+        wait_bounded(
+            ns.command("/usr/bin/mckey", &args)
+                .spawn()
+                .expect("spawn the sender"),
+            Duration::from_secs(30),
+        )
+    });
+    let r = wait_bounded(receiver, Duration::from_secs(30));
+    let lines = reader.join().expect("reader").join("\n");
+    assert!(joined, "the receiver never joined: {lines}\n{}", text(&r));
+    let s = sender.expect("sent");
+    assert!(s.status.success(), "sender: {}", text(&s));
+    assert!(r.status.success(), "receiver: {lines}\n{}", text(&r));
+    assert!(
+        lines.contains("data transfers complete") && lines.contains("return status 0"),
+        "receiver: {lines}"
+    );
+}
