@@ -66,6 +66,8 @@ struct Maps {
     contexts: HashMap<String, usize>,
     /// `ibv_context` → the PD `rdma_create_qp` uses when given none.
     pds: HashMap<usize, usize>,
+    /// `ibv_context` → the XRC domain `rdma_create_srq_ex` uses when given none.
+    xrcds: HashMap<usize, usize>,
 }
 
 fn maps() -> std::sync::MutexGuard<'static, Maps> {
@@ -410,13 +412,66 @@ unsafe extern "C" fn reject(id: *mut rdma_cm_id, data: *const c_void, len: u8) -
     let Some(b) = (unsafe { id_box(id) }) else {
         return fail_minus_one(libc::EINVAL);
     };
-    let private = if data.is_null() || len == 0 {
-        &[][..]
+    // SAFETY: the caller gives `len` readable bytes at `data`.
+    result(b.core.reject(unsafe { private_slice(data, len) }))
+}
+
+/// The caller's `len` bytes of private data at `data` (none for NULL).
+///
+/// # Safety
+/// `data` is NULL or points at `len` readable bytes that outlive the returned slice's use.
+unsafe fn private_slice<'a>(data: *const c_void, len: u8) -> &'a [u8] {
+    if data.is_null() || len == 0 {
+        &[]
     } else {
-        // SAFETY: the caller gives `len` readable bytes at `data`.
+        // SAFETY: the caller's guarantee.
         unsafe { std::slice::from_raw_parts(data.cast::<u8>(), usize::from(len)) }
+    }
+}
+
+/// `rdma_reject_ece`: a rejection with reason 35 (the offered ECE values are refused).
+unsafe extern "C" fn reject_ece(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+    // SAFETY: the API contract: a live id.
+    let Some(b) = (unsafe { id_box(id) }) else {
+        return fail_minus_one(libc::EINVAL);
     };
-    result(b.core.reject(private))
+    // SAFETY: the caller gives `len` readable bytes at `data`.
+    result(b.core.reject_ece(unsafe { private_slice(data, len) }))
+}
+
+/// `rdma_set_local_ece`: for ids whose QP the application manages itself (EINVAL with a QP of
+/// the id, a zero vendor ID or an unknown `comp_mask`, as librdmacm).
+unsafe extern "C" fn set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
+    // SAFETY: the API contract: a live id and a readable `ibv_ece` (or NULL).
+    let (Some(b), Some(e)) = (unsafe { id_box(id) }, unsafe { ece.as_ref() }) else {
+        return fail_minus_one(libc::EINVAL);
+    };
+    if !b.id.qp.is_null() || e.vendor_id == 0 || e.comp_mask != 0 {
+        return fail_minus_one(libc::EINVAL);
+    }
+    b.core.set_local_ece(ccm::Ece {
+        vendor_id: e.vendor_id,
+        options: e.options,
+    });
+    0
+}
+
+/// `rdma_get_remote_ece`: the peer's ECE values (EINVAL for an id with a QP of its own).
+unsafe extern "C" fn get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
+    // SAFETY: the API contract: a live id and a writable `ibv_ece` (or NULL).
+    let (Some(b), Some(e)) = (unsafe { id_box(id) }, unsafe { ece.as_mut() }) else {
+        return fail_minus_one(libc::EINVAL);
+    };
+    if !b.id.qp.is_null() {
+        return fail_minus_one(libc::EINVAL);
+    }
+    let r = b.core.remote_ece();
+    *e = ibv_ece {
+        vendor_id: r.vendor_id,
+        options: r.options,
+        comp_mask: 0,
+    };
+    0
 }
 
 unsafe extern "C" fn disconnect(id: *mut rdma_cm_id) -> c_int {
@@ -602,36 +657,35 @@ fn ensure_cqs(
     recv_cq: &mut *mut crate::abi::ibv_cq,
     cap: &crate::abi::ibv_qp_cap,
 ) -> bool {
+    ensure_cq(b, true, send_cq, cap.max_send_wr) && ensure_cq(b, false, recv_cq, cap.max_recv_wr)
+}
+
+/// Makes the id's send or receive CQ (`depth` entries, with its completion channel) if `slot`
+/// is NULL, and puts it there; false (errno set) on failure.
+fn ensure_cq(b: &mut SvCmId, send: bool, slot: &mut *mut crate::abi::ibv_cq, depth: u32) -> bool {
+    if !slot.is_null() {
+        return true;
+    }
     let ctx = b.id.verbs.cast::<ibv_context>();
-    for send in [true, false] {
-        let (slot, depth) = if send {
-            (&mut *send_cq, cap.max_send_wr)
-        } else {
-            (&mut *recv_cq, cap.max_recv_wr)
-        };
-        if !slot.is_null() {
-            continue;
-        }
-        // SAFETY: `ctx` is this library's open context.
-        let ch = unsafe { v::create_comp_channel(ctx) };
-        if ch.is_null() {
-            return false;
-        }
-        // SAFETY: as above, with the channel just made.
-        let cq = unsafe { v::create_cq(ctx, depth.max(1) as c_int, b as *mut SvCmId as *mut c_void, ch, 0) };
-        if cq.is_null() {
-            // SAFETY: the channel was just made and has no CQ.
-            unsafe { v::destroy_comp_channel(ch) };
-            return false;
-        }
-        *slot = cq;
-        if send {
-            b.id.send_cq_channel = ch.cast();
-            b.id.send_cq = cq.cast();
-        } else {
-            b.id.recv_cq_channel = ch.cast();
-            b.id.recv_cq = cq.cast();
-        }
+    // SAFETY: `ctx` is this library's open context.
+    let ch = unsafe { v::create_comp_channel(ctx) };
+    if ch.is_null() {
+        return false;
+    }
+    // SAFETY: as above, with the channel just made.
+    let cq = unsafe { v::create_cq(ctx, depth.max(1) as c_int, b as *mut SvCmId as *mut c_void, ch, 0) };
+    if cq.is_null() {
+        // SAFETY: the channel was just made and has no CQ.
+        unsafe { v::destroy_comp_channel(ch) };
+        return false;
+    }
+    *slot = cq;
+    if send {
+        b.id.send_cq_channel = ch.cast();
+        b.id.send_cq = cq.cast();
+    } else {
+        b.id.recv_cq_channel = ch.cast();
+        b.id.recv_cq = cq.cast();
     }
     true
 }
@@ -700,6 +754,11 @@ unsafe extern "C" fn destroy_qp(id: *mut rdma_cm_id) {
         // SAFETY: the id's QP was made by `create_qp` and the id no longer refers to it.
         unsafe { v::destroy_qp(qp) };
     }
+    destroy_cqs(b);
+}
+
+/// Destroys the CQs and completion channels made for the id (by `ensure_cq`).
+fn destroy_cqs(b: &mut SvCmId) {
     for cq in [
         std::mem::replace(&mut b.id.send_cq, std::ptr::null_mut()),
         std::mem::replace(&mut b.id.recv_cq, std::ptr::null_mut()),
@@ -1092,7 +1151,92 @@ unsafe extern "C" fn create_srq(id: *mut rdma_cm_id, pd: *mut c_void, attr: *mut
     0
 }
 
-/// `rdma_destroy_srq`: destroys `id->srq`.
+/// The XRC domain `rdma_create_srq_ex` uses on `ctx` when given none (opened once per
+/// context, with no file: private to this process).
+fn default_xrcd(ctx: *mut ibv_context) -> *mut crate::abi::ibv_xrcd {
+    if let Some(&x) = maps().xrcds.get(&(ctx as usize)) {
+        return x as *mut crate::abi::ibv_xrcd;
+    }
+    let mut attr = crate::abi::ibv_xrcd_init_attr {
+        comp_mask: crate::abi::IBV_XRCD_INIT_ATTR_FD | crate::abi::IBV_XRCD_INIT_ATTR_OFLAGS,
+        fd: -1,
+        oflags: libc::O_CREAT,
+    };
+    // SAFETY: `ctx` is a context this library opened and keeps open; `attr` is valid.
+    let xrcd = unsafe { crate::verbs::open_xrcd(ctx, &mut attr) };
+    if !xrcd.is_null() {
+        maps().xrcds.insert(ctx as usize, xrcd as usize);
+    }
+    xrcd
+}
+
+/// `rdma_create_srq_ex`: as `rdma_create_srq` from `ibv_srq_init_attr_ex`, filling in what the
+/// mask leaves out as librdmacm does: the type (XRC for an `IBV_QPT_XRC_RECV` id, else basic),
+/// the id's PD (or the default one) and, for XRC, a domain and a completion queue.
+unsafe extern "C" fn create_srq_ex(id: *mut rdma_cm_id, attr: *mut c_void) -> c_int {
+    use crate::abi::{
+        IBV_SRQT_BASIC, IBV_SRQT_XRC, IBV_SRQ_INIT_ATTR_CQ, IBV_SRQ_INIT_ATTR_PD, IBV_SRQ_INIT_ATTR_TYPE,
+        IBV_SRQ_INIT_ATTR_XRCD,
+    };
+    // SAFETY: the API contract: a live id and a valid `ibv_srq_init_attr_ex`.
+    let (Some(b), Some(a)) = (unsafe { id_box(id) }, unsafe {
+        attr.cast::<crate::abi::ibv_srq_init_attr_ex>().as_mut()
+    }) else {
+        return fail_minus_one(libc::EINVAL);
+    };
+    if b.id.verbs.is_null() || !b.id.srq.is_null() {
+        return fail_minus_one(libc::EINVAL);
+    }
+    let ctx = b.id.verbs.cast::<ibv_context>();
+    if a.comp_mask & IBV_SRQ_INIT_ATTR_TYPE == 0 {
+        a.srq_type = if b.id.qp_type as u32 == softverbs_engine::types::QpType::XrcRecv.raw() {
+            IBV_SRQT_XRC
+        } else {
+            IBV_SRQT_BASIC
+        };
+        a.comp_mask |= IBV_SRQ_INIT_ATTR_TYPE;
+    }
+    if a.srq_type == IBV_SRQT_XRC {
+        if a.comp_mask & IBV_SRQ_INIT_ATTR_XRCD == 0 {
+            a.xrcd = default_xrcd(ctx);
+            if a.xrcd.is_null() {
+                return -1;
+            }
+            a.comp_mask |= IBV_SRQ_INIT_ATTR_XRCD;
+        }
+        if a.comp_mask & IBV_SRQ_INIT_ATTR_CQ == 0 {
+            let mut cq = b.id.recv_cq.cast::<crate::abi::ibv_cq>();
+            if !ensure_cq(b, false, &mut cq, a.attr.max_wr) {
+                return -1;
+            }
+            a.cq = cq;
+            a.comp_mask |= IBV_SRQ_INIT_ATTR_CQ;
+        }
+    }
+    if a.comp_mask & IBV_SRQ_INIT_ATTR_PD == 0 || a.pd.is_null() {
+        a.pd = if b.id.pd.is_null() {
+            default_pd(ctx)
+        } else {
+            b.id.pd.cast()
+        };
+        if a.pd.is_null() {
+            return -1;
+        }
+        a.comp_mask |= IBV_SRQ_INIT_ATTR_PD;
+    }
+    // SAFETY: the context and attributes are valid, as above.
+    let srq = unsafe { crate::verbs::create_srq_ex(ctx, a) };
+    if srq.is_null() {
+        return -1;
+    }
+    b.id.srq = srq.cast();
+    if b.id.pd.is_null() {
+        b.id.pd = a.pd.cast();
+    }
+    0
+}
+
+/// `rdma_destroy_srq`: destroys `id->srq`, and the id's CQs when it has no QP.
 unsafe extern "C" fn destroy_srq(id: *mut rdma_cm_id) {
     // SAFETY: the API contract: a live id.
     let Some(b) = (unsafe { id_box(id) }) else {
@@ -1102,6 +1246,10 @@ unsafe extern "C" fn destroy_srq(id: *mut rdma_cm_id) {
     if !srq.is_null() {
         // SAFETY: the SRQ `create_srq` made, no longer referred to by the id.
         unsafe { v::destroy_srq(srq.cast()) };
+    }
+    // As librdmacm: the id's CQs go with it (an XRC SRQ's receive CQ), unless a QP uses them.
+    if b.id.qp.is_null() {
+        destroy_cqs(b);
     }
 }
 
@@ -1141,6 +1289,10 @@ static OPS: RdmacmOps = RdmacmOps {
     create_ep,
     destroy_ep,
     get_request,
+    create_srq_ex,
+    reject_ece,
+    set_local_ece,
+    get_remote_ece,
 };
 
 /// `softverbs_rdmacm_ops@@SOFTVERBS_PRIVATE_1`: the table `librdmacm.so.1` forwards to.

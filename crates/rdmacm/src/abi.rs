@@ -224,4 +224,8 @@ pub struct RdmacmOps {
         unsafe extern "C" fn(*mut *mut rdma_cm_id, *mut rdma_addrinfo, *mut c_void, *mut c_void) -> c_int,
     pub destroy_ep: unsafe extern "C" fn(*mut rdma_cm_id),
     pub get_request: unsafe extern "C" fn(*mut rdma_cm_id, *mut *mut rdma_cm_id) -> c_int,
+    pub create_srq_ex: unsafe extern "C" fn(*mut rdma_cm_id, *mut c_void) -> c_int,
+    pub reject_ece: unsafe extern "C" fn(*mut rdma_cm_id, *const c_void, u8) -> c_int,
+    pub set_local_ece: unsafe extern "C" fn(*mut rdma_cm_id, *mut ibv_ece) -> c_int,
+    pub get_remote_ece: unsafe extern "C" fn(*mut rdma_cm_id, *mut ibv_ece) -> c_int,
 }

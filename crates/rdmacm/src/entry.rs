@@ -265,6 +265,42 @@ pub(crate) unsafe extern "C" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
     }
 }
 
+/// `rdma_create_srq_ex`.
+pub(crate) unsafe extern "C" fn rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut c_void) -> c_int {
+    match ops() {
+        // SAFETY: forwarded with the caller's arguments, which the table checks.
+        Some(o) => unsafe { (o.create_srq_ex)(id, attr) },
+        None => enosys(),
+    }
+}
+
+/// `rdma_reject_ece`.
+pub(crate) unsafe extern "C" fn rdma_reject_ece(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+    match ops() {
+        // SAFETY: forwarded with the caller's arguments, which the table checks.
+        Some(o) => unsafe { (o.reject_ece)(id, data, len) },
+        None => enosys(),
+    }
+}
+
+/// `rdma_set_local_ece`.
+pub(crate) unsafe extern "C" fn rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
+    match ops() {
+        // SAFETY: forwarded with the caller's arguments, which the table checks.
+        Some(o) => unsafe { (o.set_local_ece)(id, ece) },
+        None => enosys(),
+    }
+}
+
+/// `rdma_get_remote_ece`.
+pub(crate) unsafe extern "C" fn rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int {
+    match ops() {
+        // SAFETY: forwarded with the caller's arguments, which the table checks.
+        Some(o) => unsafe { (o.get_remote_ece)(id, ece) },
+        None => enosys(),
+    }
+}
+
 macro_rules! not_yet {
     ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $f:ident;)*) => {
         $(
@@ -278,10 +314,6 @@ macro_rules! not_yet {
 }
 
 not_yet! {
-    rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut c_void) -> c_int = enosys;
-    rdma_reject_ece(id: *mut rdma_cm_id, data: *const c_void, len: u8) -> c_int = enosys;
-    rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int = enosys;
-    rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut ibv_ece) -> c_int = enosys;
     rsocket(domain: c_int, ty: c_int, protocol: c_int) -> c_int = enosys;
     rbind(s: c_int, addr: *const sockaddr, len: socklen_t) -> c_int = enosys;
     rlisten(s: c_int, backlog: c_int) -> c_int = enosys;

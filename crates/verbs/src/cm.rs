@@ -59,7 +59,7 @@ use softverbs_engine::types::{QpAttr, QpAttrMask, QpState};
 use softverbs_engine::{Error, Result};
 
 pub use softverbs_device::cm::{
-    live_ids, source_for, CmEventType, ConnParam, EventParam, PortSpace, UdParam, RDMA_UDP_QKEY,
+    live_ids, source_for, CmEventType, ConnParam, Ece, EventParam, PortSpace, UdParam, RDMA_UDP_QKEY,
 };
 
 use crate::context::Context;
@@ -278,6 +278,22 @@ impl CmId {
     /// `rdma_reject` (REJ reason 28, or SIDR status REJECT).
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
         self.0.core.reject(private_data)
+    }
+
+    /// `rdma_reject_ece`: a rejection saying the ECE values offered are not supported
+    /// (reason 35).
+    pub fn reject_ece(&self, private_data: &[u8]) -> Result<()> {
+        self.0.core.reject_ece(private_data)
+    }
+
+    /// `rdma_set_local_ece`: the ECE values the next REQ or REP carries.
+    pub fn set_local_ece(&self, ece: Ece) {
+        self.0.core.set_local_ece(ece);
+    }
+
+    /// `rdma_get_remote_ece`: the peer's ECE values (zero until its REQ or REP arrived).
+    pub fn remote_ece(&self) -> Ece {
+        self.0.core.remote_ece()
     }
 
     /// `rdma_establish` after CONNECT_RESPONSE.

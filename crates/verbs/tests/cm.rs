@@ -722,3 +722,49 @@ fn rdma_read_and_write_with_negotiated_resources() {
     cmr.read(100, &mut got).unwrap();
     assert_eq!(&got, b"written");
 }
+
+#[test]
+fn ece_values_are_exchanged_and_can_be_refused() {
+    use softverbs::cm::Ece;
+    let _alone = serial();
+    let ch = EventChannel::new().unwrap();
+    let (_listen, port) = listener(&ch, PortSpace::Tcp);
+    // Offered, and accepted with values of the server's own.
+    let client = resolved(&ch, PortSpace::Tcp, port);
+    let cr = res(&client);
+    let _cqp = qp(&client, &cr, QpType::Rc);
+    let offered = Ece {
+        vendor_id: 0x02c9,
+        options: 0xA5,
+    };
+    client.set_local_ece(offered);
+    client.connect(&ConnParam::default()).unwrap();
+    let req = expect(&ch, E::ConnectRequest);
+    let server = req.id().clone();
+    drop(req);
+    assert_eq!(server.remote_ece(), offered);
+    let sr = res(&server);
+    let _sqp = qp(&server, &sr, QpType::Rc);
+    let answered = Ece {
+        vendor_id: 0x02c9,
+        options: 0x5A,
+    };
+    server.set_local_ece(answered);
+    server.accept(&ConnParam::default()).unwrap();
+    for _ in 0..2 {
+        expect(&ch, E::Established);
+    }
+    assert_eq!(client.remote_ece(), answered);
+    // Refused: the client sees reason 35.
+    let other = resolved(&ch, PortSpace::Tcp, port);
+    let or = res(&other);
+    let _oqp = qp(&other, &or, QpType::Rc);
+    other.set_local_ece(offered);
+    other.connect(&ConnParam::default()).unwrap();
+    let req = expect(&ch, E::ConnectRequest);
+    req.id().reject_ece(b"no").unwrap();
+    drop(req);
+    let ev = expect(&ch, E::Rejected);
+    assert!(ev.id().same_as(&other));
+    assert_eq!(ev.status(), 35, "vendor option not supported");
+}

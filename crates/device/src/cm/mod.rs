@@ -28,6 +28,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+pub use softverbs_engine::cm::Ece;
 use softverbs_engine::cm::{
     AcceptParams, CmEvent as EngineEvent, CommId, ConnectParams, SidrId, SidrReplyParams,
 };
@@ -268,6 +269,10 @@ struct IdState {
     link: Link,
     /// The ports a listener listens on (every device's for the wildcard address).
     ports: Vec<Arc<CmPort>>,
+    /// ECE values this side offers or answers with (`rdma_set_local_ece`).
+    local_ece: Ece,
+    /// The peer's ECE values, from its REQ or REP.
+    remote_ece: Ece,
 }
 
 /// `struct rdma_cm_id`.
@@ -387,6 +392,8 @@ impl CmId {
                 send_only: Vec::new(),
                 ports: Vec::new(),
                 link: Link::default(),
+                local_ece: Ece::default(),
+                remote_ece: Ece::default(),
             }),
         }))
     }
@@ -847,7 +854,7 @@ impl CmId {
     /// and Q_Key, or UNREACHABLE). User private data: at most 56 bytes (RC) or 180 (UD).
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
         let port = self.port()?;
-        let (src, dst, qp, tos, ack) = {
+        let (src, dst, qp, tos, ack, local_ece) = {
             let st = self.state.lock();
             if st.phase != Phase::RouteResolved {
                 return Err(Error::invalid("the route is not resolved"));
@@ -858,6 +865,7 @@ impl CmId {
                 st.qp.clone(),
                 st.tos,
                 st.ack_timeout,
+                st.local_ece,
             )
         };
         let hdr = CmaHeaderRepr {
@@ -915,6 +923,7 @@ impl CmId {
             flow_control: param.flow_control != 0,
             path_mtu: mtu as u8,
             pkey: 0xFFFF,
+            ece: local_ece,
             path: CmPathRepr {
                 local_lid: 0xFFFF,
                 remote_lid: 0xFFFF,
@@ -1027,6 +1036,7 @@ impl CmId {
             rnr_retry_count: param.rnr_retry_count & 7,
             srq,
             flow_control: param.flow_control != 0,
+            ece: self.state.lock().local_ece,
         };
         port.with(|inner, now| {
             inner
@@ -1039,9 +1049,29 @@ impl CmId {
         self.complete_sync()
     }
 
+    /// `rdma_set_local_ece`: the ECE values the next REQ or REP carries.
+    pub fn set_local_ece(&self, ece: Ece) {
+        self.state.lock().local_ece = ece;
+    }
+
+    /// `rdma_get_remote_ece`: the peer's ECE values, from its REQ or REP (zero before).
+    pub fn remote_ece(&self) -> Ece {
+        self.state.lock().remote_ece
+    }
+
+    /// `rdma_reject_ece`: as [`CmId::reject`], with reason 35 (vendor option not supported),
+    /// which tells the peer the ECE values it offered were refused.
+    pub fn reject_ece(&self, private_data: &[u8]) -> Result<()> {
+        self.reject_with(rej_reason::VENDOR_OPTION_NOT_SUPPORTED, private_data)
+    }
+
     /// `rdma_reject`: a REJ with reason 28 (consumer defined) and up to 148 bytes of private
     /// data, or for UD a SIDR_REP with status REJECT (up to 136 bytes).
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
+        self.reject_with(rej_reason::CONSUMER_DEFINED, private_data)
+    }
+
+    fn reject_with(&self, reason: u16, private_data: &[u8]) -> Result<()> {
         let port = self.port()?;
         let (phase, conn, sidr) = {
             let st = self.state.lock();
@@ -1068,9 +1098,7 @@ impl CmId {
         } else {
             let conn = conn.ok_or_else(|| Error::invalid("no connection"))?;
             port.with(|inner, now| {
-                let r = inner
-                    .engine
-                    .reject(now, conn, rej_reason::CONSUMER_DEFINED, private_data);
+                let r = inner.engine.reject(now, conn, reason, private_data);
                 if r.is_ok() {
                     inner.conns.remove(&conn);
                 }
@@ -1297,7 +1325,12 @@ fn req_param(req: &softverbs_wire::cm::ReqRepr) -> EventParam {
 fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent) {
     let find = |inner: &PortInner, id: &CommId| inner.conns.get(id).and_then(Weak::upgrade);
     match ev {
-        EngineEvent::ConnectRequest { id, source: _, req } => {
+        EngineEvent::ConnectRequest {
+            id,
+            source: _,
+            req,
+            ece,
+        } => {
             let listener = inner.listeners.get(&req.service_id).and_then(Weak::upgrade);
             let hdr = CmaHeaderRepr::parse(&CmaHeaderPacket::new_unchecked(
                 &req.private_data[..CMA_HEADER_LEN],
@@ -1328,6 +1361,7 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
                 st.phase = Phase::Requested;
                 st.src = Some(SocketAddr::new(local, bound.map_or(0, |b| b.port())));
                 st.dst = Some(SocketAddr::new(hdr.src_addr, hdr.port));
+                st.remote_ece = ece;
                 st.device = Some(port.device.clone());
                 st.port = ports.iter().find(|p| std::ptr::eq(Arc::as_ptr(p), port)).cloned();
                 st.sgid_index = port::source_index(port.device.node().gids(), &Gid::from_ip(local));
@@ -1406,10 +1440,11 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
                 }),
             });
         }
-        EngineEvent::ConnectResponse { id, rep } => {
+        EngineEvent::ConnectResponse { id, rep, ece } => {
             let Some(cmid) = find(inner, &id) else { return };
             let qp = {
                 let mut st = cmid.state.lock();
+                st.remote_ece = ece;
                 st.link.remote_qpn = rep.local_qpn;
                 st.link.rq_psn = rep.starting_psn;
                 // Clamped to what the peer grants.

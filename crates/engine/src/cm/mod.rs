@@ -117,6 +117,17 @@ impl Default for CmConfig {
     }
 }
 
+/// Enhanced connection establishment (ECE) values of one side, as Linux carries them: the
+/// vendor ID in the REQ's or REP's vendor ID field (24 bits) and the options in the MAD
+/// header's attribute modifier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ece {
+    /// Vendor ID (24 bits).
+    pub vendor_id: u32,
+    /// Vendor options (`ibv_ece.options`).
+    pub options: u32,
+}
+
 /// What `connect` puts in the REQ beyond what the engine fills in itself (communication ID, CA
 /// GUID, CM timeouts and retries).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,6 +160,8 @@ pub struct ConnectParams {
     pub pkey: u16,
     /// The primary path: GIDs (the two IPs), flow label, traffic class, hop limit, ACK timeout.
     pub path: CmPathRepr,
+    /// ECE values offered.
+    pub ece: Ece,
 }
 
 impl Default for ConnectParams {
@@ -174,6 +187,7 @@ impl Default for ConnectParams {
                 local_ack_timeout: 18,
                 ..CmPathRepr::default()
             },
+            ece: Ece::default(),
         }
     }
 }
@@ -199,6 +213,8 @@ pub struct AcceptParams {
     pub srq: bool,
     /// End-to-end flow control.
     pub flow_control: bool,
+    /// ECE values answered.
+    pub ece: Ece,
 }
 
 /// What `sidr_reply` puts in the SIDR_REP.
@@ -234,6 +250,8 @@ pub enum CmEvent {
         /// The whole request: the peer's QPN, PSN, resources, path and 92 bytes of private
         /// data (the `rdma_cm` header and the user's data).
         req: Box<ReqRepr>,
+        /// The requester's ECE values.
+        ece: Ece,
     },
     /// A REP arrived (active side). Move the QP to RTR and RTS, then call
     /// [`CmEngine::establish`] (or [`CmEngine::reject`]).
@@ -242,6 +260,8 @@ pub enum CmEvent {
         id: CommId,
         /// The whole reply, with 196 bytes of private data.
         rep: Box<RepRepr>,
+        /// The responder's ECE values.
+        ece: Ece,
     },
     /// The connection is established: the active side sent its RTU, or the passive side
     /// received it (or was told data arrived).
@@ -453,9 +473,14 @@ fn make_rej(
 }
 
 fn encode(msg: &CmMessage, tid: u64) -> [u8; MAD_LEN] {
+    encode_with(msg, tid, 0)
+}
+
+/// [`encode`] with the header's attribute modifier (ECE options in a REQ or REP).
+fn encode_with(msg: &CmMessage, tid: u64, attr_mod: u32) -> [u8; MAD_LEN] {
     let mut mad = [0u8; MAD_LEN];
     // The buffer is exactly one MAD long, so emitting cannot fail.
-    let _ = msg.emit(tid, 0, &mut mad);
+    let _ = msg.emit(tid, attr_mod, &mut mad);
     mad
 }
 
@@ -547,6 +572,7 @@ impl CmEngine {
         let id = self.new_comm_id();
         let req = ReqRepr {
             local_comm_id: id,
+            vendor_id: params.ece.vendor_id & 0xFF_FFFF,
             service_id: params.service_id,
             local_ca_guid: self.config.ca_guid,
             local_qpn: params.local_qpn & 0xFF_FFFF,
@@ -575,7 +601,7 @@ impl CmEngine {
         conn.local_qpn = req.local_qpn;
         conn.timewait = cm_timeout(params.path.local_ack_timeout);
         conn.state = State::ReqSent;
-        let mad = encode(&CmMessage::Req(req), tid);
+        let mad = encode_with(&CmMessage::Req(req), tid, params.ece.options);
         conn.send_with_retry(now, mad, &mut self.transmits);
         self.conns.insert(id, conn);
         Ok(CommId(id))
@@ -609,12 +635,13 @@ impl CmEngine {
             rnr_retry_count: params.rnr_retry_count & 7,
             srq: params.srq,
             local_ca_guid: ca_guid,
+            vendor_id: params.ece.vendor_id & 0xFF_FFFF,
             private_data,
             ..RepRepr::default()
         };
         conn.local_qpn = rep.local_qpn;
         conn.state = State::RepSent;
-        let mad = encode(&CmMessage::Rep(rep), conn.tid);
+        let mad = encode_with(&CmMessage::Rep(rep), conn.tid, params.ece.options);
         conn.send_with_retry(now, mad, &mut self.transmits);
         Ok(())
     }
@@ -844,10 +871,10 @@ impl CmEngine {
         };
         let tid = header.transaction_id;
         match msg {
-            CmMessage::Req(req) => self.on_req(source, tid, &req),
+            CmMessage::Req(req) => self.on_req(source, tid, header.attr_mod, &req),
             CmMessage::Mra(mra) => self.on_mra(now, &mra),
             CmMessage::Rej(rej) => self.on_rej(now, &rej),
-            CmMessage::Rep(rep) => self.on_rep(&rep),
+            CmMessage::Rep(rep) => self.on_rep(header.attr_mod, &rep),
             CmMessage::Rtu(rtu) => self.on_rtu(&rtu),
             CmMessage::Dreq(dreq) => self.on_dreq(now, source, tid, &dreq),
             CmMessage::Drep(drep) => self.on_drep(now, &drep),
@@ -971,7 +998,7 @@ impl CmEngine {
         });
     }
 
-    fn on_req(&mut self, source: Gid, tid: u64, req: &ReqRepr) {
+    fn on_req(&mut self, source: Gid, tid: u64, attr_mod: u32, req: &ReqRepr) {
         // A retry of a REQ already seen is matched by the requester's CA GUID and comm ID.
         let dup = self.conns.values_mut().find(|c| {
             c.role == Role::Passive
@@ -1068,6 +1095,10 @@ impl CmEngine {
             id: CommId(id),
             source,
             req: Box::new(*req),
+            ece: Ece {
+                vendor_id: req.vendor_id,
+                options: attr_mod,
+            },
         });
     }
 
@@ -1147,7 +1178,7 @@ impl CmEngine {
         );
     }
 
-    fn on_rep(&mut self, rep: &RepRepr) {
+    fn on_rep(&mut self, attr_mod: u32, rep: &RepRepr) {
         let Some(conn) = self.conns.get_mut(&rep.remote_comm_id) else {
             self.stats.ignored += 1;
             return;
@@ -1169,6 +1200,10 @@ impl CmEngine {
                     CmEvent::ConnectResponse {
                         id: CommId(id),
                         rep: Box::new(*rep),
+                        ece: Ece {
+                            vendor_id: rep.vendor_id,
+                            options: attr_mod,
+                        },
                     },
                 );
             }

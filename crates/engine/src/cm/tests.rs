@@ -306,3 +306,49 @@ fn id_tag_fills_the_top_byte_of_chosen_ids() {
         .iter()
         .any(|(_, m)| matches!(m, CmMessage::Req(r) if r.local_comm_id >> 24 == 0x2A)));
 }
+
+#[test]
+fn ece_values_travel_in_the_req_and_rep() {
+    let t0 = Instant::ZERO;
+    let (mut a, mut b) = (engine(1), engine(2));
+    let sid = service_id(PortSpace::Tcp, 7175);
+    b.listen(sid).unwrap();
+    let offered = Ece {
+        vendor_id: 0x02c9,
+        options: 0x1234_5678,
+    };
+    let params = ConnectParams {
+        service_id: sid,
+        ece: offered,
+        ..ConnectParams::default()
+    };
+    let id = a.connect(t0, gid(2), &params, &[]).unwrap();
+    let req_mad = a.poll_transmit().unwrap().mad;
+    // As Linux: the vendor ID in the REQ, the options in the header's attribute modifier.
+    let (header, msg) = CmMessage::parse(&req_mad).unwrap();
+    assert_eq!(header.attr_mod, 0x1234_5678);
+    assert!(matches!(msg, CmMessage::Req(r) if r.vendor_id == 0x02c9));
+    b.handle_mad(t0, gid(1), &req_mad);
+    let Some(CmEvent::ConnectRequest { id: server, ece, .. }) = b.poll_event() else {
+        panic!("no request")
+    };
+    assert_eq!(ece, offered);
+    let answered = Ece {
+        vendor_id: 0x15b3,
+        options: 7,
+    };
+    b.accept(
+        t0,
+        server,
+        &AcceptParams {
+            ece: answered,
+            ..AcceptParams::default()
+        },
+        &[],
+    )
+    .unwrap();
+    pass(t0, &mut b, &mut a);
+    assert!(
+        matches!(a.poll_event(), Some(CmEvent::ConnectResponse { id: got, ece, .. }) if got == id && ece == answered)
+    );
+}

@@ -1,6 +1,6 @@
 /* rdma_cma.h calls in one process over softverbs' librdmacm.so.1 and libibverbs.so.1: devices,
- * options, QP attributes, a rejection with private data both ways, the event names, and the
- * errno convention. Prints "ok" and exits 0 when every check holds; otherwise the exit status
+ * options, QP attributes, SRQs, a rejection with private data both ways, ECE, the event names,
+ * and the errno convention. Prints "ok" and exits 0 when every check holds; otherwise the exit status
  * names the failed check. */
 #include <errno.h>
 #include <fcntl.h>
@@ -84,6 +84,29 @@ int main(void)
     rdma_destroy_srq(client);
     if (client->srq) return 35;
 
+    /* rdma_create_srq_ex with an empty mask: a basic SRQ in the id's PD, the mask filled in. */
+    struct ibv_srq_init_attr_ex sx = { .attr = { .max_wr = 8, .max_sge = 1 } };
+    if (rdma_create_srq_ex(client, &sx) || !client->srq || client->srq->pd != client->pd)
+        return 60;
+    if (!(sx.comp_mask & IBV_SRQ_INIT_ATTR_TYPE) || sx.srq_type != IBV_SRQT_BASIC ||
+        !(sx.comp_mask & IBV_SRQ_INIT_ATTR_PD) || sx.pd != client->pd)
+        return 61;
+    /* A second SRQ on the same id is refused. */
+    errno = 0;
+    if (rdma_create_srq_ex(client, &sx) != -1 || errno != EINVAL) return 62;
+    rdma_destroy_srq(client);
+    /* An XRC SRQ with only the type given: the library supplies a domain and a receive CQ. */
+    struct ibv_srq_init_attr_ex xx = { .attr = { .max_wr = 8, .max_sge = 1 },
+                                       .comp_mask = IBV_SRQ_INIT_ATTR_TYPE,
+                                       .srq_type = IBV_SRQT_XRC };
+    if (rdma_create_srq_ex(client, &xx) || !client->srq || !xx.xrcd || !xx.cq ||
+        xx.cq != client->recv_cq || !client->recv_cq_channel)
+        return 63;
+    uint32_t srqn = 0;
+    if (ibv_get_srq_num(client->srq, &srqn) || srqn == 0) return 64;
+    rdma_destroy_srq(client);
+    if (client->srq || client->recv_cq || client->recv_cq_channel) return 65;
+
     /* A QP from ibv_qp_init_attr_ex with no PD and no CQs: the id gets the device's PD and CQs
      * with completion channels, and the QP is in INIT. */
     struct ibv_qp_init_attr_ex ax = { .qp_type = IBV_QPT_RC,
@@ -127,6 +150,36 @@ int main(void)
         return 32;
     rdma_destroy_qp(client);
     if (client->qp) return 33;
+
+    /* ECE on an id whose QP the application keeps (none here: qp_num in the parameters). */
+    struct rdma_cm_id *ece_client, *ece_child;
+    struct ibv_ece ece = { .vendor_id = 0x2c9, .options = 0x77 }, got;
+    if (rdma_create_id(ch, &ece_client, NULL, RDMA_PS_TCP)) return 70;
+    if (rdma_resolve_addr(ece_client, NULL, (struct sockaddr *)&sin, 2000)) return 71;
+    if (expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED, &ev)) return 72;
+    rdma_ack_cm_event(ev);
+    if (rdma_resolve_route(ece_client, 2000)) return 73;
+    if (expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, &ev)) return 74;
+    rdma_ack_cm_event(ev);
+    struct ibv_ece zero = { 0 };
+    errno = 0;
+    if (rdma_set_local_ece(ece_client, &zero) != -1 || errno != EINVAL) return 75;
+    if (rdma_set_local_ece(ece_client, &ece)) return 76;
+    struct rdma_conn_param ecp = { .qp_num = 0x456, .retry_count = 7 };
+    if (rdma_connect(ece_client, &ecp)) return 77;
+    if (expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST, &ev)) return 78;
+    ece_child = ev->id;
+    rdma_ack_cm_event(ev);
+    memset(&got, 0xff, sizeof got);
+    if (rdma_get_remote_ece(ece_child, &got) || got.vendor_id != ece.vendor_id ||
+        got.options != ece.options || got.comp_mask)
+        return 79;
+    if (rdma_reject_ece(ece_child, NULL, 0)) return 80;
+    if (expect(ch, RDMA_CM_EVENT_REJECTED, &ev) || ev->id != ece_client || ev->status != 35)
+        return 81;
+    rdma_ack_cm_event(ev);
+    if (rdma_destroy_id(ece_child) || rdma_destroy_id(ece_client)) return 82;
+
     if (rdma_destroy_id(child) || rdma_destroy_id(client) || rdma_destroy_id(listen_id)) return 28;
     rdma_destroy_event_channel(ch);
     if (strcmp(rdma_event_str(RDMA_CM_EVENT_TIMEWAIT_EXIT), "RDMA_CM_EVENT_TIMEWAIT_EXIT"))
