@@ -59,7 +59,7 @@ use softverbs_engine::types::{QpAttr, QpAttrMask, QpState};
 use softverbs_engine::{Error, Result};
 
 pub use softverbs_device::cm::{
-    live_ids, source_for, CmEventType, ConnParam, Ece, EventParam, PortSpace, UdParam, RDMA_UDP_QKEY,
+    live_ids, source_for, CmEventType, CmStats, ConnParam, Ece, EventParam, PortSpace, UdParam, RDMA_UDP_QKEY,
 };
 
 use crate::context::Context;
@@ -408,4 +408,10 @@ impl CmId {
 /// torn down and its timewait ended.
 pub fn cm_entries(ctx: &Context) -> Result<(usize, usize)> {
     ccm::live_entries(ctx.core().device())
+}
+
+/// What `ctx`'s device CM dropped, answered from a stored reply and resent after a timeout:
+/// resends show the CM recovering lost MADs.
+pub fn cm_stats(ctx: &Context) -> Result<CmStats> {
+    ccm::stats(ctx.core().device())
 }

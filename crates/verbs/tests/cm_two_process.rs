@@ -7,7 +7,8 @@
 //! set up and torn down with nothing left behind.
 //! As root, also across two network namespaces ("hosts") where the server is not the process
 //! holding the standard RoCE port: the MADs from the other host are forwarded to it, and tshark
-//! decodes every datagram to QP1 captured on the link as a CM MAD.
+//! decodes every datagram to QP1 captured on the link as a CM MAD; and 40 connections, each used
+//! both ways, while both hosts drop 5 % of the datagrams they receive (the CMs resend).
 
 mod common;
 
@@ -149,6 +150,95 @@ fn many_client(dst: SocketAddr) {
     assert_eq!(cm::live_ids(), 0, "every id is gone");
     assert_eq!(fd_count(), fds, "no file descriptor leaked");
     println!("ok");
+}
+
+/// How many connections the lossy scenario makes across the namespaces.
+const LOSSY: usize = 40;
+
+/// Serves `LOSSY` connections: each brings a SEND from the client, then the client reads
+/// "world" from the server (its address and key in the accept's private data) and
+/// disconnects. Prints how many MADs its CM resent. Only the client's operations are
+/// acknowledged to it, so it knows when all have landed before it disconnects (a QP leaves RTS
+/// at the disconnect, and could then not answer a resent request whose ACK was lost).
+fn lossy_server(ip: Ipv4Addr) {
+    let ch = EventChannel::new().unwrap();
+    let listen = CmId::new(Some(&ch), PortSpace::Tcp).unwrap();
+    listen.bind_addr(SocketAddr::from((ip, 0))).unwrap();
+    listen.listen(4).unwrap();
+    println!("port {}", listen.src_addr().unwrap().port());
+    let r = res(&listen);
+    let world = r.pd.register(4096, AccessFlags::REMOTE_READ).unwrap();
+    world.write(0, b"world").unwrap();
+    let mut private_data = world.addr().to_be_bytes().to_vec();
+    private_data.extend(world.rkey().to_be_bytes());
+    let rw = ConnParam {
+        responder_resources: 1,
+        initiator_depth: 1,
+        private_data,
+        ..ConnParam::default()
+    };
+    for _ in 0..LOSSY {
+        let req = expect_skip(&ch, E::ConnectRequest);
+        let id = req.id().clone();
+        drop(req);
+        let qp = id.create_qp(&r.pd, &QpInit::new(QpType::Rc, &r.cq)).unwrap();
+        recv(&qp, &r);
+        id.accept(&rw).unwrap();
+        expect_skip(&ch, E::Established);
+        let wc = poll(&r.cq);
+        assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 5));
+        let mut hello = [0u8; 5];
+        r.mr.read(0, &mut hello).unwrap();
+        assert_eq!(&hello, b"hello");
+        expect_skip(&ch, E::Disconnected);
+        id.disconnect().unwrap();
+    }
+    let stats = cm::cm_stats(&listen.context().unwrap()).unwrap();
+    println!("ok {}", stats.retransmitted);
+}
+
+/// Makes `LOSSY` connections to `dst`, each a SEND and a READ, then prints how many MADs its CM
+/// resent.
+fn lossy_client(dst: SocketAddr) {
+    let ch = EventChannel::new().unwrap();
+    let mut ctx = None;
+    for _ in 0..LOSSY {
+        let id = CmId::new(Some(&ch), PortSpace::Tcp).unwrap();
+        id.resolve_addr(None, dst, 2000).unwrap();
+        expect_skip(&ch, E::AddrResolved);
+        id.resolve_route(2000).unwrap();
+        expect_skip(&ch, E::RouteResolved);
+        let r = res(&id);
+        let qp = id.create_qp(&r.pd, &QpInit::new(QpType::Rc, &r.cq)).unwrap();
+        id.connect(&ConnParam {
+            responder_resources: 1,
+            initiator_depth: 1,
+            ..ConnParam::default()
+        })
+        .unwrap();
+        let ev = expect_skip(&ch, E::Established);
+        let data = &ev.conn().unwrap().private_data;
+        let remote = RemoteAddr {
+            addr: u64::from_be_bytes(data[..8].try_into().unwrap()),
+            rkey: u32::from_be_bytes(data[8..12].try_into().unwrap()),
+        };
+        drop(ev);
+        r.mr.write(100, b"hello").unwrap();
+        qp.post_send(&[send(r.mr.sge(100..105).unwrap(), None)]).unwrap();
+        assert_eq!(poll(&r.cq).status, WcStatus::Success);
+        let mut read = send(r.mr.sge(0..5).unwrap(), None);
+        read.op = SendOp::Read { remote };
+        qp.post_send(&[read]).unwrap();
+        assert_eq!(poll(&r.cq).status, WcStatus::Success);
+        let mut got = [0u8; 5];
+        r.mr.read(0, &mut got).unwrap();
+        assert_eq!(&got, b"world");
+        id.disconnect().unwrap();
+        expect_skip(&ch, E::Disconnected);
+        ctx.get_or_insert_with(|| id.context().unwrap());
+    }
+    let stats = cm::cm_stats(ctx.as_ref().unwrap()).unwrap();
+    println!("ok {}", stats.retransmitted);
 }
 
 /// The server side of `scenario`: prints its port, then serves one client.
@@ -465,6 +555,42 @@ fn across_hosts() {
     let _ = std::fs::remove_file(&pcap);
 }
 
+/// Both hosts drop 5 % of the RoCE datagrams they receive (nftables): every connection is
+/// still set up, used and torn down, the CMs resending what was lost.
+fn across_hosts_with_loss() {
+    use common::netns::Hosts;
+    const IPS: [Ipv4Addr; 2] = [Ipv4Addr::new(10, 79, 0, 1), Ipv4Addr::new(10, 79, 0, 2)];
+    let hosts = Hosts::new("svcl", "h", IPS, false);
+    let base: u16 = std::env::var("SOFTVERBS_UDP_PORT").unwrap().parse().unwrap();
+    for i in 0..2 {
+        hosts.drop_incoming(i, 5, (base, base + 255));
+    }
+    // Short CM timeouts (16 ms, not Linux's 4 s) keep the resends quick; the retry count
+    // stays the default 15.
+    std::env::set_var("SOFTVERBS_CM_RESPONSE_TIMEOUT", "12");
+    std::env::set_var("SOFTVERBS_CM_PACKET_LIFETIME", "10");
+    let started = Instant::now();
+    let mut srv = hosts.spawn(0, &["--server", "lossy", &IPS[0].to_string()]);
+    let line = srv.line(Duration::from_secs(20));
+    let port: u16 = line.strip_prefix("port ").unwrap().parse().unwrap();
+    let dst = SocketAddr::from((IPS[0], port)).to_string();
+    let mut cli = hosts.spawn(1, &["--client", "lossy", &dst]);
+    let resent = |line: String, who: &str| -> u64 {
+        let n = line.strip_prefix("ok ");
+        n.unwrap_or_else(|| panic!("{who}: {line}")).parse().unwrap()
+    };
+    let c = resent(cli.line(Duration::from_secs(240)), "client");
+    let s = resent(srv.line(Duration::from_secs(30)), "server");
+    let dropped = [hosts.dropped(0), hosts.dropped(1)];
+    println!(
+        "  {LOSSY} connections under 5 % loss in {:?}: {dropped:?} datagrams dropped, \
+         {c} + {s} MADs resent",
+        started.elapsed()
+    );
+    assert!(dropped[0] > 0 && dropped[1] > 0, "both rules dropped datagrams");
+    assert!(c + s > 0, "lost MADs were resent");
+}
+
 /// Wireshark decodes every datagram to or from QP1 on the link as a CM MAD (RoCEv2 UD SEND
 /// ONLY, Q_Key 0x80010000), and the connection's whole exchange is there.
 fn check_capture(pcap: &std::path::Path) {
@@ -508,6 +634,8 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("--server") if args[2] == "many" => return many_server(Ipv4Addr::LOCALHOST),
+        Some("--server") if args[2] == "lossy" => return lossy_server(args[3].parse().unwrap()),
+        Some("--client") if args[2] == "lossy" => return lossy_client(args[3].parse().unwrap()),
         Some("--client") if args[2] == "many" => return many_client(args[3].parse().unwrap()),
         Some("--server") => {
             let ip = args.get(3).map_or(Ipv4Addr::LOCALHOST, |a| a.parse().unwrap());
@@ -520,21 +648,29 @@ fn main() {
     // A private base port, so the test does not depend on other softverbs processes of the
     // host; the children inherit it.
     std::env::set_var("SOFTVERBS_UDP_PORT", common::free_base_port().to_string());
-    // `cargo test -- --list` and filters: this harness has one test.
+    // `cargo test -- --list`: this harness has one test. Other arguments that are not options
+    // select the cases whose names contain one of them.
     if args.iter().any(|a| a == "--list") {
         println!("cm_two_process: test");
         return;
     }
+    let filters: Vec<&str> = args[1..]
+        .iter()
+        .map(String::as_str)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let selected = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f));
     let mut failed = 0;
     let mut passed = 0;
     for shm in ["1", "0"] {
         for scenario in ["rc", "ud", "reject", "nobody", "vanish", "ghost", "many"] {
             let carrier = if shm == "0" { "udp" } else { "shared memory" };
+            let name = format!("{scenario} over {carrier}");
+            if !selected(&name) {
+                continue;
+            }
             let ok = run(shm, scenario);
-            println!(
-                "test {scenario} over {carrier} ... {}",
-                if ok { "ok" } else { "FAILED" }
-            );
+            println!("test {name} ... {}", if ok { "ok" } else { "FAILED" });
             if ok {
                 passed += 1;
             } else {
@@ -543,15 +679,21 @@ fn main() {
         }
     }
     if nix::unistd::Uid::effective().is_root() {
-        let ok = std::panic::catch_unwind(across_hosts).is_ok();
-        println!(
-            "test across hosts: UNREACHABLE, then RC forwarded to a second process ... {}",
-            if ok { "ok" } else { "FAILED" }
-        );
-        if ok {
-            passed += 1;
-        } else {
-            failed += 1;
+        let cases: [(&str, fn()); 2] = [
+            (
+                "across hosts: UNREACHABLE, then RC forwarded to a second process",
+                across_hosts,
+            ),
+            ("across hosts with 5 % loss both ways", across_hosts_with_loss),
+        ];
+        for (name, case) in cases.into_iter().filter(|(name, _)| selected(name)) {
+            let ok = std::panic::catch_unwind(case).is_ok();
+            println!("test {name} ... {}", if ok { "ok" } else { "FAILED" });
+            if ok {
+                passed += 1;
+            } else {
+                failed += 1;
+            }
         }
     } else {
         println!("test rc across hosts ... skipped (needs root for network namespaces)");

@@ -11,7 +11,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::netns::{run, Hosts};
+use common::netns::Hosts;
 use softverbs::*;
 
 /// The two hosts' addresses on the veth pair.
@@ -262,35 +262,12 @@ fn over_veth() {
 fn five_percent_loss() {
     let hosts = Hosts::new("sv", "l", IPS, true);
     // Drop 5 % of the receiver's incoming RoCE packets.
-    let ns = &hosts.ns[1];
-    run(
-        "ip",
-        &["netns", "exec", ns, "nft", "add", "table", "inet", "svloss"],
-    );
-    run(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            ns,
-            "nft",
-            "add chain inet svloss input { type filter hook input priority 0 ; }",
-        ],
-    );
-    run(
-        "ip",
-        &[
-            "netns",
-            "exec",
-            ns,
-            "nft",
-            "add rule inet svloss input udp dport 4791-5046 numgen random mod 100 < 5 drop",
-        ],
-    );
+    hosts.drop_incoming(1, 5, (4791, 5046));
     let start = Instant::now();
     let done = exchange(&hosts, LEN);
     let retransmits: u64 = done.split_whitespace().nth(2).unwrap().parse().unwrap();
     assert!(retransmits > 0, "losses were recovered by retransmission: {done}");
+    assert!(hosts.dropped(1) > 0, "the rule dropped packets");
     println!("  5 % loss: 3 MiB byte-exact in {:?} ({done})", start.elapsed());
 }
 

@@ -28,10 +28,10 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-pub use softverbs_engine::cm::Ece;
 use softverbs_engine::cm::{
     AcceptParams, CmEvent as EngineEvent, CommId, ConnectParams, SidrId, SidrReplyParams,
 };
+pub use softverbs_engine::cm::{CmStats, Ece};
 use softverbs_engine::time::Instant;
 use softverbs_engine::types::{
     AccessFlags, AhAttr, Gid, GlobalRoute, Mtu, QpAttr, QpAttrMask, QpState, QpType,
@@ -1303,6 +1303,13 @@ pub fn live_entries(device: &Device) -> Result<(usize, usize)> {
     let inner = port.inner.lock();
     let ids = inner.conns.len() + inner.listeners.len() + inner.sidr_out.len();
     Ok((inner.engine.live_entries(), ids))
+}
+
+/// What `device`'s CM dropped, answered on its own and resent (its engine's counters).
+pub fn stats(device: &Device) -> Result<CmStats> {
+    let port = CmPort::of(device)?;
+    let stats = port.inner.lock().engine.stats();
+    Ok(stats)
 }
 
 /// CONNECT_REQUEST parameters from a REQ (the peer's view swapped, as the kernel reports

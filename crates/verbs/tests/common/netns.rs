@@ -64,6 +64,43 @@ impl Hosts {
         h
     }
 
+    /// Drops `percent` % of the UDP datagrams host `i` receives on `ports` (an nftables
+    /// `numgen random` rule with a counter in table `inet svloss`).
+    pub(crate) fn drop_incoming(&self, i: usize, percent: u32, ports: (u16, u16)) {
+        let ns = &self.ns[i];
+        let nft = |rule: &str| run("ip", &["netns", "exec", ns, "nft", rule]);
+        nft("add table inet svloss");
+        nft("add chain inet svloss input { type filter hook input priority 0 ; }");
+        nft(&format!(
+            "add rule inet svloss input udp dport {}-{} numgen random mod 100 < {percent} counter drop",
+            ports.0, ports.1
+        ));
+    }
+
+    /// How many datagrams the rule of [`Self::drop_incoming`] dropped in host `i`.
+    pub(crate) fn dropped(&self, i: usize) -> u64 {
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &self.ns[i],
+                "nft",
+                "list",
+                "table",
+                "inet",
+                "svloss",
+            ])
+            .output()
+            .expect("nft");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let n = text
+            .split_whitespace()
+            .skip_while(|w| *w != "packets")
+            .nth(1)
+            .and_then(|n| n.parse().ok());
+        n.unwrap_or_else(|| panic!("no counter in:\n{text}"))
+    }
+
     /// Runs this test executable with `args` in host `i`, on the veth's device only.
     pub(crate) fn spawn(&self, i: usize, args: &[&str]) -> Peer {
         let mut cmd = Command::new("ip");
