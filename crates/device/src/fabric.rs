@@ -1549,15 +1549,31 @@ impl<E: Endpoint> Fabric<E> {
     /// QP number names another process's slot, that process has a mailbox this one can open,
     /// and it may copy out of this process ([`remote::peers_may_read_us`]).
     pub(crate) fn can_leave_payloads_in_memory(&self, dgid: &Gid, dest_qpn: u32) -> bool {
-        let (Some(shm), Some(udp)) = (self.shm.get(), self.udp.get()) else {
-            return false;
+        remote::peers_may_read_us() && self.mailbox_reaches(dgid, dest_qpn) == Some(true)
+    }
+
+    /// Whether packets to QP `dest_qpn` at `dgid` stay on a carrier that loses none: a node of
+    /// this process, or another process of this host reached through its mailbox (a full ring
+    /// is waited on, not dropped).
+    pub(crate) fn reaches_without_loss(&self, dgid: &Gid, dest_qpn: u32) -> bool {
+        self.mailbox_reaches(dgid, dest_qpn) != Some(false)
+    }
+
+    /// For a destination on this host (one of this fabric's GIDs): whether another process's
+    /// mailbox takes its packets (`Some(true)`), or they go over UDP (`Some(false)`); `None`
+    /// when they stay in this process. A destination elsewhere is `Some(false)`.
+    fn mailbox_reaches(&self, dgid: &Gid, dest_qpn: u32) -> Option<bool> {
+        if !self.live_nodes().iter().any(|n| n.has_gid(dgid)) {
+            return Some(false);
+        }
+        // Without a UDP driver every packet stays in this process.
+        let udp = self.udp.get()?;
+        if dest_qpn >> 16 == u32::from(udp.slot()) {
+            return None;
+        }
+        let Some(shm) = self.shm.get() else {
+            return Some(false);
         };
-        if !remote::peers_may_read_us() {
-            return false;
-        }
-        if dest_qpn >> 16 == u32::from(udp.slot()) || !self.live_nodes().iter().any(|n| n.has_gid(dgid)) {
-            return false;
-        }
         let route = Route {
             sgid: Gid::ZERO,
             dgid: *dgid,
@@ -1567,7 +1583,7 @@ impl<E: Endpoint> Fabric<E> {
             ifindex: 0,
             ports: (udp.port(), udp.dest_port(dest_qpn)),
         };
-        shm.send_to_process(&route, &[], &[]).is_some()
+        Some(shm.send_to_process(&route, &[], &[]).is_some())
     }
 
     /// Forwarded datagrams the UDP driver dropped as forged.

@@ -929,13 +929,19 @@ impl Qp {
             apply_modify(&mut inner.attr, attr, mask, next);
             let new = inner.attr;
             inner.engine.set_attr(now, &new);
-            if matches!(new.qp_state, QpState::Rtr | QpState::Rts) {
+            let connected = matches!(self.qp_type(), QpType::Rc | QpType::Uc | QpType::XrcSend);
+            if connected && matches!(new.qp_state, QpState::Rtr | QpState::Rts) {
                 // Large payloads stay in registered memory while the peer is another process
                 // of this host reached through shared memory (it copies them itself).
                 let shm = self
                     .fabric()
                     .can_leave_payloads_in_memory(&new.ah_attr.grh.dgid, new.dest_qp_num);
                 inner.engine.set_external_payloads(shm);
+                // Early resends pay off only on a carrier that can lose packets (UDP).
+                let lossless = self
+                    .fabric()
+                    .reaches_without_loss(&new.ah_attr.grh.dgid, new.dest_qp_num);
+                inner.engine.set_adaptive_retransmit(!lossless);
             }
             if mask.contains(QpAttrMask::RATE_LIMIT) {
                 inner

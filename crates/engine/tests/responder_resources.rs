@@ -341,7 +341,8 @@ fn a_sequence_nak_behind_a_stuck_read_is_acted_upon() {
     let data = sim.rng.bytes(32768);
     sim.mem(0).poke(local.addr + 32768, &data);
     let (read_psn, x, y) = (o.psn_a, o.psn_a + 5, o.psn_a + 20);
-    let until = sim.now.0 + 2_000_000;
+    // Shorter than the first retransmission timeout (at least 1 ms).
+    let until = sim.now.0 + 500_000;
     let mut copies = std::collections::HashMap::<u32, u32>::new();
     sim.set_filter(move |p| {
         if p.opcode.is_read() && p.opcode.is_response() && p.psn.value() == read_psn && p.time.0 < until {
@@ -366,7 +367,9 @@ fn a_sequence_nak_behind_a_stuck_read_is_acted_upon() {
         1,
         "only the READ needed a timeout"
     );
-    assert_eq!(sim.qp(a).engine.counters().seq_naks_received, 2);
+    // One NAK per loss at least (the responder repeats one for packets asking for an
+    // acknowledgement past the hole).
+    assert!(sim.qp(a).engine.counters().seq_naks_received >= 2);
 }
 
 #[test]

@@ -66,12 +66,14 @@ impl Watchdog {
     }
 }
 
-/// Fails on an unsuccessful completion.
-pub(crate) fn check_wc(wc: &WorkCompletion) -> Result<()> {
+/// Fails on an unsuccessful completion, naming the QP's transport counters (what it resent,
+/// how often its timer fired, the NAKs it got).
+pub(crate) fn check_wc(ep: &Endpoint, wc: &WorkCompletion) -> Result<()> {
     if wc.status != WcStatus::Success {
         let (q, k) = split_wr_id(wc.wr_id);
+        let counters = ep.qps.get(q).map(|qp| qp.counters());
         bail!(
-            "work request {k} on QP index {q} failed: {} ({:?})",
+            "work request {k} on QP index {q} failed: {} ({:?}); QP counters {counters:?}",
             wc.status.as_str(),
             wc.opcode
         );
@@ -144,7 +146,7 @@ pub(crate) fn client(
         }
         let k = ep.poll(&mut wcs)?;
         for wc in &wcs[..k] {
-            check_wc(wc)?;
+            check_wc(ep, wc)?;
             let (q, idx) = split_wr_id(wc.wr_id);
             let s = &mut sq[q];
             if idx + 1 > s.done {
@@ -249,7 +251,7 @@ pub(crate) fn server_send(
     loop {
         let k = ep.poll(&mut wcs)?;
         for wc in &wcs[..k] {
-            check_wc(wc)?;
+            check_wc(ep, wc)?;
             if wc.opcode == WcOpcode::Recv {
                 let q = wc.wr_id as usize;
                 repost[q] += 1;

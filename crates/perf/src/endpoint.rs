@@ -272,6 +272,14 @@ pub(crate) struct Endpoint {
 }
 
 impl Endpoint {
+    /// (request packets resent, retransmission timer expiries) so far, over all QPs.
+    pub(crate) fn resends(&self) -> (u64, u64) {
+        self.qps.iter().fold((0, 0), |(r, t), qp| {
+            let c = qp.counters();
+            (r + c.retransmits, t + c.timeouts)
+        })
+    }
+
     pub(crate) fn create(
         side: Side,
         params: &Params,

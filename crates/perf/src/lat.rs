@@ -55,7 +55,7 @@ impl<'a> Pinger<'a> {
             return self.dog.check("waiting for the peer (a lost UC message?)");
         }
         for wc in &self.wcs[..k] {
-            check_wc(wc)?;
+            check_wc(self.ep, wc)?;
             if wc.opcode == WcOpcode::Recv {
                 self.recvs += 1;
                 self.ep.recvs_posted[0] -= 1;

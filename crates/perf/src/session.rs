@@ -338,11 +338,15 @@ fn client_session(args: &Args, params: &Params, oob: &mut Oob, peer: PeerKind) -
                 if warm > 0 {
                     client_phase(&mut ep, &remote, oob, size, Some(warm), None)?;
                 }
+                let before = ep.resends();
                 let out = client_phase(&mut ep, &remote, oob, size, p.iters, p.duration())?;
                 let run = out.bw.expect("bandwidth phase");
                 let total = run.total();
                 let iterations = p.iters.unwrap_or(total / u64::from(p.qps));
-                rep.add(Row::Bw(bw_row(size, iterations, total, run.secs, &run.points)));
+                let mut row = bw_row(size, iterations, total, run.secs, &run.points);
+                let after = ep.resends();
+                (row.retransmits, row.timeouts) = (after.0 - before.0, after.1 - before.1);
+                rep.add(Row::Bw(row));
             }
         }
         Metric::Lat => {

@@ -18,6 +18,10 @@ pub struct BwRow {
     pub bw_avg_gbps: f64,
     /// Messages per second over the whole run, in millions.
     pub msg_rate_mpps: f64,
+    /// Request packets this side resent during the run (RC), over all its QPs.
+    pub retransmits: u64,
+    /// Retransmission timer expiries during the run, over all its QPs.
+    pub timeouts: u64,
 }
 
 /// One row of a latency test, in microseconds. For SEND and WRITE ping-pong the figures are
@@ -109,6 +113,8 @@ pub fn bw_row(bytes: usize, iterations: u64, total_msgs: u64, secs: f64, points:
         bw_peak_gbps: peak * bits / 1e9,
         bw_avg_gbps: rate * bits / 1e9,
         msg_rate_mpps: rate / 1e6,
+        retransmits: 0,
+        timeouts: 0,
     }
 }
 
@@ -228,8 +234,8 @@ impl Reporter {
     fn header(row: &Row) -> (&'static str, &'static str) {
         match row {
             Row::Bw(_) => (
-                " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]",
-                "bytes,iterations,bw_peak_gbps,bw_avg_gbps,msg_rate_mpps",
+                " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]   Resent  Timeouts",
+                "bytes,iterations,bw_peak_gbps,bw_avg_gbps,msg_rate_mpps,retransmits,timeouts",
             ),
             Row::Lat(_) => (
                 " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]",
@@ -255,12 +261,14 @@ impl Reporter {
         }
         match (self.format, &row) {
             (Format::Table, Row::Bw(r)) => println!(
-                " {:<10} {:<14} {:<18} {:<20} {:.6}",
+                " {:<10} {:<14} {:<18} {:<20} {:<15.6} {:<7} {}",
                 r.bytes,
                 r.iterations,
                 fig(r.bw_peak_gbps),
                 fig(r.bw_avg_gbps),
-                r.msg_rate_mpps
+                r.msg_rate_mpps,
+                r.retransmits,
+                r.timeouts
             ),
             (Format::Table, Row::Lat(r)) => println!(
                 " {:<7} {:<11} {:<14.2} {:<14.2} {:<16.2} {:<14.2} {:<15.2} {:<22.2} {:.2}",
@@ -273,8 +281,14 @@ impl Reporter {
                 );
             }
             (Format::Csv, Row::Bw(r)) => println!(
-                "{},{},{:.6},{:.6},{:.6}",
-                r.bytes, r.iterations, r.bw_peak_gbps, r.bw_avg_gbps, r.msg_rate_mpps
+                "{},{},{:.6},{:.6},{:.6},{},{}",
+                r.bytes,
+                r.iterations,
+                r.bw_peak_gbps,
+                r.bw_avg_gbps,
+                r.msg_rate_mpps,
+                r.retransmits,
+                r.timeouts
             ),
             (Format::Csv, Row::Lat(r)) => println!(
                 "{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3}",
@@ -324,6 +338,8 @@ impl Reporter {
                     ("bw_peak_gbps", json_num(r.bw_peak_gbps)),
                     ("bw_avg_gbps", json_num(r.bw_avg_gbps)),
                     ("msg_rate_mpps", json_num(r.msg_rate_mpps)),
+                    ("retransmits", r.retransmits.to_string()),
+                    ("timeouts", r.timeouts.to_string()),
                 ],
                 Row::Lat(r) => vec![
                     ("bytes", r.bytes.to_string()),

@@ -145,6 +145,7 @@ impl QpEngine {
         self.req.rnr_until = Some(now + rnr_delay(timer));
         self.req.rnr_psn = psn;
         self.req.retransmit_at = None;
+        self.req.hole_at = None;
         Ok(())
     }
 
@@ -157,7 +158,7 @@ impl QpEngine {
         match code {
             NakCode::PsnSequenceError => {
                 self.counters.seq_naks_received += 1;
-                self.request_retry(psn);
+                self.request_retry(now, psn);
             }
             other => {
                 let status = match other {
@@ -176,7 +177,7 @@ impl QpEngine {
     }
 
     /// Index of the started, unfinished WQE whose PSN range holds `psn`.
-    fn wqe_index_of(&self, psn: Psn) -> Option<usize> {
+    pub(crate) fn wqe_index_of(&self, psn: Psn) -> Option<usize> {
         self.sq
             .iter()
             .position(|w| w.outstanding() && psn.in_range(w.first_psn, w.last_psn()))
@@ -198,18 +199,47 @@ impl QpEngine {
 
     /// Go-back-N from `psn`, because the responder told us (sequence NAK) that it is missing.
     /// Costs one retry, unless a go-back-N from `psn` or before is already under way (then the
-    /// resend covers it); fails the QP with `IBV_WC_RETRY_EXC_ERR` once the budget is spent.
-    fn request_retry(&mut self, psn: Psn) {
-        if self.req.retry_psn.is_some_and(|r| !psn.is_before(r)) {
-            return;
-        }
+    /// resend covers it; a NAK for the very PSN being resent is taken as new only a round trip
+    /// after the resend began, when it answers the resend); fails the QP with
+    /// `IBV_WC_RETRY_EXC_ERR` once the budget is spent.
+    fn request_retry(&mut self, now: Instant, psn: Psn) {
         let Some(idx) = self.wqe_index_of(psn) else { return };
+        if let Some(r) = self.req.retry_psn {
+            if psn == r {
+                // The PSN being resent is still missing: a copy of the NAK that started the
+                // resend, or an answer to a resend that was lost too. Resending that one
+                // packet covers both at the cost of a duplicate; the packets after it follow
+                // with the pass under way or, once it lands, after the next NAK.
+                let w = &self.sq[idx];
+                if !w.wr.op.is_read_or_atomic() && self.req.rec.renak_is_new(now) {
+                    self.resend_hole(now, psn);
+                }
+                return;
+            }
+            if !psn.is_before(r) {
+                return;
+            }
+        }
         if !self.spend_retry() {
             self.fail_wqe(idx, WcStatus::RetryExcErr);
             return;
         }
         self.retry_from(psn);
         self.req.retry_psn = Some(psn);
+        self.req.rec.on_loss(now, psn, self.req.sent_high, false);
+        self.req.hole_attempt = 0;
+        if !self.sq[idx].wr.op.is_read_or_atomic() {
+            self.arm_hole(now);
+        }
+    }
+
+    /// Resends the packet at `psn` on its own (the hole of the go-back-N under way) and waits
+    /// a little longer before doing so again.
+    fn resend_hole(&mut self, now: Instant, psn: Psn) {
+        self.req.resend_hole = Some(psn);
+        self.req.rec.on_resend_hole(now);
+        self.req.hole_attempt += 1;
+        self.arm_hole(now);
     }
 
     /// Asks again for the missing responses of the READ or atomic at `idx`, which the responder
@@ -297,9 +327,14 @@ impl QpEngine {
         if base.is_after(next) {
             next = base;
         }
+        let mut advanced = 0;
         if next.is_after(self.req.unacked) {
+            advanced = self.req.unacked.distance(next);
             self.req.unacked = next;
             progressed = true;
+        }
+        if self.req.rec.on_ack(now, psn + 1, advanced) {
+            self.counters.spurious_timeouts += 1;
         }
         if progressed {
             self.on_progress(now);
@@ -333,13 +368,16 @@ impl QpEngine {
         self.req.retry_left = self.req.retry_cnt;
         self.req.rnr_left = self.req.rnr_retry;
         self.req.retry_psn = None;
+        self.req.hole_at = None;
+        self.req.hole_attempt = 0;
+        self.req.rec.on_progress(now);
         let outstanding = self.has_outstanding();
         // During an RNR wait nothing is in flight that a timeout could recover.
-        self.req.retransmit_at = if outstanding && self.req.rnr_until.is_none() {
-            ack_timeout(self.attr.timeout).map(|t| now + t)
+        if outstanding && self.req.rnr_until.is_none() {
+            self.arm_retransmit(now);
         } else {
-            None
-        };
+            self.req.retransmit_at = None;
+        }
         self.check_drained();
     }
 
@@ -530,9 +568,23 @@ impl QpEngine {
             // The held frame may go: the next poll_transmit sends it.
             self.paced_until = None;
         }
+        if self.req.hole_at.is_some_and(|t| now >= t) {
+            self.req.hole_at = None;
+            let hole = self
+                .req
+                .retry_psn
+                .filter(|_| self.sending() && self.req.rnr_until.is_none());
+            if let Some(psn) = hole {
+                if self.wqe_index_of(psn).is_some() {
+                    self.resend_hole(now, psn);
+                }
+            }
+        }
         if self.req.rnr_until.is_some_and(|t| now >= t) {
-            // The RNR wait is over: the requester already went back to the NAKed packet.
+            // The RNR wait is over: the requester already went back to the NAKed packet. The
+            // responder answered, so no stall is counted from before the wait.
             self.req.rnr_until = None;
+            self.req.rec.on_progress(now);
         }
         let Some(t) = self.req.retransmit_at else { return };
         if now < t {
@@ -546,6 +598,17 @@ impl QpEngine {
             return;
         };
         self.counters.timeouts += 1;
+        // The timer runs at the measured pace; the retry budget is spent once per configured
+        // timeout of stall, as IBTA counts retries.
+        if let Some(configured) = ack_timeout(self.attr.timeout) {
+            for _ in 0..self.req.rec.charge(now, configured) {
+                if !self.spend_retry() {
+                    self.fail_wqe(idx, WcStatus::RetryExcErr);
+                    return;
+                }
+            }
+        }
+        let sent_high = self.req.sent_high;
         let w = &self.sq[idx];
         let executed = self
             .req
@@ -554,10 +617,8 @@ impl QpEngine {
         if w.wr.op.is_read_or_atomic() && executed && w.fully_sent() {
             // The responder acknowledged a later PSN, so it executed this request: only the
             // responses are missing. Ask for them alone rather than resending everything after.
-            if !self.spend_retry() {
-                self.fail_wqe(idx, WcStatus::RetryExcErr);
-                return;
-            }
+            let resume = w.resume_psn();
+            self.req.rec.on_loss(now, resume, sent_high, true);
             self.sq[idx].rereq_psn = None;
             self.request_responses_now(idx);
             return;
@@ -569,12 +630,9 @@ impl QpEngine {
         } else {
             w.first_psn
         };
-        if !self.spend_retry() {
-            self.fail_wqe(idx, WcStatus::RetryExcErr);
-            return;
-        }
         self.retry_from(resume);
         self.req.retry_psn = Some(resume);
+        self.req.rec.on_loss(now, resume, sent_high, true);
     }
 }
 

@@ -25,10 +25,26 @@
 //!
 //! # Loss recovery (RC)
 //!
-//! * A sequence-error NAK, or the local ACK timeout, makes the requester go back N: it resends
-//!   from the missing PSN. One retry is spent per go-back; a further trigger at or after the
-//!   same PSN before any progress is covered by the resend and costs nothing, so a duplicated
-//!   NAK or a burst of ACKs cannot exhaust `retry_cnt` on its own.
+//! * A sequence-error NAK, or the retransmission timer, makes the requester go back N: it
+//!   resends from the missing PSN. One retry is spent per NAKed go-back; a further trigger at
+//!   or after the same PSN before any progress is covered by the resend and costs nothing, so a
+//!   duplicated NAK or a burst of ACKs cannot exhaust `retry_cnt` on its own. A NAK for the
+//!   very PSN being resent, a round trip after the resend began, means that packet was lost
+//!   again: it alone is resent at once (and again after two round trips if still nothing
+//!   acknowledges it), so a lost resend costs a round trip, not a timeout.
+//! * The retransmission timer follows the measured round trip (`recovery`: RFC 6298's
+//!   estimate plus four deviations, at least 1 ms, doubled per expiry, at most the configured
+//!   local ACK timeout); the retry budget is spent once per configured timeout of stall, so a
+//!   vanished peer fails the QP after `retry_cnt + 1` configured timeouts as before. Drivers
+//!   turn the measured timer off for carriers that lose nothing.
+//! * A congestion window (from 128 PSNs: cut by 30 % once per window on a NAK, to 2 on a
+//!   timeout, regrown by slow start and then about four PSNs per window) bounds what a
+//!   go-back-N resends. AckReq is set often enough that a small window is acknowledged before
+//!   it fills.
+//! * The responder NAKs the first packet past a hole and then stays quiet, except for a packet
+//!   that asks for an acknowledgement, one at or below a PSN it saw since the NAK (the
+//!   requester started over, so the resend was lost), or every 32nd: a lost NAK costs no
+//!   timeout either.
 //! * A READ or atomic whose response is missing while the responder has evidently executed it
 //!   (it acknowledged a later PSN, or the end of the response stream arrived) is asked for
 //!   again on its own, as a duplicate request the responder answers from its resources; the
@@ -45,6 +61,7 @@ mod external;
 mod grh;
 mod placement;
 mod raw;
+mod recovery;
 mod requester;
 mod responder;
 
@@ -210,8 +227,11 @@ pub struct QpCounters {
     pub qkey_violations: u64,
     /// P_Key mismatches.
     pub pkey_violations: u64,
-    /// Local ACK timeouts.
+    /// Retransmission timer expiries.
     pub timeouts: u64,
+    /// Timer expiries that an acknowledgement of packets not yet resent showed to be
+    /// spurious (each makes the timer slower to fire).
+    pub spurious_timeouts: u64,
     /// RNR NAKs received.
     pub rnr_naks_received: u64,
     /// Sequence-error NAKs received.
@@ -403,6 +423,14 @@ impl QpEngine {
         self.external_payloads = on && self.cfg.qp_type.is_reliable();
     }
 
+    /// Whether the retransmission timers follow the measured round trip (the default) or
+    /// always wait the configured local ACK timeout. A driver turns it off for a carrier that
+    /// loses nothing (another QP of this process, shared memory), where an early resend could
+    /// only be spurious. The retry budget is counted in configured timeouts either way.
+    pub fn set_adaptive_retransmit(&mut self, on: bool) {
+        self.req.rec.adaptive = on;
+    }
+
     /// Sets the send rate limit (`None`: unlimited). Only raw packet QPs are shaped.
     pub fn set_rate_limit(&mut self, now: Instant, limit: Option<crate::pacing::RateLimit>) {
         self.pacer = limit.map(|l| crate::pacing::TokenBucket::new(l, now));
@@ -422,6 +450,13 @@ impl QpEngine {
     /// Counters.
     pub fn counters(&self) -> QpCounters {
         self.counters
+    }
+
+    /// The requester's congestion window (PSNs it may have unacknowledged) and its current
+    /// retransmission timeout, for diagnostics.
+    pub fn congestion(&self) -> (u32, Option<Duration>) {
+        let rto = ack_timeout(self.attr.timeout).map(|c| self.req.rec.rto(c));
+        (self.req.rec.window(), rto)
     }
 
     /// Whether the send queue is still draining (for `ibv_query_qp` in SQD).
@@ -590,10 +625,15 @@ impl QpEngine {
 
     /// When [`QpEngine::handle_timeout`] must next be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        [self.req.retransmit_at, self.req.rnr_until, self.paced_until]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            self.req.retransmit_at,
+            self.req.hole_at,
+            self.req.rnr_until,
+            self.paced_until,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Whether the requester could send now (something to send and room in the window).
@@ -622,6 +662,8 @@ impl QpEngine {
     fn flush(&mut self) {
         self.out.clear();
         self.req.retransmit_at = None;
+        self.req.hole_at = None;
+        self.req.resend_hole = None;
         self.req.rnr_until = None;
         let qpn = self.cfg.qpn;
         for w in std::mem::take(&mut self.sq) {

@@ -6,7 +6,8 @@ use softverbs_wire::{
 };
 
 use super::external::{build_external, locate_gather, EXTERNAL_MIN_MESSAGE, EXTERNAL_MIN_PACKET};
-use super::{ack_timeout, Dest, QpEngine, Transmit, WorkQueue, ACK_REQ_EVERY, WINDOW};
+use super::recovery::Recovery;
+use super::{ack_timeout, Dest, QpEngine, Transmit, WorkQueue, ACK_REQ_EVERY};
 use crate::memory::{Access, KeyRef, MemError, Memory};
 use crate::time::Instant;
 use crate::types::{QpState, QpType, SendFlags, WcStatus, WorkCompletion};
@@ -45,10 +46,21 @@ pub(crate) struct Requester {
     pub(crate) acked_psn: Option<Psn>,
     /// Number of WQEs with `rereq` set (so the common case skips looking for them).
     pub(crate) rereq_pending: u32,
+    /// Round-trip estimate, retransmission timer and congestion window.
+    pub(crate) rec: Recovery,
+    /// A SEND or WRITE packet to resend on its own before anything else: the go-back-N under
+    /// way resends from it, and a new NAK for it says that resend was lost too.
+    pub(crate) resend_hole: Option<Psn>,
+    /// When to resend the hole of a NAKed go-back-N again if it still has not arrived (the
+    /// NAK proved a loss, so this timer runs at the round trip's pace).
+    pub(crate) hole_at: Option<Instant>,
+    /// Resends of the hole since the last progress (each doubles the wait).
+    pub(crate) hole_attempt: u32,
 }
 
 impl Requester {
     pub(crate) fn reset(&mut self, sq_psn: Psn, retry_cnt: u8, rnr_retry: u8) {
+        let adaptive = self.rec.adaptive;
         *self = Self {
             next_psn: sq_psn,
             unacked: sq_psn,
@@ -59,6 +71,7 @@ impl Requester {
             rnr_left: rnr_retry,
             ..Self::default()
         };
+        self.rec.adaptive = adaptive;
     }
 
     /// New retry budgets (SQD->RTS); the remaining counts restart from them.
@@ -158,6 +171,20 @@ impl QpEngine {
         }
     }
 
+    /// Starts the retransmission timer: the measured timeout (see `recovery`), bounded by
+    /// the configured one; none if the configured timeout is 0 (infinite).
+    pub(crate) fn arm_retransmit(&mut self, now: Instant) {
+        self.req.retransmit_at = ack_timeout(self.attr.timeout).map(|c| now + self.req.rec.rto(c));
+    }
+
+    /// Starts the wait after which the hole of the NAKed go-back-N under way is resent again.
+    pub(crate) fn arm_hole(&mut self, now: Instant) {
+        let rto = ack_timeout(self.attr.timeout).map(|c| self.req.rec.rto(c));
+        self.req.hole_at = rto
+            .and_then(|rto| self.req.rec.hole_timeout(self.req.hole_attempt, rto))
+            .map(|t| now + t);
+    }
+
     pub(crate) fn mtu(&self) -> u32 {
         self.attr.path_mtu.bytes()
     }
@@ -207,7 +234,7 @@ impl QpEngine {
         }
         if w.started {
             let psn = self.wqe_packet_psn(idx);
-            return self.req.unacked.distance(psn) < WINDOW;
+            return self.req.unacked.distance(psn) < self.req.rec.window();
         }
         if w.wr.flags.contains(SendFlags::FENCE) && self.req.outstanding_rd > 0 {
             return false;
@@ -216,7 +243,7 @@ impl QpEngine {
         {
             return false;
         }
-        self.req.unacked.distance(self.req.next_psn) < WINDOW
+        self.req.unacked.distance(self.req.next_psn) < self.req.rec.window()
     }
 
     /// PSN of the next request packet of WQE `idx`.
@@ -247,10 +274,20 @@ impl QpEngine {
         if self.cfg.qp_type == QpType::RawPacket {
             return self.generate_raw(now, mem);
         }
-        let (idx, rerequest) = match self.pending_rerequest() {
-            Some(idx) => (idx, true),
-            None if self.can_start_or_continue() => (self.next_send_index(), false),
-            None => return,
+        // A hole to resend on its own (see `resend_hole`): the packet at that PSN, with the
+        // pass's position kept.
+        let single = self.req.resend_hole.take().and_then(|psn| {
+            let idx = self.wqe_index_of(psn)?;
+            let w = &mut self.sq[idx];
+            let saved = w.next_pkt;
+            w.next_pkt = w.first_psn.distance(psn);
+            Some((idx, saved))
+        });
+        let (idx, rerequest) = match (single, self.pending_rerequest()) {
+            (Some((idx, _)), _) => (idx, true),
+            (None, Some(idx)) => (idx, true),
+            (None, None) if self.can_start_or_continue() => (self.next_send_index(), false),
+            (None, None) => return,
         };
         let mtu = if self.cfg.qp_type == QpType::Ud {
             u32::MAX
@@ -261,7 +298,8 @@ impl QpEngine {
             self.execute_local(idx, mem);
             return;
         }
-        if rerequest {
+        if single.is_some() {
+        } else if rerequest {
             self.sq[idx].rereq = false;
             self.req.rereq_pending -= 1;
         } else {
@@ -284,8 +322,10 @@ impl QpEngine {
             w.req_end = w.npsn;
         }
         let psn = self.wqe_packet_psn(idx);
-        if psn.is_before(self.req.sent_high) {
+        let resent = psn.is_before(self.req.sent_high);
+        if resent {
             self.counters.retransmits += 1;
+            self.req.rec.on_resend(psn);
         } else {
             self.req.sent_high = psn + 1;
         }
@@ -446,9 +486,18 @@ impl QpEngine {
         };
         if self.cfg.qp_type.is_reliable() {
             self.req.since_ackreq += 1;
-            if is_last || self.req.since_ackreq >= ACK_REQ_EVERY {
+            // Often enough that a small window is acknowledged before it fills, and always on
+            // the packet that fills it.
+            let window = self.req.rec.window();
+            let every = ACK_REQ_EVERY.min(window / 4).max(1);
+            let fills = self.req.unacked.distance(psn + 1) >= window;
+            let sample = self.req.rec.wants_sample();
+            if is_last || fills || sample || single.is_some() || self.req.since_ackreq >= every {
                 repr.bth.ack_req = true;
                 self.req.since_ackreq = 0;
+                if !rerequest {
+                    self.req.rec.on_send(now, psn);
+                }
             }
         }
         // A large SEND or WRITE may leave its payload where it is (see `external`).
@@ -482,9 +531,12 @@ impl QpEngine {
         };
         self.out.push_back(tx);
         self.counters.tx_packets += 1;
+        if let Some((idx, saved)) = single {
+            self.sq[idx].next_pkt = saved;
+        }
         if rerequest {
             if self.req.retransmit_at.is_none() {
-                self.req.retransmit_at = ack_timeout(self.attr.timeout).map(|t| now + t);
+                self.arm_retransmit(now);
             }
             return;
         }
@@ -497,7 +549,12 @@ impl QpEngine {
                     self.req.send_idx += 1;
                 }
                 if self.req.retransmit_at.is_none() {
-                    self.req.retransmit_at = ack_timeout(self.attr.timeout).map(|t| now + t);
+                    if self.req.retry_psn.is_none() {
+                        // The first packet in flight after an idle spell: a stall, if one
+                        // comes, is counted from here.
+                        self.req.rec.on_progress(now);
+                    }
+                    self.arm_retransmit(now);
                 }
             }
             // Unreliable: the WQE is done once its last packet is out.

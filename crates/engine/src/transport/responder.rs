@@ -61,11 +61,24 @@ pub(crate) enum RdResource {
     },
 }
 
+/// Out-of-sequence packets past a hole, between sequence NAKs, after which the NAK is sent
+/// again (in case it was lost).
+const RENAK_EVERY: u32 = 32;
+
+/// What the responder saw since its last sequence NAK.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NakWatch {
+    highest: Psn,
+    since: u32,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Responder {
     pub(crate) epsn: Psn,
     pub(crate) msn: u32,
-    pub(crate) nak_sent: bool,
+    /// Since the last sequence NAK (none sent while `None`): the highest out-of-sequence PSN
+    /// seen and how many out-of-sequence packets came.
+    pub(crate) nak: Option<NakWatch>,
     pub(crate) progress: Progress,
     pub(crate) resources: VecDeque<RdResource>,
     pub(crate) max_resources: usize,
@@ -328,9 +341,25 @@ impl QpEngine {
         let epsn = self.resp.epsn;
         if psn.is_after(epsn) {
             self.resp.dup_run = 0;
-            // Something was lost: NAK once until the expected PSN arrives.
-            if !self.resp.nak_sent {
-                self.resp.nak_sent = true;
+            // Something was lost: NAK, then stay quiet while the rest of the window arrives,
+            // unless the requester evidently started over without the missing packet getting
+            // through (a PSN at or below one seen since the NAK: the resent packet was lost
+            // too), asks for an acknowledgement (AckReq), or the NAK itself seems lost (a long
+            // run of packets past the hole).
+            let renak = match &mut self.resp.nak {
+                None => true,
+                Some(w) if !psn.is_after(w.highest) || pkt.repr.bth.ack_req => true,
+                Some(w) => {
+                    w.highest = psn;
+                    w.since += 1;
+                    w.since >= RENAK_EVERY
+                }
+            };
+            if renak {
+                self.resp.nak = Some(NakWatch {
+                    highest: psn,
+                    since: 0,
+                });
                 self.send_ack(AethSyndrome::Nak(NakCode::PsnSequenceError), epsn);
             }
             return Err(DropReason::BadPsn);
@@ -339,7 +368,7 @@ impl QpEngine {
             self.counters.duplicates += 1;
             return self.rc_duplicate(pkt, mem);
         }
-        self.resp.nak_sent = false;
+        self.resp.nak = None;
         self.resp.dup_run = 0;
         if self.cfg.qp_type == QpType::XrcRecv {
             // The SRQ must exist and belong to this target's XRC domain; its PD then governs
