@@ -111,27 +111,7 @@ pub(crate) trait Endpoint: Send + Sync + 'static {
 
 /// A node's QPs by number: looked up up to three times per packet, so hashed cheaply. The keys
 /// are numbers this process chose, so a peer cannot make them collide; it can only look up.
-type QpMap<E> = HashMap<u32, Weak<E>, std::hash::BuildHasherDefault<QpnHasher>>;
-
-/// Hashes a QP number by one multiplication (spreading consecutive numbers over the table).
-#[derive(Debug, Default)]
-struct QpnHasher(u64);
-
-impl std::hash::Hasher for QpnHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u32(u32::from(b));
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0 ^ (self.0 >> 32)
-    }
-}
+type QpMap<E> = HashMap<u32, Weak<E>, crate::sync::NumberHash>;
 
 /// Each endpoint's ticket for a received packet (to release once its replies were sent), with
 /// where its replies are in the batch's outputs (a QP whose payload copy failed sends none of
@@ -449,12 +429,17 @@ fn coalesce_acks(mut txs: Vec<Transmit>) -> Vec<Transmit> {
     if txs.iter().filter(|t| is_ack(t)).count() < 2 {
         return txs;
     }
+    // From the newest back: an ACK to a QP already seen is older than that one. A batch holds
+    // ACKs to few QPs, so a list beats hashing the 20-byte keys.
     let mut keep = vec![true; txs.len()];
-    let mut newest: HashMap<(Gid, u32), usize> = HashMap::new();
-    for (i, t) in txs.iter().enumerate() {
+    let mut seen: Vec<(Gid, u32)> = Vec::new();
+    for (i, t) in txs.iter().enumerate().rev() {
         if is_ack(t) {
-            if let Some(prev) = newest.insert(key(t), i) {
-                keep[prev] = false;
+            let k = key(t);
+            if seen.contains(&k) {
+                keep[i] = false;
+            } else {
+                seen.push(k);
             }
         }
     }

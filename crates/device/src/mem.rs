@@ -15,6 +15,7 @@ use softverbs_engine::memory::{AtomicOp, KeyRef, MemError, Memory};
 use softverbs_engine::mw::{key_index, MwBind};
 
 use crate::mw::Mw;
+use crate::sync::NumberHash;
 use crate::pd::{Mapping, Mr};
 
 /// An access reached memory that is not mapped (or not with the needed protection) in the
@@ -258,10 +259,10 @@ impl MemoryBacking for AtomicBuffer {
 /// The device's memory regions and windows by key.
 #[derive(Debug, Default)]
 pub(crate) struct KeyTable {
-    lkeys: RwLock<HashMap<u32, Weak<Mr>>>,
-    rkeys: RwLock<HashMap<u32, Weak<Mr>>>,
+    lkeys: RwLock<HashMap<u32, Weak<Mr>, NumberHash>>,
+    rkeys: RwLock<HashMap<u32, Weak<Mr>, NumberHash>>,
     /// Windows by key index (bits 8..32): the tag changes with every bind.
-    windows: RwLock<HashMap<u32, Weak<Mw>>>,
+    windows: RwLock<HashMap<u32, Weak<Mw>, NumberHash>>,
 }
 
 /// Where an access lands: the region's memory, the offset into it, and where the region's first
