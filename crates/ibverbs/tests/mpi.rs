@@ -27,7 +27,7 @@ use common::*;
 const LIMIT: Duration = Duration::from_secs(120);
 const MPIRUN: &str = "/usr/bin/mpirun";
 const MPICC: &str = "/usr/bin/mpicc";
-const ITERATIONS: u64 = 20;
+const ITERATIONS: u64 = 10;
 /// The sizes `mpi_pingpong.c` sends, each way, per iteration.
 const SIZES: [u64; 6] = [1, 64, 4096, 65536, 1 << 20, 4 << 20];
 /// The UDP ports softverbs' processes take (4791 and the 255 slots above it).
