@@ -938,7 +938,7 @@ unsafe extern "C" fn getaddrinfo(
     hints: *const rdma_addrinfo,
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
-    if res.is_null() {
+    if res.is_null() || (node.is_null() && service.is_null() && hints.is_null()) {
         return fail_minus_one(libc::EINVAL);
     }
     // SAFETY: NULL or NUL-terminated strings (the API contract).
@@ -963,6 +963,8 @@ unsafe extern "C" fn getaddrinfo(
             .and_then(ccm::PortSpace::from_value);
         // SAFETY: NULL or a valid address of `ai_src_len` bytes.
         h.src = unsafe { sock_addr(hi.ai_src_addr) };
+        // SAFETY: NULL or a valid address of `ai_dst_len` bytes.
+        h.dst = unsafe { sock_addr(hi.ai_dst_addr) };
     }
     let list = match ccm::getaddrinfo(node, service, &h) {
         Ok(l) => l,

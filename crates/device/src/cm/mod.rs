@@ -333,6 +333,14 @@ pub fn device_of(ip: IpAddr) -> Result<(Device, u8)> {
     ))
 }
 
+/// Whether a bound address stands for every device: the wildcard, and (as the kernel's
+/// `rdma_cm` treats them) loopback addresses. Binding to one attaches no device, and a listener
+/// bound to one takes requests for any address. Address resolution from a loopback source
+/// still finds the loopback device (`sv_lo`).
+pub fn any_addr(ip: IpAddr) -> bool {
+    ip.is_unspecified() || ip.is_loopback()
+}
+
 /// The source address the kernel would use towards `dst` (a connected UDP socket's local
 /// address); `-errno` on failure.
 pub fn source_for(dst: IpAddr) -> std::result::Result<IpAddr, i32> {
@@ -526,13 +534,14 @@ impl CmId {
     }
 
     /// `rdma_bind_addr`: binds to a local address (port 0: an ephemeral one when listening).
-    /// A specific address binds the id to that address's device; the wildcard does not.
+    /// A specific address binds the id to that address's device; the wildcard and loopback
+    /// addresses do not ([`any_addr`]), so `verbs` stays NULL and a listener hears every device.
     pub fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
         let mut st = self.state.lock();
         if st.phase != Phase::Idle || st.src.is_some() {
             return Err(Error::invalid("the id is already bound"));
         }
-        if !addr.ip().is_unspecified() {
+        if !any_addr(addr.ip()) {
             let (d, idx) = device_of(addr.ip()).map_err(|_| os_err(99))?;
             st.port = Some(CmPort::of(&d)?);
             st.device = Some(d);
@@ -1350,7 +1359,7 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
                 let l = listener.state.lock();
                 (l.src, l.ports.clone())
             };
-            if bound.is_some_and(|b| !b.ip().is_unspecified() && b.ip() != hdr.dst_addr) {
+            if bound.is_some_and(|b| !any_addr(b.ip()) && b.ip() != hdr.dst_addr) {
                 let _ = inner.engine.reject(now, id, rej_reason::INVALID_SERVICE_ID, &[]);
                 return;
             }
@@ -1663,6 +1672,35 @@ mod tests {
         assert_eq!(ch.pending(), 1);
         id.destroy();
         assert_eq!(ch.pending(), 0);
+    }
+
+    #[test]
+    fn a_loopback_bind_attaches_no_device() {
+        // As the kernel's rdma_cm: loopback addresses bind like the wildcard.
+        for ip in [
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        ] {
+            assert!(any_addr(ip));
+            let id = CmId::create(None, PortSpace::Tcp).unwrap();
+            id.bind_addr(SocketAddr::new(ip, 0)).unwrap();
+            assert!(id.device().is_none(), "{ip}");
+            assert_eq!(id.port_num(), 0);
+            assert_eq!(id.src_addr(), Some(SocketAddr::new(ip, 0)));
+            id.destroy();
+        }
+        assert!(any_addr(IpAddr::V4(Ipv4Addr::UNSPECIFIED)));
+        assert!(!any_addr(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1))));
+        // Resolving from a loopback source still finds the loopback device.
+        let id = CmId::create(None, PortSpace::Tcp).unwrap();
+        id.resolve_addr(
+            Some(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))),
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 9)),
+            2000,
+        )
+        .unwrap();
+        assert_eq!(id.port_num(), 1);
+        id.destroy();
     }
 
     #[test]
