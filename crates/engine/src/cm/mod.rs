@@ -136,7 +136,8 @@ pub struct ConnectParams {
     pub service_id: u64,
     /// The local QP number.
     pub local_qpn: u32,
-    /// The local QP's send PSN (24 bits).
+    /// The PSN the local QP expects first, its `rq_psn` (24 bits): the responder's send queue
+    /// starts there, as Linux's CM reads a REQ's Starting PSN.
     pub starting_psn: u32,
     /// Transport service type: RC 0, UC 1, 3 with `extended_transport_type` 1 for XRC.
     pub transport_type: u8,
@@ -197,7 +198,8 @@ impl Default for ConnectParams {
 pub struct AcceptParams {
     /// The local QP number.
     pub local_qpn: u32,
-    /// The local QP's send PSN (24 bits).
+    /// The PSN the local QP expects first, its `rq_psn` (24 bits): the requester's send queue
+    /// starts there.
     pub starting_psn: u32,
     /// Local Q_Key (UD only; 0 for connected QPs).
     pub local_qkey: u32,
