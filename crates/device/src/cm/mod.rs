@@ -1147,7 +1147,8 @@ impl CmId {
     }
 
     /// `rdma_establish`: after CONNECT_RESPONSE (the id has no QP, the application moved its
-    /// own to RTS), sends the RTU; ESTABLISHED follows.
+    /// own to RTS), sends the RTU. The id is connected on return; ESTABLISHED is reported on
+    /// the passive side only (as librdmacm over Linux does: this side asked for no event).
     pub fn establish(&self) -> Result<()> {
         let port = self.port()?;
         let conn = {
@@ -1157,9 +1158,7 @@ impl CmId {
             }
             st.conn.ok_or_else(|| Error::invalid("no connection"))?
         };
-        port.with(|inner, _| inner.engine.establish(conn))
-            .map_err(cm_err)?;
-        self.complete_sync()
+        port.with(|inner, _| inner.engine.establish(conn)).map_err(cm_err)
     }
 
     /// `rdma_notify(IBV_EVENT_COMM_EST)`: data arrived before the RTU.
@@ -1499,11 +1498,16 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
         }
         EngineEvent::Established { id } => {
             let Some(cmid) = find(inner, &id) else { return };
-            let rep = {
+            let (rep, after_response) = {
                 let mut st = cmid.state.lock();
+                let after_response = st.phase == Phase::Responded;
                 st.phase = Phase::Connected;
-                st.rep.clone()
+                (st.rep.clone(), after_response)
             };
+            if after_response {
+                // `rdma_establish` answered CONNECT_RESPONSE: no second event.
+                return;
+            }
             let param = match rep {
                 Some(rep) => rep_param(&rep),
                 None => EventParam::Conn(ConnParam {
