@@ -152,3 +152,4 @@ pub fn listening(port: u16) -> bool {
             })
     })
 }
+pub mod rxe_vm;
