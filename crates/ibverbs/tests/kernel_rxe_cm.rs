@@ -264,7 +264,17 @@ struct Capture {
 impl Capture {
     fn start(ns: &Netns, file: PathBuf) -> Self {
         let mut child = Command::new("ip")
-            .args(["netns", "exec", &ns.0, "tcpdump", "-i", TAP, "-U", "-w"])
+            .args([
+                "netns",
+                "exec",
+                &ns.0,
+                "tcpdump",
+                "-i",
+                TAP,
+                "--immediate-mode",
+                "-U",
+                "-w",
+            ])
             .arg(&file)
             .args(["udp", "port", "4791"])
             .stdout(Stdio::null())
@@ -295,9 +305,22 @@ impl Capture {
         }
     }
 
+    /// Stops once the file has not grown for a second (the last replies may still be on
+    /// their way; with `--immediate-mode` each packet is written as it comes).
     fn stop(&mut self) {
+        let size = || std::fs::metadata(&self.file).map_or(0, |m| m.len());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut last = size();
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+            let now = size();
+            if now == last || Instant::now() > deadline {
+                break;
+            }
+            last = now;
+        }
+        // ip netns exec becomes tcpdump; SIGINT makes it flush and exit.
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        // ip netns exec runs tcpdump in its own process; SIGINT makes it flush and exit.
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
         let _ = wait_bounded_child(&mut self.child, Duration::from_secs(10));
     }
@@ -365,11 +388,6 @@ fn mads(pcap: &Path) -> Vec<Mad> {
         "tshark: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let num = |s: &str| -> u64 {
-        let s = s.trim();
-        s.strip_prefix("0x")
-            .map_or_else(|| s.parse().unwrap(), |h| u64::from_str_radix(h, 16).unwrap())
-    };
     String::from_utf8_lossy(&o.stdout)
         .lines()
         .map(|l| {
@@ -377,13 +395,42 @@ fn mads(pcap: &Path) -> Vec<Mad> {
             assert_eq!(f.len(), 6, "{l}");
             Mad {
                 src: f[0].to_string(),
-                attr: num(f[1]) as u16,
-                tid: num(f[2]),
-                pkey: num(f[3]) as u16,
-                qkey: num(f[4]) as u32,
-                src_qp: num(f[5]) as u32,
+                attr: number(f[1]) as u16,
+                tid: number(f[2]),
+                pkey: number(f[3]) as u16,
+                qkey: number(f[4]) as u32,
+                src_qp: number(f[5]) as u32,
             }
         })
+        .collect()
+}
+
+/// A number as tshark prints a field: decimal, or hexadecimal after `0x`.
+fn number(s: &str) -> u64 {
+    let s = s.trim();
+    s.strip_prefix("0x").map_or_else(
+        || s.parse().expect("a decimal field"),
+        |h| u64::from_str_radix(h, 16).expect("a hexadecimal field"),
+    )
+}
+
+/// The UDP slots (QPN bits 16..24) of the QPs of ours the kernel sent to, QP1 aside.
+fn dest_slots(pcap: &Path) -> BTreeSet<u32> {
+    let o = Command::new("tshark")
+        .arg("-r")
+        .arg(pcap)
+        .args(["-Y", &format!("ip.src == {GUEST} && infiniband.bth.destqp != 1")])
+        .args(["-T", "fields", "-e", "infiniband.bth.destqp"])
+        .output()
+        .expect("tshark runs");
+    assert!(
+        o.status.success(),
+        "tshark: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| (number(l) >> 16) as u32)
         .collect()
 }
 
@@ -532,8 +579,8 @@ fn rdmacm_utils_between_the_kernels_cm_and_softverbs() {
         assert!(both(&s).contains("server DISCONNECT EVENT"), "{}", both(&s));
     }
 
-    // A request of the kernel's for a port of this host nobody listens on: a process of ours
-    // holds the RoCE port, and its CM answers as the host's would.
+    // From here on a process of ours holds the RoCE port. A request of the kernel's for a
+    // port of this host nobody listens on: its CM answers as the host's would.
     let holder = Server::start(ours(
         "/usr/bin/rping",
         &["-s", "-a", HOST, "-p", "7175", "-C", "1"],
@@ -547,10 +594,10 @@ fn rdmacm_utils_between_the_kernels_cm_and_softverbs() {
     assert!(out.contains("RDMA_CM_EVENT_REJECTED, error 8"), "{out}");
     let out = guest.sh(&format!("timeout 60 udaddy -s {HOST} -c 1 -C 1"), RUN);
     assert!(out.contains("RDMA_CM_EVENT_UNREACHABLE, error: 1"), "{out}");
-    drop(holder);
 
     // ucmatose and udaddy: ten connections of twenty messages each way, both ways (ucmatose's
-    // server disconnects first).
+    // server disconnects first). The kernel's MADs and packets for them reach the holder, which
+    // forwards them to their process.
     for (program, ps, port) in [("ucmatose", "TCP", UCMATOSE_PORT), ("udaddy", "UDP", UDADDY_PORT)] {
         let path = format!("/usr/bin/{program}");
         let done = |out: &str| out.contains("data transfers complete") && out.contains("return status 0");
@@ -580,7 +627,14 @@ fn rdmacm_utils_between_the_kernels_cm_and_softverbs() {
         );
     }
 
+    drop(holder);
+
     capture.stop();
+    let slots = dest_slots(&capture.file);
+    assert!(
+        slots.len() >= 2,
+        "the kernel reached processes of ours other than the holder: slots {slots:?}"
+    );
     let all = mads(&capture.file);
     let dreqs = check_exchanges(&all);
     assert!(
