@@ -159,6 +159,29 @@ fn rping_ten_verified_pings() {
     );
 }
 
+/// `rping -q`: each side creates and moves its own QP (`rdma_init_qp_attr`), so the client
+/// answers CONNECT_RESPONSE with `rdma_establish`, which reports no event of its own (an extra
+/// ESTABLISHED would wake rping's client out of turn).
+#[test]
+fn rping_with_qps_the_programs_own() {
+    let _serial = serial();
+    require("/usr/bin/rping");
+    let ns = Netns::new("rpingq");
+    let (s, c) = pair(
+        &ns,
+        (
+            "/usr/bin/rping",
+            &["-s", "-q", "-a", "127.0.0.1", "-C", "10", "-V", "-S", "2000"],
+        ),
+        (
+            "/usr/bin/rping",
+            &["-c", "-q", "-a", "127.0.0.1", "-C", "10", "-V", "-S", "2000"],
+        ),
+    );
+    assert!(c.status.success(), "client: {}\nserver: {}", text(&c), text(&s));
+    assert!(s.status.success(), "server: {}", text(&s));
+}
+
 /// Runs `program` as server and client (`-s 127.0.0.1`) with 20 connections and 50 messages
 /// each way on every one; both must report their transfers complete.
 fn twenty_connections(program: &str, tag: &str) {
