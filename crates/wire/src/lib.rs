@@ -81,6 +81,7 @@ pub mod opcode;
 pub mod packet;
 pub mod psn;
 pub mod reth;
+pub mod rsocket;
 pub mod tm;
 pub mod udp;
 pub mod xrceth;
