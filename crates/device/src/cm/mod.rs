@@ -907,12 +907,14 @@ impl CmId {
             None => (param.qp_num, param.srq != 0),
         };
         let mtu = self.path_mtu().raw();
-        let sq_psn = psn();
+        // As Linux's CM: a REQ's starting PSN is where the requester receives from (the
+        // responder sends with it); the REP's is the other way round.
+        let rq_psn = psn();
         let sgid = Gid::from_ip(src.ip());
         let params = ConnectParams {
             service_id: sid,
             local_qpn,
-            starting_psn: sq_psn,
+            starting_psn: rq_psn,
             transport_type: 0,
             extended_transport_type: 0,
             responder_resources,
@@ -946,7 +948,7 @@ impl CmId {
             st.conn = Some(id);
             st.offered = Some(params);
             st.link = Link {
-                sq_psn,
+                rq_psn,
                 responder_resources,
                 initiator_depth,
                 retry_count: param.retry_count & 7,
@@ -1007,7 +1009,7 @@ impl CmId {
             resources(param.responder_resources, attr.max_qp_rd_atom)?.min(req.initiator_depth);
         let initiator_depth =
             resources(param.initiator_depth, attr.max_qp_init_rd_atom)?.min(req.responder_resources);
-        let sq_psn = self.state.lock().link.sq_psn;
+        let rq_psn = self.state.lock().link.rq_psn;
         {
             let mut st = self.state.lock();
             st.link.responder_resources = responder_resources;
@@ -1028,7 +1030,7 @@ impl CmId {
         };
         let params = AcceptParams {
             local_qpn,
-            starting_psn: sq_psn,
+            starting_psn: rq_psn,
             local_qkey: 0,
             responder_resources,
             initiator_depth,
@@ -1370,8 +1372,9 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
                 // its own QP with `init_qp_attr` before accepting gets the same values.
                 st.link = Link {
                     remote_qpn: req.local_qpn,
-                    rq_psn: req.starting_psn,
-                    sq_psn: psn(),
+                    // The requester receives from the REQ's PSN; the REP tells it ours.
+                    rq_psn: psn(),
+                    sq_psn: req.starting_psn,
                     responder_resources: req.initiator_depth,
                     initiator_depth: req.responder_resources,
                     retry_count: req.retry_count,
@@ -1446,7 +1449,7 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
                 let mut st = cmid.state.lock();
                 st.remote_ece = ece;
                 st.link.remote_qpn = rep.local_qpn;
-                st.link.rq_psn = rep.starting_psn;
+                st.link.sq_psn = rep.starting_psn;
                 // Clamped to what the peer grants.
                 st.link.responder_resources = st.link.responder_resources.min(rep.initiator_depth);
                 st.link.initiator_depth = st.link.initiator_depth.min(rep.responder_resources);

@@ -136,7 +136,8 @@ pub struct ConnectParams {
     pub service_id: u64,
     /// The local QP number.
     pub local_qpn: u32,
-    /// The local QP's send PSN (24 bits).
+    /// The PSN the local QP receives from first, which the peer sends with (24 bits): so
+    /// Linux's CM reads a REQ's and a REP's starting PSN.
     pub starting_psn: u32,
     /// Transport service type: RC 0, UC 1, 3 with `extended_transport_type` 1 for XRC.
     pub transport_type: u8,
@@ -197,7 +198,8 @@ impl Default for ConnectParams {
 pub struct AcceptParams {
     /// The local QP number.
     pub local_qpn: u32,
-    /// The local QP's send PSN (24 bits).
+    /// The PSN the local QP receives from first, which the peer sends with (24 bits): so
+    /// Linux's CM reads a REQ's and a REP's starting PSN.
     pub starting_psn: u32,
     /// Local Q_Key (UD only; 0 for connected QPs).
     pub local_qkey: u32,
