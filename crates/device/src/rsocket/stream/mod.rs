@@ -766,7 +766,7 @@ impl Stream {
             self.shutdown_locked(&mut st, Shutdown::Both, Instant::now() + CLOSE_LINGER);
         }
         let listener = st.listener.take();
-        let phase = std::mem::replace(&mut st.phase, Phase::Closed);
+        st.phase = Phase::Closed;
         drop(st);
         if let Some(mut l) = listener {
             let _ = l.stop.write(1);
@@ -780,7 +780,6 @@ impl Stream {
             }
         }
         let mut st = self.st.lock();
-        let _ = phase;
         st.id.destroy();
         if let Some(mut c) = st.conn.take() {
             st.id.detach_qp();
