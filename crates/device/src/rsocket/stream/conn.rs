@@ -266,8 +266,12 @@ impl Conn {
         self.remote_sge = 1 % peer.target_sgl.length;
         self.peer_order = peer.sgl_order();
         if peer.flags & conn_flag::IOMAP != 0 {
+            // The peer's addresses are its own business: arithmetic on them wraps.
             self.remote_iomap = SgeRepr {
-                addr: peer.target_sgl.addr + SGE_LEN as u64 * u64::from(peer.target_sgl.length),
+                addr: peer
+                    .target_sgl
+                    .addr
+                    .wrapping_add(SGE_LEN as u64 * u64::from(peer.target_sgl.length)),
                 key: peer.target_sgl.key,
                 length: scale_to_value(peer.target_iomap_size),
             };
@@ -409,7 +413,10 @@ impl Conn {
             let mut b = vec![0u8; SGE_LEN];
             sge.emit(&mut b, self.peer_order).expect("16 bytes");
             let remote = RemoteAddr {
-                addr: self.remote_sgl.addr + u64::from(self.remote_sge) * SGE_LEN as u64,
+                addr: self
+                    .remote_sgl
+                    .addr
+                    .wrapping_add(u64::from(self.remote_sge) * SGE_LEN as u64),
                 rkey: self.remote_sgl.key,
             };
             self.post_write_msg(msg, Payload::Inline(b), remote)?;
@@ -475,6 +482,10 @@ impl Conn {
                 } else {
                     self.status.disconnect();
                 }
+            }
+            // More than the receive buffer, or beyond the credits we gave: not rsockets.
+            Message::Data(len) if len > self.sizes.rbuf || self.rmsg.len() > self.sizes.rq as usize => {
+                self.fail();
             }
             Message::Data(len) => self.rmsg.push_back(len),
             // The iomap was updated in place; keepalives and unknown messages need nothing.
@@ -570,7 +581,7 @@ impl Conn {
             addr: t.addr,
             rkey: t.key,
         };
-        t.addr += u64::from(len);
+        t.addr = t.addr.wrapping_add(u64::from(len));
         t.length -= len;
         self.set_target(self.target_sge, t);
         if t.length == 0 {
@@ -603,7 +614,7 @@ impl Conn {
                 i += 1;
                 continue;
             }
-            self.rbuf_bytes_avail += take;
+            self.rbuf_bytes_avail = (self.rbuf_bytes_avail + take).min(self.sizes.rbuf);
             if take == avail {
                 self.rmsg.pop_front();
                 self.rseq_no = self.rseq_no.wrapping_add(1);
@@ -690,7 +701,10 @@ impl Conn {
         self.sqe_avail -= 1;
         self.sbuf_bytes_avail -= IOMAP_LEN as u32;
         let remote = RemoteAddr {
-            addr: self.remote_iomap.addr + u64::from(slot) * IOMAP_LEN as u64,
+            addr: self
+                .remote_iomap
+                .addr
+                .wrapping_add(u64::from(slot) * IOMAP_LEN as u64),
             rkey: self.remote_iomap.key,
         };
         self.post_write_msg(Message::IomapSgl(slot), Payload::Inline(b), remote)
@@ -719,7 +733,8 @@ impl Conn {
             left as u32
         };
         n = n.min(self.sbuf_bytes_avail);
-        let room = map.offset + u64::from(map.sge.length) - offset;
+        // `offset` is inside the mapping (`find_iomap`).
+        let room = u64::from(map.sge.length) - (offset - map.offset);
         n.min(room.min(u64::from(u32::MAX)) as u32)
     }
 
@@ -730,7 +745,7 @@ impl Conn {
         self.sqe_avail -= 1;
         self.sbuf_bytes_avail -= len;
         let remote = RemoteAddr {
-            addr: map.sge.addr + (offset - map.offset),
+            addr: map.sge.addr.wrapping_add(offset - map.offset),
             rkey: map.sge.key,
         };
         let payload = self.stage(bytes);

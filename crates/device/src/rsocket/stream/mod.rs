@@ -77,6 +77,7 @@ struct Flags {
 
 #[derive(Debug)]
 struct Listener {
+    /// Accepted connections waiting for `accept`; at most the backlog (more are rejected).
     queue: Arc<EventQueue<Arc<Stream>>>,
     stop: Arc<EventFd>,
     thread: Option<JoinHandle<()>>,
@@ -240,9 +241,11 @@ impl Stream {
             queue.clone(),
             stop.clone(),
         );
+        // As listen(2): a backlog of 0 still takes one; the system's limit caps it.
+        let backlog = usize::try_from(backlog).unwrap_or(0).clamp(1, 4096);
         let thread = std::thread::Builder::new()
             .name("rsocket-accept".into())
-            .spawn(move || acceptor(&me, &ch, &q, &s))
+            .spawn(move || acceptor(&me, &ch, &q, &s, backlog))
             .map_err(Error::Io)?;
         st.listener = Some(Listener {
             queue,
@@ -281,8 +284,13 @@ impl Stream {
             _ => return Err(errno(libc::EINVAL)),
         };
         let nonblock = st.nonblocking(0);
-        self.wait(&mut st, nonblock, None, |_| queue.len() > 0)?;
-        queue.pop(Some(Duration::ZERO))
+        loop {
+            self.wait(&mut st, nonblock, None, |_| queue.len() > 0)?;
+            // Another thread may have taken it meanwhile.
+            if let Ok(s) = queue.pop(Some(Duration::ZERO)) {
+                return Ok(s);
+            }
+        }
     }
 
     /// `rconnect`: resolves the address and the route, makes the endpoint and sends the
@@ -1138,8 +1146,15 @@ impl Drop for Stream {
 }
 
 /// The accept thread of a listening socket: answers each connection request with a new
-/// socket's connection data and queues the socket for `accept`, until `stop` is written.
-fn acceptor(me: &Weak<Stream>, channel: &EventChannel, queue: &EventQueue<Arc<Stream>>, stop: &EventFd) {
+/// socket's connection data and queues the socket for `accept` (rejecting requests while
+/// `backlog` wait there), until `stop` is written.
+fn acceptor(
+    me: &Weak<Stream>,
+    channel: &EventChannel,
+    queue: &EventQueue<Arc<Stream>>,
+    stop: &EventFd,
+    backlog: usize,
+) {
     loop {
         let fds = [channel.as_fd(), stop.as_fd()];
         let _ = wait::sleep(&fds, nix::poll::PollTimeout::NONE);
@@ -1155,7 +1170,8 @@ fn acceptor(me: &Weak<Stream>, channel: &EventChannel, queue: &EventQueue<Arc<St
                 continue;
             }
             let id = ev.id.clone();
-            let made = me.upgrade().and_then(|l| {
+            let room = queue.len() < backlog;
+            let made = me.upgrade().filter(|_| room).and_then(|l| {
                 let (domain, sizes) = {
                     let st = l.st.lock();
                     (l.domain, st.sizes)
