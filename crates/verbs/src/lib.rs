@@ -31,6 +31,7 @@ mod host;
 mod pd;
 mod qp;
 mod raw;
+pub mod rsocket;
 mod xrc;
 
 pub use context::{AsyncEvent, AsyncEventTarget, Context};
