@@ -201,7 +201,7 @@ fn install_keeps_what_it_did_not_install_and_refuses_system_prefixes() {
     assert_eq!(entries(&prefix), ["bin"]);
     assert_eq!(entries(&prefix.join("bin")), ["other"]);
 
-    for system in ["/usr", "/", "/usr/lib/x86_64-linux-gnu"] {
+    for system in ["/usr", "/", "/usr/lib/x86_64-linux-gnu", "/usr/local"] {
         let r = install(&[
             Path::new("--prefix"),
             Path::new(system),
