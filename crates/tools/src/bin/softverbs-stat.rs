@@ -8,16 +8,19 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use softverbs::{host_counters, CounterSnapshot, ProcessCounters};
 use softverbs_tools::cli;
+use softverbs_tools::man;
 
-/// Show, for every process of this user using a softverbs device on this host, its QPs,
-/// packets, bytes, drops by reason and retransmissions, refreshed every interval.
-///
-/// Each softverbs process keeps its counters in a small shared file of the user's private
-/// directory in /dev/shm (its counter board); this tool reads them without disturbing the
-/// processes. Rates are per second over the last interval. Only processes of the same user
-/// are visible (the boards are private to the user).
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(
+    name = "softverbs-stat",
+    version,
+    about = "live counters of the processes using softverbs devices",
+    long_about = None,
+    before_help = DESCRIPTION,
+    after_help = man::SEE_LONG_HELP,
+    after_long_help = man::sections(&[], EXAMPLES, EXIT_STATUS),
+    help_template = man::PAGE,
+)]
 struct Args {
     /// Only this device (e.g. sv_lo).
     #[arg(short = 'd', long)]
@@ -148,6 +151,27 @@ fn print_table(
         println!("(no other process of this user uses a softverbs device)");
     }
 }
+
+const DESCRIPTION: &str = concat!(
+    "    Shows, for every process of this user that uses a softverbs device on this host, its QPs,\n",
+    "    packets, bytes, drops by reason and retransmissions, refreshed every --interval seconds. Each\n",
+    "    softverbs process keeps its counters in a small shared file in the user's private directory\n",
+    "    in /dev/shm (its counter board); this tool reads them without disturbing the processes. Rates\n",
+    "    are per second over the last interval. Only processes of the same user are visible (the boards\n",
+    "    are private to the user), and by default only those of this network namespace.",
+);
+
+const EXAMPLES: &[(&str, &str)] = &[
+    ("softverbs-stat", "A table per interval, until interrupted."),
+    ("softverbs-stat --once -d sv_lo", "The counters of sv_lo once."),
+    (
+        "softverbs-stat --once --all",
+        "Every counter as \"pid comm device name value\" lines, for scripts.",
+    ),
+];
+
+const EXIT_STATUS: &str =
+    "0 after --count refreshes, --once, or when interrupted; 2 when an argument is invalid.";
 
 fn main() -> ExitCode {
     let args: Args = cli::parse_args();
