@@ -4,7 +4,7 @@
 //! A tool sets, in its `#[command(...)]`: `about` (the NAME line, lower case, no full stop),
 //! `long_about = None` (so that NAME stays that one line in `--help` too), `before_help` (the
 //! DESCRIPTION, indented by four spaces), `after_help` ([`SEE_LONG_HELP`]), `after_long_help`
-//! ([`sections`]) and `help_template` ([`PAGE`] or [`PAGE_WITH_OPERANDS`]). `-h` shows the
+//! ([`sections`]) and `help_template` ([`PAGE`], [`PAGE_WITH_OPERANDS`] or [`PAGE_WITH_COMMANDS`]). `-h` shows the
 //! short form: NAME, SYNOPSIS, DESCRIPTION and one line per option.
 
 /// The help template of a tool without operands.
@@ -30,6 +30,21 @@ SYNOPSIS
 DESCRIPTION
 {before-help}ARGUMENTS
 {positionals}
+
+OPTIONS
+{options}{after-help}";
+
+/// The help template of a tool with subcommands.
+pub const PAGE_WITH_COMMANDS: &str = "\
+NAME
+    {name} - {about}
+
+SYNOPSIS
+    {usage}
+
+DESCRIPTION
+{before-help}COMMANDS
+{subcommands}
 
 OPTIONS
 {options}{after-help}";
@@ -107,6 +122,81 @@ pub fn sections(environment: &[(&str, &str)], examples: &[(&str, &str)], exit_st
     out
 }
 
+/// The headings a page may have, in the order they come.
+const HEADINGS: [&str; 10] = [
+    "NAME",
+    "SYNOPSIS",
+    "DESCRIPTION",
+    "ARGUMENTS",
+    "COMMANDS",
+    "OPTIONS",
+    "ENVIRONMENT",
+    "EXAMPLES",
+    "EXIT STATUS",
+    "",
+];
+
+/// Checks that `text`, the `--help` of `tool`, is laid out as a man page: headings at the
+/// start of their lines, in the order of the pages here, each with text under it; NAME naming
+/// the tool; every EXAMPLES command running the tool (after any `VAR=value` assignments).
+/// Returns the headings, in order.
+pub fn check_page(tool: &str, text: &str) -> Result<Vec<&'static str>, String> {
+    let mut found: Vec<&'static str> = Vec::new();
+    let mut body: Vec<Vec<&str>> = Vec::new();
+    for line in text.lines() {
+        if !line.starts_with(' ') && !line.is_empty() {
+            let Some(h) = HEADINGS.iter().find(|h| **h == line && !h.is_empty()) else {
+                return Err(format!("{line:?} is neither a heading nor indented"));
+            };
+            found.push(h);
+            body.push(Vec::new());
+        } else if let Some(b) = body.last_mut() {
+            if !line.trim().is_empty() {
+                b.push(line);
+            }
+        } else {
+            return Err(format!("{line:?} comes before NAME"));
+        }
+    }
+    let order = |h: &str| HEADINGS.iter().position(|x| *x == h);
+    if !found.windows(2).all(|w| order(w[0]) < order(w[1])) {
+        return Err(format!("headings out of order: {found:?}"));
+    }
+    for required in [
+        "NAME",
+        "SYNOPSIS",
+        "DESCRIPTION",
+        "OPTIONS",
+        "EXAMPLES",
+        "EXIT STATUS",
+    ] {
+        if !found.contains(&required) {
+            return Err(format!("no {required} in {found:?}"));
+        }
+    }
+    if let Some(empty) = found.iter().zip(&body).find(|(_, b)| b.is_empty()) {
+        return Err(format!("{} is empty", empty.0));
+    }
+    let section = |h: &str| &body[found.iter().position(|x| *x == h).unwrap()];
+    let name = section("NAME");
+    if name.len() != 1 || !name[0].trim_start().starts_with(&format!("{tool} - ")) {
+        return Err(format!("NAME is not \"{tool} - ...\": {name:?}"));
+    }
+    if !section("SYNOPSIS")
+        .iter()
+        .all(|l| l.trim_start().starts_with(tool))
+    {
+        return Err(format!("SYNOPSIS does not start with {tool}"));
+    }
+    for command in section("EXAMPLES").iter().filter(|l| !l.starts_with("     ")) {
+        let program = command.split_whitespace().find(|w| !w.contains('='));
+        if program != Some(tool) {
+            return Err(format!("the example {command:?} does not run {tool}"));
+        }
+    }
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -125,5 +215,39 @@ mod tests {
              \nEXIT STATUS\n    0 on success\n"
         );
         assert!(!sections(&[], &[("t", "u")], "0").contains("ENVIRONMENT"));
+    }
+
+    #[test]
+    fn check_page_finds_what_a_page_lacks() {
+        let good = "NAME\n    t - a tool\n\nSYNOPSIS\n    t [OPTIONS]\n\nDESCRIPTION\n    Does.\n\n\
+                    OPTIONS\n  -h, --help\n\nEXAMPLES\n    X=1 t -h\n        Helps.\n\nEXIT STATUS\n    0\n";
+        assert_eq!(
+            check_page("t", good),
+            Ok(vec![
+                "NAME",
+                "SYNOPSIS",
+                "DESCRIPTION",
+                "OPTIONS",
+                "EXAMPLES",
+                "EXIT STATUS"
+            ])
+        );
+        let bad = [
+            (good.replace("EXIT STATUS\n    0\n", ""), "no EXIT STATUS"),
+            (good.replace("    t - a tool", "    u - a tool"), "NAME is not"),
+            (good.replace("X=1 t -h", "u -h"), "does not run t"),
+            (good.replace("    Does.\n", ""), "DESCRIPTION is empty"),
+            (good.replace("NAME\n    t - a tool\n\n", ""), "no NAME"),
+            (
+                good.replace("SYNOPSIS\n    t [OPTIONS]\n\n", "")
+                    .replace("OPTIONS\n", "SYNOPSIS\n    t\n\nOPTIONS\n"),
+                "out of order",
+            ),
+            (good.replace("OPTIONS\n", "Options:\n"), "neither a heading"),
+        ];
+        for (page, why) in bad {
+            let e = check_page("t", &page).unwrap_err();
+            assert!(e.contains(why), "{e} (wanted {why})");
+        }
     }
 }

@@ -18,14 +18,41 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use clap::{Args as ClapArgs, Parser, Subcommand};
+use softverbs_tools::man;
 
 mod udp_gso;
 mod udp_lat;
 mod vm_writev;
 
+const DESCRIPTION: &str = concat!(
+    "    Measures what the kernel gives on the same machine, for comparison with softverbs: UDP\n",
+    "    ping-pong latency with both sides busy-polling (udp-lat), UDP throughput with segmentation\n",
+    "    and receive offloads (udp-gso), and the bandwidth of process_vm_writev into another process\n",
+    "    (vm-writev). Without --serve or --connect a UDP baseline starts its passive side itself,\n",
+    "    as a child process; with them, the two sides can run anywhere, on one host or two.\n",
+    "    \"softverbs-baseline COMMAND --help\" lists a command's options.",
+);
+
+const EXAMPLES: &[(&str, &str)] = &[
+    ("softverbs-baseline udp-lat", "UDP latency between this process and a child on loopback."),
+    ("softverbs-baseline udp-gso --serve 10.0.0.2:0   (on one host)\nsoftverbs-baseline udp-gso --connect 10.0.0.2:PORT   (on the other)", "UDP throughput between two hosts (the passive side prints the PORT it bound)."),
+    ("softverbs-baseline vm-writev", "process_vm_writev bandwidth into a child process."),
+];
+
+const EXIT_STATUS: &str = "0 when the measurement completed; 1 when it failed (the error is printed); 2 when an argument is invalid.";
+
 /// Kernel UDP and process_vm_writev baselines for the softverbs benchmarks.
 #[derive(Parser, Debug)]
-#[command(name = "softverbs-baseline", version, about)]
+#[command(
+    name = "softverbs-baseline",
+    version,
+    about = "kernel baselines for the softverbs benchmarks",
+    long_about = None,
+    before_help = DESCRIPTION,
+    after_help = man::SEE_LONG_HELP,
+    after_long_help = man::sections(&[], EXAMPLES, EXIT_STATUS),
+    help_template = man::PAGE_WITH_COMMANDS,
+)]
 struct Cli {
     #[command(subcommand)]
     mode: Mode,
