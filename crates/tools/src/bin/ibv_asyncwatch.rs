@@ -47,8 +47,9 @@ const EXAMPLES: &[(&str, &str)] = &[
     ),
 ];
 
-const EXIT_STATUS: &str = "0 when killed, or after --count events or --timeout seconds; 1 when no device matches, the device cannot be\n\
-opened or an argument is invalid.";
+const EXIT_STATUS: &str = "\
+0 after --count events or --timeout seconds (without them it runs until a signal ends it);
+1 when no device matches, the device cannot be opened or an argument is invalid.";
 
 fn main() -> ExitCode {
     let args: Args = cli::parse_args();

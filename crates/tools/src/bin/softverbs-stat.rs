@@ -170,8 +170,9 @@ const EXAMPLES: &[(&str, &str)] = &[
     ),
 ];
 
-const EXIT_STATUS: &str =
-    "0 after --count refreshes, --once, or when interrupted; 2 when an argument is invalid.";
+const EXIT_STATUS: &str = "\
+0 after --count refreshes or with --once (otherwise it runs until a signal ends it); 2 when an
+argument is invalid.";
 
 fn main() -> ExitCode {
     let args: Args = cli::parse_args();
