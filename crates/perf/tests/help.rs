@@ -32,4 +32,14 @@ fn every_benchmark_tool_has_a_man_page_help() {
         .expect("run softverbs-baseline");
     let page = String::from_utf8_lossy(&o.stdout);
     assert!(page.contains("COMMANDS\n  udp-lat"), "{page}");
+    for command in ["udp-lat", "udp-gso", "vm-writev"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_softverbs-baseline"))
+            .args([command, "--help"])
+            .output()
+            .expect("run softverbs-baseline");
+        assert!(o.status.success(), "{command}: {o:?}");
+        let page = String::from_utf8(o.stdout).expect("UTF-8");
+        let tool = format!("softverbs-baseline {command}");
+        check_page(&tool, &page).unwrap_or_else(|e| panic!("{tool} --help: {e}\n{page}"));
+    }
 }

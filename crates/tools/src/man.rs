@@ -136,9 +136,10 @@ const HEADINGS: [&str; 10] = [
     "",
 ];
 
-/// Checks that `text`, the `--help` of `tool`, is laid out as a man page: headings at the
-/// start of their lines, in the order of the pages here, each with text under it; NAME naming
-/// the tool; every EXAMPLES command running the tool (after any `VAR=value` assignments).
+/// Checks that `text`, the `--help` of `tool` (or of `"tool command"`), is laid out as a man
+/// page: headings at the start of their lines, in the order of the pages here, each with text
+/// under it; NAME naming the tool (`tool-command`); SYNOPSIS and every EXAMPLES command running
+/// it (after any `VAR=value` assignments).
 /// Returns the headings, in order.
 pub fn check_page(tool: &str, text: &str) -> Result<Vec<&'static str>, String> {
     let mut found: Vec<&'static str> = Vec::new();
@@ -178,9 +179,11 @@ pub fn check_page(tool: &str, text: &str) -> Result<Vec<&'static str>, String> {
         return Err(format!("{} is empty", empty.0));
     }
     let section = |h: &str| &body[found.iter().position(|x| *x == h).unwrap()];
+    // A subcommand ("tool command") is named "tool-command", as clap and git name them.
+    let page_name = tool.replace(' ', "-");
     let name = section("NAME");
-    if name.len() != 1 || !name[0].trim_start().starts_with(&format!("{tool} - ")) {
-        return Err(format!("NAME is not \"{tool} - ...\": {name:?}"));
+    if name.len() != 1 || !name[0].trim_start().starts_with(&format!("{page_name} - ")) {
+        return Err(format!("NAME is not \"{page_name} - ...\": {name:?}"));
     }
     if !section("SYNOPSIS")
         .iter()
@@ -188,9 +191,13 @@ pub fn check_page(tool: &str, text: &str) -> Result<Vec<&'static str>, String> {
     {
         return Err(format!("SYNOPSIS does not start with {tool}"));
     }
+    let tool_words: Vec<&str> = tool.split(' ').collect();
     for command in section("EXAMPLES").iter().filter(|l| !l.starts_with("     ")) {
-        let program = command.split_whitespace().find(|w| !w.contains('='));
-        if program != Some(tool) {
+        let words: Vec<&str> = command
+            .split_whitespace()
+            .skip_while(|w| w.contains('='))
+            .collect();
+        if !words.starts_with(&tool_words) {
             return Err(format!("the example {command:?} does not run {tool}"));
         }
     }
@@ -245,6 +252,19 @@ mod tests {
             ),
             (good.replace("OPTIONS\n", "Options:\n"), "neither a heading"),
         ];
+        let sub = good
+            .replace("    t - a tool", "    t-sub - a command")
+            .replace("    t [OPTIONS]", "    t sub [OPTIONS]")
+            .replace("X=1 t -h", "t sub -h");
+        assert!(
+            check_page("t sub", &sub).is_ok(),
+            "{:?}",
+            check_page("t sub", &sub)
+        );
+        assert!(
+            check_page("t sub", good).is_err(),
+            "the tool's page is not the command's"
+        );
         for (page, why) in bad {
             let e = check_page("t", &page).unwrap_err();
             assert!(e.contains(why), "{e} (wanted {why})");

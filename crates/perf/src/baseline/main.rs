@@ -58,13 +58,53 @@ struct Cli {
     mode: Mode,
 }
 
+// Each command's page: its DESCRIPTION and EXAMPLES; `-h` lists the commands with `about`.
 #[derive(Subcommand, Debug)]
 enum Mode {
     /// UDP ping-pong latency with busy polling on both sides.
+    #[command(
+        long_about = None,
+        before_help = concat!(
+            "    Measures UDP ping-pong latency: the active side sends --size bytes, the passive side echoes\n",
+            "    them, both busy-polling non-blocking sockets, for --duration seconds after a warm-up. The\n",
+            "    latencies printed (minimum, typical, average, 99th percentile) are one-way: half a round trip.",
+        ),
+        after_help = man::SEE_LONG_HELP,
+        after_long_help = man::sections(&[], &[
+            ("softverbs-baseline udp-lat -s 8", "8-byte datagrams between this process and a child on 127.0.0.1."),
+        ], EXIT_STATUS),
+        help_template = man::PAGE,
+    )]
     UdpLat(UdpLatArgs),
     /// UDP throughput with UDP_SEGMENT (GSO) at the sender and UDP_GRO at the receiver.
+    #[command(
+        long_about = None,
+        before_help = concat!(
+            "    Measures UDP throughput as the kernel offers it at best: the sender hands the kernel\n",
+            "    --send-size bytes per call, cut into --segment-byte datagrams (UDP_SEGMENT), and the receiver\n",
+            "    takes coalesced batches (UDP_GRO); the bytes are counted where they arrive.",
+        ),
+        after_help = man::SEE_LONG_HELP,
+        after_long_help = man::sections(&[], &[
+            ("softverbs-baseline udp-gso", "Between this process and a child on 127.0.0.1, 1472-byte segments."),
+        ], EXIT_STATUS),
+        help_template = man::PAGE,
+    )]
     UdpGso(UdpGsoArgs),
     /// process_vm_writev bandwidth into a child process's buffer.
+    #[command(
+        long_about = None,
+        before_help = concat!(
+            "    Measures how fast one process can copy into another's memory with process_vm_writev: the\n",
+            "    bound of a shared-memory transfer between two processes. The target is a child process,\n",
+            "    which verifies the bytes.",
+        ),
+        after_help = man::SEE_LONG_HELP,
+        after_long_help = man::sections(&[], &[
+            ("softverbs-baseline vm-writev -s 1048576", "1 MiB copies for two seconds."),
+        ], EXIT_STATUS),
+        help_template = man::PAGE,
+    )]
     VmWritev(VmWritevArgs),
 }
 
