@@ -72,77 +72,137 @@ fn random_u32() -> u32 {
 /// `IBV_PORT_IP_BASED_GIDS`.
 pub const PORT_IP_BASED_GIDS: u32 = 1 << 26;
 
-/// `struct ibv_device_attr`.
+/// `struct ibv_device_attr`: one field per C field, named as in C (`ibv_query_device(3)`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[allow(missing_docs)] // one field per C field, named identically; ibv_query_device(3) documents them
 pub struct DeviceAttr {
+    /// Firmware version string.
     pub fw_ver: String,
+    /// Node GUID (the number whose big-endian bytes are the GUID).
     pub node_guid: u64,
+    /// System image GUID.
     pub sys_image_guid: u64,
+    /// Largest memory region, in bytes.
     pub max_mr_size: u64,
+    /// Page sizes supported (a bit per size).
     pub page_size_cap: u64,
+    /// IEEE vendor ID.
     pub vendor_id: u32,
+    /// Vendor part ID.
     pub vendor_part_id: u32,
+    /// Hardware version.
     pub hw_ver: u32,
+    /// Most QPs.
     pub max_qp: u32,
+    /// Most outstanding WRs per send or receive queue.
     pub max_qp_wr: u32,
+    /// `IBV_DEVICE_*` capability bits.
     pub device_cap_flags: u32,
+    /// Most scatter/gather elements per WR (non-RDMA-READ).
     pub max_sge: u32,
+    /// Most scatter/gather elements per RDMA READ WR.
     pub max_sge_rd: u32,
+    /// Most CQs.
     pub max_cq: u32,
+    /// Most entries per CQ.
     pub max_cqe: u32,
+    /// Most memory regions.
     pub max_mr: u32,
+    /// Most protection domains.
     pub max_pd: u32,
+    /// Most outstanding RDMA READs and atomics a QP can receive (responder resources).
     pub max_qp_rd_atom: u32,
+    /// As `max_qp_rd_atom`, per EE context (none: 0).
     pub max_ee_rd_atom: u32,
+    /// Most responder resources for RDMA READs and atomics on the device.
     pub max_res_rd_atom: u32,
+    /// Most outstanding RDMA READs and atomics a QP can initiate.
     pub max_qp_init_rd_atom: u32,
+    /// As `max_qp_init_rd_atom`, per EE context (none: 0).
     pub max_ee_init_rd_atom: u32,
+    /// Atomicity guarantee of atomic operations.
     pub atomic_cap: AtomicCap,
+    /// Most EE contexts (none: 0).
     pub max_ee: u32,
+    /// Most reliable datagram domains (none: 0).
     pub max_rdd: u32,
+    /// Most memory windows.
     pub max_mw: u32,
+    /// Most raw IPv6 datagram QPs.
     pub max_raw_ipv6_qp: u32,
+    /// Most raw Ethertype datagram QPs.
     pub max_raw_ethy_qp: u32,
+    /// Most multicast groups.
     pub max_mcast_grp: u32,
+    /// Most QPs per multicast group.
     pub max_mcast_qp_attach: u32,
+    /// Most QP attachments to multicast groups, over all groups.
     pub max_total_mcast_qp_attach: u32,
+    /// Most address handles.
     pub max_ah: u32,
+    /// Most fast memory regions (none: 0).
     pub max_fmr: u32,
+    /// Most remaps per fast memory region (none: 0).
     pub max_map_per_fmr: u32,
+    /// Most SRQs.
     pub max_srq: u32,
+    /// Most outstanding WRs per SRQ.
     pub max_srq_wr: u32,
+    /// Most scatter/gather elements per SRQ WR.
     pub max_srq_sge: u32,
+    /// Size of the P_Key table.
     pub max_pkeys: u16,
+    /// Local CA ACK delay (4.096 us * 2^n).
     pub local_ca_ack_delay: u8,
+    /// Number of ports.
     pub phys_port_cnt: u8,
 }
 
-/// `struct ibv_port_attr`.
+/// `struct ibv_port_attr`: one field per C field, named as in C (`ibv_query_port(3)`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(missing_docs)] // one field per C field, named identically; ibv_query_port(3) documents them
 pub struct PortAttr {
+    /// Logical port state.
     pub state: PortState,
+    /// Largest MTU the port supports.
     pub max_mtu: Mtu,
+    /// MTU in use: the largest payload of a packet.
     pub active_mtu: Mtu,
+    /// Size of the GID table.
     pub gid_tbl_len: u32,
+    /// `IBV_PORT_*` capability bits.
     pub port_cap_flags: u32,
+    /// Largest message, in bytes.
     pub max_msg_sz: u32,
+    /// Packets dropped for a bad P_Key.
     pub bad_pkey_cntr: u32,
+    /// Packets dropped for a Q_Key violation.
     pub qkey_viol_cntr: u32,
+    /// Size of the P_Key table.
     pub pkey_tbl_len: u16,
+    /// Base LID (unused on RoCE: 0).
     pub lid: u16,
+    /// LID of the subnet manager (unused on RoCE: 0).
     pub sm_lid: u16,
+    /// LID mask control (unused on RoCE: 0).
     pub lmc: u8,
+    /// Most virtual lanes.
     pub max_vl_num: u8,
+    /// Service level of the subnet manager.
     pub sm_sl: u8,
+    /// Subnet propagation delay (4.096 us * 2^n).
     pub subnet_timeout: u8,
+    /// Init type reply of the subnet manager.
     pub init_type_reply: u8,
+    /// Active link width (`IBV_WIDTH_*`).
     pub active_width: u8,
+    /// Active link speed (`IBV_SPEED_*`).
     pub active_speed: u8,
+    /// Physical port state (5: link up).
     pub phys_state: u8,
+    /// Link layer (`IBV_LINK_LAYER_ETHERNET` for RoCE).
     pub link_layer: u8,
+    /// `IBV_QPF_*` port flags.
     pub flags: u8,
+    /// `IBV_PORT_*2` capability bits.
     pub port_cap_flags2: u16,
 }
 

@@ -2,7 +2,10 @@
 //!
 //! Function pointers the library never calls or fills are kept as opaque `*const c_void` slots of
 //! the same size. `tests` in `lib.rs` checks every size and offset against the system header.
-#![allow(non_camel_case_types, non_snake_case, missing_docs)]
+#![allow(non_camel_case_types, non_snake_case)]
+// Each item names its C definition; the fields are the header's, one for one, so the header
+// documents them.
+#![allow(missing_docs)]
 // The mirrors spell out C type names, as the header does, rather than `Self`.
 #![allow(clippy::use_self)]
 
@@ -18,15 +21,19 @@ pub struct pthread_mutex_t(pub [u8; 40]);
 #[derive(Clone, Copy)]
 pub struct pthread_cond_t(pub [u8; 48]);
 
+/// `IBV_SYSFS_NAME_MAX`.
 pub const IBV_SYSFS_NAME_MAX: usize = 64;
+/// `IBV_SYSFS_PATH_MAX`.
 pub const IBV_SYSFS_PATH_MAX: usize = 256;
 
+/// `struct _ibv_device_ops`.
 #[repr(C)]
 pub struct _ibv_device_ops {
     pub _dummy1: *const c_void,
     pub _dummy2: *const c_void,
 }
 
+/// `struct ibv_device`.
 #[repr(C)]
 pub struct ibv_device {
     pub _ops: _ibv_device_ops,
@@ -38,12 +45,18 @@ pub struct ibv_device {
     pub ibdev_path: [c_char; IBV_SYSFS_PATH_MAX],
 }
 
+/// The type of `ibv_context_ops.poll_cq`: `ibv_poll_cq`.
 pub type PollCqFn = unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int;
+/// The type of `ibv_context_ops.req_notify_cq`: `ibv_req_notify_cq`.
 pub type ReqNotifyFn = unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int;
+/// The type of `ibv_context_ops.post_srq_recv`: `ibv_post_srq_recv`.
 pub type PostSrqRecvFn = unsafe extern "C" fn(*mut ibv_srq, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
+/// The type of `ibv_context_ops.post_send`: `ibv_post_send`.
 pub type PostSendFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int;
+/// The type of `ibv_context_ops.post_recv`: `ibv_post_recv`.
 pub type PostRecvFn = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int;
 
+/// `struct ibv_context_ops`.
 #[repr(C)]
 pub struct ibv_context_ops {
     pub _compat_query_device: Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_device_attr) -> c_int>,
@@ -80,6 +93,7 @@ pub struct ibv_context_ops {
     pub _compat_async_event: *const c_void,
 }
 
+/// `struct ibv_context`.
 #[repr(C)]
 pub struct ibv_context {
     pub device: *mut ibv_device,
@@ -91,22 +105,34 @@ pub struct ibv_context {
     pub abi_compat: *mut c_void,
 }
 
+/// The type of `verbs_context.query_port`: `ibv_query_port` with the caller's struct size.
 pub type QueryPortFn = unsafe extern "C" fn(*mut ibv_context, u8, *mut ibv_port_attr, usize) -> c_int;
+/// The type of `verbs_context.create_cq_ex`: `ibv_create_cq_ex`.
 pub type CreateCqExFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
+/// The type of `verbs_context.query_device_ex`: `ibv_query_device_ex` with the caller's struct size.
 pub type QueryDeviceExFn = unsafe extern "C" fn(
     *mut ibv_context,
     *const ibv_query_device_ex_input,
     *mut ibv_device_attr_ex,
     usize,
 ) -> c_int;
+/// The type of `verbs_context.create_qp_ex`: `ibv_create_qp_ex`.
 pub type CreateQpExFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_init_attr_ex) -> *mut ibv_qp;
+/// The type of `verbs_context.get_srq_num`: `ibv_get_srq_num`.
 pub type GetSrqNumFn = unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int;
+/// The type of `verbs_context.create_srq_ex`: `ibv_create_srq_ex`.
 pub type CreateSrqExFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut ibv_srq;
+/// The type of `verbs_context.open_xrcd`: `ibv_open_xrcd`.
 pub type OpenXrcdFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut ibv_xrcd;
+/// The type of `verbs_context.close_xrcd`: `ibv_close_xrcd`.
 pub type CloseXrcdFn = unsafe extern "C" fn(*mut ibv_xrcd) -> c_int;
+/// The type of `verbs_context.open_qp`: `ibv_open_qp`.
 pub type OpenQpFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_open_attr) -> *mut ibv_qp;
+/// The type of `ibv_qp_ex.wr_atomic_write`: `ibv_wr_atomic_write`.
 pub type WrAtomicWriteFn = unsafe extern "C" fn(*mut ibv_qp_ex, u32, u64, *const c_void);
+/// The type of `verbs_context.advise_mr`: `ibv_advise_mr`.
 pub type AdviseMrFn = unsafe extern "C" fn(*mut ibv_pd, u32, u32, *mut ibv_sge, u32) -> c_int;
+/// The type of `verbs_context.query_rt_values`: `ibv_query_rt_values_ex`.
 pub type QueryRtValuesFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int;
 
 /// `struct timespec` (64-bit Linux).
@@ -125,6 +151,7 @@ pub struct ibv_values_ex {
     pub raw_clock: timespec,
 }
 
+/// `struct verbs_context`.
 #[repr(C)]
 pub struct verbs_context {
     pub query_port: Option<QueryPortFn>,
@@ -170,6 +197,7 @@ pub struct verbs_context {
     pub context: ibv_context,
 }
 
+/// `struct ibv_device_attr`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_device_attr {
@@ -215,6 +243,7 @@ pub struct ibv_device_attr {
     pub phys_port_cnt: u8,
 }
 
+/// `struct ibv_odp_per_transport_caps`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_odp_per_transport_caps {
@@ -223,6 +252,7 @@ pub struct ibv_odp_per_transport_caps {
     pub ud_odp_caps: u32,
 }
 
+/// `struct ibv_odp_caps`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_odp_caps {
@@ -230,6 +260,7 @@ pub struct ibv_odp_caps {
     pub per_transport_caps: ibv_odp_per_transport_caps,
 }
 
+/// `struct ibv_tso_caps`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_tso_caps {
@@ -237,6 +268,7 @@ pub struct ibv_tso_caps {
     pub supported_qpts: u32,
 }
 
+/// `struct ibv_rss_caps`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_rss_caps {
@@ -247,6 +279,7 @@ pub struct ibv_rss_caps {
     pub rx_hash_function: u8,
 }
 
+/// `struct ibv_packet_pacing_caps`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_packet_pacing_caps {
@@ -255,6 +288,7 @@ pub struct ibv_packet_pacing_caps {
     pub supported_qpts: u32,
 }
 
+/// `struct ibv_tm_caps`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_tm_caps {
@@ -265,6 +299,7 @@ pub struct ibv_tm_caps {
     pub max_sge: u32,
 }
 
+/// `struct ibv_cq_moderation_caps`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_cq_moderation_caps {
@@ -272,6 +307,7 @@ pub struct ibv_cq_moderation_caps {
     pub max_cq_period: u16,
 }
 
+/// `struct ibv_pci_atomic_caps`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_pci_atomic_caps {
@@ -280,6 +316,7 @@ pub struct ibv_pci_atomic_caps {
     pub compare_swap: u16,
 }
 
+/// `struct ibv_device_attr_ex`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_device_attr_ex {
@@ -302,11 +339,13 @@ pub struct ibv_device_attr_ex {
     pub phys_port_cnt_ex: u32,
 }
 
+/// `struct ibv_query_device_ex_input`.
 #[repr(C)]
 pub struct ibv_query_device_ex_input {
     pub comp_mask: u32,
 }
 
+/// `struct ibv_port_attr`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_port_attr {
@@ -344,6 +383,7 @@ pub struct ibv_gid {
     pub raw: [u8; 16],
 }
 
+/// `struct ibv_global_route`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct ibv_global_route {
@@ -354,6 +394,7 @@ pub struct ibv_global_route {
     pub traffic_class: u8,
 }
 
+/// `struct ibv_ah_attr`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct ibv_ah_attr {
@@ -366,6 +407,7 @@ pub struct ibv_ah_attr {
     pub port_num: u8,
 }
 
+/// `struct ibv_qp_cap`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct ibv_qp_cap {
@@ -376,6 +418,7 @@ pub struct ibv_qp_cap {
     pub max_inline_data: u32,
 }
 
+/// `struct ibv_qp_attr`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct ibv_qp_attr {
@@ -407,6 +450,7 @@ pub struct ibv_qp_attr {
     pub rate_limit: u32,
 }
 
+/// `struct ibv_qp_init_attr`.
 #[repr(C)]
 pub struct ibv_qp_init_attr {
     pub qp_context: *mut c_void,
@@ -418,6 +462,7 @@ pub struct ibv_qp_init_attr {
     pub sq_sig_all: c_int,
 }
 
+/// `struct ibv_rx_hash_conf`.
 #[repr(C)]
 pub struct ibv_rx_hash_conf {
     pub rx_hash_function: u8,
@@ -426,6 +471,7 @@ pub struct ibv_rx_hash_conf {
     pub rx_hash_fields_mask: u64,
 }
 
+/// `struct ibv_qp_init_attr_ex`.
 #[repr(C)]
 pub struct ibv_qp_init_attr_ex {
     pub qp_context: *mut c_void,
@@ -446,11 +492,16 @@ pub struct ibv_qp_init_attr_ex {
     pub send_ops_flags: u64,
 }
 
+/// `IBV_QP_INIT_ATTR_PD`.
 pub const IBV_QP_INIT_ATTR_PD: u32 = 1;
+/// `IBV_QP_INIT_ATTR_XRCD`.
 pub const IBV_QP_INIT_ATTR_XRCD: u32 = 1 << 1;
+/// `IBV_QP_INIT_ATTR_CREATE_FLAGS`.
 pub const IBV_QP_INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
+/// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`.
 pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 
+/// `struct ibv_sge`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct ibv_sge {
@@ -459,6 +510,7 @@ pub struct ibv_sge {
     pub lkey: u32,
 }
 
+/// `struct ibv_send_wr_rdma`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_send_wr_rdma {
@@ -466,6 +518,7 @@ pub struct ibv_send_wr_rdma {
     pub rkey: u32,
 }
 
+/// `struct ibv_send_wr_atomic`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_send_wr_atomic {
@@ -475,6 +528,7 @@ pub struct ibv_send_wr_atomic {
     pub rkey: u32,
 }
 
+/// `struct ibv_send_wr_ud`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_send_wr_ud {
@@ -483,6 +537,7 @@ pub struct ibv_send_wr_ud {
     pub remote_qkey: u32,
 }
 
+/// `union ibv_send_wr_wr`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub union ibv_send_wr_wr {
@@ -491,6 +546,7 @@ pub union ibv_send_wr_wr {
     pub ud: ibv_send_wr_ud,
 }
 
+/// `struct ibv_mw_bind_info`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_mw_bind_info {
@@ -500,6 +556,7 @@ pub struct ibv_mw_bind_info {
     pub mw_access_flags: c_uint,
 }
 
+/// `struct ibv_send_wr_bind_mw`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_send_wr_bind_mw {
@@ -508,6 +565,7 @@ pub struct ibv_send_wr_bind_mw {
     pub bind_info: ibv_mw_bind_info,
 }
 
+/// `struct ibv_send_wr_tso`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_send_wr_tso {
@@ -516,6 +574,7 @@ pub struct ibv_send_wr_tso {
     pub mss: u16,
 }
 
+/// `union ibv_send_wr_ext`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub union ibv_send_wr_ext {
@@ -523,6 +582,7 @@ pub union ibv_send_wr_ext {
     pub tso: ibv_send_wr_tso,
 }
 
+/// `struct ibv_send_wr`.
 #[repr(C)]
 pub struct ibv_send_wr {
     pub wr_id: u64,
@@ -539,6 +599,7 @@ pub struct ibv_send_wr {
     pub ext: ibv_send_wr_ext,
 }
 
+/// `struct ibv_recv_wr`.
 #[repr(C)]
 pub struct ibv_recv_wr {
     pub wr_id: u64,
@@ -547,6 +608,7 @@ pub struct ibv_recv_wr {
     pub num_sge: c_int,
 }
 
+/// `struct ibv_wc`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct ibv_wc {
@@ -566,12 +628,14 @@ pub struct ibv_wc {
     pub dlid_path_bits: u8,
 }
 
+/// `struct ibv_pd`.
 #[repr(C)]
 pub struct ibv_pd {
     pub context: *mut ibv_context,
     pub handle: u32,
 }
 
+/// `struct ibv_mr`.
 #[repr(C)]
 pub struct ibv_mr {
     pub context: *mut ibv_context,
@@ -583,6 +647,7 @@ pub struct ibv_mr {
     pub rkey: u32,
 }
 
+/// `struct ibv_comp_channel`.
 #[repr(C)]
 pub struct ibv_comp_channel {
     pub context: *mut ibv_context,
@@ -590,6 +655,7 @@ pub struct ibv_comp_channel {
     pub refcnt: c_int,
 }
 
+/// `struct ibv_cq`.
 #[repr(C)]
 pub struct ibv_cq {
     pub context: *mut ibv_context,
@@ -603,13 +669,16 @@ pub struct ibv_cq {
     pub async_events_completed: u32,
 }
 
+/// `struct ibv_poll_cq_attr`.
 #[repr(C)]
 pub struct ibv_poll_cq_attr {
     pub comp_mask: u32,
 }
 
+/// A `struct ibv_cq_ex` reader (`read_opcode`, `read_byte_len`, ...) returning `R`.
 pub type CqExFn<R> = unsafe extern "C" fn(*mut ibv_cq_ex) -> R;
 
+/// `struct ibv_cq_ex`.
 #[repr(C)]
 pub struct ibv_cq_ex {
     pub context: *mut ibv_context,
@@ -644,6 +713,7 @@ pub struct ibv_cq_ex {
     pub read_completion_wallclock_ns: Option<CqExFn<u64>>,
 }
 
+/// `struct ibv_cq_init_attr_ex`.
 #[repr(C)]
 pub struct ibv_cq_init_attr_ex {
     pub cqe: u32,
@@ -656,6 +726,7 @@ pub struct ibv_cq_init_attr_ex {
     pub parent_domain: *mut ibv_pd,
 }
 
+/// `struct ibv_srq_attr`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct ibv_srq_attr {
@@ -664,12 +735,14 @@ pub struct ibv_srq_attr {
     pub srq_limit: u32,
 }
 
+/// `struct ibv_srq_init_attr`.
 #[repr(C)]
 pub struct ibv_srq_init_attr {
     pub srq_context: *mut c_void,
     pub attr: ibv_srq_attr,
 }
 
+/// `struct ibv_tm_cap`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_tm_cap {
@@ -677,6 +750,7 @@ pub struct ibv_tm_cap {
     pub max_ops: u32,
 }
 
+/// `struct ibv_srq_init_attr_ex`.
 #[repr(C)]
 pub struct ibv_srq_init_attr_ex {
     pub srq_context: *mut c_void,
@@ -689,18 +763,29 @@ pub struct ibv_srq_init_attr_ex {
     pub tm_cap: ibv_tm_cap,
 }
 
+/// `IBV_SRQ_INIT_ATTR_TYPE`.
 pub const IBV_SRQ_INIT_ATTR_TYPE: u32 = 1;
+/// `IBV_SRQ_INIT_ATTR_PD`.
 pub const IBV_SRQ_INIT_ATTR_PD: u32 = 1 << 1;
+/// `IBV_SRQT_BASIC`.
 pub const IBV_SRQT_BASIC: u32 = 0;
+/// `IBV_SRQT_XRC`.
 pub const IBV_SRQT_XRC: u32 = 1;
+/// `IBV_SRQ_INIT_ATTR_XRCD`.
 pub const IBV_SRQ_INIT_ATTR_XRCD: u32 = 1 << 2;
+/// `IBV_SRQ_INIT_ATTR_CQ`.
 pub const IBV_SRQ_INIT_ATTR_CQ: u32 = 1 << 3;
+/// `IBV_SRQ_INIT_ATTR_TM`.
 pub const IBV_SRQ_INIT_ATTR_TM: u32 = 1 << 4;
+/// `IBV_SRQT_TM`.
 pub const IBV_SRQT_TM: u32 = 2;
+/// `IBV_WC_EX_WITH_TM_INFO`.
 pub const IBV_WC_EX_WITH_TM_INFO: u64 = 1 << 10;
 
+/// The type of `verbs_context.post_srq_ops`: `ibv_post_srq_ops`.
 pub type PostSrqOpsFn = unsafe extern "C" fn(*mut ibv_srq, *mut ibv_ops_wr, *mut *mut ibv_ops_wr) -> c_int;
 
+/// `struct ibv_ops_wr_add`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_ops_wr_add {
@@ -711,6 +796,7 @@ pub struct ibv_ops_wr_add {
     pub mask: u64,
 }
 
+/// `struct ibv_ops_wr_tm`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_ops_wr_tm {
@@ -719,6 +805,7 @@ pub struct ibv_ops_wr_tm {
     pub add: ibv_ops_wr_add,
 }
 
+/// `struct ibv_ops_wr`.
 #[repr(C)]
 pub struct ibv_ops_wr {
     pub wr_id: u64,
@@ -728,6 +815,7 @@ pub struct ibv_ops_wr {
     pub tm: ibv_ops_wr_tm,
 }
 
+/// `struct ibv_wc_tm_info`.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 pub struct ibv_wc_tm_info {
@@ -735,6 +823,7 @@ pub struct ibv_wc_tm_info {
     pub priv_: u32,
 }
 
+/// `struct ibv_srq`.
 #[repr(C)]
 pub struct ibv_srq {
     pub context: *mut ibv_context,
@@ -746,6 +835,7 @@ pub struct ibv_srq {
     pub events_completed: u32,
 }
 
+/// `struct ibv_qp`.
 #[repr(C)]
 pub struct ibv_qp {
     pub context: *mut ibv_context,
@@ -763,14 +853,17 @@ pub struct ibv_qp {
     pub events_completed: u32,
 }
 
+/// `struct ibv_data_buf`.
 #[repr(C)]
 pub struct ibv_data_buf {
     pub addr: *mut c_void,
     pub length: usize,
 }
 
+/// A `struct ibv_qp_ex` work-request setter (`wr_set_*`, ...) taking `A`.
 pub type QpExFn<A> = unsafe extern "C" fn(*mut ibv_qp_ex, A);
 
+/// `struct ibv_qp_ex`.
 #[repr(C)]
 pub struct ibv_qp_ex {
     pub qp_base: ibv_qp,
@@ -800,6 +893,7 @@ pub struct ibv_qp_ex {
     pub wr_atomic_write: Option<WrAtomicWriteFn>,
 }
 
+/// `struct ibv_ah`.
 #[repr(C)]
 pub struct ibv_ah {
     pub context: *mut ibv_context,
@@ -807,11 +901,13 @@ pub struct ibv_ah {
     pub handle: u32,
 }
 
+/// `struct ibv_xrcd`.
 #[repr(C)]
 pub struct ibv_xrcd {
     pub context: *mut ibv_context,
 }
 
+/// `struct ibv_xrcd_init_attr`.
 #[repr(C)]
 pub struct ibv_xrcd_init_attr {
     pub comp_mask: u32,
@@ -819,10 +915,14 @@ pub struct ibv_xrcd_init_attr {
     pub oflags: c_int,
 }
 
+/// `IBV_XRCD_INIT_ATTR_FD`.
 pub const IBV_XRCD_INIT_ATTR_FD: u32 = 1;
+/// `IBV_XRCD_INIT_ATTR_OFLAGS`.
 pub const IBV_XRCD_INIT_ATTR_OFLAGS: u32 = 1 << 1;
+/// `IBV_XRCD_INIT_ATTR_RESERVED`.
 pub const IBV_XRCD_INIT_ATTR_RESERVED: u32 = 1 << 2;
 
+/// `struct ibv_qp_open_attr`.
 #[repr(C)]
 pub struct ibv_qp_open_attr {
     pub comp_mask: u32,
@@ -832,14 +932,20 @@ pub struct ibv_qp_open_attr {
     pub qp_type: c_uint,
 }
 
+/// `IBV_QP_OPEN_ATTR_NUM`.
 pub const IBV_QP_OPEN_ATTR_NUM: u32 = 1;
+/// `IBV_QP_OPEN_ATTR_XRCD`.
 pub const IBV_QP_OPEN_ATTR_XRCD: u32 = 1 << 1;
+/// `IBV_QP_OPEN_ATTR_CONTEXT`.
 pub const IBV_QP_OPEN_ATTR_CONTEXT: u32 = 1 << 2;
+/// `IBV_QP_OPEN_ATTR_TYPE`.
 pub const IBV_QP_OPEN_ATTR_TYPE: u32 = 1 << 3;
+/// `IBV_QP_OPEN_ATTR_RESERVED`.
 pub const IBV_QP_OPEN_ATTR_RESERVED: u32 = 1 << 4;
 /// `IBV_QPS_UNKNOWN`: the state of a QP handle from `ibv_open_qp` until it is queried.
 pub const IBV_QPS_UNKNOWN: c_uint = 7;
 
+/// `union ibv_async_event_element`.
 #[repr(C)]
 pub union ibv_async_event_element {
     pub cq: *mut ibv_cq,
@@ -849,12 +955,14 @@ pub union ibv_async_event_element {
     pub port_num: c_int,
 }
 
+/// `struct ibv_async_event`.
 #[repr(C)]
 pub struct ibv_async_event {
     pub element: ibv_async_event_element,
     pub event_type: c_uint,
 }
 
+/// `struct ibv_gid_entry`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ibv_gid_entry {
@@ -865,6 +973,7 @@ pub struct ibv_gid_entry {
     pub ndev_ifindex: u32,
 }
 
+/// `struct ibv_mw`.
 #[repr(C)]
 pub struct ibv_mw {
     pub context: *mut ibv_context,
@@ -874,6 +983,7 @@ pub struct ibv_mw {
     pub mw_type: c_uint,
 }
 
+/// `struct ibv_dm`.
 #[repr(C)]
 pub struct ibv_dm {
     pub context: *mut ibv_context,
@@ -883,6 +993,7 @@ pub struct ibv_dm {
     pub handle: u32,
 }
 
+/// `struct ibv_wq`.
 #[repr(C)]
 pub struct ibv_wq {
     pub context: *mut ibv_context,

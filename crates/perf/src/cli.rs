@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use softverbs_tools::man;
 
 use crate::error::{bail, Error, Result};
 
@@ -102,6 +103,37 @@ impl Metric {
     }
 }
 
+const DESCRIPTION: &str = concat!(
+    "    Measures RDMA operations between two processes in the manner of perftest: SEND, RDMA\n",
+    "    WRITE, RDMA READ and atomics, for bandwidth and message rate (--bw, the default) or latency\n",
+    "    (--lat), over RC or UC, one size or a sweep of sizes, and the CPU an idle connection uses\n",
+    "    (--idle-cpu). Start a server (no HOST) on one side and a client (with HOST) on the other, or\n",
+    "    both in one command with --loopback. The client chooses the test and hands its parameters to\n",
+    "    the server over a TCP connection, which also carries the QP numbers, PSNs, GIDs, rkeys and\n",
+    "    addresses of both sides. Both sides print their results.",
+);
+
+const EXAMPLES: &[(&str, &str)] = &[
+    (
+        "softverbs-perf --loopback --test write --bw -s 65536",
+        "RDMA WRITE bandwidth with 64 KiB messages, server and client in one command.",
+    ),
+    (
+        "softverbs-perf &\nsoftverbs-perf --test send --lat -s 8 127.0.0.1",
+        "SEND latency of 8-byte messages between two processes.",
+    ),
+    (
+        "softverbs-perf --loopback --test read --sweep",
+        "RDMA READ bandwidth for every power of two from 2 bytes to 8 MiB.",
+    ),
+    (
+        "SOFTVERBS_SHM=0 softverbs-perf --loopback --test write --bw -q 4 -s 64",
+        "The message rate of 4 QPs over UDP instead of shared memory.",
+    ),
+];
+
+const EXIT_STATUS: &str = "0 when the measurement completed; 1 when it failed (the error is printed); 2 when an argument is invalid.";
+
 /// A perftest-style benchmark for the softverbs software RoCEv2 device.
 ///
 /// Start a server (no HOST) on one side and a client (with HOST) on the other, or run both in
@@ -109,7 +141,16 @@ impl Metric {
 /// server over a TCP connection, which also carries the QP numbers, PSNs, GIDs, rkeys and
 /// addresses of both sides.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "softverbs-perf", version, about, long_about = None)]
+#[command(
+    name = "softverbs-perf",
+    version,
+    about = "bandwidth, message rate and latency of softverbs",
+    long_about = None,
+    before_help = DESCRIPTION,
+    after_help = man::SEE_LONG_HELP,
+    after_long_help = man::sections(man::DEVICE_ENVIRONMENT, EXAMPLES, EXIT_STATUS),
+    help_template = man::PAGE_WITH_OPERANDS,
+)]
 pub struct Args {
     /// Server to connect to; without it, this process is the server.
     pub host: Option<String>,

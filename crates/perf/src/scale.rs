@@ -25,6 +25,7 @@ use softverbs::{
     ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInit, QpState, QpType, QueuePair, RecvWr, RemoteAddr,
     SendFlags, SendOp, SendRequest, WcOpcode, WcStatus, WorkCompletion,
 };
+use softverbs_tools::man;
 
 use crate::endpoint::{pattern, pattern_byte, split_wr_id, wr_id, Info};
 use crate::error::{bail, Error, Result};
@@ -47,9 +48,40 @@ pub enum Role {
     Client,
 }
 
+const SCALE_DESCRIPTION: &str = concat!(
+    "    Measures softverbs at scale on one host: by default --qps connected RC QPs in one process\n",
+    "    (created and connected in pairs, the memory each idle QP takes, a burst of --iters messages\n",
+    "    on every QP, and the CPU the idle process uses); with --processes, that many processes in\n",
+    "    pairs sharing the device, each with its own QPs. Results are printed as \"name value\" lines\n",
+    "    (or one JSON object with --json).",
+);
+
+const SCALE_EXAMPLES: &[(&str, &str)] = &[
+    ("softverbs-scale", "10,000 QPs in one process."),
+    (
+        "SOFTVERBS_LIMITS=max_qp=65536 softverbs-scale --qps 60000 --iters 20 --idle 1",
+        "60,000 QPs, above the default QP limit.",
+    ),
+    (
+        "softverbs-scale --processes 64 --qps 4",
+        "64 processes in 32 pairs, four QPs each.",
+    ),
+];
+
+const SCALE_EXIT_STATUS: &str = "0 when every QP or process completed its burst; 1 when one failed or --timeout passed (the error is printed); 2 when an argument is invalid.";
+
 /// Many connected RC QPs in one process, or many processes sharing the device.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "softverbs-scale", version, about, long_about = None)]
+#[command(
+    name = "softverbs-scale",
+    version,
+    about = "many QPs or many processes on one softverbs device",
+    long_about = None,
+    before_help = SCALE_DESCRIPTION,
+    after_help = man::SEE_LONG_HELP,
+    after_long_help = man::sections(man::DEVICE_ENVIRONMENT, SCALE_EXAMPLES, SCALE_EXIT_STATUS),
+    help_template = man::PAGE,
+)]
 pub struct ScaleArgs {
     /// QPs: in one process (default 10000, connected in pairs), or per process with
     /// --processes (default 1).

@@ -8,6 +8,7 @@
 
 pub mod asyncwatch;
 pub mod cli;
+pub mod man;
 pub mod pingpong;
 pub mod run;
 pub mod xsrq;

@@ -222,6 +222,10 @@ fn help_is_a_manual_page() {
     cmd.arg("--help");
     let r = run(cmd);
     assert_eq!(r.code, Some(0));
+    // Laid out as every other tool's page.
+    if let Err(e) = softverbs_tools::man::check_page("softverbs-run", &r.stdout) {
+        panic!("softverbs-run --help: {e}\n{}", r.stdout);
+    }
     let mut at = 0;
     for section in [
         "NAME",

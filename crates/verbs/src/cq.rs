@@ -27,6 +27,78 @@ impl Drop for ChannelInner {
 
 /// A completion event channel (`ibv_create_comp_channel`). Its fd ([`AsFd`]) becomes readable
 /// when an attached CQ has an event.
+///
+/// The pattern of `ibv_get_cq_event(3)`: arm the CQ ([`CompletionQueue::req_notify`]), wait
+/// for its event, acknowledge the event (dropping the [`CqEvent`] does), arm again, then poll
+/// the CQ empty; arming before polling is what makes sure no completion is missed. Here the
+/// receiving side of a UC pair sleeps on a channel, with a CQ that also stamps each completion
+/// with the device clock and the wall clock (`ibv_create_cq_ex`, see
+/// [`Context::create_cq_with_timestamps`]):
+///
+/// ```
+/// use std::net::Ipv4Addr;
+/// use std::time::Duration;
+/// use softverbs::*;
+///
+/// let ctx = devices()?.into_iter().find(|d| d.netdev() == "lo").expect("loopback").open()?;
+/// let pd = ctx.alloc_pd()?;
+/// let channel = ctx.create_comp_channel()?;
+/// let clocks = Timestamps { raw: true, wallclock: true };
+/// let recv_cq = ctx.create_cq_with_timestamps(16, Some(&channel), 0, clocks)?;
+/// let send_cq = ctx.create_cq(16, None, 0)?;
+/// let sender = pd.create_qp(&QpInit::new(QpType::Uc, &send_cq))?;
+/// let receiver = pd.create_qp(&QpInit::new(QpType::Uc, &recv_cq))?;
+///
+/// // UC connects as RC does, with fewer attributes: no retries, no RDMA READ or atomics.
+/// let gid = Gid::from(Ipv4Addr::LOCALHOST);
+/// let sgid_index = (0..).find(|&i| ctx.query_gid(1, i).is_ok_and(|g| g == gid)).unwrap() as u8;
+/// for (qp, peer) in [(&sender, receiver.qp_num()), (&receiver, sender.qp_num())] {
+///     use QpAttrMask as M;
+///     let init = QpAttr { qp_state: QpState::Init, port_num: 1, ..Default::default() };
+///     qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)?;
+///     let rtr = QpAttr {
+///         qp_state: QpState::Rtr,
+///         ah_attr: AhAttr {
+///             is_global: true,
+///             port_num: 1,
+///             grh: GlobalRoute { dgid: gid, sgid_index, hop_limit: 64, ..Default::default() },
+///             ..Default::default()
+///         },
+///         path_mtu: Mtu::Mtu1024,
+///         dest_qp_num: peer,
+///         ..Default::default()
+///     };
+///     qp.modify(&rtr, M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN)?;
+///     qp.modify(&QpAttr { qp_state: QpState::Rts, ..Default::default() }, M::STATE | M::SQ_PSN)?;
+/// }
+///
+/// let mr = pd.register(64, AccessFlags::LOCAL_WRITE)?;
+/// receiver.post_recv(&[RecvWr { wr_id: 9, sg_list: vec![mr.sge(0..64)?] }])?;
+/// recv_cq.req_notify(false)?;
+/// let before = ctx.query_raw_clock();
+/// mr.write(0, b"wake up")?;
+/// sender.post_send(&[SendRequest {
+///     wr_id: 1,
+///     op: SendOp::Send { imm: None, invalidate: None },
+///     flags: SendFlags::empty(), // unsignaled: no completion on the sending side
+///     payload: Payload::Sges(vec![mr.sge(0..7)?]),
+///     ud: None,
+///     xrc_srqn: None,
+/// }])?;
+///
+/// let event = channel.get_cq_event_timeout(Some(Duration::from_secs(20)))?;
+/// assert!(event.cq().same_as(&recv_cq));
+/// event.ack();
+/// recv_cq.req_notify(false)?;
+/// let mut wc = [WorkCompletion::default(); 4];
+/// assert_eq!(recv_cq.poll(&mut wc), 1);
+/// assert_eq!((wc[0].wr_id, wc[0].opcode, wc[0].byte_len), (9, WcOpcode::Recv, 7));
+/// // Device clock ticks are of `hca_core_clock` kHz.
+/// assert!(wc[0].timestamp >= before && ctx.query_device_ex().hca_core_clock > 0);
+/// assert!(wc[0].wallclock_ns > 0);
+/// assert_eq!(send_cq.poll(&mut wc), 0);
+/// # Ok::<(), softverbs::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct CompletionChannel(pub(crate) Arc<ChannelInner>);
 

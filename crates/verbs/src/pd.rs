@@ -294,7 +294,56 @@ impl ProtectionDomain {
 ///
 /// The device reads and writes the region from its own threads at any time, so the bytes are
 /// reached through copying accessors rather than slices: the memory is made of atomic words,
-/// which makes that sharing free of data races.
+/// which makes that sharing free of data races. The safe API registers memory it allocates
+/// itself ([`ProtectionDomain::register`], or [`ProtectionDomain::register_bytes`] for a
+/// copy of existing bytes); [`HostBuffer`]s reached through an implicit on-demand-paging
+/// region are the one kind of application memory work requests address directly.
+///
+/// What a work request names ([`MemoryRegion::sge`]), what a peer is sent so that it can
+/// reach the region ([`MemoryRegion::remote`]), and the other kinds of region:
+///
+/// ```
+/// use softverbs::*;
+///
+/// let ctx = devices()?.into_iter().find(|d| d.netdev() == "lo").expect("loopback").open()?;
+/// let pd = ctx.alloc_pd()?;
+/// let mut mr = pd.register(4096, AccessFlags::LOCAL_WRITE | AccessFlags::REMOTE_WRITE)?;
+/// mr.write(100, b"bytes")?;
+/// let sge = mr.sge(100..105)?; // for local work requests: checked by lkey, as an HCA does
+/// assert_eq!((sge.addr, sge.length, sge.lkey), (mr.addr() + 100, 5, mr.lkey()));
+/// let remote = mr.remote(100); // for a peer's RDMA WRITE: tell it the address and rkey
+/// assert_eq!((remote.addr, remote.rkey), (mr.addr() + 100, mr.rkey()));
+/// assert_eq!(mr.sge(4000..5000).unwrap_err().errno(), 22, "outside the region: EINVAL");
+/// // Remote write without local write is EINVAL, as ibv_reg_mr(3) says.
+/// assert_eq!(pd.register(64, AccessFlags::REMOTE_WRITE).unwrap_err().errno(), 22);
+///
+/// // ibv_rereg_mr: new rights, same keys, so peers need not be told again.
+/// let rkey = mr.rkey();
+/// mr.rereg(Rereg { access: Some(mr.access() | AccessFlags::REMOTE_READ), ..Default::default() })?;
+/// assert_eq!(mr.rkey(), rkey);
+/// mr.dereg().map_err(|(_, e)| e)?; // or just drop it
+///
+/// let copy = pd.register_bytes(b"hello", AccessFlags::empty())?;
+/// assert_eq!(copy.to_vec(), b"hello");
+///
+/// // Device memory (ibv_alloc_dm), registered zero-based.
+/// let dm = ctx.alloc_dm(4096, 3)?;
+/// dm.copy_to(0, b"on the device")?;
+/// let dm_mr = pd.register_dm(&dm, 0, 4096, AccessFlags::ZERO_BASED | AccessFlags::LOCAL_WRITE)?;
+/// assert_eq!((dm_mr.addr(), dm_mr.len()), (0, 4096));
+///
+/// // Implicit on-demand paging: one region whose keys reach every live HostBuffer.
+/// let odp = pd.register_implicit_odp(AccessFlags::ON_DEMAND | AccessFlags::LOCAL_WRITE)?;
+/// let buf = HostBuffer::new(1 << 20)?;
+/// let sge = odp.sge(&buf, 0..4096)?;
+/// assert_eq!((sge.addr, sge.lkey), (buf.addr(), odp.lkey()));
+/// pd.advise_mr(0, 1, &[sge])?; // IBV_ADVISE_MR_ADVICE_PREFETCH, IBV_ADVISE_MR_FLAG_FLUSH
+///
+/// // A null region: writes through it are dropped (e.g. the part of a message not wanted).
+/// let null = pd.alloc_null_mr()?;
+/// assert_eq!(null.sge(0..1 << 30)?.lkey, null.lkey());
+/// # Ok::<(), softverbs::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct MemoryRegion {
     core: Arc<core::Mr>,
@@ -567,6 +616,107 @@ pub struct MwBindInfo<'a> {
 /// Type 1 windows are bound with [`MemoryWindow::bind`]; type 2 windows with a BIND_MW work
 /// request ([`MemoryWindow::bind_request`]) and freed with LOCAL_INV or the peer's SEND with
 /// Invalidate.
+///
+/// A window grants a peer access to part of a region, and can be revoked without touching
+/// the region (which itself needs only [`AccessFlags::MW_BIND`], no remote rights):
+///
+/// ```
+/// use std::net::Ipv4Addr;
+/// use std::time::{Duration, Instant};
+/// use softverbs::*;
+///
+/// let ctx = devices()?.into_iter().find(|d| d.netdev() == "lo").expect("loopback").open()?;
+/// let pd = ctx.alloc_pd()?;
+/// let (cq_a, cq_b) = (ctx.create_cq(16, None, 0)?, ctx.create_cq(16, None, 0)?);
+/// let a = pd.create_qp(&QpInit::new(QpType::Rc, &cq_a))?;
+/// let b = pd.create_qp(&QpInit::new(QpType::Rc, &cq_b))?;
+/// // a and b are connected as in the example of QueuePair.
+/// # let gid = Gid::from(Ipv4Addr::LOCALHOST);
+/// # let sgid_index = (0..).find(|&i| ctx.query_gid(1, i).is_ok_and(|g| g == gid)).unwrap() as u8;
+/// # for (qp, peer) in [(&a, b.qp_num()), (&b, a.qp_num())] {
+/// #     use QpAttrMask as M;
+/// #     let access = AccessFlags::REMOTE_WRITE | AccessFlags::REMOTE_READ;
+/// #     let init =
+/// #         QpAttr { qp_state: QpState::Init, port_num: 1, qp_access_flags: access, ..Default::default() };
+/// #     qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)?;
+/// #     let grh = GlobalRoute { dgid: gid, sgid_index, hop_limit: 64, ..Default::default() };
+/// #     let ah_attr = AhAttr { is_global: true, port_num: 1, grh, ..Default::default() };
+/// #     let rtr = QpAttr {
+/// #         qp_state: QpState::Rtr, ah_attr, path_mtu: Mtu::Mtu1024, dest_qp_num: peer,
+/// #         max_dest_rd_atomic: 1, min_rnr_timer: 12, ..Default::default()
+/// #     };
+/// #     qp.modify(&rtr, M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN
+/// #         | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER)?;
+/// #     let rts = QpAttr {
+/// #         qp_state: QpState::Rts, timeout: 14, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 1,
+/// #         ..Default::default()
+/// #     };
+/// #     qp.modify(&rts, M::STATE | M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY
+/// #         | M::MAX_QP_RD_ATOMIC)?;
+/// # }
+/// let target = pd.register(8192, AccessFlags::LOCAL_WRITE | AccessFlags::MW_BIND)?;
+/// let source = pd.register(64, AccessFlags::LOCAL_WRITE)?;
+/// source.write(0, b"through a window")?;
+/// let one = |cq: &CompletionQueue| {
+///     let mut wc = [WorkCompletion::default()];
+///     let deadline = Instant::now() + Duration::from_secs(20);
+///     while cq.poll(&mut wc) == 0 {
+///         assert!(Instant::now() < deadline, "no completion");
+///     }
+///     wc[0]
+/// };
+/// let write = |wr_id, addr, rkey| SendRequest {
+///     wr_id,
+///     op: SendOp::Write { remote: RemoteAddr { addr, rkey }, imm: None },
+///     flags: SendFlags::SIGNALED,
+///     payload: Payload::Sges(vec![source.sge(0..16).unwrap()]),
+///     ud: None,
+///     xrc_srqn: None,
+/// };
+///
+/// // Type 1: bound by a verb (ibv_bind_mw), answering to the rkey it returns.
+/// let w1 = pd.alloc_mw(MwType::Type1)?;
+/// let at = target.addr() + 1024;
+/// let rkey = w1.bind(&b, &MwBindInfo {
+///     wr_id: 1,
+///     send_flags: SendFlags::SIGNALED,
+///     mr: Some(&target),
+///     addr: at,
+///     length: 1024,
+///     access: AccessFlags::REMOTE_WRITE,
+/// })?;
+/// assert_eq!(one(&cq_b).opcode, WcOpcode::BindMw);
+/// a.post_send(&[write(2, at, rkey)])?;
+/// assert_eq!(one(&cq_a).status, WcStatus::Success);
+/// let mut got = [0u8; 16];
+/// target.read(1024, &mut got)?;
+/// assert_eq!(&got, b"through a window");
+///
+/// // Type 2: bound by a work request, with a key whose low 8 bits the binder picks, and
+/// // invalidated by another.
+/// let w2 = pd.alloc_mw(MwType::Type2)?;
+/// let key = inc_rkey(w2.rkey());
+/// let at = target.addr() + 4096;
+/// b.post_send(&[w2.bind_request(3, key, &target, at, 4096, AccessFlags::REMOTE_WRITE)])?;
+/// assert_eq!(one(&cq_b).opcode, WcOpcode::BindMw);
+/// assert_eq!(w2.current(), (key, true));
+/// a.post_send(&[write(4, at, key)])?;
+/// assert_eq!(one(&cq_a).status, WcStatus::Success);
+/// b.post_send(&[SendRequest {
+///     wr_id: 5,
+///     op: SendOp::LocalInv { rkey: key },
+///     flags: SendFlags::SIGNALED,
+///     payload: Payload::Sges(vec![]),
+///     ud: None,
+///     xrc_srqn: None,
+/// }])?;
+/// assert_eq!(one(&cq_b).opcode, WcOpcode::LocalInv);
+/// assert!(!w2.current().1);
+/// // The revoked key no longer opens anything.
+/// a.post_send(&[write(6, at, key)])?;
+/// assert_eq!(one(&cq_a).status, WcStatus::RemAccessErr);
+/// # Ok::<(), softverbs::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct MemoryWindow {
     core: Arc<core::Mw>,
@@ -647,6 +797,88 @@ impl Drop for MemoryWindow {
 }
 
 /// An address handle (`ibv_create_ah`). Destroyed when dropped.
+///
+/// UD QPs are not connected: every send names its destination, an address handle (the path
+/// to a GID) plus the remote QP number and Q_Key ([`AddressHandle::ud_address`]). A receive
+/// buffer starts with 40 bytes for the GRH, which tells who sent it and so how to answer
+/// ([`ProtectionDomain::create_ah_from_wc`]). A multicast group is a GID too: QPs that
+/// [`attach_mcast`](crate::QueuePair::attach_mcast) it each get one copy of what is sent to
+/// it with QP number `0xFFFFFF`. Here a datagram, its answer, and a multicast datagram:
+///
+/// ```
+/// use std::net::Ipv4Addr;
+/// use std::time::{Duration, Instant};
+/// use softverbs::*;
+///
+/// const QKEY: u32 = 0x1111_1111;
+/// let ctx = devices()?.into_iter().find(|d| d.netdev() == "lo").expect("loopback").open()?;
+/// let pd = ctx.alloc_pd()?;
+/// let (send_cq, recv_cq) = (ctx.create_cq(16, None, 0)?, ctx.create_cq(16, None, 0)?);
+/// let mr = pd.register(8192, AccessFlags::LOCAL_WRITE)?;
+/// let init = QpInit { recv_cq: &recv_cq, ..QpInit::new(QpType::Ud, &send_cq) };
+/// let (a, b) = (pd.create_qp(&init)?, pd.create_qp(&init)?);
+/// for qp in [&a, &b] {
+///     use QpAttrMask as M;
+///     let init = QpAttr { qp_state: QpState::Init, port_num: 1, qkey: QKEY, ..Default::default() };
+///     qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)?;
+///     qp.modify(&QpAttr { qp_state: QpState::Rtr, ..Default::default() }, M::STATE)?;
+///     qp.modify(&QpAttr { qp_state: QpState::Rts, ..Default::default() }, M::STATE | M::SQ_PSN)?;
+/// }
+/// let wait = |cq: &CompletionQueue| {
+///     let mut wc = [WorkCompletion::default()];
+///     let deadline = Instant::now() + Duration::from_secs(20);
+///     while cq.poll(&mut wc) == 0 {
+///         assert!(Instant::now() < deadline, "no completion");
+///     }
+///     assert_eq!(wc[0].status, WcStatus::Success);
+///     wc[0]
+/// };
+/// let send = |qp: &QueuePair, to: UdAddress, at: usize, len: usize| {
+///     qp.post_send(&[SendRequest {
+///         wr_id: 0,
+///         op: SendOp::Send { imm: None, invalidate: None },
+///         flags: SendFlags::SIGNALED,
+///         payload: Payload::Sges(vec![mr.sge(at..at + len)?]),
+///         ud: Some(to),
+///         xrc_srqn: None,
+///     }])?;
+///     Ok::<_, Error>(wait(&send_cq))
+/// };
+///
+/// // a to b, through an AH for 127.0.0.1.
+/// let gid = Gid::from(Ipv4Addr::LOCALHOST);
+/// let sgid_index = (0..).find(|&i| ctx.query_gid(1, i).is_ok_and(|g| g == gid)).unwrap() as u8;
+/// let to_lo = AhAttr {
+///     is_global: true,
+///     port_num: 1,
+///     grh: GlobalRoute { dgid: gid, sgid_index, hop_limit: 64, ..Default::default() },
+///     ..Default::default()
+/// };
+/// let ah = pd.create_ah(&to_lo)?;
+/// b.post_recv(&[RecvWr { wr_id: 1, sg_list: vec![mr.sge(0..1024)?] }])?;
+/// mr.write(4096, b"ping")?;
+/// assert_eq!(send(&a, ah.ud_address(b.qp_num(), QKEY), 4096, 4)?.opcode, WcOpcode::Send);
+/// let got = wait(&recv_cq);
+/// assert_eq!((got.wr_id, got.byte_len, got.src_qp), (1, 40 + 4, a.qp_num()));
+///
+/// // b answers whoever sent it, from the completion and the GRH.
+/// let mut grh = [0u8; 40];
+/// mr.read(0, &mut grh)?;
+/// let reply = pd.create_ah_from_wc(&got, &grh, 1)?;
+/// a.post_recv(&[RecvWr { wr_id: 2, sg_list: vec![mr.sge(1024..2048)?] }])?;
+/// send(&b, reply.ud_address(got.src_qp, QKEY), 4096, 4)?;
+/// assert_eq!(wait(&recv_cq).wr_id, 2);
+///
+/// // Multicast: b joins 239.1.1.1; a sends to the group.
+/// let group = Gid::from(Ipv4Addr::new(239, 1, 1, 1));
+/// b.attach_mcast(&group, 0)?;
+/// b.post_recv(&[RecvWr { wr_id: 3, sg_list: vec![mr.sge(2048..3072)?] }])?;
+/// let to_group = pd.create_ah(&AhAttr { grh: GlobalRoute { dgid: group, ..to_lo.grh }, ..to_lo })?;
+/// send(&a, to_group.ud_address(0xFF_FFFF, QKEY), 4096, 4)?;
+/// assert_eq!(wait(&recv_cq).wr_id, 3);
+/// b.detach_mcast(&group, 0)?;
+/// # Ok::<(), softverbs::Error>(())
+/// ```
 #[derive(Debug)]
 pub struct AddressHandle {
     core: Arc<core::Ah>,

@@ -92,6 +92,126 @@ impl Drop for QpInner {
 }
 
 /// A queue pair (`ibv_create_qp`). Cheap to clone; destroyed with its last handle.
+///
+/// A new QP is in RESET. [`QueuePair::modify`] moves it through INIT (port and the rights the
+/// peer has on local memory), RTR (ready to receive: the peer's address, QP number and first
+/// PSN) and RTS (ready to send: its own first PSN, timeout and retries), each step naming the
+/// attributes it sets in a [`QpAttrMask`] as `ibv_modify_qp(3)` lists them. Receives may be
+/// posted from INIT on, sends from RTS on. The transports differ in what the steps need: UC
+/// takes no retry or RDMA READ attributes (and has no READ or atomics); UD takes a Q_Key at
+/// INIT and no peer at all, each send naming its destination through an
+/// [`AddressHandle`](crate::AddressHandle) (see its example). Moving to ERR flushes every
+/// posted WR with `IBV_WC_WR_FLUSH_ERR`; dropping the last handle destroys the QP.
+///
+/// Two RC QPs of one process connected over the loopback device, then a SEND, an RDMA
+/// WRITE, an RDMA READ and an atomic fetch-and-add between them:
+///
+/// ```
+/// use std::net::Ipv4Addr;
+/// use std::time::{Duration, Instant};
+/// use softverbs::*;
+///
+/// let ctx = devices()?.into_iter().find(|d| d.netdev() == "lo").expect("loopback").open()?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(16, None, 0)?;
+/// let access = AccessFlags::LOCAL_WRITE
+///     | AccessFlags::REMOTE_WRITE
+///     | AccessFlags::REMOTE_READ
+///     | AccessFlags::REMOTE_ATOMIC;
+/// let a = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
+/// let b = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
+/// let (mem_a, mem_b) = (pd.register(4096, access)?, pd.register(4096, access)?);
+/// assert_eq!(a.state(), QpState::Reset);
+///
+/// // RoCE addresses a peer by GID: here 127.0.0.1's, from the port's GID table.
+/// let gid = Gid::from(Ipv4Addr::LOCALHOST);
+/// let sgid_index = (0..).find(|&i| ctx.query_gid(1, i).is_ok_and(|g| g == gid)).unwrap() as u8;
+/// let path = AhAttr {
+///     is_global: true,
+///     port_num: 1,
+///     grh: GlobalRoute { dgid: gid, sgid_index, hop_limit: 64, ..Default::default() },
+///     ..Default::default()
+/// };
+/// for (qp, peer) in [(&a, b.qp_num()), (&b, a.qp_num())] {
+///     let init = QpAttr {
+///         qp_state: QpState::Init,
+///         port_num: 1,
+///         qp_access_flags: access, // what the peer may do to this side's memory
+///         ..Default::default()
+///     };
+///     qp.modify(&init, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT
+///         | QpAttrMask::ACCESS_FLAGS)?;
+///     let rtr = QpAttr {
+///         qp_state: QpState::Rtr,
+///         ah_attr: path,
+///         path_mtu: Mtu::Mtu1024,
+///         dest_qp_num: peer,
+///         rq_psn: 100, // the PSN of the peer's first packet
+///         max_dest_rd_atomic: 1,
+///         min_rnr_timer: 12,
+///         ..Default::default()
+///     };
+///     let rtr_mask = QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN
+///         | QpAttrMask::RQ_PSN | QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
+///     qp.modify(&rtr, rtr_mask)?;
+///     let rts = QpAttr {
+///         qp_state: QpState::Rts,
+///         sq_psn: 100,
+///         timeout: 14, // 4.096 us * 2^14 = 67 ms before a resend
+///         retry_cnt: 7,
+///         rnr_retry: 7,
+///         max_rd_atomic: 1,
+///         ..Default::default()
+///     };
+///     let rts_mask = QpAttrMask::STATE | QpAttrMask::SQ_PSN | QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT
+///         | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC;
+///     qp.modify(&rts, rts_mask)?;
+/// }
+/// assert_eq!((a.state(), a.query().dest_qp_num), (QpState::Rts, b.qp_num()));
+///
+/// // Busy-polls the CQ until `n` completions arrived (bounded in time).
+/// let wait = |n: usize| {
+///     let (mut got, mut wc) = (Vec::new(), [WorkCompletion::default(); 4]);
+///     let deadline = Instant::now() + Duration::from_secs(20);
+///     while got.len() < n && Instant::now() < deadline {
+///         let k = cq.poll(&mut wc);
+///         got.extend_from_slice(&wc[..k]);
+///     }
+///     assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
+///     got
+/// };
+/// let request = |wr_id, op, sge| SendRequest {
+///     wr_id,
+///     op,
+///     flags: SendFlags::SIGNALED,
+///     payload: Payload::Sges(vec![sge]),
+///     ud: None,
+///     xrc_srqn: None,
+/// };
+///
+/// // SEND consumes a receive the peer posted.
+/// b.post_recv(&[RecvWr { wr_id: 1, sg_list: vec![mem_b.sge(0..64)?] }])?;
+/// mem_a.write(0, b"a message")?;
+/// a.post_send(&[request(2, SendOp::Send { imm: None, invalidate: None }, mem_a.sge(0..9)?)])?;
+/// let wcs = wait(2);
+/// let recv = wcs.iter().find(|w| w.opcode == WcOpcode::Recv).unwrap();
+/// assert_eq!((recv.wr_id, recv.byte_len, recv.qp_num), (1, 9, b.qp_num()));
+///
+/// // One-sided operations name the peer's memory by address and rkey: b takes no part.
+/// mem_b.write(3072, &40u64.to_ne_bytes())?;
+/// a.post_send(&[
+///     request(3, SendOp::Write { remote: mem_b.remote(1024), imm: None }, mem_a.sge(0..9)?),
+///     request(4, SendOp::Read { remote: mem_b.remote(1024) }, mem_a.sge(2048..2057)?),
+///     request(5, SendOp::FetchAdd { remote: mem_b.remote(3072), add: 2 }, mem_a.sge(3072..3080)?),
+/// ])?;
+/// let ops: Vec<_> = wait(3).iter().map(|w| (w.wr_id, w.opcode)).collect();
+/// assert_eq!(ops, [(3, WcOpcode::RdmaWrite), (4, WcOpcode::RdmaRead), (5, WcOpcode::FetchAdd)]);
+/// let mut read_back = [0u8; 9];
+/// mem_a.read(2048, &mut read_back)?;
+/// assert_eq!(&read_back, b"a message");
+/// assert_eq!((mem_a.read_u64(3072)?, mem_b.read_u64(3072)?), (40, 42), "old value, new value");
+/// # Ok::<(), softverbs::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct QueuePair(pub(crate) Arc<QpInner>);
 
@@ -255,6 +375,77 @@ impl Drop for SrqInner {
 }
 
 /// A shared receive queue (`ibv_create_srq`). Cheap to clone; destroyed with its last handle.
+///
+/// QPs created with [`QpInit::srq`] take their receives from the SRQ instead of a queue of
+/// their own, so one pool of buffers serves many QPs (RC and UD; XRC has SRQs of its own, see
+/// [`XrcDomain`](crate::XrcDomain)). Arming its limit (`srq_limit`) asks for an `IBV_EVENT_SRQ_LIMIT_REACHED`
+/// async event once fewer WRs than that remain, which is when to post more. Two UD QPs on
+/// one SRQ:
+///
+/// ```
+/// use std::net::Ipv4Addr;
+/// use std::time::{Duration, Instant};
+/// use softverbs::*;
+///
+/// const QKEY: u32 = 0x1111_1111;
+/// let ctx = devices()?.into_iter().find(|d| d.netdev() == "lo").expect("loopback").open()?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(32, None, 0)?;
+/// let srq = pd.create_srq(&SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 0 })?;
+/// let mr = pd.register(16 * 256, AccessFlags::LOCAL_WRITE)?;
+/// let wrs: Vec<RecvWr> = (0..8)
+///     .map(|i| Ok(RecvWr { wr_id: i, sg_list: vec![mr.sge(i as usize * 256..(i as usize + 1) * 256)?] }))
+///     .collect::<Result<_>>()?;
+/// srq.post_recv(&wrs)?;
+/// // Fewer than 7 left: an event.
+/// srq.modify(&SrqAttr { srq_limit: 7, ..srq.query() }, SrqAttrMask::LIMIT.bits())?;
+///
+/// let on_srq = QpInit { srq: Some(&srq), ..QpInit::new(QpType::Ud, &cq) };
+/// let receivers = [pd.create_qp(&on_srq)?, pd.create_qp(&on_srq)?];
+/// let sender = pd.create_qp(&QpInit::new(QpType::Ud, &cq))?;
+/// for qp in receivers.iter().chain([&sender]) {
+///     use QpAttrMask as M;
+///     let init = QpAttr { qp_state: QpState::Init, port_num: 1, qkey: QKEY, ..Default::default() };
+///     qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::QKEY)?;
+///     qp.modify(&QpAttr { qp_state: QpState::Rtr, ..Default::default() }, M::STATE)?;
+///     qp.modify(&QpAttr { qp_state: QpState::Rts, ..Default::default() }, M::STATE | M::SQ_PSN)?;
+/// }
+/// let gid = Gid::from(Ipv4Addr::LOCALHOST);
+/// let sgid_index = (0..).find(|&i| ctx.query_gid(1, i).is_ok_and(|g| g == gid)).unwrap() as u8;
+/// let ah = pd.create_ah(&AhAttr {
+///     is_global: true,
+///     port_num: 1,
+///     grh: GlobalRoute { dgid: gid, sgid_index, hop_limit: 64, ..Default::default() },
+///     ..Default::default()
+/// })?;
+/// for r in &receivers {
+///     sender.post_send(&[SendRequest {
+///         wr_id: 100,
+///         op: SendOp::Send { imm: None, invalidate: None },
+///         flags: SendFlags::SIGNALED,
+///         payload: Payload::Sges(vec![mr.sge(0..16)?]),
+///         ud: Some(ah.ud_address(r.qp_num(), QKEY)),
+///         xrc_srqn: None,
+///     }])?;
+/// }
+///
+/// let (mut recvs, mut wc) = (Vec::new(), [WorkCompletion::default(); 4]);
+/// let deadline = Instant::now() + Duration::from_secs(20);
+/// while recvs.len() < 2 && Instant::now() < deadline {
+///     let n = cq.poll(&mut wc);
+///     recvs.extend(wc[..n].iter().filter(|w| w.opcode == WcOpcode::Recv).map(|w| w.qp_num));
+/// }
+/// recvs.sort();
+/// let mut qpns: Vec<u32> = receivers.iter().map(QueuePair::qp_num).collect();
+/// qpns.sort();
+/// assert_eq!(recvs, qpns, "each receiver took one WR of the SRQ");
+/// assert_eq!(srq.len(), 6);
+/// let event = ctx.get_async_event_timeout(Some(Duration::from_secs(20)))?;
+/// assert_eq!(event.event_type(), EventType::SrqLimitReached);
+/// assert!(matches!(event.target(), AsyncEventTarget::Srq(s) if s.srq_num() == srq.srq_num()));
+/// assert_eq!(srq.query().srq_limit, 0, "the limit disarms when it fires");
+/// # Ok::<(), softverbs::Error>(())
+/// ```
 #[derive(Debug, Clone)]
 pub struct SharedReceiveQueue(pub(crate) Arc<SrqInner>);
 

@@ -49,26 +49,42 @@ use crate::sync::{AckCounter, EventQueue};
 
 use port::{CmPort, PortInner};
 
-/// `enum rdma_cm_event_type`.
+/// `enum rdma_cm_event_type`, named as `rdma_cm(7)` names them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u32)]
-#[allow(missing_docs)] // the names of rdma_cm(7)
 pub enum CmEventType {
+    /// `rdma_resolve_addr` found the device and source address.
     AddrResolved = 0,
+    /// Address resolution failed.
     AddrError = 1,
+    /// `rdma_resolve_route` found the path.
     RouteResolved = 2,
+    /// Route resolution failed.
     RouteError = 3,
+    /// A connection request on a listening id (with a new id for it).
     ConnectRequest = 4,
+    /// The peer accepted, and the id has no QP for the CM to move: the caller moves its QP and
+    /// calls `rdma_establish`.
     ConnectResponse = 5,
+    /// Connecting failed after the request was answered.
     ConnectError = 6,
+    /// The peer did not answer (the CM retries ran out) or cannot be reached.
     Unreachable = 7,
+    /// The peer rejected the request (with its reason and private data).
     Rejected = 8,
+    /// The connection is up.
     Established = 9,
+    /// The connection was torn down, by either side.
     Disconnected = 10,
+    /// The device the id uses went away.
     DeviceRemoval = 11,
+    /// A multicast join completed.
     MulticastJoin = 12,
+    /// A multicast join failed or the group was lost.
     MulticastError = 13,
+    /// The address the id is bound to moved to another device.
     AddrChange = 14,
+    /// The QP left its time-wait after a disconnection and may be reused.
     TimewaitExit = 15,
 }
 

@@ -18,26 +18,93 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use clap::{Args as ClapArgs, Parser, Subcommand};
+use softverbs_tools::man;
 
 mod udp_gso;
 mod udp_lat;
 mod vm_writev;
 
+const DESCRIPTION: &str = concat!(
+    "    Measures what the kernel gives on the same machine, for comparison with softverbs: UDP\n",
+    "    ping-pong latency with both sides busy-polling (udp-lat), UDP throughput with segmentation\n",
+    "    and receive offloads (udp-gso), and the bandwidth of process_vm_writev into another process\n",
+    "    (vm-writev). Without --serve or --connect a UDP baseline starts its passive side itself,\n",
+    "    as a child process; with them, the two sides can run anywhere, on one host or two.\n",
+    "    \"softverbs-baseline COMMAND --help\" lists a command's options.",
+);
+
+const EXAMPLES: &[(&str, &str)] = &[
+    ("softverbs-baseline udp-lat", "UDP latency between this process and a child on loopback."),
+    ("softverbs-baseline udp-gso --serve 10.0.0.2:0   (on one host)\nsoftverbs-baseline udp-gso --connect 10.0.0.2:PORT   (on the other)", "UDP throughput between two hosts (the passive side prints the PORT it bound)."),
+    ("softverbs-baseline vm-writev", "process_vm_writev bandwidth into a child process."),
+];
+
+const EXIT_STATUS: &str = "0 when the measurement completed; 1 when it failed (the error is printed); 2 when an argument is invalid.";
+
 /// Kernel UDP and process_vm_writev baselines for the softverbs benchmarks.
 #[derive(Parser, Debug)]
-#[command(name = "softverbs-baseline", version, about)]
+#[command(
+    name = "softverbs-baseline",
+    version,
+    about = "kernel baselines for the softverbs benchmarks",
+    long_about = None,
+    before_help = DESCRIPTION,
+    after_help = man::SEE_LONG_HELP,
+    after_long_help = man::sections(&[], EXAMPLES, EXIT_STATUS),
+    help_template = man::PAGE_WITH_COMMANDS,
+)]
 struct Cli {
     #[command(subcommand)]
     mode: Mode,
 }
 
+// Each command's page: its DESCRIPTION and EXAMPLES; `-h` lists the commands with `about`.
 #[derive(Subcommand, Debug)]
 enum Mode {
     /// UDP ping-pong latency with busy polling on both sides.
+    #[command(
+        long_about = None,
+        before_help = concat!(
+            "    Measures UDP ping-pong latency: the active side sends --size bytes, the passive side echoes\n",
+            "    them, both busy-polling non-blocking sockets, for --duration seconds after a warm-up. The\n",
+            "    latencies printed (minimum, typical, average, 99th percentile) are one-way: half a round trip.",
+        ),
+        after_help = man::SEE_LONG_HELP,
+        after_long_help = man::sections(&[], &[
+            ("softverbs-baseline udp-lat -s 8", "8-byte datagrams between this process and a child on 127.0.0.1."),
+        ], EXIT_STATUS),
+        help_template = man::PAGE,
+    )]
     UdpLat(UdpLatArgs),
     /// UDP throughput with UDP_SEGMENT (GSO) at the sender and UDP_GRO at the receiver.
+    #[command(
+        long_about = None,
+        before_help = concat!(
+            "    Measures UDP throughput as the kernel offers it at best: the sender hands the kernel\n",
+            "    --send-size bytes per call, cut into --segment-byte datagrams (UDP_SEGMENT), and the receiver\n",
+            "    takes coalesced batches (UDP_GRO); the bytes are counted where they arrive.",
+        ),
+        after_help = man::SEE_LONG_HELP,
+        after_long_help = man::sections(&[], &[
+            ("softverbs-baseline udp-gso", "Between this process and a child on 127.0.0.1, 1472-byte segments."),
+        ], EXIT_STATUS),
+        help_template = man::PAGE,
+    )]
     UdpGso(UdpGsoArgs),
     /// process_vm_writev bandwidth into a child process's buffer.
+    #[command(
+        long_about = None,
+        before_help = concat!(
+            "    Measures how fast one process can copy into another's memory with process_vm_writev: the\n",
+            "    bound of a shared-memory transfer between two processes. The target is a child process,\n",
+            "    which verifies the bytes.",
+        ),
+        after_help = man::SEE_LONG_HELP,
+        after_long_help = man::sections(&[], &[
+            ("softverbs-baseline vm-writev -s 1048576", "1 MiB copies for two seconds."),
+        ], EXIT_STATUS),
+        help_template = man::PAGE,
+    )]
     VmWritev(VmWritevArgs),
 }
 

@@ -10,10 +10,19 @@ use softverbs::{
     devices, odp, AtomicCap, Context, CounterSnapshot, Device, Mtu, OdpCaps, PortState, TmCapFlags,
 };
 use softverbs_tools::cli;
+use softverbs_tools::man;
 
-/// Print the attributes of the RDMA devices.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(
+    name = "ibv_devinfo",
+    version,
+    about = "query RDMA devices",
+    long_about = None,
+    before_help = DESCRIPTION,
+    after_help = man::SEE_LONG_HELP,
+    after_long_help = man::sections(man::DEVICE_ENVIRONMENT, EXAMPLES, EXIT_STATUS),
+    help_template = man::PAGE,
+)]
 struct Args {
     /// Use RDMA device DEV (default: all devices)
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
@@ -36,6 +45,28 @@ fn parse_port(s: &str) -> Result<u8, String> {
     }
     Ok(p)
 }
+
+const DESCRIPTION: &str = concat!(
+    "    Prints the attributes of the RDMA devices and their ports, in the layout of rdma-core's\n",
+    "    ibv_devinfo: all devices, or the one -d names, and all ports, or the one -i names. With -v it\n",
+    "    also prints the limits, the GID table and the device's packet counters summed over every\n",
+    "    process of this user that uses it (softverbs-stat shows them process by process).",
+);
+
+const EXAMPLES: &[(&str, &str)] = &[
+    ("ibv_devinfo", "The main attributes of every device and port."),
+    (
+        "ibv_devinfo -d sv_lo -v",
+        "Every attribute of sv_lo, its GIDs and its counters.",
+    ),
+    ("ibv_devinfo -l", "Only the device names."),
+];
+
+const EXIT_STATUS: &str =
+    "0 when every selected device was printed; 255 when the device list cannot be read, no\n\
+device exists or the device -d names is not found; otherwise the status of the devices that\n\
+failed (a port that does not exist, a device that cannot be opened), ORed together, as rdma-core\n\
+does; 1 when an argument is invalid.";
 
 fn main() -> ExitCode {
     let args: Args = cli::parse_args();

@@ -6,14 +6,20 @@ use std::process::ExitCode;
 use clap::Parser;
 use softverbs::Mtu;
 use softverbs_tools::cli::{self, parse_c_int, parse_mtu, PingPongArgs};
+use softverbs_tools::man;
 use softverbs_tools::pingpong::Transport;
 
-/// Ping-pong test over RC queue pairs that receive from one shared receive queue (SRQ).
-///
-/// Without HOST, starts a server and waits for a connection; with HOST, connects to the server
-/// at HOST. Both sides must use the same options. -n counts exchanges over all QPs together.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(
+    name = "ibv_srq_pingpong",
+    version,
+    about = "ping-pong test over RC queue pairs sharing a receive queue",
+    long_about = None,
+    before_help = DESCRIPTION,
+    after_help = man::SEE_LONG_HELP,
+    after_long_help = man::sections(man::DEVICE_ENVIRONMENT, EXAMPLES, man::PINGPONG_EXIT_STATUS),
+    help_template = man::PAGE_WITH_OPERANDS,
+)]
 struct Args {
     #[command(flatten)]
     common: PingPongArgs,
@@ -27,6 +33,25 @@ struct Args {
     #[arg(short = 'o', long = "odp")]
     odp: bool,
 }
+
+const DESCRIPTION: &str = concat!(
+    "    Exchanges messages over --num-qp RC queue pairs whose receives all come from one shared\n",
+    "    receive queue (SRQ), as rdma-core's ibv_srq_pingpong does, and prints the bandwidth and the\n",
+    "    time per exchange. Without HOST it is the server and waits for one client on TCP port\n",
+    "    --port; with HOST it is the client. Both sides must be given the same options. --iters counts\n",
+    "    the exchanges over all QPs together.",
+);
+
+const EXAMPLES: &[(&str, &str)] = &[
+    (
+        "ibv_srq_pingpong -d sv_lo -g 0 &\nibv_srq_pingpong -d sv_lo -g 0 127.0.0.1",
+        "A server and a client on loopback, with 16 QPs.",
+    ),
+    (
+        "ibv_srq_pingpong -q 4 -o   (on both sides)",
+        "Four QPs, receiving into on-demand-paging memory.",
+    ),
+];
 
 fn main() -> ExitCode {
     let args: Args = cli::parse_args();

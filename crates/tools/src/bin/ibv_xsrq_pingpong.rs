@@ -8,19 +8,24 @@ use std::time::Duration;
 use clap::Parser;
 use softverbs::Mtu;
 use softverbs_tools::cli::{self, parse_c_int, parse_mtu};
+use softverbs_tools::man;
 use softverbs_tools::pingpong::{Role, DEFAULT_TCP_PORT};
 use softverbs_tools::xsrq::{Config, XsrqPingPong};
 use softverbs_tools::{OrFail, ToolError};
 
 const TOOL: &str = "ibv_xsrq_pingpong";
 
-/// Ping-pong test over the extended reliable connected (XRC) transport, using a shared receive
-/// queue (SRQ).
-///
-/// Without HOST, starts a server and waits for CLIENTS connections; with HOST, connects to the
-/// server at HOST.
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(
+    name = "ibv_xsrq_pingpong",
+    version,
+    about = "ping-pong test over XRC into shared receive queues",
+    long_about = None,
+    before_help = DESCRIPTION,
+    after_help = man::SEE_LONG_HELP,
+    after_long_help = man::sections(man::DEVICE_ENVIRONMENT, EXAMPLES, man::PINGPONG_EXIT_STATUS),
+    help_template = man::PAGE_WITH_OPERANDS,
+)]
 struct Args {
     /// Listen on / connect to TCP port PORT
     #[arg(short = 'p', long = "port", default_value_t = DEFAULT_TCP_PORT, value_parser = parse_c_int::<u16>)]
@@ -100,6 +105,18 @@ fn run(args: &Args) -> Result<(), ToolError> {
     pp.run(role, streams, &mut stdout.lock())?;
     Ok(())
 }
+
+const DESCRIPTION: &str = concat!(
+    "    Exchanges messages over the extended reliable connected (XRC) transport, each client's\n",
+    "    messages going into an XRC shared receive queue of the server, as rdma-core's\n",
+    "    ibv_xsrq_pingpong does. Without HOST it is the server and waits for --clients clients on TCP\n",
+    "    port --port; with HOST it is a client. Each client runs --num_tests exchanges of --size\n",
+    "    bytes.",
+);
+
+const EXAMPLES: &[(&str, &str)] = &[
+    ("ibv_xsrq_pingpong -d sv_lo -c 2 &\nibv_xsrq_pingpong -d sv_lo 127.0.0.1 &\nibv_xsrq_pingpong -d sv_lo 127.0.0.1", "A server and two clients on loopback."),
+];
 
 fn main() -> ExitCode {
     let args: Args = cli::parse_args();

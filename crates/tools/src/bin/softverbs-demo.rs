@@ -9,10 +9,19 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use softverbs::*;
+use softverbs_tools::man;
 
-/// Runs a loopback RDMA demo on the built-in software device.
 #[derive(Parser, Debug)]
-#[command(version, about)]
+#[command(
+    name = "softverbs-demo",
+    version,
+    about = "an RDMA demonstration on the software device",
+    long_about = None,
+    before_help = DESCRIPTION,
+    after_help = man::SEE_LONG_HELP,
+    after_long_help = man::sections(man::DEVICE_ENVIRONMENT, EXAMPLES, EXIT_STATUS),
+    help_template = man::PAGE,
+)]
 struct Args {
     /// Network interface whose device to use.
     #[arg(short, long, default_value = "lo")]
@@ -32,6 +41,22 @@ const ACCESS: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
     .union(AccessFlags::REMOTE_READ)
     .union(AccessFlags::REMOTE_ATOMIC);
+
+const DESCRIPTION: &str = concat!(
+    "    Runs SEND, RDMA WRITE, RDMA READ, atomics and a ping-pong between two RC queue pairs and\n",
+    "    prints each step with its throughput or latency. By default the second side is this program\n",
+    "    started again as a second process, and the two talk RoCEv2 over UDP (or shared memory) on the\n",
+    "    device of --interface; with --in-process both sides run in this process.",
+);
+
+const EXAMPLES: &[(&str, &str)] = &[
+    ("softverbs-demo", "Two processes on the loopback device."),
+    ("SOFTVERBS_SHM=0 softverbs-demo", "The same over UDP only."),
+    ("softverbs-demo --in-process", "Both sides in one process."),
+];
+
+const EXIT_STATUS: &str =
+    "0 when every step succeeded; 1 when one failed (the error is printed); 2 when an argument is invalid.";
 
 fn main() -> ExitCode {
     let args = Args::parse();

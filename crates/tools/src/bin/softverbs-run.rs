@@ -64,6 +64,13 @@ ENVIRONMENT
         Passed to CMD unchanged; they configure the device (see the README: SOFTVERBS_INTERFACES,
         SOFTVERBS_SHM, ...).
 
+EXAMPLES
+    softverbs-run ibv_devices
+    softverbs-run ibv_devinfo -v -d sv_lo
+    softverbs-run ib_write_bw -d sv_lo -x 0 & softverbs-run ib_write_bw -d sv_lo -x 0 127.0.0.1
+    softverbs-run rping -s -a 127.0.0.1 -v
+    softverbs-run -L target/release ucx_info -d
+
 EXIT STATUS
     CMD's exit status; 125 if softverbs-run itself fails (no libraries, a bad option), 126 if
     CMD cannot be run, 127 if CMD is not found.
@@ -72,13 +79,6 @@ NOTES
     The dynamic loader ignores LD_LIBRARY_PATH for set-user-ID and set-group-ID programs, and
     a program linked with an old-style DT_RPATH naming another libibverbs finds that one
     first; such programs keep the system's libraries.
-
-EXAMPLES
-    softverbs-run ibv_devices
-    softverbs-run ibv_devinfo -v -d sv_lo
-    softverbs-run ib_write_bw -d sv_lo -x 0 & softverbs-run ib_write_bw -d sv_lo -x 0 127.0.0.1
-    softverbs-run rping -s -a 127.0.0.1 -v
-    softverbs-run -L target/release ucx_info -d
 
 SEE ALSO
     scripts/install (installs the tools and libraries in a private prefix), torsocks(1),

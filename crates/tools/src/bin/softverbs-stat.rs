@@ -13,16 +13,19 @@ use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
 use softverbs::{host_counters, CounterSnapshot, ProcessCounters};
 use softverbs_tools::cli;
+use softverbs_tools::man;
 
-/// Show, for every process of this user using a softverbs device on this host, its QPs,
-/// packets, bytes, drops by reason and retransmissions, refreshed every interval.
-///
-/// Each softverbs process keeps its counters in a small shared file of the user's private
-/// directory in /dev/shm (its counter board); this tool reads them without disturbing the
-/// processes. Rates are per second over the last interval. Only processes of the same user
-/// are visible (the boards are private to the user).
 #[derive(Parser, Debug)]
-#[command(version)]
+#[command(
+    name = "softverbs-stat",
+    version,
+    about = "live counters of the processes using softverbs devices",
+    long_about = None,
+    before_help = DESCRIPTION,
+    after_help = man::SEE_LONG_HELP,
+    after_long_help = man::sections(&[], EXAMPLES, EXIT_STATUS),
+    help_template = man::PAGE,
+)]
 struct Args {
     /// Only this device (e.g. sv_lo).
     #[arg(short = 'd', long)]
@@ -208,6 +211,32 @@ impl Interrupts {
 const CLEAR: &str = "\x1b[H\x1b[2J";
 const HIDE_CURSOR: &str = "\x1b[?25l";
 const SHOW_CURSOR: &str = "\x1b[?25h";
+const DESCRIPTION: &str = concat!(
+    "    Shows, for every process of this user that uses a softverbs device on this host, its QPs,\n",
+    "    packets, bytes, drops by reason and retransmissions, refreshed every --interval seconds. Each\n",
+    "    softverbs process keeps its counters in a small shared file in the user's private directory\n",
+    "    in /dev/shm (its counter board); this tool reads them without disturbing the processes. Rates\n",
+    "    are per second over the last interval. Only processes of the same user are visible (the boards\n",
+    "    are private to the user), and by default only those of this network namespace.",
+);
+
+const EXAMPLES: &[(&str, &str)] = &[
+    ("softverbs-stat", "A table per interval, until interrupted."),
+    (
+        "softverbs-stat --watch 2",
+        "Redraws the table in place every 2 seconds, as watch(1) does, until SIGINT.",
+    ),
+    ("softverbs-stat --watch --count 5", "Five refreshes, then exits."),
+    ("softverbs-stat --once -d sv_lo", "The counters of sv_lo once."),
+    (
+        "softverbs-stat --once --all",
+        "Every counter as \"pid comm device name value\" lines, for scripts.",
+    ),
+];
+
+const EXIT_STATUS: &str = "\
+0 after --count refreshes, with --once, or when SIGINT or SIGTERM ends it after a whole table; 2
+when an argument is invalid.";
 
 fn main() -> ExitCode {
     let mut args: Args = cli::parse_args();
