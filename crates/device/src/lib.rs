@@ -10,6 +10,7 @@
 //! for the environment variables that override the defaults.
 
 pub mod attr_ex;
+pub mod capture;
 pub mod cm;
 pub mod config;
 pub mod context;

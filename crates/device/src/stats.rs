@@ -103,6 +103,9 @@ counters! {
     seq_naks,
     /// RNR NAKs received by reliable QPs.
     rnr_naks,
+    /// Positive ACKs counted in `tx_packets` that never left: a later ACK of the same QP
+    /// replaced them while they waited to be sent (ACKs are cumulative).
+    tx_acks_coalesced,
 }
 
 /// The counters of one device of this process.

@@ -20,6 +20,7 @@
 //! # Ok::<(), softverbs::Error>(())
 //! ```
 
+pub mod capture;
 pub mod cm;
 mod context;
 mod counters;
@@ -34,6 +35,7 @@ mod raw;
 pub mod rsocket;
 mod xrc;
 
+pub use capture::{capture_stats, stop_capture, CaptureStats, PacketCapture};
 pub use context::{AsyncEvent, AsyncEventTarget, Context};
 pub use counters::{CounterDesc, Counters, READ_COUNTERS_PREFER_CACHED};
 pub use cq::{CompletionChannel, CompletionQueue, CqEvent};
