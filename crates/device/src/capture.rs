@@ -398,14 +398,15 @@ mod tests {
         let path = dir.join("a.pcap");
         let cap = Capture::create(&path).unwrap();
         let v4 = route("127.0.0.1", "127.0.0.2");
-        cap.outgoing(&v4, &[send_only(0x2_0011, b"hello"), send_only(0x2_0011, b"")], &[]);
+        cap.outgoing(
+            &v4,
+            &[send_only(0x2_0011, b"hello"), send_only(0x2_0011, b"")],
+            &[],
+        );
         let v6 = route("fe80::1", "fe80::2");
         cap.outgoing(&v6, &[send_only(0x2_0011, &[7; 100])], &[]);
         // Mixed families cannot be one datagram: lost, not written.
-        let bad = Route {
-            dgid: v6.dgid,
-            ..v4
-        };
+        let bad = Route { dgid: v6.dgid, ..v4 };
         cap.outgoing(&bad, &[send_only(1, b"x")], &[]);
         // A received datagram keeps its ICRC as it came (here: a wrong one).
         let mut batch = PacketBatch::default();
@@ -435,7 +436,13 @@ mod tests {
         let kinds: Vec<u16> = recs.iter().map(|r| r.0).collect();
         assert_eq!(
             kinds,
-            [PACKET_OUTGOING, PACKET_OUTGOING, PACKET_OUTGOING, PACKET_HOST, PACKET_HOST]
+            [
+                PACKET_OUTGOING,
+                PACKET_OUTGOING,
+                PACKET_OUTGOING,
+                PACKET_HOST,
+                PACKET_HOST
+            ]
         );
         for (i, (_, dgram)) in recs.iter().enumerate() {
             let (ip_len, src, dst): (usize, IpAddr, IpAddr) = if dgram[0] >> 4 == 4 {
@@ -473,7 +480,9 @@ mod tests {
         let tap = Tap::default();
         assert!(tap.get().is_none());
         tap.set(Some(cap.clone()));
-        tap.get().unwrap().outgoing(&route("10.0.0.1", "10.0.0.2"), &[send_only(5, b"a")], &[]);
+        tap.get()
+            .unwrap()
+            .outgoing(&route("10.0.0.1", "10.0.0.2"), &[send_only(5, b"a")], &[]);
         tap.take_if(&cap);
         assert!(tap.get().is_none());
         cap.file.lock().take();

@@ -341,12 +341,14 @@ impl<E: Endpoint> Node<E> {
             .fetch_add(data.len() as u64, Ordering::Relaxed);
         let Ok(mut parsed) = RocePacket::parse(data) else {
             bump(self.counters.rx_malformed());
+            tracing::debug!(len = data.len(), src = %meta.sgid.to_ip(), "dropped a packet: malformed");
             return;
         };
         if let Some(r) = &desc.remote {
             // The headers were sent with an empty payload; the payload is in the sender.
             if !parsed.payload.is_empty() || !r.is_consistent() {
                 bump(self.counters.rx_malformed());
+                tracing::debug!(pid = r.pid, "dropped a packet: inconsistent payload reference");
                 return;
             }
             parsed.repr.payload_len = r.ranges.len as usize;
@@ -356,7 +358,10 @@ impl<E: Endpoint> Node<E> {
         if is_gsi_qpn(qpn) {
             match self.gsi.get() {
                 Some(gsi) => out.extend(gsi.receive(now, &parsed, meta)),
-                None => bump(self.counters.rx_unknown_qp()),
+                None => {
+                    bump(self.counters.rx_unknown_qp());
+                    tracing::debug!(qpn, "dropped a packet: no connection manager on QP1");
+                }
             }
             return;
         }
@@ -376,12 +381,22 @@ impl<E: Endpoint> Node<E> {
         }
         if targets.is_empty() {
             bump(self.counters.rx_unknown_qp());
+            tracing::debug!(qpn, src = %meta.sgid.to_ip(), "dropped a packet: no such QP");
         }
         E::steer(&self.ud_flows, &parsed, meta, ports, data.len(), targets);
         for qp in targets.drain(..) {
             let ext = desc.remote.map(|at| RemotePayload { at, qpn: qp.number() });
             let ext = ext.as_ref().map(|e| e as &dyn ExternalPayload);
             let (txs, ticket, dropped) = qp.receive_packet(now, &parsed, ext, meta, pending);
+            if let Some(reason) = dropped {
+                tracing::debug!(
+                    qpn = qp.number(),
+                    psn = parsed.repr.bth.psn.value(),
+                    opcode = ?parsed.repr.bth.opcode,
+                    ?reason,
+                    "dropped a packet"
+                );
+            }
             match dropped {
                 None => {}
                 Some(DropReason::BadPkey) => bump(self.counters.rx_bad_pkey()),
@@ -1585,7 +1600,10 @@ impl<E: Endpoint> Fabric<E> {
                 nodes.iter().filter(|n| n.has_group(&dgid)).collect()
             } else {
                 let mut owners = nodes.iter().filter(|n| n.has_gid(&dgid));
-                let Some(first) = owners.next() else { continue };
+                let Some(first) = owners.next() else {
+                    tracing::debug!(dst = %dgid.to_ip(), "dropped a packet: no device has its address");
+                    continue;
+                };
                 let target = match peek_dest_qpn(data.as_slice()) {
                     Some(q) if !first.has_qp(q) => owners.find(|n| n.has_qp(q)).unwrap_or(first),
                     _ => first,
@@ -1626,6 +1644,7 @@ fn count_icrc<E: Endpoint>(node: &Node<E>, icrc: IcrcCheck) -> bool {
         }
         IcrcCheck::Bad => {
             bump(node.counters.rx_bad_icrc());
+            tracing::debug!("dropped a packet: bad ICRC");
             false
         }
     }

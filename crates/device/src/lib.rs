@@ -25,6 +25,7 @@ pub mod fabric;
 pub mod flow;
 mod held;
 mod local;
+pub mod log;
 mod mcast;
 pub mod mem;
 pub mod mw;

@@ -21,8 +21,8 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use softverbs_device::capture::{self, Capture};
 pub use softverbs_device::capture::CaptureStats;
+use softverbs_device::capture::{self, Capture};
 
 /// A running packet capture of this process (at most one runs at a time; starting another
 /// stops this one). It stops when dropped.

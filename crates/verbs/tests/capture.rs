@@ -268,14 +268,23 @@ fn two_processes() {
     let ((out, inc), stats) = settle(&start, || capture.stats());
     let stats_after = capture.stop();
     assert_eq!(stats_after.lost, 0);
-    assert_eq!((stats.outgoing, stats.incoming), (out, inc), "parent: capture against counters");
+    assert_eq!(
+        (stats.outgoing, stats.incoming),
+        (out, inc),
+        "parent: capture against counters"
+    );
     assert_eq!(reported[..2], reported[2..], "peer: capture against counters");
 
     let parent = pcap::check(&dir.join("parent.pcap"), ports());
     let peer = pcap::check(&peer_file, ports());
-    let count = |frames: &[pcap::Frame], outgoing: bool| frames.iter().filter(|f| f.outgoing == outgoing).count() as u64;
+    let count = |frames: &[pcap::Frame], outgoing: bool| {
+        frames.iter().filter(|f| f.outgoing == outgoing).count() as u64
+    };
     assert_eq!((count(&parent, true), count(&parent, false)), (out, inc));
-    assert_eq!((count(&peer, true), count(&peer, false)), (reported[2], reported[3]));
+    assert_eq!(
+        (count(&peer, true), count(&peer, false)),
+        (reported[2], reported[3])
+    );
     // 256 SEND packets at MTU 1024, 64 WRITE packets, one READ request at least.
     assert!(out >= 256 + 64 + 1, "{out} packets sent");
     println!(
@@ -319,7 +328,11 @@ fn in_process() {
     a.wait(1);
     b.wait(1);
     let ((out, inc), stats) = settle(&start, || capture.stats());
-    assert_eq!(inc, counters().rx_packets - start.rx_packets, "no packet left the process");
+    assert_eq!(
+        inc,
+        counters().rx_packets - start.rx_packets,
+        "no packet left the process"
+    );
     capture.stop();
     assert_eq!(stats.incoming, 0);
     assert_eq!(stats.outgoing, out);
@@ -438,7 +451,10 @@ fn main() {
     let mut total = tests.len();
     if let Some(out) = udp_run {
         let text = String::from_utf8_lossy(&out.stdout);
-        for line in text.lines().filter(|l| l.starts_with("test ") || l.starts_with("  (")) {
+        for line in text
+            .lines()
+            .filter(|l| l.starts_with("test ") || l.starts_with("  ("))
+        {
             println!("{line}");
             total += usize::from(line.starts_with("test "));
             failed += usize::from(line.starts_with("test ") && !line.ends_with(" ok"));

@@ -45,9 +45,23 @@ pub fn decode(path: &Path, ports: std::ops::RangeInclusive<u16>) -> Vec<Frame> {
         .args(["-o", "udp.check_checksum:TRUE", "-o", "ip.check_checksum:TRUE"])
         .args(["-d", &decode_as])
         .args(["-T", "fields", "-E", "separator=/t", "-E", "occurrence=a"])
-        .args(["-e", "frame.protocols", "-e", "sll.pkttype", "-e", "udp.checksum.status"])
+        .args([
+            "-e",
+            "frame.protocols",
+            "-e",
+            "sll.pkttype",
+            "-e",
+            "udp.checksum.status",
+        ])
         .args(["-e", "ip.checksum.status", "-e", "_ws.expert.severity"])
-        .args(["-e", "infiniband.bth.opcode", "-e", "infiniband.bth.destqp", "-e", "data.data"])
+        .args([
+            "-e",
+            "infiniband.bth.opcode",
+            "-e",
+            "infiniband.bth.destqp",
+            "-e",
+            "data.data",
+        ])
         .output()
         .unwrap_or_else(|e| panic!("tshark could not be run ({e}); install it with scripts/setup-deps"));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -93,14 +107,22 @@ pub fn check(path: &Path, ports: std::ops::RangeInclusive<u16>) -> Vec<Frame> {
             "{} frame {n} is not RRoCE: {f:?}",
             path.display()
         );
-        assert!(!f.protocols.contains("malformed"), "{} frame {n}: {f:?}", path.display());
+        assert!(
+            !f.protocols.contains("malformed"),
+            "{} frame {n}: {f:?}",
+            path.display()
+        );
         assert_eq!(f.udp_checksum, "1", "{} frame {n}: UDP checksum", path.display());
         assert!(
             f.ip_checksum.is_empty() || f.ip_checksum == "1",
             "{} frame {n}: IP checksum {f:?}",
             path.display()
         );
-        assert!(f.expert.is_empty(), "{} frame {n}: expert info {f:?}", path.display());
+        assert!(
+            f.expert.is_empty(),
+            "{} frame {n}: expert info {f:?}",
+            path.display()
+        );
     }
     let (good, bad) = icrc_check(path);
     assert_eq!(
