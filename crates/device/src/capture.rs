@@ -14,8 +14,8 @@
 //! packet carried by shared memory appears as the datagram it stands for, payload included
 //! (read from the sender's memory where the carrier left it there). An incoming datagram keeps
 //! the bytes it arrived with; a UDP socket does not see the IP header, so it is rebuilt the
-//! same way (an IPv4 peer that sends a non-zero IP ID, as rxe does, shows an ICRC that does
-//! not match the rebuilt header: the receive path counts those in `rx_icrc_unverified`).
+//! same way, with the IPv4 ID and DF flag the peer used (kernel rxe and NICs send IDs other
+//! than 0) worked out from the ICRC, which covers them.
 //!
 //! The file is pcap with nanosecond timestamps and link type `LINUX_SLL` (Linux "cooked"
 //! capture, whose packet type tells incoming from outgoing, `sll.pkttype` in Wireshark).
@@ -26,6 +26,7 @@
 use std::fs::File;
 use std::io::{self, Write};
 use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -36,6 +37,7 @@ use softverbs_engine::transport::ExternalRanges;
 use softverbs_engine::types::Gid;
 use softverbs_wire::icrc;
 use softverbs_wire::udp::UdpPacket;
+use softverbs_wire::Ipv4Packet;
 
 use crate::driver::{PacketBatch, Route};
 
@@ -92,7 +94,13 @@ pub(crate) enum Carrier {
 impl Capture {
     /// Creates (or truncates) `path` and writes the pcap header.
     fn create(path: &Path) -> io::Result<Self> {
-        let mut file = File::create(path)?;
+        // Payloads are in it: readable by the user only, as the memory they come from.
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(path)?;
         let mut header = Vec::with_capacity(24);
         header.extend_from_slice(&PCAP_MAGIC_NS.to_le_bytes());
         header.extend_from_slice(&2u16.to_le_bytes());
@@ -154,7 +162,7 @@ impl Capture {
                 .flatten()
                 .and_then(|e| crate::remote::materialize(p, &e));
             let bytes = full.as_deref().unwrap_or(p);
-            if record(&mut out, ts, PACKET_OUTGOING, src, dst, bytes, true) {
+            if record(&mut out, ts, PACKET_OUTGOING, src, dst, bytes, IcrcFrom::Computed) {
                 written += 1;
             } else {
                 lost += 1;
@@ -182,7 +190,11 @@ impl Capture {
             } else {
                 PACKET_HOST
             };
-            if record(&mut out, ts, kind, src, dst, bytes, carrier == Carrier::Shm) {
+            let icrc_from = match carrier {
+                Carrier::Shm => IcrcFrom::Computed,
+                Carrier::Udp => IcrcFrom::Peer,
+            };
+            if record(&mut out, ts, kind, src, dst, bytes, icrc_from) {
                 written += 1;
             } else {
                 lost += 1;
@@ -224,9 +236,18 @@ fn now() -> Duration {
         .unwrap_or_default()
 }
 
+/// Where a record's ICRC comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IcrcFrom {
+    /// Computed here, as the UDP driver computes it.
+    Computed,
+    /// Sent by a peer whose IP header only its ICRC tells (see [`recover_ipv4_header`]).
+    Peer,
+}
+
 /// Appends one record: the pcap record header, the cooked header and the datagram for `roce`
-/// (BTH to ICRC) from `src` to `dst`, computing its ICRC if `fill_icrc`. False (nothing
-/// appended) if the addresses are of different families or the packet has no room for an ICRC.
+/// (BTH to ICRC) from `src` to `dst`. False (nothing appended) if the addresses are of
+/// different families or the packet has no room for an ICRC.
 fn record(
     out: &mut Vec<u8>,
     ts: Duration,
@@ -234,17 +255,24 @@ fn record(
     src: SocketAddr,
     dst: SocketAddr,
     roce: &[u8],
-    fill_icrc: bool,
+    icrc_from: IcrcFrom,
 ) -> bool {
     if roce.len() < icrc::ICRC_LEN {
         return false;
     }
+    let udp = icrc::udp_header(src.port(), dst.port(), roce.len());
+    let mut v4;
     let (ip, protocol): (&[u8], u16) = match (src.ip().to_canonical(), dst.ip().to_canonical()) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => (&icrc::ipv4_header(s, d, roce.len()), 0x0800),
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            v4 = icrc::ipv4_header(s, d, roce.len());
+            if icrc_from == IcrcFrom::Peer {
+                recover_ipv4_header(&mut v4, &udp, roce);
+            }
+            (&v4, 0x0800)
+        }
         (IpAddr::V6(s), IpAddr::V6(d)) => (&icrc::ipv6_header(s, d, roce.len()), 0x86DD),
         _ => return false,
     };
-    let udp = icrc::udp_header(src.port(), dst.port(), roce.len());
     let start = out.len();
     let len = SLL_LEN + ip.len() + udp.len() + roce.len();
     out.extend_from_slice(&(ts.as_secs() as u32).to_le_bytes());
@@ -261,13 +289,73 @@ fn record(
     out.extend_from_slice(&udp);
     let roce_at = out.len();
     out.extend_from_slice(roce);
-    if fill_icrc && icrc::fill(src, dst, &mut out[roce_at..]).is_err() {
+    if icrc_from == IcrcFrom::Computed && icrc::fill(src, dst, &mut out[roce_at..]).is_err() {
         out.truncate(start);
         return false;
     }
     let sum = softverbs_wire::udp::checksum(src.ip(), dst.ip(), &out[udp_at..]);
     UdpPacket::new_unchecked(&mut out[udp_at..roce_at]).set_checksum(sum);
     true
+}
+
+/// Rebuilds the IPv4 ID and DF flag a peer sent `roce` with, which a UDP socket does not
+/// report: softverbs peers send ID 0 with DF (what `ip` holds already), kernel rxe and NICs
+/// other IDs. The ICRC covers both, and a CRC is affine in its input, so the 17 unknown bits
+/// follow from the carried ICRC by elimination over GF(2) (17 CRCs of the packet). `ip` is left
+/// as it is if no choice of them gives the carried ICRC (a damaged packet).
+fn recover_ipv4_header(ip: &mut [u8; icrc::IPV4_HEADER_LEN], udp: &[u8; icrc::UDP_HEADER_LEN], roce: &[u8]) {
+    let Some(carried) = icrc::read(roce) else { return };
+    let covered = &roce[..roce.len() - icrc::ICRC_LEN];
+    let crc_with = |ident: u16, df: bool| {
+        let mut h = *ip;
+        let mut v = Ipv4Packet::new_unchecked(&mut h);
+        v.set_ident(ident);
+        v.set_dont_frag(df);
+        icrc::icrc_ipv4(&h, udp, covered)
+    };
+    let base = crc_with(0, true);
+    if base == carried {
+        return;
+    }
+    // Column i: how bit i of (ID, DF flipped) changes the CRC.
+    let mut rows: Vec<(u32, u32)> = (0..17)
+        .map(|i| {
+            let c = if i < 16 {
+                crc_with(1 << i, true)
+            } else {
+                crc_with(0, false)
+            };
+            (c ^ base, 1u32 << i)
+        })
+        .collect();
+    // Gaussian elimination: reduce the target by a basis in echelon form.
+    let mut basis: Vec<(u32, u32)> = Vec::new();
+    for (mut v, mut m) in rows.drain(..) {
+        for &(bv, bm) in &basis {
+            if v ^ bv < v {
+                v ^= bv;
+                m ^= bm;
+            }
+        }
+        if v != 0 {
+            basis.push((v, m));
+            basis.sort_by_key(|b| std::cmp::Reverse(b.0));
+        }
+    }
+    let (mut t, mut x) = (base ^ carried, 0u32);
+    for &(bv, bm) in &basis {
+        if t ^ bv < t {
+            t ^= bv;
+            x ^= bm;
+        }
+    }
+    if t != 0 {
+        return;
+    }
+    let mut v = Ipv4Packet::new_unchecked(&mut ip[..]);
+    v.set_ident(x as u16);
+    v.set_dont_frag(x & (1 << 16) == 0);
+    v.fill_checksum();
 }
 
 /// The fabric's hook for a capture: one load when none runs.
@@ -472,6 +560,43 @@ mod tests {
     }
 
     #[test]
+    fn the_ip_id_and_df_of_a_peer_are_recovered_from_the_icrc() {
+        let (s, d) = ("10.0.17.1".parse().unwrap(), "10.0.18.1".parse().unwrap());
+        let roce = send_only(0x11, &[5; 200]);
+        let udp = icrc::udp_header(49152, 4791, roce.len());
+        for (ident, df) in [
+            (0x718c, true),
+            (0x0001, true),
+            (0xffff, false),
+            (0, false),
+            (0, true),
+        ] {
+            // What the peer sent, and the ICRC over it.
+            let mut sent = icrc::ipv4_header(s, d, roce.len());
+            let mut v = Ipv4Packet::new_unchecked(&mut sent);
+            v.set_ident(ident);
+            v.set_dont_frag(df);
+            v.fill_checksum();
+            let mut pkt = roce.clone();
+            let n = pkt.len();
+            let c = icrc::icrc_ipv4(&sent, &udp, &pkt[..n - 4]);
+            pkt[n - 4..].copy_from_slice(&c.to_le_bytes());
+            let mut rebuilt = icrc::ipv4_header(s, d, roce.len());
+            recover_ipv4_header(&mut rebuilt, &udp, &pkt);
+            assert_eq!(rebuilt, sent, "ID {ident:#x} DF {df}");
+            // A damaged packet leaves the header as it was.
+            pkt[20] ^= 1;
+            let mut rebuilt = icrc::ipv4_header(s, d, roce.len());
+            recover_ipv4_header(&mut rebuilt, &udp, &pkt);
+            assert_eq!(
+                rebuilt,
+                icrc::ipv4_header(s, d, roce.len()),
+                "no ID from a damaged packet"
+            );
+        }
+    }
+
+    #[test]
     fn a_stopped_capture_writes_nothing_more() {
         let dir = std::env::temp_dir().join(format!("sv-capture-stop-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -490,6 +615,9 @@ mod tests {
         cap.outgoing(&route("10.0.0.1", "10.0.0.2"), &[send_only(5, b"b")], &[]);
         assert_eq!(records(&std::fs::read(&path).unwrap()).len(), 1);
         assert_eq!(cap.stats().outgoing, 1);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "only its owner may read a capture");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
