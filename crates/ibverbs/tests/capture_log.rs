@@ -192,6 +192,92 @@ fn ibv_rc_pingpong_capture_over_udp() {
     capture(false);
 }
 
+/// librdmacm's `rping` (our `librdmacm.so.1`): the connection manager's MADs on QP1 are in both
+/// captures (REQ, REP, RTU, and the DREQ/DREP of the disconnect), decoded by tshark, with the
+/// SENDs, READs and WRITEs of the pings; the client logs its CM events.
+#[test]
+fn rping_capture_shows_the_connection_manager() {
+    let _serial = serial();
+    require("/usr/bin/rping");
+    let dir = scratch("rping");
+    let base = free_base_port();
+    let port = (20_000 + std::process::id() % 20_000).to_string();
+    let spawn = |side: &str, log: bool| {
+        let mut c = command("/usr/bin/rping");
+        c.args([side, "-a", "127.0.0.1", "-p", &port, "-C", "3", "-v"])
+            .env("SOFTVERBS_UDP_PORT", base.to_string())
+            .env("SOFTVERBS_PCAP", dir.join(format!("{}-%p.pcap", &side[1..])));
+        if log {
+            c.env("SOFTVERBS_LOG", "debug");
+        }
+        c.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c.spawn().expect("spawn rping")
+    };
+    let server = spawn("-s", false);
+    let start = Instant::now();
+    // The client is retried while the server does not listen yet (a rejection, nothing done).
+    let (client, pid) = loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let child = spawn("-c", true);
+        let pid = child.id();
+        let o = wait_bounded(child, LIMIT);
+        let rejected = String::from_utf8_lossy(&o.stderr).contains("REJECTED") && o.stdout.is_empty();
+        if !rejected || start.elapsed() > Duration::from_secs(10) {
+            break (o, pid);
+        }
+        let _ = std::fs::remove_file(dir.join(format!("c-{pid}.pcap")));
+    };
+    let server = wait_bounded(server, LIMIT);
+    for (who, o) in [("server", &server), ("client", &client)] {
+        let (out, err) = text(o);
+        assert!(o.status.success(), "{who}:\n{out}\n{err}");
+    }
+    let (_, err) = text(&client);
+    for needle in [
+        "CM event",
+        "AddrResolved",
+        "RouteResolved",
+        "Established",
+        "from=RTR to=RTS",
+    ] {
+        assert!(err.contains(needle), "client stderr lacks {needle:?}:\n{err}");
+    }
+    let server_file = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("s-"))
+        .expect("the server's capture");
+    let ports = base..=base + 255;
+    for path in [server_file, dir.join(format!("c-{pid}.pcap"))] {
+        let frames = pcap::check(&path, ports.clone());
+        let cm: Vec<u16> = frames
+            .iter()
+            .filter_map(|f| f.mad)
+            .filter(|m| m.0 == 7)
+            .map(|m| m.1)
+            .collect();
+        // REQ, REP, RTU; DREQ or DREP.
+        for attr in [0x10, 0x13, 0x14] {
+            assert!(cm.contains(&attr), "{}: CM attributes {cm:x?}", path.display());
+        }
+        assert!(
+            cm.contains(&0x15) || cm.contains(&0x16),
+            "{}: {cm:x?}",
+            path.display()
+        );
+        // Each ping: a SEND, a READ request and a WRITE at least.
+        let ops = |op: u8| frames.iter().filter(|f| f.opcode == op).count();
+        assert!(
+            ops(4) >= 3 && ops(12) >= 3 && ops(10) >= 3,
+            "{}: {frames:?}",
+            path.display()
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `SOFTVERBS_LOG=debug`: each process logs its QP's way to RTS on stderr.
 #[test]
 fn ibv_rc_pingpong_logs_with_softverbs_log() {

@@ -26,6 +26,8 @@ pub struct Frame {
     pub dest_qp: u32,
     /// The payload bytes tshark shows as data.
     pub data: Vec<u8>,
+    /// For a MAD: management class and attribute ID (CM: class 7, REQ 0x10, REP 0x13, ...).
+    pub mad: Option<(u8, u16)>,
 }
 
 fn hex(s: &str) -> Vec<u8> {
@@ -34,6 +36,20 @@ fn hex(s: &str) -> Vec<u8> {
         .map(|p| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap())
         .collect()
 }
+
+/// The fields read of each frame, in the order [`Frame`] takes them.
+const FIELDS: [&str; 10] = [
+    "frame.protocols",
+    "sll.pkttype",
+    "udp.checksum.status",
+    "ip.checksum.status",
+    "_ws.expert.severity",
+    "infiniband.bth.opcode",
+    "infiniband.bth.destqp",
+    "data.data",
+    "infiniband.mad.mgmtclass",
+    "infiniband.mad.attributeid",
+];
 
 /// Decodes `path` with tshark, RoCEv2 on UDP ports `ports` (the slots' ports). Panics if tshark
 /// fails or reports the file cut short.
@@ -45,23 +61,7 @@ pub fn decode(path: &Path, ports: std::ops::RangeInclusive<u16>) -> Vec<Frame> {
         .args(["-o", "udp.check_checksum:TRUE", "-o", "ip.check_checksum:TRUE"])
         .args(["-d", &decode_as])
         .args(["-T", "fields", "-E", "separator=/t", "-E", "occurrence=a"])
-        .args([
-            "-e",
-            "frame.protocols",
-            "-e",
-            "sll.pkttype",
-            "-e",
-            "udp.checksum.status",
-        ])
-        .args(["-e", "ip.checksum.status", "-e", "_ws.expert.severity"])
-        .args([
-            "-e",
-            "infiniband.bth.opcode",
-            "-e",
-            "infiniband.bth.destqp",
-            "-e",
-            "data.data",
-        ])
+        .args(FIELDS.iter().flat_map(|f| ["-e", f]))
         .output()
         .unwrap_or_else(|e| panic!("tshark could not be run ({e}); install it with scripts/setup-deps"));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -91,6 +91,7 @@ pub fn decode(path: &Path, ports: std::ops::RangeInclusive<u16>) -> Vec<Frame> {
                 opcode: num(5) as u8,
                 dest_qp: num(6),
                 data: hex(&field(7)),
+                mad: (!field(8).is_empty()).then(|| (num(8) as u8, num(9) as u16)),
             }
         })
         .collect()
