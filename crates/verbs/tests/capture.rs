@@ -1,7 +1,8 @@
 //! Packet captures, checked with tshark and an independent ICRC check: between two processes
 //! (the parent through [`PacketCapture`], the peer through `SOFTVERBS_PCAP`), over shared
 //! memory and over UDP (the whole run is repeated with `SOFTVERBS_SHM=0`); between two QPs of
-//! one process; and of a process killed while it captures. Every frame decodes as RRoCE with
+//! one process, also from four threads at once into one file; and of a process killed while it
+//! captures. Every frame decodes as RRoCE with
 //! good checksums and ICRCs, and the capture holds exactly the packets the process counted.
 
 mod common;
@@ -297,12 +298,8 @@ fn two_processes() {
         // Shared memory loses nothing: what one side sent is what the other received, and the
         // SEND's payload (left in the sender's memory by the carrier) is in the capture.
         assert_eq!((out, inc), (reported[3], reported[2]));
-        let sent: Vec<u8> = peer
-            .iter()
-            .filter(|f| !f.outgoing && matches!(f.opcode, 0..=2 | 4))
-            .flat_map(|f| f.data.clone())
-            .collect();
-        assert_eq!(sent, pattern(1, SEND_LEN), "the SEND's payload as received");
+        let sent = pcap::send_payload(&peer, |f| !f.outgoing);
+        pcap::assert_same_bytes(&sent, &pattern(1, SEND_LEN), "the SEND's payload as received");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -340,12 +337,45 @@ fn in_process() {
     let frames = pcap::check(&path, ports());
     assert_eq!(frames.len() as u64, out);
     assert!(frames.iter().all(|f| f.outgoing));
-    let payload: Vec<u8> = frames
-        .iter()
-        .filter(|f| matches!(f.opcode, 0..=2 | 4))
-        .flat_map(|f| f.data.clone())
-        .collect();
-    assert_eq!(payload, pattern(3, WRITE_LEN));
+    let payload = pcap::send_payload(&frames, |_| true);
+    pcap::assert_same_bytes(&payload, &pattern(3, WRITE_LEN), "the SEND's payload");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Four threads, each with a pair of QPs, send at once: their records interleave in one file
+/// and every one is whole.
+fn threads_share_one_file() {
+    let dir = scratch("threads");
+    let path = dir.join("threads.pcap");
+    let capture = PacketCapture::start(&path).unwrap();
+    let start = counters();
+    std::thread::scope(|scope| {
+        for t in 0..4u8 {
+            scope.spawn(move || {
+                let a = side(common::lo());
+                let b = side(common::lo());
+                a.connect(b.qp.qp_num());
+                b.connect(a.qp.qp_num());
+                a.mr.write(0, &pattern(t, WRITE_LEN)).unwrap();
+                for i in 0..8 {
+                    b.qp.post_recv(&[RecvWr {
+                        wr_id: i,
+                        sg_list: vec![b.mr.sge(0..WRITE_LEN).unwrap()],
+                    }])
+                    .unwrap();
+                    a.post(i, SEND, 0..WRITE_LEN);
+                    a.wait(1);
+                    b.wait(1);
+                }
+            });
+        }
+    });
+    let ((out, _), stats) = settle(&start, || capture.stats());
+    capture.stop();
+    assert_eq!(stats.outgoing, out);
+    let frames = pcap::check(&path, ports());
+    assert_eq!(frames.len() as u64, out);
+    assert!(out >= 4 * 8 * 64, "{out} packets");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -432,10 +462,11 @@ fn main() {
             .output()
             .unwrap()
     });
-    let tests: [(&str, fn()); 4] = [
+    let tests: [(&str, fn()); 5] = [
         ("env_var_off_and_unwritable", env_var_off_and_unwritable),
         ("two_processes", two_processes),
         ("in_process", in_process),
+        ("threads_share_one_file", threads_share_one_file),
         ("killed_while_capturing", killed_while_capturing),
     ];
     let mut failed = 0;

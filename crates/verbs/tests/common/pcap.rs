@@ -28,6 +28,8 @@ pub struct Frame {
     pub data: Vec<u8>,
     /// For a MAD: management class and attribute ID (CM: class 7, REQ 0x10, REP 0x13, ...).
     pub mad: Option<(u8, u16)>,
+    /// The BTH PSN.
+    pub psn: u32,
 }
 
 fn hex(s: &str) -> Vec<u8> {
@@ -38,7 +40,7 @@ fn hex(s: &str) -> Vec<u8> {
 }
 
 /// The fields read of each frame, in the order [`Frame`] takes them.
-const FIELDS: [&str; 10] = [
+const FIELDS: [&str; 11] = [
     "frame.protocols",
     "sll.pkttype",
     "udp.checksum.status",
@@ -49,6 +51,7 @@ const FIELDS: [&str; 10] = [
     "data.data",
     "infiniband.mad.mgmtclass",
     "infiniband.mad.attributeid",
+    "infiniband.bth.psn",
 ];
 
 /// Decodes `path` with tshark, RoCEv2 on UDP ports `ports` (the slots' ports). Panics if tshark
@@ -92,9 +95,33 @@ pub fn decode(path: &Path, ports: std::ops::RangeInclusive<u16>) -> Vec<Frame> {
                 dest_qp: num(6),
                 data: hex(&field(7)),
                 mad: (!field(8).is_empty()).then(|| (num(8) as u8, num(9) as u16)),
+                psn: num(10),
             }
         })
         .collect()
+}
+
+/// The payload of the SEND packets (first, middle, last, only) among `frames` that `pick`
+/// selects, in PSN order with each PSN once (a resent packet is in a capture twice).
+pub fn send_payload(frames: &[Frame], pick: impl Fn(&Frame) -> bool) -> Vec<u8> {
+    let mut by_psn: Vec<&Frame> = frames
+        .iter()
+        .filter(|f| pick(f) && matches!(f.opcode, 0..=2 | 4))
+        .collect();
+    by_psn.sort_by_key(|f| f.psn);
+    by_psn.dedup_by_key(|f| f.psn);
+    by_psn.iter().flat_map(|f| f.data.iter().copied()).collect()
+}
+
+/// Asserts that `a == b` without printing megabytes: their lengths and where they first differ.
+pub fn assert_same_bytes(a: &[u8], b: &[u8], what: &str) {
+    let first = a.iter().zip(b).position(|(x, y)| x != y);
+    assert!(
+        a.len() == b.len() && first.is_none(),
+        "{what}: {} and {} bytes, first difference at {first:?}",
+        a.len(),
+        b.len()
+    );
 }
 
 /// Asserts that every frame decodes as RRoCE with good IP and UDP checksums and no expert
