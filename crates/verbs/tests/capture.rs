@@ -1,7 +1,7 @@
 //! Packet captures, checked with tshark and an independent ICRC check: between two processes
 //! (the parent through [`PacketCapture`], the peer through `SOFTVERBS_PCAP`), over shared
 //! memory and over UDP (the whole run is repeated with `SOFTVERBS_SHM=0`); between two QPs of
-//! one process, also from four threads at once into one file; and of a process killed while it
+//! one process, also from three threads at once into one file; and of a process killed while it
 //! captures. Every frame decodes as RRoCE with
 //! good checksums and ICRCs, and the capture holds exactly the packets the process counted.
 
@@ -79,7 +79,8 @@ impl Side {
                 &QpAttr {
                     qp_state: QpState::Rts,
                     sq_psn: 1,
-                    timeout: 14,
+                    // 1 s: a loaded machine may not run a process for a while.
+                    timeout: 18,
                     retry_cnt: 7,
                     rnr_retry: 7,
                     max_rd_atomic: 1,
@@ -102,6 +103,10 @@ impl Side {
         while got.len() < n && Instant::now() < deadline {
             let k = self.cq.poll(&mut wc);
             got.extend_from_slice(&wc[..k]);
+            if k == 0 {
+                // Several pollers share two cores with the threads that move the packets.
+                std::thread::yield_now();
+            }
         }
         assert_eq!(got.len(), n, "completions in time");
         for c in &got {
@@ -342,7 +347,7 @@ fn in_process() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Four threads, each with a pair of QPs, send at once: their records interleave in one file
+/// Three threads, each with a pair of QPs, send at once: their records interleave in one file
 /// and every one is whole.
 fn threads_share_one_file() {
     let dir = scratch("threads");
@@ -350,7 +355,7 @@ fn threads_share_one_file() {
     let capture = PacketCapture::start(&path).unwrap();
     let start = counters();
     std::thread::scope(|scope| {
-        for t in 0..4u8 {
+        for t in 0..3u8 {
             scope.spawn(move || {
                 let a = side(common::lo());
                 let b = side(common::lo());
@@ -375,7 +380,7 @@ fn threads_share_one_file() {
     assert_eq!(stats.outgoing, out);
     let frames = pcap::check(&path, ports());
     assert_eq!(frames.len() as u64, out);
-    assert!(out >= 4 * 8 * 64, "{out} packets");
+    assert!(out >= 3 * 8 * 64, "{out} packets");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
