@@ -693,10 +693,19 @@ struct Registry {
 
 fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
-    REGISTRY.get_or_init(|| Registry {
-        fabric: Fabric::new(),
-        devices: Mutex::new(HashMap::new()),
+    REGISTRY.get_or_init(|| {
+        let fabric = Fabric::new();
+        crate::capture::start_from_env(fabric.tap());
+        Registry {
+            fabric,
+            devices: Mutex::new(HashMap::new()),
+        }
     })
+}
+
+/// The packet-capture hook of the process's fabric.
+pub(crate) fn process_tap() -> &'static crate::capture::Tap {
+    registry().fabric.tap()
 }
 
 /// The UDP slot of this process, as [`Device::udp_status`] gives it, for code that names

@@ -42,6 +42,7 @@ use softverbs_engine::{Error, Result};
 use softverbs_wire::bth::peek_dest_qpn;
 use softverbs_wire::{is_positive_ack, pad_count_for, ParsedPacket, RocePacket};
 
+use crate::capture::{Carrier, Tap};
 use crate::device::McastTable;
 use crate::driver::{Driver, IcrcCheck, PacketBatch, PacketData, PacketDesc, Route};
 use crate::local::InProcess;
@@ -340,12 +341,14 @@ impl<E: Endpoint> Node<E> {
             .fetch_add(data.len() as u64, Ordering::Relaxed);
         let Ok(mut parsed) = RocePacket::parse(data) else {
             bump(self.counters.rx_malformed());
+            tracing::debug!(len = data.len(), src = %meta.sgid.to_ip(), "dropped a packet: malformed");
             return;
         };
         if let Some(r) = &desc.remote {
             // The headers were sent with an empty payload; the payload is in the sender.
             if !parsed.payload.is_empty() || !r.is_consistent() {
                 bump(self.counters.rx_malformed());
+                tracing::debug!(pid = r.pid, "dropped a packet: inconsistent payload reference");
                 return;
             }
             parsed.repr.payload_len = r.ranges.len as usize;
@@ -355,7 +358,10 @@ impl<E: Endpoint> Node<E> {
         if is_gsi_qpn(qpn) {
             match self.gsi.get() {
                 Some(gsi) => out.extend(gsi.receive(now, &parsed, meta)),
-                None => bump(self.counters.rx_unknown_qp()),
+                None => {
+                    bump(self.counters.rx_unknown_qp());
+                    tracing::debug!(qpn, "dropped a packet: no connection manager on QP1");
+                }
             }
             return;
         }
@@ -375,6 +381,7 @@ impl<E: Endpoint> Node<E> {
         }
         if targets.is_empty() {
             bump(self.counters.rx_unknown_qp());
+            tracing::debug!(qpn, src = %meta.sgid.to_ip(), "dropped a packet: no such QP");
         }
         E::steer(&self.ud_flows, &parsed, meta, ports, data.len(), targets);
         for qp in targets.drain(..) {
@@ -382,6 +389,13 @@ impl<E: Endpoint> Node<E> {
             let ext = ext.as_ref().map(|e| e as &dyn ExternalPayload);
             let (txs, ticket, dropped) = qp.receive_packet(now, &parsed, ext, meta, pending);
             if let Some(reason) = dropped {
+                tracing::debug!(
+                    qpn = qp.number(),
+                    psn = parsed.repr.bth.psn.value(),
+                    opcode = ?parsed.repr.bth.opcode,
+                    ?reason,
+                    "dropped a packet"
+                );
                 self.counters.count_drop(reason);
             }
             let at = out.len();
@@ -520,6 +534,10 @@ impl<E: Endpoint> Outbox<E> {
                 let before = old.packets.len();
                 old.retain(|p| acked(p) != Some(qpn));
                 let gone = before - old.packets.len();
+                old.from
+                    .counters
+                    .tx_acks_coalesced()
+                    .fetch_add(gone as u64, Ordering::Relaxed);
                 self.packets -= gone;
                 self.bytes -= gone * ACK_LEN;
             }
@@ -542,7 +560,12 @@ impl<E: Endpoint> Outbox<E> {
             .collect();
         keep.reverse();
         let mut k = keep.into_iter();
+        let before = run.packets.len();
         run.retain(|_| k.next().unwrap_or(true));
+        run.from
+            .counters
+            .tx_acks_coalesced()
+            .fetch_add((before - run.packets.len()) as u64, Ordering::Relaxed);
         self.packets += run.packets.len();
         self.bytes += run.packets.iter().map(Vec::len).sum::<usize>();
         if !run.packets.is_empty() {
@@ -677,6 +700,8 @@ pub(crate) struct Fabric<E: Endpoint> {
     /// [`Fabric::drive`] before it looks at the nodes: a poll with nothing in flight costs one
     /// load.
     queued: Arc<AtomicBool>,
+    /// The packet capture, if one runs: every packet handed to or received from a driver.
+    tap: Tap,
 }
 
 impl<E: Endpoint> std::fmt::Debug for Fabric<E> {
@@ -962,6 +987,7 @@ impl<E: Endpoint> Fabric<E> {
             burst_after_poll: AtomicU64::new(BURST_AFTER_POLL.as_nanos() as u64),
             posts_since_poll: AtomicU32::new(0),
             queued: Arc::new(AtomicBool::new(false)),
+            tap: Tap::default(),
         });
         let (me, wake) = (Arc::downgrade(&f), f.wake.clone());
         std::thread::Builder::new()
@@ -1014,6 +1040,11 @@ impl<E: Endpoint> Fabric<E> {
     #[cfg(test)]
     fn node_count(&self) -> usize {
         self.nodes.read().len()
+    }
+
+    /// The packet-capture hook.
+    pub(crate) fn tap(&self) -> &Tap {
+        &self.tap
     }
 
     /// The engine's clock: nanoseconds since the fabric started.
@@ -1119,20 +1150,20 @@ impl<E: Endpoint> Fabric<E> {
     /// application thread gives way if another thread is reading.
     fn pump_udp(&self, wait: bool) -> usize {
         let Some(udp) = self.udp.get() else { return 0 };
-        self.pump(&**udp, &self.udp_rx, wait)
+        self.pump(&**udp, Carrier::Udp, &self.udp_rx, wait)
     }
 
     /// Reads the shared-memory driver, as [`Fabric::pump_udp`] reads the UDP one.
     fn pump_shm(&self, wait: bool) -> usize {
         let Some(shm) = self.shm.get() else { return 0 };
-        self.pump(&**shm, &self.shm_rx, wait)
+        self.pump(&**shm, Carrier::Shm, &self.shm_rx, wait)
     }
 
     /// Receives from `driver` into `rx` (whose lock is the right to receive from it) and hands
     /// the batch to the nodes before another thread may receive, so packets reach the nodes in
     /// the driver's order. With `wait` false, an application thread gives way if another
     /// thread is receiving.
-    fn pump(&self, driver: &dyn Driver, rx: &Mutex<PacketBatch>, wait: bool) -> usize {
+    fn pump(&self, driver: &dyn Driver, carrier: Carrier, rx: &Mutex<PacketBatch>, wait: bool) -> usize {
         let mut batch = if wait {
             rx.lock()
         } else {
@@ -1141,6 +1172,9 @@ impl<E: Endpoint> Fabric<E> {
         };
         let n = driver.recv(&mut batch);
         if n > 0 {
+            if let Some(cap) = self.tap.get() {
+                cap.incoming(carrier, &batch);
+            }
             self.deliver_batch(&self.live_nodes(), &mut batch);
         }
         batch.clear();
@@ -1340,6 +1374,9 @@ impl<E: Endpoint> Fabric<E> {
                     };
                     tx.data = full;
                 }
+                if let Some(cap) = self.tap.get() {
+                    cap.outgoing(&route, std::slice::from_ref(&tx.data), &[]);
+                }
                 n.inbound.send(&route, std::slice::from_mut(&mut tx.data));
             } else {
                 add_remote(route, tx.data, tx.external);
@@ -1369,6 +1406,9 @@ impl<E: Endpoint> Fabric<E> {
                 mut packets,
                 exts,
             } = run;
+            if let Some(cap) = self.tap.get() {
+                cap.outgoing(&route, &packets, &exts);
+            }
             if route.dest_qpn == MULTICAST_QPN {
                 self.copy_to_local_members(&route, &packets);
             }
@@ -1555,7 +1595,10 @@ impl<E: Endpoint> Fabric<E> {
                 nodes.iter().filter(|n| n.has_group(&dgid)).collect()
             } else {
                 let mut owners = nodes.iter().filter(|n| n.has_gid(&dgid));
-                let Some(first) = owners.next() else { continue };
+                let Some(first) = owners.next() else {
+                    tracing::debug!(dst = %dgid.to_ip(), "dropped a packet: no device has its address");
+                    continue;
+                };
                 let target = match peek_dest_qpn(data.as_slice()) {
                     Some(q) if !first.has_qp(q) => owners.find(|n| n.has_qp(q)).unwrap_or(first),
                     _ => first,
@@ -1596,6 +1639,7 @@ fn count_icrc<E: Endpoint>(node: &Node<E>, icrc: IcrcCheck) -> bool {
         }
         IcrcCheck::Bad => {
             bump(node.counters.rx_bad_icrc());
+            tracing::debug!("dropped a packet: bad ICRC");
             false
         }
     }

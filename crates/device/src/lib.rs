@@ -10,6 +10,7 @@
 //! for the environment variables that override the defaults.
 
 pub mod attr_ex;
+pub mod capture;
 pub mod cm;
 pub mod config;
 pub mod context;
@@ -24,6 +25,7 @@ pub mod fabric;
 pub mod flow;
 mod held;
 mod local;
+pub mod log;
 mod mcast;
 pub mod mem;
 pub mod mw;

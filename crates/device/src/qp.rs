@@ -13,6 +13,7 @@ use softverbs_engine::transport::{
 };
 use softverbs_engine::types::{
     EventType, Gid, QpAttr, QpAttrMask, QpCap, QpState, QpType, RecvWr, SendFlags, SrqAttr, SrqAttrMask,
+    WcStatus, WorkCompletion,
 };
 use softverbs_engine::wr::{Payload, SendLimits, SendOp, SendWr, UdDest};
 use softverbs_engine::{Error, Result};
@@ -624,6 +625,7 @@ impl Qp {
     }
 
     fn raise(&self, event: EventType) {
+        tracing::debug!(qpn = self.qpn, ?event, "QP async event");
         let Some(me) = self.me.upgrade() else { return };
         let creator_open = self.xrc_handles.lock().1;
         if creator_open {
@@ -657,6 +659,16 @@ impl Qp {
         if now == was {
             return;
         }
+        if now.retransmits > was.retransmits || now.timeouts > was.timeouts {
+            tracing::debug!(
+                qpn = self.qpn,
+                resent = now.retransmits - was.retransmits,
+                timeouts = now.timeouts - was.timeouts,
+                seq_naks = now.seq_naks_received - was.seq_naks_received,
+                rnr_naks = now.rnr_naks_received - was.rnr_naks_received,
+                "retransmission"
+            );
+        }
         let c = &self.node().counters;
         for (counter, (now, was)) in [
             (c.retransmits(), (now.retransmits, was.retransmits)),
@@ -680,6 +692,7 @@ impl Qp {
             }
             let mut posted = false;
             while let Some(c) = inner.engine.poll_completion() {
+                log_error_completion(self.qpn, &c.wc);
                 if c.queue == WorkQueue::Internal {
                     // A step of a rendezvous: it may post the next one and report the tag.
                     let QpInner {
@@ -712,6 +725,11 @@ impl Qp {
             self.raise(ev);
         }
         if inner.engine.take_error_transition() {
+            tracing::warn!(
+                qpn = self.qpn,
+                from = %inner.attr.qp_state,
+                "QP moved to the error state by its transport"
+            );
             inner.attr.qp_state = QpState::Err;
         }
         self.report(inner);
@@ -953,6 +971,14 @@ impl Qp {
             }
             apply_modify(&mut inner.attr, attr, mask, next);
             let new = inner.attr;
+            let _span = tracing::debug_span!("modify_qp", qpn = self.qpn).entered();
+            tracing::debug!(
+                qp_type = ?self.qp_type(),
+                from = %from,
+                to = %new.qp_state,
+                dest_qpn = new.dest_qp_num,
+                "QP state change"
+            );
             inner.engine.set_attr(now, &new);
             let connected = matches!(self.qp_type(), QpType::Rc | QpType::Uc | QpType::XrcSend);
             if connected && matches!(new.qp_state, QpState::Rtr | QpState::Rts) {
@@ -1751,5 +1777,15 @@ impl Endpoint for Qp {
         targets: &mut Vec<Arc<Self>>,
     ) {
         steering.steer(pkt, meta, ports, len, targets);
+    }
+}
+
+/// Logs a completion in error: at debug level, flushes (which every WR of a QP in the error
+/// state gets) at trace level.
+fn log_error_completion(qpn: u32, wc: &WorkCompletion) {
+    match wc.status {
+        WcStatus::Success => {}
+        WcStatus::WrFlushErr => tracing::trace!(qpn, wr_id = wc.wr_id, "work request flushed"),
+        status => tracing::debug!(qpn, wr_id = wc.wr_id, ?status, opcode = ?wc.opcode, "error completion"),
     }
 }

@@ -372,6 +372,12 @@ impl Memory for Deferring<'_> {
 /// process's memory: for a carrier that needs the bytes. `None` if the memory cannot be read
 /// (the packet is then lost, as on a network; the requester resends).
 pub(crate) fn materialize(data: &[u8], ext: &ExternalRanges) -> Option<Vec<u8>> {
+    materialize_from(std::process::id(), data, ext)
+}
+
+/// [`materialize`] with the payload in process `pid` (a packet received with its payload left
+/// in its sender, for a packet capture).
+pub(crate) fn materialize_from(pid: u32, data: &[u8], ext: &ExternalRanges) -> Option<Vec<u8>> {
     let parsed = softverbs_wire::RocePacket::parse(data).ok()?;
     let mut repr = parsed.repr;
     repr.payload_len = ext.len as usize;
@@ -380,7 +386,7 @@ pub(crate) fn materialize(data: &[u8], ext: &ExternalRanges) -> Option<Vec<u8>> 
     repr.emit(&mut out).ok()?;
     let pieces: Vec<(u64, usize)> = ext.ranges().iter().map(|&(a, l)| (a, l as usize)).collect();
     let payload = repr.payload_mut(&mut out).ok()?;
-    softverbs_shm::read_from_process(std::process::id() as i32, payload, &pieces).ok()?;
+    softverbs_shm::read_from_process(pid as i32, payload, &pieces).ok()?;
     Some(out)
 }
 

@@ -120,6 +120,9 @@ counters! {
     rx_uc_message_dropped,
     /// Dropped by a QP: structurally invalid for its transport (e.g. bad lengths).
     rx_qp_malformed,
+    /// Positive ACKs counted in `tx_packets` that never left: a later ACK of the same QP
+    /// replaced them while they waited to be sent (ACKs are cumulative).
+    tx_acks_coalesced,
 }
 
 impl NodeCounters {

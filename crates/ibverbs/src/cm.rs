@@ -1327,6 +1327,8 @@ static OPS: RdmacmOps = RdmacmOps {
 
 /// `softverbs_rdmacm_ops@@SOFTVERBS_PRIVATE_1`: the table `librdmacm.so.1` forwards to.
 pub(crate) extern "C" fn ops() -> *const RdmacmOps {
+    // librdmacm's programs may never list devices themselves.
+    softverbs_device::log::init_from_env();
     set_errno(0);
     &OPS
 }

@@ -11,7 +11,11 @@ pub struct Device(pub(crate) core::Device);
 
 /// The devices of this host (`ibv_get_device_list`), configured from the environment (see
 /// [`Config`](crate::Config)). Fails with EINVAL if a `SOFTVERBS_*` variable is malformed.
+///
+/// The first call also installs the logger `SOFTVERBS_LOG` asks for, if set and if the program
+/// has no `tracing` subscriber of its own (see [`softverbs_device::log`]).
 pub fn devices() -> Result<Vec<Device>> {
+    softverbs_device::log::init_from_env();
     Ok(core::device_list()?.into_iter().map(Device).collect())
 }
 

@@ -127,6 +127,7 @@
 //! - **C programs** use the same device through the drop-in `libibverbs.so.1` and
 //!   `librdmacm.so.1` (crates `softverbs-ibverbs` and `softverbs-rdmacm`).
 
+pub mod capture;
 pub mod cm;
 mod context;
 mod counters;
@@ -141,6 +142,7 @@ mod raw;
 pub mod rsocket;
 mod xrc;
 
+pub use capture::{capture_stats, stop_capture, CaptureStats, PacketCapture};
 pub use context::{AsyncEvent, AsyncEventTarget, Context};
 pub use counters::{CounterDesc, Counters, READ_COUNTERS_PREFER_CACHED};
 pub use cq::{CompletionChannel, CompletionQueue, CqEvent};

@@ -233,6 +233,13 @@ impl EventChannel {
     }
 
     fn push(&self, ev: CmEvent) {
+        tracing::debug!(
+            event = ?ev.event,
+            status = ev.status,
+            port_space = ?ev.id.ps,
+            on_listener = ev.listen_id.is_some(),
+            "CM event"
+        );
         self.queue.push(ev);
     }
 }

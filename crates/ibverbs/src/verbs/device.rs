@@ -62,6 +62,7 @@ pub(crate) fn sv_device(core: &Device) -> *mut SvDevice {
 
 /// `ibv_get_device_list`.
 pub(crate) unsafe extern "C" fn get_device_list(num: *mut c_int) -> *mut *mut ibv_device {
+    softverbs_device::log::init_from_env();
     let list = match device_list() {
         Ok(l) => l,
         Err(e) => return fail_null(errno_of(&e)),

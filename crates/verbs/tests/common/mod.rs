@@ -3,6 +3,7 @@
 
 pub(crate) mod cm;
 pub(crate) mod netns;
+pub(crate) mod pcap;
 
 use softverbs::*;
 use std::net::Ipv4Addr;
