@@ -103,7 +103,26 @@ counters! {
     seq_naks,
     /// RNR NAKs received by reliable QPs.
     rnr_naks,
+    /// Sequence-error NAKs sent by reliable QPs (requests that arrived past a hole in the
+    /// PSN sequence).
+    seq_naks_sent,
+    /// Datagrams the kernel dropped because one of the process's UDP sockets was full
+    /// (`SO_RXQ_OVFL`), counted on the UDP driver's block ([`UDP_BLOCK`]).
+    rx_socket_drops,
+    /// Datagrams the holder of the standard RoCE port forwarded to the process of their QP's
+    /// slot ([`UDP_BLOCK`]).
+    forwarded,
+    /// Of those, the ones that went through the receiver's shared-memory mailbox.
+    forwarded_shm,
+    /// Datagrams the holder of the standard port could not forward: the receiver's mailbox
+    /// stayed full, or the UDP send failed ([`UDP_BLOCK`]).
+    forward_drops,
 }
+
+/// The name of the counter block of the process's UDP driver, which counts what belongs to no
+/// one device: its sockets' overflows and the forwarding of the standard port's datagrams.
+/// `softverbs-stat` shows it beside the devices.
+pub const UDP_BLOCK: &str = "udp";
 
 /// The counters of one device of this process.
 pub struct NodeCounters {
