@@ -108,6 +108,10 @@ enum Peer {
         checked: u64,
         /// When a run was last sent ([`mono_ns`]).
         sent: u64,
+        /// A forward to it found the ring full for [`FULL_WAIT`]: until one finds room again,
+        /// forwards do not wait (a frozen receiver must not hold up the standard port's
+        /// datagrams for every other process).
+        stalled: bool,
     },
     /// None (or not ours to open, or its owner dead) when last looked for; look again from
     /// this time on.
@@ -161,19 +165,21 @@ impl Shm {
         exts: &[Option<ExternalRanges>],
     ) -> Option<usize> {
         let header = encode_header(route);
-        self.with_peer(route.ports.1, |out| push_all(out, &header, packets, exts))
+        self.with_peer(route.ports.1, |out, _| {
+            push_all(out, &header, packets, exts, true)
+        })
     }
 
     /// Hands a datagram that the holder of the standard port received for another slot to
     /// that slot's process (UDP port `slot_port`), if it has a mailbox: the original
     /// addresses and ports, and the ICRC verdict made here, travel in the record's header, so
     /// the owner handles it as if it had read it from the network. `None` if the process has
-    /// no mailbox (the caller forwards over UDP); else whether the packet went (a ring full
-    /// for longer than [`FULL_WAIT`] loses it, as a full socket buffer would).
+    /// no mailbox (the caller forwards over UDP); else whether the packet went.
     ///
-    /// Unlike a second UDP hop, this never overflows: a full ring is waited on while the
-    /// standard port's socket buffer holds what arrives meanwhile, and a ring holds more than
-    /// a standard peer's whole send window.
+    /// Unlike a second UDP hop, a receiver that falls behind loses nothing: a full ring is
+    /// waited on (the standard port's socket buffer holds what arrives meanwhile). Only a
+    /// receiver that drains nothing for [`FULL_WAIT`] loses the packet, as a full socket
+    /// buffer would, and the next ones at once while its ring stays full.
     pub(crate) fn forward(
         &self,
         slot_port: u16,
@@ -194,15 +200,17 @@ impl Shm {
         };
         header[36..38].copy_from_slice(&ports.0.to_be_bytes());
         header[38..40].copy_from_slice(&ports.1.to_be_bytes());
-        self.with_peer(slot_port, |out| {
-            push_all(out, &header, std::slice::from_ref(&packet), &[]) == 1
+        self.with_peer(slot_port, |out, stalled| {
+            let went = push_all(out, &header, std::slice::from_ref(&packet), &[], !*stalled) == 1;
+            *stalled = !went;
+            went
         })
     }
 
     /// Runs `f` on the mailbox of the process whose slot port is `port`, opening it (or
     /// checking that its owner still lives) first; `None` if it has none this process may
     /// use.
-    fn with_peer<R>(&self, port: u16, f: impl FnOnce(&mut Outbox) -> R) -> Option<R> {
+    fn with_peer<R>(&self, port: u16, f: impl FnOnce(&mut Outbox, &mut bool) -> R) -> Option<R> {
         let mut peers = self.peers.lock();
         let now = mono_ns();
         let at = match peers.iter().position(|(p, _)| *p == port) {
@@ -213,7 +221,10 @@ impl Shm {
             }
         };
         let peer = &mut peers[at].1;
-        if let Peer::Open { out, checked, sent } = peer {
+        if let Peer::Open {
+            out, checked, sent, ..
+        } = peer
+        {
             let idle = now.saturating_sub(*sent) >= nanos(IDLE_RECHECK);
             *sent = now;
             if out.is_closed() {
@@ -237,6 +248,7 @@ impl Shm {
                         out,
                         checked: now,
                         sent: now,
+                        stalled: false,
                     }
                 }
                 // A mailbox its owner left behind when it died: the next owner of the port
@@ -252,20 +264,22 @@ impl Shm {
                 }
             }
         }
-        let Peer::Open { out, .. } = peer else {
+        let Peer::Open { out, stalled, .. } = peer else {
             return None;
         };
-        Some(f(out))
+        Some(f(out, stalled))
     }
 }
 
 /// Writes one record per packet behind `header` into `out`, waiting for room while the ring is
-/// full (for at most [`FULL_WAIT`], while its owner lives); returns how many went.
+/// full (if `patient`: for at most [`FULL_WAIT`], while its owner lives); returns how many
+/// went.
 fn push_all(
     out: &mut Outbox,
     header: &[u8; HEADER],
     packets: &[impl AsRef<[u8]>],
     exts: &[Option<ExternalRanges>],
+    patient: bool,
 ) -> usize {
     let pid = std::process::id();
     let mut sent = 0;
@@ -291,6 +305,7 @@ fn push_all(
                     sent += 1;
                     break;
                 }
+                Ok(false) if !patient => return sent,
                 // Full: the receiver is behind; give it the core for a while.
                 Ok(false) if start.is_none() || waited() < FULL_SPIN => {
                     start.get_or_insert_with(StdInstant::now);

@@ -232,7 +232,13 @@ impl Udp {
             pacer: Pacer::new(rcvbuf),
             forged: std::sync::atomic::AtomicU64::new(0),
             mailboxes: OnceLock::new(),
-            counters: NodeCounters::new(UDP_BLOCK),
+            // On the process's board; private to each driver in unit tests, where several run
+            // in one process (a board block is shared by name).
+            counters: if cfg!(test) {
+                NodeCounters::default()
+            } else {
+                NodeCounters::new(UDP_BLOCK)
+            },
             // The own IPv4 socket: what softverbs peers on IPv4 send to.
             hot: AtomicU8::new(1),
             delivered: AtomicU8::new(0),
@@ -983,7 +989,11 @@ mod tests {
     fn free_base_port() -> u16 {
         let free =
             |port: u16| UdpSocket::bind(("0.0.0.0", port)).is_ok() && UdpSocket::bind(("::", port)).is_ok();
-        let seed = std::process::id() as u16;
+        // Each call of this process starts elsewhere: tests running at once must not pick the
+        // same range before either binds it.
+        static CALLS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+        let call = CALLS.fetch_add(1, Ordering::Relaxed);
+        let seed = (std::process::id() as u16).wrapping_add(call.wrapping_mul(4001));
         (0..1000u16)
             .map(|i| 20_000 + (seed.wrapping_add(i.wrapping_mul(89)) % 40_000))
             .find(|&base| (base..base + 4).all(free))
@@ -1248,12 +1258,17 @@ mod tests {
         let mut batch = PacketBatch::default();
         let mut kept = 0;
         let drops = || udp.counters().rx_socket_drops().load(Ordering::Relaxed);
+        // Reads until `until` datagrams are accounted for, or none came for a while.
         let mut read_all = |until: u64| {
             let deadline = StdInstant::now() + Duration::from_secs(10);
-            while kept + drops() < until && StdInstant::now() < deadline {
+            let mut quiet = 0;
+            while kept + drops() < until && quiet < 10 && StdInstant::now() < deadline {
                 if udp.wait(Duration::from_millis(50)) {
                     kept += udp.recv(&mut batch) as u64;
                     batch.clear();
+                    quiet = 0;
+                } else {
+                    quiet += 1;
                 }
             }
             kept
@@ -1344,5 +1359,58 @@ mod tests {
         assert_eq!(meta.sgid, Gid::from_ip(from.ip()));
         assert_eq!(*ports, (from.port(), base));
         assert_eq!(other.counters().rx_socket_drops().load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_receiver_that_drains_nothing_holds_up_forwarding_once() {
+        let base = free_base_port();
+        let holder = Udp::start(base, 255).expect("slot 1");
+        let other = Udp::start(base, 255).expect("slot 2");
+        let (Some(holder_box), Some(other_box)) = (Shm::start(holder.port()), Shm::start(other.port()))
+        else {
+            panic!("mailboxes cannot be made here");
+        };
+        holder.forward_through(holder_box);
+        let qpn = (u32::from(other.slot()) << 16) | 0x11;
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let c = holder.counters();
+        let handled = || c.forwarded().load(Ordering::Relaxed) + c.forward_drops().load(Ordering::Relaxed);
+        let mut batch = PacketBatch::default();
+        let mut forward_all = |until: u64| {
+            let deadline = StdInstant::now() + Duration::from_secs(30);
+            while handled() < until && StdInstant::now() < deadline {
+                if holder.wait(Duration::from_millis(20)) {
+                    holder.recv(&mut batch);
+                    batch.clear();
+                }
+            }
+        };
+        // More than the receiver's ring holds, which it does not drain: the first packet that
+        // finds no room waits, the rest are dropped at once.
+        const SENT: u32 = 3000;
+        let start = StdInstant::now();
+        for n in 0..SENT {
+            peer.send_to(&numbered(qpn, n), ("127.0.0.1", base)).unwrap();
+        }
+        forward_all(u64::from(SENT));
+        let took = start.elapsed();
+        let (went, lost) = (
+            c.forwarded_shm().load(Ordering::Relaxed),
+            c.forward_drops().load(Ordering::Relaxed),
+        );
+        assert_eq!(went + lost, u64::from(SENT));
+        assert!(went > 0 && lost > 0, "{went} forwarded, {lost} lost");
+        assert!(took < Duration::from_secs(20), "{lost} drops took {took:?}");
+        // Once it drains, forwarding resumes.
+        let mut got = 0;
+        let mut drained = PacketBatch::default();
+        while other_box.recv(&mut drained) > 0 {
+            got += drained.len() as u64;
+            drained.clear();
+        }
+        assert_eq!(got, went);
+        peer.send_to(&numbered(qpn, SENT), ("127.0.0.1", base)).unwrap();
+        forward_all(u64::from(SENT) + 1);
+        assert_eq!(c.forwarded_shm().load(Ordering::Relaxed), went + 1);
     }
 }
