@@ -15,7 +15,8 @@ use softverbs_tools::cli;
 /// Each softverbs process keeps its counters in a small shared file of the user's private
 /// directory in /dev/shm (its counter board); this tool reads them without disturbing the
 /// processes. Rates are per second over the last interval. Only processes of the same user
-/// are visible (the boards are private to the user).
+/// are visible (the boards are private to the user). Beside its devices, each process has a
+/// `udp` row: its UDP driver's socket overflows and, in the holder of port 4791, forwarding.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -45,7 +46,9 @@ struct Args {
 }
 
 /// Drops by reason, as the table's columns name them.
-fn drops(c: &CounterSnapshot) -> [(&'static str, u64); 6] {
+/// The last two are the UDP driver's (its `udp` row): datagrams a full socket buffer lost, and
+/// ones the holder of the standard port could not forward.
+fn drops(c: &CounterSnapshot) -> [(&'static str, u64); 8] {
     [
         ("malformed", c.rx_malformed),
         ("unknown_qp", c.rx_unknown_qp),
@@ -53,6 +56,8 @@ fn drops(c: &CounterSnapshot) -> [(&'static str, u64); 6] {
         ("bad_pkey", c.rx_bad_pkey),
         ("bad_qkey", c.rx_bad_qkey),
         ("bad_icrc", c.rx_bad_icrc),
+        ("socket_full", c.rx_socket_drops),
+        ("not_forwarded", c.forward_drops),
     ]
 }
 
