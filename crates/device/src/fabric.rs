@@ -1503,6 +1503,7 @@ impl<E: Endpoint> Fabric<E> {
                 .name("softverbs-shm".into())
                 .spawn(move || receive_thread(me, s, Self::pump_shm))
                 .expect("spawn the shared-memory receive thread");
+            udp.forward_through(shm.clone());
             let _ = self.shm.set(shm);
         }
         let _ = self.udp.set(udp);

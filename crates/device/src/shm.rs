@@ -64,6 +64,11 @@ const CHECK_ALIVE: Duration = Duration::from_millis(10);
 /// Flag in header byte 34: the payload is in the sender's memory, described by the
 /// [`REMOTE`] bytes after the header.
 const FLAG_REMOTE: u8 = 1;
+/// Flags in header byte 34 for a datagram the holder of the standard port forwarded: its ICRC
+/// could not be checked (IPv4 with a non-zero IP ID), or was checked and is wrong (the owner
+/// drops and counts it, as it would have had it read the datagram itself).
+const FLAG_ICRC_UNVERIFIED: u8 = 2;
+const FLAG_ICRC_BAD: u8 = 4;
 /// Bytes describing a payload in the sender's memory: process ID, length, range count, three
 /// reserved bytes, then [`MAX_EXTERNAL_RANGES`] (address, length) pairs.
 const REMOTE: usize = 12 + 12 * MAX_EXTERNAL_RANGES;
@@ -103,6 +108,10 @@ enum Peer {
         checked: u64,
         /// When a run was last sent ([`mono_ns`]).
         sent: u64,
+        /// A forward to it found the ring full for [`FULL_WAIT`]: until one finds room again,
+        /// forwards do not wait (a frozen receiver must not hold up the standard port's
+        /// datagrams for every other process).
+        stalled: bool,
     },
     /// None (or not ours to open, or its owner dead) when last looked for; look again from
     /// this time on.
@@ -155,7 +164,53 @@ impl Shm {
         packets: &[Vec<u8>],
         exts: &[Option<ExternalRanges>],
     ) -> Option<usize> {
-        let port = route.ports.1;
+        let header = encode_header(route);
+        self.with_peer(route.ports.1, |out, _| {
+            push_all(out, &header, packets, exts, true)
+        })
+    }
+
+    /// Hands a datagram that the holder of the standard port received for another slot to
+    /// that slot's process (UDP port `slot_port`), if it has a mailbox: the original
+    /// addresses and ports, and the ICRC verdict made here, travel in the record's header, so
+    /// the owner handles it as if it had read it from the network. `None` if the process has
+    /// no mailbox (the caller forwards over UDP); else whether the packet went.
+    ///
+    /// Unlike a second UDP hop, a receiver that falls behind loses nothing: a full ring is
+    /// waited on (the standard port's socket buffer holds what arrives meanwhile). Only a
+    /// receiver that drains nothing for [`FULL_WAIT`] loses the packet, as a full socket
+    /// buffer would, and the next ones at once while its ring stays full.
+    pub(crate) fn forward(
+        &self,
+        slot_port: u16,
+        meta: &RxMeta,
+        ports: (u16, u16),
+        icrc: IcrcCheck,
+        packet: &[u8],
+    ) -> Option<bool> {
+        let mut header = [0u8; HEADER];
+        header[..16].copy_from_slice(&meta.sgid.0);
+        header[16..32].copy_from_slice(&meta.dgid.0);
+        header[32] = meta.traffic_class;
+        header[33] = meta.hop_limit;
+        header[34] = match icrc {
+            IcrcCheck::Ok => 0,
+            IcrcCheck::Unverified => FLAG_ICRC_UNVERIFIED,
+            IcrcCheck::Bad => FLAG_ICRC_BAD,
+        };
+        header[36..38].copy_from_slice(&ports.0.to_be_bytes());
+        header[38..40].copy_from_slice(&ports.1.to_be_bytes());
+        self.with_peer(slot_port, |out, stalled| {
+            let went = push_all(out, &header, std::slice::from_ref(&packet), &[], !*stalled) == 1;
+            *stalled = !went;
+            went
+        })
+    }
+
+    /// Runs `f` on the mailbox of the process whose slot port is `port`, opening it (or
+    /// checking that its owner still lives) first; `None` if it has none this process may
+    /// use.
+    fn with_peer<R>(&self, port: u16, f: impl FnOnce(&mut Outbox, &mut bool) -> R) -> Option<R> {
         let mut peers = self.peers.lock();
         let now = mono_ns();
         let at = match peers.iter().position(|(p, _)| *p == port) {
@@ -166,7 +221,10 @@ impl Shm {
             }
         };
         let peer = &mut peers[at].1;
-        if let Peer::Open { out, checked, sent } = peer {
+        if let Peer::Open {
+            out, checked, sent, ..
+        } = peer
+        {
             let idle = now.saturating_sub(*sent) >= nanos(IDLE_RECHECK);
             *sent = now;
             if out.is_closed() {
@@ -190,6 +248,7 @@ impl Shm {
                         out,
                         checked: now,
                         sent: now,
+                        stalled: false,
                     }
                 }
                 // A mailbox its owner left behind when it died: the next owner of the port
@@ -205,47 +264,61 @@ impl Shm {
                 }
             }
         }
-        let Peer::Open { out, .. } = peer else {
+        let Peer::Open { out, stalled, .. } = peer else {
             return None;
         };
-        let header = encode_header(route);
-        let pid = std::process::id();
-        let mut sent = 0;
-        for (i, p) in packets.iter().enumerate() {
-            let ext = exts.get(i).copied().flatten();
-            let extra = if ext.is_some() { REMOTE } else { 0 };
-            let fill = |rec: &mut [u8]| {
-                rec[..HEADER].copy_from_slice(&header);
-                if let Some(ext) = &ext {
-                    rec[34] = FLAG_REMOTE;
-                    encode_remote(pid, ext, &mut rec[HEADER..HEADER + REMOTE]);
+        Some(f(out, stalled))
+    }
+}
+
+/// Writes one record per packet behind `header` into `out`, waiting for room while the ring is
+/// full (if `patient`: for at most [`FULL_WAIT`], while its owner lives); returns how many
+/// went.
+fn push_all(
+    out: &mut Outbox,
+    header: &[u8; HEADER],
+    packets: &[impl AsRef<[u8]>],
+    exts: &[Option<ExternalRanges>],
+    patient: bool,
+) -> usize {
+    let pid = std::process::id();
+    let mut sent = 0;
+    for (i, p) in packets.iter().enumerate() {
+        let p = p.as_ref();
+        let ext = exts.get(i).copied().flatten();
+        let extra = if ext.is_some() { REMOTE } else { 0 };
+        let fill = |rec: &mut [u8]| {
+            rec[..HEADER].copy_from_slice(header);
+            if let Some(ext) = &ext {
+                rec[34] |= FLAG_REMOTE;
+                encode_remote(pid, ext, &mut rec[HEADER..HEADER + REMOTE]);
+            }
+            rec[HEADER + extra..].copy_from_slice(p);
+        };
+        let len = HEADER + extra + p.len();
+        // Read the clock only once the ring was found full (rare).
+        let mut start = None;
+        loop {
+            let waited = || start.map_or(Duration::ZERO, |s: StdInstant| s.elapsed());
+            match out.push(len, fill) {
+                Ok(true) => {
+                    sent += 1;
+                    break;
                 }
-                rec[HEADER + extra..].copy_from_slice(p);
-            };
-            let len = HEADER + extra + p.len();
-            // Read the clock only once the ring was found full (rare).
-            let mut start = None;
-            loop {
-                let waited = || start.map_or(Duration::ZERO, |s: StdInstant| s.elapsed());
-                match out.push(len, fill) {
-                    Ok(true) => {
-                        sent += 1;
-                        break;
-                    }
-                    // Full: the receiver is behind; give it the core for a while.
-                    Ok(false) if start.is_none() || waited() < FULL_SPIN => {
-                        start.get_or_insert_with(StdInstant::now);
-                        std::thread::yield_now();
-                    }
-                    Ok(false) if waited() < FULL_WAIT && out.owner_alive() => {
-                        std::thread::sleep(Duration::from_micros(50));
-                    }
-                    _ => return Some(sent),
+                Ok(false) if !patient => return sent,
+                // Full: the receiver is behind; give it the core for a while.
+                Ok(false) if start.is_none() || waited() < FULL_SPIN => {
+                    start.get_or_insert_with(StdInstant::now);
+                    std::thread::yield_now();
                 }
+                Ok(false) if waited() < FULL_WAIT && out.owner_alive() => {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                _ => return sent,
             }
         }
-        Some(sent)
     }
+    sent
 }
 
 /// A record's header for packets sent along `route`.
@@ -324,14 +397,21 @@ impl Driver for Shm {
                 return;
             };
             let (meta, ports) = parse_header(h);
+            let icrc = if h[34] & FLAG_ICRC_BAD != 0 {
+                IcrcCheck::Bad
+            } else if h[34] & FLAG_ICRC_UNVERIFIED != 0 {
+                IcrcCheck::Unverified
+            } else {
+                IcrcCheck::Ok
+            };
             if h[34] & FLAG_REMOTE == 0 {
-                batch.push(packet, meta, IcrcCheck::Ok, ports);
+                batch.push(packet, meta, icrc, ports);
             } else {
                 let Some((r, packet)) = packet.split_first_chunk::<REMOTE>() else {
                     return;
                 };
                 let Some(remote) = parse_remote(r) else { return };
-                batch.push_remote(packet, Some(remote), meta, IcrcCheck::Ok, ports);
+                batch.push_remote(packet, Some(remote), meta, icrc, ports);
             }
             n += 1;
         });

@@ -123,6 +123,20 @@ counters! {
     /// Positive ACKs counted in `tx_packets` that never left: a later ACK of the same QP
     /// replaced them while they waited to be sent (ACKs are cumulative).
     tx_acks_coalesced,
+    /// Sequence-error NAKs sent by reliable QPs (requests that arrived past a hole in the
+    /// PSN sequence).
+    seq_naks_sent,
+    /// Datagrams the kernel dropped because one of the process's UDP sockets was full
+    /// (`SO_RXQ_OVFL`), counted on the UDP driver's block ([`UDP_BLOCK`]).
+    rx_socket_drops,
+    /// Datagrams the holder of the standard RoCE port forwarded to the process of their QP's
+    /// slot ([`UDP_BLOCK`]).
+    forwarded,
+    /// Of those, the ones that went through the receiver's shared-memory mailbox.
+    forwarded_shm,
+    /// Datagrams the holder of the standard port could not forward: the receiver's mailbox
+    /// stayed full, or the UDP send failed ([`UDP_BLOCK`]).
+    forward_drops,
 }
 
 impl NodeCounters {
@@ -147,6 +161,11 @@ impl NodeCounters {
         bump(by_reason);
     }
 }
+
+/// The name of the counter block of the process's UDP driver, which counts what belongs to no
+/// one device: its sockets' overflows and the forwarding of the standard port's datagrams.
+/// `softverbs-stat` shows it beside the devices.
+pub const UDP_BLOCK: &str = "udp";
 
 /// The counters of one device of this process.
 pub struct NodeCounters {

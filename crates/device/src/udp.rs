@@ -5,9 +5,13 @@
 //! every QP number it allocates carries the slot in bits 16..24. A sender that knows a QPN
 //! therefore knows the port to send to: softverbs peers talk to each other directly. Standard
 //! peers (the kernel's rxe, RoCE NICs) always send to `base`; whichever process holds `base`
-//! forwards packets for other slots to their port, wrapped in a small header that keeps the
-//! original addresses (so ICRC checks and GRHs stay right). If that process exits, another one
-//! takes `base` over within a second.
+//! forwards packets for other slots to their process: through its shared-memory mailbox
+//! (`crate::shm`) where it has one, which waits for room rather than drop; otherwise to its
+//! port, wrapped in a small header that keeps the original addresses (so ICRC checks and GRHs
+//! stay right). If that process exits, another one takes `base` over within a second.
+//!
+//! Sockets get large buffers and report their overflows (`SO_RXQ_OVFL`), which the driver's
+//! own counter block counts (`rx_socket_drops`), beside the forwarding counts.
 //!
 //! Packets are sent from unconnected sockets with `IP_PMTUDISC_DO`, so Linux sends IPv4
 //! datagrams with ID 0 and DF set, which is what the ICRC is computed over. The IPv4 ID of a
@@ -19,7 +23,7 @@ use std::io::{IoSlice, IoSliceMut};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant as StdInstant};
 
 use nix::errno::Errno;
@@ -39,6 +43,8 @@ use softverbs_wire::icrc;
 
 use crate::driver::{Driver, IcrcCheck, PacketBatch, Route};
 use crate::pace::Pacer;
+use crate::shm::Shm;
+use crate::stats::{NodeCounters, UDP_BLOCK};
 
 /// First bytes of a forwarded datagram. 0x53 is an RD opcode, which no valid packet here uses.
 const FORWARD_MAGIC: [u8; 4] = *b"SVFW";
@@ -65,6 +71,8 @@ struct Sockets {
     v4: OwnedFd,
     v6: Option<OwnedFd>,
     port: u16,
+    /// The overflow count each socket (IPv4, IPv6) last reported: the kernel's is cumulative.
+    overflows: [AtomicU32; 2],
 }
 
 fn udp_socket(family: AddressFamily) -> nix::Result<OwnedFd> {
@@ -87,6 +95,9 @@ fn big_buffers(fd: &OwnedFd) {
     if setsockopt(fd, sockopt::SndBufForce, &SIZE).is_err() {
         let _ = setsockopt(fd, sockopt::SndBuf, &SIZE);
     }
+    // Every read then tells how many datagrams the socket dropped for want of room, which
+    // `rx_socket_drops` counts: a drop on the host is visible, not a silent gap in the PSNs.
+    let _ = setsockopt(fd, sockopt::RxqOvfl, &1);
 }
 
 impl Sockets {
@@ -120,15 +131,26 @@ impl Sockets {
                 v4,
                 v6: Some(v6),
                 port,
+                overflows: Default::default(),
             }),
             // A host without IPv6 still gets IPv4; a port taken on IPv6 only is taken.
             Err(Errno::EADDRINUSE) => Err(Errno::EADDRINUSE),
-            Err(_) => Ok(Self { v4, v6: None, port }),
+            Err(_) => Ok(Self {
+                v4,
+                v6: None,
+                port,
+                overflows: Default::default(),
+            }),
         }
     }
 
     fn fds(&self) -> impl Iterator<Item = &OwnedFd> {
         std::iter::once(&self.v4).chain(self.v6.as_ref())
+    }
+
+    /// Each socket with its last reported overflow count.
+    fn fds_with_overflows(&self) -> impl Iterator<Item = (&OwnedFd, &AtomicU32)> {
+        self.fds().zip(&self.overflows)
     }
 }
 
@@ -151,6 +173,11 @@ pub(crate) struct Udp {
     pacer: Pacer,
     /// Forwarded datagrams dropped because they did not come from the standard port.
     forged: std::sync::atomic::AtomicU64,
+    /// The mailboxes of the other processes of this host, through which datagrams for their
+    /// slots are forwarded (set once the shared-memory driver runs).
+    mailboxes: OnceLock<Arc<Shm>>,
+    /// What belongs to no one device: socket overflows, forwarding.
+    counters: NodeCounters,
     /// Sockets (bit i: the i-th of `receive_into`'s list) read directly, without a readiness
     /// check first: those that delivered since the last full scan.
     hot: AtomicU8,
@@ -204,6 +231,14 @@ impl Udp {
             gso: std::sync::atomic::AtomicBool::new(true),
             pacer: Pacer::new(rcvbuf),
             forged: std::sync::atomic::AtomicU64::new(0),
+            mailboxes: OnceLock::new(),
+            // On the process's board; private to each driver in unit tests, where several run
+            // in one process (a board block is shared by name).
+            counters: if cfg!(test) {
+                NodeCounters::default()
+            } else {
+                NodeCounters::new(UDP_BLOCK)
+            },
             // The own IPv4 socket: what softverbs peers on IPv4 send to.
             hot: AtomicU8::new(1),
             delivered: AtomicU8::new(0),
@@ -237,6 +272,18 @@ impl Udp {
     /// Forwarded datagrams dropped as forged (not from the standard port).
     pub(crate) fn forged_forwards(&self) -> u64 {
         self.forged.load(Ordering::Relaxed)
+    }
+
+    /// Forwards datagrams for other slots through the receivers' mailboxes in `shm` from now
+    /// on (where a receiver has one) rather than by a second UDP send.
+    pub(crate) fn forward_through(&self, shm: Arc<Shm>) {
+        let _ = self.mailboxes.set(shm);
+    }
+
+    /// The driver's counters ([`UDP_BLOCK`]).
+    #[cfg(test)]
+    pub(crate) fn counters(&self) -> &NodeCounters {
+        &self.counters
     }
 
     /// Whether this process holds the standard port.
@@ -425,13 +472,13 @@ impl Udp {
     fn receive_into(&self, batch: &mut PacketBatch) -> usize {
         let before = batch.len();
         let fwd = self.forwarder.lock().clone();
-        let mut fds: [Option<(&OwnedFd, bool)>; 4] = [None; 4];
-        for (i, f) in self.own.fds().enumerate() {
-            fds[i] = Some((f, false));
+        let mut fds: [Option<(&OwnedFd, bool, &AtomicU32)>; 4] = [None; 4];
+        for (i, (f, o)) in self.own.fds_with_overflows().enumerate() {
+            fds[i] = Some((f, false, o));
         }
         if let Some(f) = fwd.as_ref() {
-            for (i, f) in f.fds().enumerate() {
-                fds[2 + i] = Some((f, true));
+            for (i, (f, o)) in f.fds_with_overflows().enumerate() {
+                fds[2 + i] = Some((f, true, o));
             }
         }
         let hot = self.hot.load(Ordering::Relaxed);
@@ -448,7 +495,7 @@ impl Udp {
             let mut pfds: Vec<PollFd<'_>> = fds
                 .iter()
                 .flatten()
-                .map(|(f, _)| PollFd::new(f.as_fd(), PollFlags::POLLIN))
+                .map(|(f, _, _)| PollFd::new(f.as_fd(), PollFlags::POLLIN))
                 .collect();
             if !matches!(poll(&mut pfds, PollTimeout::ZERO), Ok(n) if n > 0) {
                 return 0;
@@ -465,7 +512,7 @@ impl Udp {
             }
         }
         for (i, slot) in fds.iter().enumerate() {
-            let Some((fd, is_forwarder)) = *slot else {
+            let Some((fd, is_forwarder, overflows)) = *slot else {
                 continue;
             };
             if !ready[i] {
@@ -479,7 +526,7 @@ impl Udp {
                 if batch.bytes() >= RX_BATCH_BYTES {
                     break;
                 }
-                let n = self.recv_many(fd, is_forwarder, batch);
+                let n = self.recv_many(fd, is_forwarder, overflows, batch);
                 read += n;
                 if n < RECV_MMSG {
                     break;
@@ -495,8 +542,18 @@ impl Udp {
 
     /// Reads up to `RECV_MMSG` datagrams (each possibly a GRO batch) in one `recvmmsg` call,
     /// straight into `batch`. Returns how many were read; 0 when the socket is empty.
-    fn recv_many(&self, fd: &OwnedFd, is_forwarder: bool, batch: &mut PacketBatch) -> usize {
+    ///
+    /// `overflows` is the socket's overflow count as last reported; what it grew by is added
+    /// to `rx_socket_drops`.
+    fn recv_many(
+        &self,
+        fd: &OwnedFd,
+        is_forwarder: bool,
+        overflows: &AtomicU32,
+        batch: &mut PacketBatch,
+    ) -> usize {
         let mut got: [Option<Received>; RECV_MMSG] = [None; RECV_MMSG];
+        let mut overflow = None;
         {
             let spare = &mut batch.spare(RECV_MMSG * MAX_DATAGRAM)[..RECV_MMSG * MAX_DATAGRAM];
             let mut chunks = spare.chunks_mut(MAX_DATAGRAM);
@@ -504,7 +561,7 @@ impl Udp {
                 std::array::from_fn(|_| [IoSliceMut::new(chunks.next().expect("one chunk per datagram"))]);
             let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(
                 RECV_MMSG,
-                Some(nix::cmsg_space!(libc::in6_pktinfo, i32)),
+                Some(nix::cmsg_space!(libc::in6_pktinfo, i32, u32)),
             );
             let msgs = match recvmmsg(
                 fd.as_raw_fd(),
@@ -542,6 +599,7 @@ impl Udp {
                             ControlMessageOwned::Ipv6PacketInfo(i) => {
                                 dst_ip = Some(IpAddr::V6(Ipv6Addr::from(i.ipi6_addr.s6_addr)));
                             }
+                            ControlMessageOwned::RxqOvfl(n) => overflow = Some(n),
                             _ => {}
                         }
                     }
@@ -553,6 +611,9 @@ impl Udp {
                     segment: segment.max(1),
                 });
             }
+        }
+        if let Some(n) = overflow {
+            self.count_overflows(overflows, n);
         }
         // Datagram i landed at i * MAX_DATAGRAM. Small ones move down behind the previous one,
         // so the batch stays dense; large ones (GRO batches, full-MTU packets) stay where they
@@ -593,6 +654,21 @@ impl Udp {
         }
         batch.commit(dense);
         read
+    }
+
+    /// Adds to `rx_socket_drops` what a socket's cumulative overflow count `now` grew by since
+    /// it was last reported (`last`).
+    fn count_overflows(&self, last: &AtomicU32, now: u32) {
+        let was = last.swap(now, Ordering::Relaxed);
+        let grew = now.wrapping_sub(was);
+        // The count only grows; a smaller value is an older report read by another thread.
+        if grew != 0 && grew < u32::MAX / 2 {
+            self.counters
+                .rx_socket_drops()
+                .fetch_add(u64::from(grew), Ordering::Relaxed);
+        } else if grew != 0 {
+            last.fetch_max(was, Ordering::Relaxed);
+        }
     }
 
     /// Handles one received datagram: unwraps forwarded ones, forwards those of other slots.
@@ -639,9 +715,31 @@ impl Udp {
         Some((0, meta, icrc, (src.port(), port)))
     }
 
+    /// Hands a datagram that reached the standard port to the process of `slot`: through its
+    /// mailbox when it has one, which waits for room rather than lose the packet (a second
+    /// UDP hop would drop it silently whenever the receiver's socket buffer is full, while the
+    /// peer sees only a hole in its PSNs); over UDP otherwise.
     fn forward(&self, src: SocketAddr, dst_ip: IpAddr, slot: u8, bytes: &[u8]) {
+        let port = self.base.saturating_add(u16::from(slot));
+        let c = &self.counters;
+        if let Some(shm) = self.mailboxes.get() {
+            // Checked here, as the owner would have checked it had it read the datagram.
+            let (meta, icrc) = classify(src, SocketAddr::new(dst_ip, self.base), bytes);
+            if let Some(went) = shm.forward(port, &meta, (src.port(), self.base), icrc, bytes) {
+                let counter = if went {
+                    c.forwarded_shm()
+                } else {
+                    c.forward_drops()
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                if went {
+                    c.forwarded().fetch_add(1, Ordering::Relaxed);
+                }
+                return;
+            }
+        }
         let header = ForwardHeader { src, dst_ip }.emit();
-        let to = SocketAddr::new(dst_ip, self.base.saturating_add(u16::from(slot)));
+        let to = SocketAddr::new(dst_ip, port);
         // From the standard port, which is how the receiver tells a forward from a forgery.
         let Some(fwd) = self.forwarder.lock().clone() else {
             return;
@@ -650,9 +748,9 @@ impl Udp {
             IpAddr::V4(_) => Some(&fwd.v4),
             IpAddr::V6(_) => fwd.v6.as_ref(),
         };
-        if let Some(fd) = fd {
-            self.send_on(fd, dst_ip, to, 0, &[&header, bytes], None);
-        }
+        let sent = fd.is_some_and(|fd| self.send_on(fd, dst_ip, to, 0, &[&header, bytes], None));
+        let counter = if sent { c.forwarded() } else { c.forward_drops() };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Takes the standard port over when its holder has gone (checked at most once a second).
@@ -891,7 +989,11 @@ mod tests {
     fn free_base_port() -> u16 {
         let free =
             |port: u16| UdpSocket::bind(("0.0.0.0", port)).is_ok() && UdpSocket::bind(("::", port)).is_ok();
-        let seed = std::process::id() as u16;
+        // Each call of this process starts elsewhere: tests running at once must not pick the
+        // same range before either binds it.
+        static CALLS: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+        let call = CALLS.fetch_add(1, Ordering::Relaxed);
+        let seed = (std::process::id() as u16).wrapping_add(call.wrapping_mul(4001));
         (0..1000u16)
             .map(|i| 20_000 + (seed.wrapping_add(i.wrapping_mul(89)) % 40_000))
             .find(|&base| (base..base + 4).all(free))
@@ -1131,5 +1233,184 @@ mod tests {
             .all(|(_, d)| d.meta.sgid == from && d.meta.dgid == from));
         // A plain socket leaves the ICRC zero, and the IP ID it used is unknown.
         assert!(batch.iter().all(|(_, d)| d.icrc == IcrcCheck::Unverified));
+    }
+
+    /// A full-MTU (1024-byte payload) packet for `qpn` numbered `n`.
+    fn numbered(qpn: u32, n: u32) -> Vec<u8> {
+        let mut p = packet(qpn, 0);
+        p.resize(12 + 1024 + 4, 0);
+        p[12..16].copy_from_slice(&n.to_be_bytes());
+        p
+    }
+
+    #[test]
+    fn socket_overflows_are_counted() {
+        let udp = Udp::start(free_base_port(), 255).expect("a slot");
+        let qpn = (u32::from(udp.slot()) << 16) | 0x11;
+        // A small receive buffer, so that a burst nobody reads overflows it.
+        setsockopt(&udp.own.v4, sockopt::RcvBuf, &4096).unwrap();
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        const SENT: u32 = 200;
+        for n in 0..SENT {
+            peer.send_to(&numbered(qpn, n), ("127.0.0.1", udp.port()))
+                .unwrap();
+        }
+        let mut batch = PacketBatch::default();
+        let mut kept = 0;
+        let drops = || udp.counters().rx_socket_drops().load(Ordering::Relaxed);
+        // Reads until `until` datagrams are accounted for, or none came for a while.
+        let mut read_all = |until: u64| {
+            let deadline = StdInstant::now() + Duration::from_secs(10);
+            let mut quiet = 0;
+            while kept + drops() < until && quiet < 10 && StdInstant::now() < deadline {
+                if udp.wait(Duration::from_millis(50)) {
+                    kept += udp.recv(&mut batch) as u64;
+                    batch.clear();
+                    quiet = 0;
+                } else {
+                    quiet += 1;
+                }
+            }
+            kept
+        };
+        let before = read_all(u64::from(SENT));
+        assert!(
+            before < u64::from(SENT),
+            "a 4 KiB buffer cannot hold {SENT} datagrams"
+        );
+        // The kernel reports a socket's drops with the next datagram it queues.
+        peer.send_to(&numbered(qpn, SENT), ("127.0.0.1", udp.port()))
+            .unwrap();
+        let kept = read_all(u64::from(SENT) + 1);
+        assert_eq!(kept, before + 1);
+        assert_eq!(
+            kept + drops(),
+            u64::from(SENT) + 1,
+            "each datagram is kept or counted"
+        );
+    }
+
+    #[test]
+    fn a_burst_forwarded_through_mailboxes_loses_nothing() {
+        let base = free_base_port();
+        let holder = Udp::start(base, 255).expect("slot 1");
+        let other = Udp::start(base, 255).expect("slot 2");
+        let (Some(holder_box), Some(other_box)) = (Shm::start(holder.port()), Shm::start(other.port()))
+        else {
+            panic!("mailboxes cannot be made here");
+        };
+        holder.forward_through(holder_box);
+        // The receiver's UDP socket is tiny: a forward over UDP would overflow it at once.
+        setsockopt(&other.own.v4, sockopt::RcvBuf, &4096).unwrap();
+        let qpn = (u32::from(other.slot()) << 16) | 0x11;
+        // Several times what the receiver's ring holds, as fast as a peer can send it.
+        const SENT: u32 = 4000;
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let sender = std::thread::spawn(move || {
+            for n in 0..SENT {
+                peer.send_to(&numbered(qpn, n), ("127.0.0.1", base)).unwrap();
+            }
+            peer.local_addr().unwrap()
+        });
+        // The receiver drains its mailbox slowly, so the holder must wait for room.
+        let receiver = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            let mut batch = PacketBatch::default();
+            let deadline = StdInstant::now() + Duration::from_secs(60);
+            while got.len() < SENT as usize && StdInstant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(2));
+                other_box.recv(&mut batch);
+                got.extend(batch.iter().map(|(d, p)| (d.to_vec(), p.meta, p.ports)));
+                batch.clear();
+            }
+            got
+        });
+        let deadline = StdInstant::now() + Duration::from_secs(60);
+        let mut batch = PacketBatch::default();
+        let c = holder.counters();
+        let handled = || c.forwarded().load(Ordering::Relaxed) + c.forward_drops().load(Ordering::Relaxed);
+        while handled() < u64::from(SENT) && StdInstant::now() < deadline {
+            if holder.wait(Duration::from_millis(20)) {
+                assert_eq!(holder.recv(&mut batch), 0, "forwarded, not kept");
+                batch.clear();
+            }
+        }
+        let from = sender.join().unwrap();
+        let got = receiver.join().unwrap();
+        assert_eq!(
+            c.rx_socket_drops().load(Ordering::Relaxed),
+            0,
+            "the standard port kept up"
+        );
+        assert_eq!(
+            c.forward_drops().load(Ordering::Relaxed),
+            0,
+            "nothing was lost forwarding"
+        );
+        assert_eq!(c.forwarded_shm().load(Ordering::Relaxed), u64::from(SENT));
+        let numbers: Vec<u32> = got
+            .iter()
+            .map(|(d, _, _)| u32::from_be_bytes(d[12..16].try_into().unwrap()))
+            .collect();
+        assert_eq!(numbers, (0..SENT).collect::<Vec<_>>(), "every packet, in order");
+        // As if the peer had sent to the receiver directly.
+        let (data, meta, ports) = &got[0];
+        assert_eq!(data, &numbered(qpn, 0));
+        assert_eq!(meta.sgid, Gid::from_ip(from.ip()));
+        assert_eq!(*ports, (from.port(), base));
+        assert_eq!(other.counters().rx_socket_drops().load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_receiver_that_drains_nothing_holds_up_forwarding_once() {
+        let base = free_base_port();
+        let holder = Udp::start(base, 255).expect("slot 1");
+        let other = Udp::start(base, 255).expect("slot 2");
+        let (Some(holder_box), Some(other_box)) = (Shm::start(holder.port()), Shm::start(other.port()))
+        else {
+            panic!("mailboxes cannot be made here");
+        };
+        holder.forward_through(holder_box);
+        let qpn = (u32::from(other.slot()) << 16) | 0x11;
+        let peer = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let c = holder.counters();
+        let handled = || c.forwarded().load(Ordering::Relaxed) + c.forward_drops().load(Ordering::Relaxed);
+        let mut batch = PacketBatch::default();
+        let mut forward_all = |until: u64| {
+            let deadline = StdInstant::now() + Duration::from_secs(30);
+            while handled() < until && StdInstant::now() < deadline {
+                if holder.wait(Duration::from_millis(20)) {
+                    holder.recv(&mut batch);
+                    batch.clear();
+                }
+            }
+        };
+        // More than the receiver's ring holds, which it does not drain: the first packet that
+        // finds no room waits, the rest are dropped at once.
+        const SENT: u32 = 3000;
+        let start = StdInstant::now();
+        for n in 0..SENT {
+            peer.send_to(&numbered(qpn, n), ("127.0.0.1", base)).unwrap();
+        }
+        forward_all(u64::from(SENT));
+        let took = start.elapsed();
+        let (went, lost) = (
+            c.forwarded_shm().load(Ordering::Relaxed),
+            c.forward_drops().load(Ordering::Relaxed),
+        );
+        assert_eq!(went + lost, u64::from(SENT));
+        assert!(went > 0 && lost > 0, "{went} forwarded, {lost} lost");
+        assert!(took < Duration::from_secs(20), "{lost} drops took {took:?}");
+        // Once it drains, forwarding resumes.
+        let mut got = 0;
+        let mut drained = PacketBatch::default();
+        while other_box.recv(&mut drained) > 0 {
+            got += drained.len() as u64;
+            drained.clear();
+        }
+        assert_eq!(got, went);
+        peer.send_to(&numbered(qpn, SENT), ("127.0.0.1", base)).unwrap();
+        forward_all(u64::from(SENT) + 1);
+        assert_eq!(c.forwarded_shm().load(Ordering::Relaxed), went + 1);
     }
 }

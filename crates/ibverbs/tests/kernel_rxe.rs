@@ -3,12 +3,17 @@
 //! programs over our `libibverbs.so.1`, on the host side of the guest's tap device), with each
 //! side as server and as client. Everything runs in a network namespace the test creates.
 //!
+//! The last steps move 64 KiB messages at MTU 1024 both ways while another process of ours
+//! holds the standard port, so every packet from the kernel reaches the pingpong through the
+//! holder's forwarding: none may be lost on the host (no sequence NAK from us, no socket
+//! overflow in the namespace, nothing the holder failed to forward).
+//!
 //! The test runs wherever a guest can boot (root, qemu-system-x86, linux-image-amd64 and
 //! busybox-static, which scripts/setup-deps installs); elsewhere it says why and passes.
 
 mod common;
 
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::rxe_vm::{vm_possible, Vm, BOOT, GUEST, HOST, TAP};
@@ -33,6 +38,64 @@ fn ours(ns: &Netns, program: &str, args: &[&str]) -> Command {
     .args(args)
     .env("SOFTVERBS_INTERFACES", TAP);
     c
+}
+
+/// Iterations of the 64 KiB pingpongs (64 packets a message each way).
+const BIG_ITERS: &str = "100";
+
+/// A process killed (and reaped) on drop.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A counter of `rdma statistic show link rxe0/1` as the guest printed it on the line that
+/// starts with `tag`.
+fn rxe_counter(log: &str, tag: &str, name: &str) -> u64 {
+    let line = log
+        .lines()
+        .rev()
+        .find_map(|l| l.split_once(tag).map(|(_, rest)| rest))
+        .unwrap_or_else(|| panic!("no {tag} line from the guest:\n{log}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    words
+        .windows(2)
+        .find(|w| w[0] == name)
+        .and_then(|w| w[1].parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+}
+
+/// The namespace's UDP counters `InErrors` and `RcvbufErrors` (`/proc/net/snmp`).
+fn udp_errors(ns: &Netns) -> (u64, u64) {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", &ns.0, "cat", "/proc/net/snmp"]);
+    let o = run_bounded(c, Duration::from_secs(30));
+    let (out, _) = text(&o);
+    let mut udp = out.lines().filter(|l| l.starts_with("Udp: "));
+    let (names, values) = (udp.next().expect("Udp header"), udp.next().expect("Udp values"));
+    let get = |name: &str| {
+        let i = names.split_whitespace().position(|n| n == name).unwrap();
+        values.split_whitespace().nth(i).unwrap().parse::<u64>().unwrap()
+    };
+    (get("InErrors"), get("RcvbufErrors"))
+}
+
+/// The counters of the UDP driver of process `pid` (its `udp` block).
+fn udp_block(pid: u32) -> softverbs_device::CounterSnapshot {
+    softverbs_device::host_counters()
+        .into_iter()
+        .find(|p| p.pid == pid)
+        .and_then(|p| {
+            p.devices
+                .into_iter()
+                .find(|(n, _)| n == softverbs_device::stats::UDP_BLOCK)
+        })
+        .map(|(_, c)| c)
+        .unwrap_or_else(|| panic!("no counters of process {pid}"))
 }
 
 /// Runs a client of ours until the guest's server accepts it (it may not listen yet).
@@ -76,7 +139,17 @@ fn rdma_core_pingpongs_between_kernel_rxe_and_softverbs() {
              i=$((i + 1)); sleep 1
            done
            [ -n \"$ok\" ]
-         done"
+         done
+         echo STATS-BEFORE $(rdma statistic show link rxe0/1)
+         echo STEP rc64-server; ibv_rc_pingpong -d rxe0 -g 1 -n {BIG_ITERS} -s 65536 -m 1024
+         echo STEP rc64-client
+         ok=; i=0
+         while [ $i -lt 60 ]; do
+           if ibv_rc_pingpong -d rxe0 -g 1 -n {BIG_ITERS} -s 65536 -m 1024 {HOST}; then ok=1; break; fi
+           i=$((i + 1)); sleep 1
+         done
+         [ -n \"$ok\" ]
+         echo STATS-AFTER $(rdma statistic show link rxe0/1)"
     );
     let mut vm = Vm::boot(&ns, &["sh", "-c", &guest], Duration::from_secs(600));
     let mut wait_for = |what: &str, limit: Duration| vm.wait_for(what, limit);
@@ -98,7 +171,60 @@ fn rdma_core_pingpongs_between_kernel_rxe_and_softverbs() {
         );
         assert!(out.contains("200 iters"), "{out}");
     }
-    wait_for("RXE-VM-EXIT 0", RUN);
+
+    // Another process of ours takes the standard port (it waits for a pingpong client that
+    // never comes); the pingpongs get the next slot and their packets from the kernel are
+    // forwarded to them.
+    let mut holder = ours(&ns, "/usr/bin/ibv_rc_pingpong", &["-p", "18600"]);
+    holder.stdout(Stdio::null()).stderr(Stdio::null());
+    let holder = Killed(holder.spawn().expect("start the port holder"));
+    let start = Instant::now();
+    // It listens once its QP (and so its UDP driver) exists.
+    while !pid_listening(holder.0.id(), 18600) {
+        assert!(start.elapsed() < RUN, "the port holder did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let udp_before = udp_errors(&ns);
+    let big = ["-n", BIG_ITERS, "-s", "65536", "-m", "1024"];
+    vm.wait_for("STEP rc64-server", RUN);
+    client_until_accepted(&ns, "/usr/bin/ibv_rc_pingpong", &big);
+    vm.wait_for("STEP rc64-client", RUN);
+    let o = run_bounded(ours(&ns, "/usr/bin/ibv_rc_pingpong", &big), RUN);
+    let (out, err) = text(&o);
+    assert!(
+        o.status.success() && out.contains(&format!("{BIG_ITERS} iters")),
+        "64 KiB pingpong server of ours, kernel rxe client:\n{out}\n{err}"
+    );
+    let forwarding = udp_block(holder.0.id());
+    drop(holder);
+    let udp_after = udp_errors(&ns);
+    vm.wait_for("RXE-VM-EXIT 0", RUN);
+    // What the kernel counted during the 64 KiB steps: sequence NAKs it received are ours.
+    let rxe =
+        |name: &str| rxe_counter(&vm.log, "STATS-AFTER", name) - rxe_counter(&vm.log, "STATS-BEFORE", name);
+    let (naks_from_us, rxe_sent) = (rxe("rcvd_seq_err"), rxe("sent_pkts"));
+    eprintln!(
+        "64 KiB pingpongs: kernel sent {rxe_sent} packets, the holder forwarded {} ({} through \
+         mailboxes, {} lost), its sockets dropped {}; our sequence NAKs {naks_from_us}; \
+         namespace UDP InErrors/RcvbufErrors {udp_before:?} -> {udp_after:?}",
+        forwarding.forwarded, forwarding.forwarded_shm, forwarding.forward_drops, forwarding.rx_socket_drops,
+    );
+    assert!(
+        forwarding.forwarded >= 2 * 64 * BIG_ITERS.parse::<u64>().unwrap(),
+        "the kernel's data went through the holder: {forwarding:?}"
+    );
+    assert_eq!(forwarding.forwarded_shm, forwarding.forwarded, "{forwarding:?}");
+    assert_eq!(
+        (forwarding.forward_drops, forwarding.rx_socket_drops),
+        (0, 0),
+        "{forwarding:?}"
+    );
+    assert_eq!(udp_after, udp_before, "no UDP datagram was dropped on the host");
+    assert_eq!(
+        naks_from_us, 0,
+        "a packet that reached the host was lost:\n{}",
+        vm.log
+    );
     let status = vm.wait_exit(RUN);
     assert!(status.success(), "scripts/rxe-vm: {status}\n{}", vm.log);
 }

@@ -236,6 +236,9 @@ pub struct QpCounters {
     pub rnr_naks_received: u64,
     /// Sequence-error NAKs received.
     pub seq_naks_received: u64,
+    /// Sequence-error NAKs sent by the responder (each for a request that arrived past a
+    /// hole in the PSN sequence: a packet before it was lost or reordered).
+    pub seq_naks_sent: u64,
     /// Duplicate requests seen by the responder.
     pub duplicates: u64,
 }

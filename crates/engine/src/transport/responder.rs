@@ -360,6 +360,7 @@ impl QpEngine {
                     highest: psn,
                     since: 0,
                 });
+                self.counters.seq_naks_sent += 1;
                 self.send_ack(AethSyndrome::Nak(NakCode::PsnSequenceError), epsn);
             }
             return Err(DropReason::BadPsn);

@@ -58,9 +58,10 @@ struct Args {
 }
 
 /// Drops by reason, as the table's last column names them: the device's (a packet that does
-/// not parse, for no QP, with a bad key or ICRC, sent to nobody) and the QPs' (`rx_dropped` is
-/// their sum).
-fn drops(c: &CounterSnapshot) -> [(&'static str, u64); 13] {
+/// not parse, for no QP, with a bad key or ICRC, sent to nobody), the QPs' (`rx_dropped` is
+/// their sum), and the UDP driver's (its `udp` row: datagrams a full socket buffer lost, and
+/// ones the holder of the standard port could not forward).
+fn drops(c: &CounterSnapshot) -> [(&'static str, u64); 15] {
     [
         ("malformed", c.rx_malformed),
         ("unknown_qp", c.rx_unknown_qp),
@@ -75,6 +76,8 @@ fn drops(c: &CounterSnapshot) -> [(&'static str, u64); 13] {
         ("no_recv_wqe", c.rx_no_recv_wqe),
         ("uc_message_dropped", c.rx_uc_message_dropped),
         ("qp_malformed", c.rx_qp_malformed),
+        ("socket_full", c.rx_socket_drops),
+        ("not_forwarded", c.forward_drops),
     ]
 }
 
@@ -217,7 +220,9 @@ const DESCRIPTION: &str = concat!(
     "    softverbs process keeps its counters in a small shared file in the user's private directory\n",
     "    in /dev/shm (its counter board); this tool reads them without disturbing the processes. Rates\n",
     "    are per second over the last interval. Only processes of the same user are visible (the boards\n",
-    "    are private to the user), and by default only those of this network namespace.",
+    "    are private to the user), and by default only those of this network namespace. Beside its\n",
+    "    devices, each process has a `udp` row: its UDP driver's socket overflows and, in the holder\n",
+    "    of port 4791, forwarding.",
 );
 
 const EXAMPLES: &[(&str, &str)] = &[
