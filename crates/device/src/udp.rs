@@ -788,7 +788,7 @@ impl Driver for Udp {
     }
 
     fn wait(&self, timeout: Duration) -> bool {
-        self.maybe_take_over();
+        self.tick();
         let mut events = [EpollEvent::empty(); 8];
         let ms = PollTimeout::try_from(timeout.as_millis().min(60_000) as i32).unwrap_or(PollTimeout::MAX);
         let n = self.epoll.wait(&mut events, ms).unwrap_or(0);
@@ -809,6 +809,10 @@ impl Driver for Udp {
 
     fn wake(&self) {
         let _ = self.waker.write(1);
+    }
+
+    fn tick(&self) {
+        self.maybe_take_over();
     }
 
     fn readiness(&self) -> Option<BorrowedFd<'_>> {
