@@ -153,9 +153,39 @@ impl Peer {
             .unwrap_or_else(|_| panic!("no answer from the peer within {limit:?}"))
     }
 
+    /// The next line if one comes within `limit`; `None` if none does or the peer closed its
+    /// output (it exited).
+    pub(crate) fn try_line(&mut self, limit: Duration) -> Option<String> {
+        self.lines.recv_timeout(limit).ok()
+    }
+
     /// Sends one line.
     pub(crate) fn say(&mut self, s: &str) {
         writeln!(self.stdin, "{s}").unwrap();
+    }
+
+    /// The child's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `sig` to the child.
+    pub(crate) fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig).unwrap();
+    }
+
+    /// Waits (at most `limit`) for the child to exit; its exit status, if it did.
+    pub(crate) fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return Some(s);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
