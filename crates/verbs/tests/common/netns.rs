@@ -121,6 +121,25 @@ impl Drop for Hosts {
     }
 }
 
+/// One network namespace with only its loopback up; removed on drop.
+pub(crate) struct Namespace(pub(crate) String);
+
+impl Namespace {
+    /// A namespace named after `prefix` and this process.
+    pub(crate) fn new(prefix: &str) -> Self {
+        let name = format!("{prefix}{}", std::process::id() % 100_000);
+        run("ip", &["netns", "add", &name]);
+        run("ip", &["-n", &name, "link", "set", "lo", "up"]);
+        Self(name)
+    }
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
 /// A child process spoken to line by line over its stdin and stdout; killed on drop.
 pub(crate) struct Peer {
     child: Child,
