@@ -248,3 +248,49 @@ fn write_with_immediate_waits_for_a_receive_too() {
     assert_eq!(r[0].byte_len, 4096);
     assert_eq!(sim.mem(1).peek(dst.addr, 4096), data);
 }
+
+/// The same for a WRITE with immediate of one packet (WRITE ONLY with immediate): the RNR NAK
+/// must leave the responder between messages, so that the retried packet starts one again
+/// (it used to be taken as a message started twice, an invalid request that broke the QP).
+#[test]
+fn a_one_packet_write_with_immediate_waits_for_a_receive_too() {
+    let o = ConnOpts {
+        rnr_retry: 7,
+        min_rnr_timer: 8,
+        ..ConnOpts::default()
+    };
+    let (mut sim, a, b) = Sim::pair(8, QpType::Rc, &o);
+    sim.record();
+    let src = sim.mem(0).alloc_mr(1, 4096, AccessFlags::empty());
+    let dst = sim.mem(1).alloc_mr(1, 4096, all_access());
+    let data = sim.rng.bytes(100);
+    sim.mem(0).poke(src.addr, &data);
+    for (id, imm) in [(1, 5), (2, 6)] {
+        let w = wr(
+            id,
+            softverbs_engine::wr::SendOp::Write {
+                remote: dst.remote(0),
+                imm: Some(imm),
+            },
+            softverbs_engine::wr::Payload::Sges(vec![src.sge(0, 100)]),
+        );
+        sim.post_send(a, w);
+    }
+    sim.run_for(Duration::from_millis(2));
+    assert!(rnr_naks(&sim) > 0);
+    assert!(sim
+        .log
+        .as_ref()
+        .unwrap()
+        .iter()
+        .any(|p| p.opcode == Opcode::RcWriteOnlyWithImm));
+    sim.post_recv(b, recv(9, vec![]));
+    sim.post_recv(b, recv(10, vec![]));
+    sim.run();
+    assert_ok_in_order(&sim.take_send_cq(a), &[1, 2]);
+    let r = sim.take_recv_cq(b);
+    assert_ok_in_order(&r, &[9, 10]);
+    assert_eq!((r[0].imm_data, r[1].imm_data), (5, 6));
+    assert_eq!(sim.mem(1).peek(dst.addr, 100), data);
+    assert_eq!(sim.state(b), QpState::Rts);
+}
