@@ -1052,6 +1052,20 @@ impl Traffic {
             self.st.iter().map(|st| st.next - st.done).sum::<u64>() + (self.ctl_next - self.ctl_done);
         if outstanding > 0 {
             s.error(format!("{outstanding} requests never completed"));
+            for (q, st) in self.st.iter().enumerate() {
+                if st.done < st.next {
+                    let (qp, t) = (&s.qps[q], kind(&s.l, q));
+                    eprintln!(
+                        "softverbs-soak side {}: {t:?} QP {q} ({:#x}, {:?}): requests {}..{} outstanding, {:?}",
+                        s.id,
+                        qp.qp_num(),
+                        qp.state(),
+                        st.done,
+                        st.next,
+                        qp.counters()
+                    );
+                }
+            }
         }
         say("DRAINED");
         loop {
