@@ -177,7 +177,6 @@ impl QpEngine {
         self.req.retransmit_at = ack_timeout(self.attr.timeout).map(|c| now + self.req.rec.rto(c));
     }
 
-    /// Starts the wait after which the hole of the NAKed go-back-N under way is resent again.
     /// Nothing may be sent now, yet requests wait for an answer: make sure a timer will look
     /// at them. A go-back-N (or the end of an RNR wait) stops the retransmission timer and
     /// counts on the resent packets to start it again; when the window forbids sending them
@@ -195,6 +194,7 @@ impl QpEngine {
         }
     }
 
+    /// Starts the wait after which the hole of the NAKed go-back-N under way is resent again.
     pub(crate) fn arm_hole(&mut self, now: Instant) {
         let rto = ack_timeout(self.attr.timeout).map(|c| self.req.rec.rto(c));
         self.req.hole_at = rto
