@@ -28,6 +28,7 @@ pub mod stats;
 
 mod bw;
 mod endpoint;
+mod fill;
 mod lat;
 mod oob;
 mod session;

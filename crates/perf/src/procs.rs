@@ -105,6 +105,32 @@ impl Children {
         (0..self.procs.len()).try_for_each(|i| self.send(i, line))
     }
 
+    /// Sends `line` to every child that still reads its input (ignoring those that exited).
+    pub(crate) fn send_to_live(&mut self, line: &str) {
+        for i in 0..self.procs.len() {
+            if matches!(self.procs[i].try_wait(), Ok(None)) {
+                let _ = self.send(i, line);
+            }
+        }
+    }
+
+    /// Sends `line` to child `i` and waits (until the deadline) for it to exit successfully.
+    pub(crate) fn end(&mut self, i: usize, line: &str) -> Result<()> {
+        self.send(i, line)?;
+        loop {
+            if let Some(status) = self.procs[i].try_wait()? {
+                if !status.success() {
+                    bail!("process {i} exited with {status}");
+                }
+                return Ok(());
+            }
+            if Instant::now() > self.deadline {
+                bail!("process {i} did not exit");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// One line starting with `tag` from every child, in child order (the rest of each line).
     pub(crate) fn gather(&mut self, tag: &str) -> Result<Vec<String>> {
         let mut out: Vec<Option<String>> = vec![None; self.procs.len()];

@@ -12,6 +12,10 @@
 //! slots, on a private base port so that the run does not meet other softverbs processes. The
 //! parent relays the endpoints, measures the idle CPU of every connected process, then starts
 //! every burst at once and reports the aggregate message rate.
+//!
+//! `--fill-slots`: processes that each hold one QP, started until the device refuses one, to
+//! show how many processes with QPs a host has room for and what the next one gets (see
+//! `fill.rs`).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -43,6 +47,8 @@ pub enum Role {
     Server,
     /// The other side.
     Client,
+    /// A process of `--fill-slots`, holding one QP.
+    Holder,
 }
 
 /// Many connected RC QPs in one process, or many processes sharing the device.
@@ -85,6 +91,12 @@ pub struct ScaleArgs {
     #[arg(short = 'P', long)]
     pub processes: Option<u32>,
 
+    /// Start processes that each hold one QP until the device refuses one (at most
+    /// --processes, default 300): shows how many processes with QPs a host has room for, the
+    /// errno the next one gets, and that a slot freed by an exit serves the next process.
+    #[arg(long)]
+    pub fill_slots: bool,
+
     /// Device (name or interface).
     #[arg(short = 'd', long, default_value = "sv_lo")]
     pub device: String,
@@ -113,7 +125,7 @@ pub struct Figure {
     pub unit: &'static str,
 }
 
-fn fig(name: &'static str, value: f64, unit: &'static str) -> Figure {
+pub(crate) fn fig(name: &'static str, value: f64, unit: &'static str) -> Figure {
     Figure {
         name: name.into(),
         value,
@@ -163,12 +175,16 @@ pub fn run_scale(args: &ScaleArgs) -> Result<Vec<Figure>> {
         bail!("--idle must be >= 0 and --timeout positive");
     }
     if let Some(role) = args.role {
-        child(args, role)?;
+        match role {
+            Role::Holder => crate::fill::holder(args)?,
+            _ => child(args, role)?,
+        }
         return Ok(Vec::new());
     }
-    let figures = match args.processes {
-        Some(p) => processes(args, p)?,
-        None => one_process(args)?,
+    let figures = match (args.fill_slots, args.processes) {
+        (true, p) => crate::fill::fill(args, p.unwrap_or(300))?,
+        (false, Some(p)) => processes(args, p)?,
+        (false, None) => one_process(args)?,
     };
     print_figures(&figures, args.json);
     Ok(figures)
@@ -922,6 +938,7 @@ fn child(args: &ScaleArgs, role: Role) -> Result<()> {
     let seed = match role {
         Role::Server => 0x3C,
         Role::Client => 0xA5,
+        Role::Holder => bail!("a holder is not one side of a pair"),
     };
     let peer_seed = 0x3C ^ 0xA5 ^ seed;
     let mut rig = Rig::new(args, n, seed)?;
