@@ -640,8 +640,15 @@ fn litter(args: &[String]) {
         .unwrap();
     round_listen.listen(4).unwrap();
     let join = CmId::new(Some(&ch), PortSpace::Udp).unwrap();
-    join.bind_addr(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
-        .unwrap();
+    // Resolving the group from a loopback source ties the id to sv_lo (a bind alone to a
+    // loopback address attaches no device, as with the kernel's rdma_cm).
+    join.resolve_addr(
+        Some(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))),
+        SocketAddr::from((round_group, 0)),
+        2000,
+    )
+    .unwrap();
+    drop(common::cm::expect(&ch, E::AddrResolved));
     join.join_multicast(std::net::IpAddr::V4(round_group)).unwrap();
     let joined = ch.get_event_timeout(common::cm::WAIT).unwrap();
     assert_eq!(joined.event_type(), E::MulticastJoin);
