@@ -317,9 +317,9 @@ fn soak_like(seed: u64, requests: u64, loss: f64, repost_after: u64) {
     let mrs: Vec<Mr> = (0..2)
         .map(|n| sim.mem(n).alloc_mr(1, 1 << 20, all_access()))
         .collect();
-    for n in 0..2 {
+    for (n, mr) in mrs.iter().enumerate() {
         let data = sim.rng.bytes(1 << 16);
-        sim.mem(n).poke(mrs[n].addr, &data);
+        sim.mem(n).poke(mr.addr, &data);
     }
     let request = |i: u64, src: &Mr, dst: &Mr| {
         let len = 16 + (i as u32 * 7919) % 16000;

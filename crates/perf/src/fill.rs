@@ -181,7 +181,7 @@ mod tests {
         }
         match parse("refused 12 no free UDP slot").unwrap() {
             Held::Refused { errno, message } => {
-                assert_eq!((errno, message.as_str()), (12, "no free UDP slot"))
+                assert_eq!((errno, message.as_str()), (12, "no free UDP slot"));
             }
             Held::Qp { .. } => panic!("refused"),
         }
