@@ -291,6 +291,12 @@ pub(crate) trait Driver: Send + Sync + fmt::Debug {
     /// Ends a [`Driver::wait`] in another thread early.
     fn wake(&self);
 
+    /// Upkeep that must happen whether or not packets come: the receive thread calls it on
+    /// every turn of its loop (at least once a second, and every few hundred microseconds
+    /// while the application busy-polls, when the thread does not wait on the driver at all).
+    /// Rate-limited by the driver.
+    fn tick(&self) {}
+
     /// A descriptor that polls readable while packets may be waiting (for an event loop that
     /// waits on several drivers at once); `None` if the driver is only ever pumped by the
     /// threads that send to it. The fabric's own threads use [`Driver::wait`]; this is for an

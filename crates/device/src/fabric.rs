@@ -799,6 +799,10 @@ fn receive_thread<E: Endpoint, D: Driver>(
 ) {
     loop {
         let Some(f) = fabric.upgrade() else { return };
+        // Also while an application polls (below): a busy poller never lets this thread wait
+        // on the driver, and the upkeep (taking the standard port over, letting go of peers
+        // that are gone) must not depend on that.
+        driver.tick();
         // What a polling application posted goes out by now at the latest.
         f.flush_outbox();
         // While an application thread polls a CQ, it reads the driver itself with no thread
@@ -820,8 +824,7 @@ fn receive_thread<E: Endpoint, D: Driver>(
         std::sync::atomic::fence(Ordering::SeqCst);
         f.flush_outbox();
         drop(f);
-        // Wakes at least once a second (the UDP driver then takes over the standard port if it
-        // was freed).
+        // Wakes at least once a second, for the upkeep above.
         let readable = driver.wait(Duration::from_secs(1));
         let Some(f) = fabric.upgrade() else { return };
         f.rx_waiting.fetch_sub(1, Ordering::SeqCst);

@@ -46,35 +46,63 @@ impl Drop for Membership {
 /// Records the process with UDP slot `slot` as a member of `group` through its device of
 /// interface `ifindex`. `None` if the directory or the file cannot be made (the process then
 /// gets the group's traffic only over the network).
+///
+/// Files that members which died left behind (of any group) are removed first, so that they
+/// cannot pile up when nobody sends to their groups again.
 pub(crate) fn join(base_port: u16, group: &Gid, slot: u8, ifindex: u32) -> Option<Membership> {
     let (dir, prefix) = prefix(base_port, group)?;
+    sweep(&dir);
     let path = dir.join(format!("{prefix}{slot}.{ifindex}"));
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&path)
-        .ok()?;
-    // Only this process uses its slot, so the lock is free unless a lookup holds it for a
-    // moment.
-    let mut file = file;
-    for _ in 0..100 {
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => {
-                return Some(Membership {
-                    lock: Some(lock),
-                    path,
-                })
+    for _ in 0..8 {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .ok()?;
+        // Only this process uses its slot, so the lock is free unless a lookup holds it for a
+        // moment.
+        let mut file = file;
+        let mut lock = None;
+        for _ in 0..100 {
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(l) => {
+                    lock = Some(l);
+                    break;
+                }
+                Err((f, _)) => {
+                    file = f;
+                    std::thread::sleep(std::time::Duration::from_micros(100));
+                }
             }
-            Err((f, _)) => {
-                file = f;
-                std::thread::sleep(std::time::Duration::from_micros(100));
-            }
+        }
+        let lock = lock?;
+        // A lookup that found the file stale (a dead member's, before we locked it) unlinks
+        // it under its lock: a lock on a file no longer at the path announces nothing.
+        let same = std::fs::metadata(&path)
+            .ok()
+            .zip(lock.metadata().ok())
+            .is_some_and(|(a, b)| a.ino() == b.ino() && a.dev() == b.dev());
+        if same {
+            return Some(Membership {
+                lock: Some(lock),
+                path,
+            });
         }
     }
     None
+}
+
+/// Removes the membership files in `dir` that nobody holds (their members died).
+fn sweep(dir: &std::path::Path) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let Ok(file) = File::open(e.path()) else { continue };
+        if let Ok(_stale) = Flock::lock(file, FlockArg::LockSharedNonblock) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
 }
 
 /// The slots of the processes of this host that are members of `group`. Files left by members
@@ -141,5 +169,20 @@ mod tests {
         assert_eq!(members(base, &group), vec![9]);
         drop(b2);
         assert!(members(base, &group).is_empty());
+    }
+
+    #[test]
+    fn joining_removes_what_dead_members_of_any_group_left() {
+        let base = 30_000 + ((std::process::id() + 11) % 20_000) as u16;
+        let gone = Gid::from_ip("239.9.8.5".parse().unwrap());
+        let (dir, prefix) = prefix(base, &gone).unwrap();
+        // A member of a group nobody sends to any more died.
+        let stale = dir.join(format!("{prefix}4.1"));
+        std::fs::write(&stale, b"").unwrap();
+        let group = Gid::from_ip("239.9.8.4".parse().unwrap());
+        let m = join(base, &group, 3, 1).unwrap();
+        assert!(!stale.exists(), "the leftover was removed");
+        assert_eq!(members(base, &group), vec![3]);
+        drop(m);
     }
 }

@@ -8,7 +8,10 @@
 //! more than half full it waits for the receiver to catch up (bounded, so a stopped receiver
 //! costs at most a short delay before the datagrams go out and are lost as on a real network).
 //! Reading the table walks the host's whole UDP hash table (about 0.1 ms), so the next look
-//! comes only after as many bytes as could fill half the room the last look found.
+//! comes only after as many bytes as could fill half the room the last look found. A receiver
+//! that did not drain within one wait (stopped, say) counts as stalled: later looks that find
+//! its queue still full send at once, until a look finds room again, so a frozen receiver costs
+//! its senders one wait, not one every few megabytes.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -30,6 +33,8 @@ pub(crate) struct Pacer {
     rcvbuf: usize,
     /// Per destination: bytes sent since the last look, and how many may go before the next.
     sent: Mutex<HashMap<(bool, u16), (usize, usize)>>,
+    /// Destinations whose last wait ended with the queue still full.
+    stalled: Mutex<std::collections::HashSet<(bool, u16)>>,
 }
 
 impl Pacer {
@@ -38,6 +43,7 @@ impl Pacer {
         Self {
             rcvbuf: rcvbuf.max(64 << 10),
             sent: Mutex::new(HashMap::new()),
+            stalled: Mutex::new(std::collections::HashSet::new()),
         }
     }
 
@@ -70,6 +76,10 @@ impl Pacer {
             e.1 = budget;
         }
         if q <= high {
+            self.stalled.lock().remove(&(v6, port));
+            return;
+        }
+        if self.stalled.lock().contains(&(v6, port)) {
             return;
         }
         let start = Instant::now();
@@ -79,6 +89,7 @@ impl Pacer {
                 return;
             }
         }
+        self.stalled.lock().insert((v6, port));
         tracing::debug!(port, "a local receiver does not drain its socket; sending anyway");
     }
 }
@@ -146,6 +157,42 @@ mod tests {
             Some((1 << 20) / 8),
             "small sends are not counted"
         );
+    }
+
+    #[test]
+    fn a_receiver_that_does_not_drain_costs_one_wait() {
+        // A socket that never reads, its queue filled beyond half its buffer.
+        let rx = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        let port = rx.local_addr().expect("addr").port();
+        let rcvbuf = 64 << 10;
+        nix::sys::socket::setsockopt(&rx, nix::sys::socket::sockopt::RcvBuf, &rcvbuf).expect("rcvbuf");
+        let start = Instant::now();
+        while queued(false, port).unwrap_or(0) <= rcvbuf / 2 && start.elapsed() < Duration::from_secs(5) {
+            let _ = tx.send_to(&[7u8; 1000], ("127.0.0.1", port));
+        }
+        let pacer = Pacer::new(rcvbuf);
+        let waited = |bytes| {
+            let t = Instant::now();
+            pacer.before_send(false, port, bytes);
+            t.elapsed()
+        };
+        assert!(
+            waited(rcvbuf) >= MAX_WAIT,
+            "the first look waits for the receiver"
+        );
+        for _ in 0..5 {
+            assert!(
+                waited(rcvbuf) < MAX_WAIT / 2,
+                "a stalled receiver is not waited for again"
+            );
+        }
+        // Once it drains, it is paced again.
+        let mut buf = [0u8; 2000];
+        rx.set_nonblocking(true).expect("nonblocking");
+        while rx.recv(&mut buf).is_ok() {}
+        let _ = waited(rcvbuf);
+        assert!(pacer.stalled.lock().is_empty(), "room again: no longer stalled");
     }
 
     #[test]

@@ -49,8 +49,10 @@ const LAYOUT: Layout = Layout {
 const FULL_WAIT: Duration = Duration::from_millis(200);
 /// Within the wait, how long to only yield before sleeping between looks.
 const FULL_SPIN: Duration = Duration::from_millis(1);
-/// How often a process without a mailbox is looked for again.
-const RETRY_ABSENT: Duration = Duration::from_secs(1);
+/// How often a process without a mailbox is looked for again (an open that fails: one system
+/// call). Short, so that a process with a mailbox that took the port of one without is soon
+/// reached through it.
+const RETRY_ABSENT: Duration = Duration::from_millis(10);
 /// A run sent after a pause this long first checks that the peer still lives: a conversation
 /// that resumes (a new process may have taken a dead one's port meanwhile) never starts in a
 /// dead mailbox.
@@ -75,6 +77,11 @@ const REMOTE: usize = 12 + 12 * MAX_EXTERNAL_RANGES;
 
 /// Records handed over per receive call.
 const MAX_BATCH: usize = 256;
+/// How often the receive thread lets go of the mailboxes of peers that are gone (see
+/// [`Shm::prune`]).
+const PRUNE_EVERY: Duration = Duration::from_secs(1);
+/// A peer's mailbox not sent to for this long is let go (reopened when needed).
+const IDLE_CLOSE: Duration = Duration::from_secs(10);
 
 /// The monotonic clock in nanoseconds: read on every send, and compared as plain integers
 /// (cheaper than `Instant` arithmetic on this path). Read through the C library's vDSO call:
@@ -108,9 +115,10 @@ enum Peer {
         checked: u64,
         /// When a run was last sent ([`mono_ns`]).
         sent: u64,
-        /// A forward to it found the ring full for [`FULL_WAIT`]: until one finds room again,
-        /// forwards do not wait (a frozen receiver must not hold up the standard port's
-        /// datagrams for every other process).
+        /// The owner let its ring stay full for a whole [`FULL_WAIT`] (it is stopped, or
+        /// stuck): until a record fits again, a full ring loses packets at once, as a full
+        /// socket buffer does, rather than hold every send (and every forward of the standard
+        /// port's datagrams) up.
         stalled: bool,
     },
     /// None (or not ours to open, or its owner dead) when last looked for; look again from
@@ -127,6 +135,8 @@ pub(crate) struct Shm {
     /// By slot port: a short list (one entry per process this one talks to), searched on
     /// every send, which a linear scan of the ports does faster than hashing.
     peers: Mutex<Vec<(u16, Peer)>>,
+    /// When [`Shm::prune`] next looks ([`mono_ns`]).
+    next_prune: std::sync::atomic::AtomicU64,
 }
 
 impl Shm {
@@ -151,7 +161,42 @@ impl Shm {
             dir,
             netns,
             peers: Mutex::new(Vec::new()),
+            next_prune: std::sync::atomic::AtomicU64::new(0),
         }))
+    }
+
+    /// Lets go of the mailboxes (a descriptor and a mapping each) of peers that are gone (the
+    /// owner died or dropped it), or that nothing was sent to for [`IDLE_CLOSE`]: a process
+    /// that talked to many short-lived peers would otherwise keep all of them mapped. At most
+    /// once per [`PRUNE_EVERY`].
+    fn prune(&self) {
+        use std::sync::atomic::Ordering;
+        let now = mono_ns();
+        if now < self.next_prune.load(Ordering::Relaxed) {
+            return;
+        }
+        self.next_prune.store(now + nanos(PRUNE_EVERY), Ordering::Relaxed);
+        let mut peers = self.peers.lock();
+        for (_, peer) in peers.iter_mut() {
+            if let Peer::Open { out, sent, .. } = peer {
+                let idle = now.saturating_sub(*sent) >= nanos(IDLE_CLOSE);
+                if idle || out.is_closed() || !out.owner_alive() {
+                    *peer = Peer::Absent(now);
+                }
+            }
+        }
+        // Ports not looked at for a while are forgotten altogether.
+        peers.retain(|(_, p)| !matches!(p, Peer::Absent(at) if now.saturating_sub(*at) >= nanos(IDLE_CLOSE)));
+    }
+
+    /// How many peers' mailboxes this process has open (tests).
+    #[cfg(test)]
+    fn open_peers(&self) -> usize {
+        self.peers
+            .lock()
+            .iter()
+            .filter(|(_, p)| matches!(p, Peer::Open { .. }))
+            .count()
     }
 
     /// Sends a run of packets to the process whose slot port is `route.ports.1`, if it has a
@@ -165,8 +210,18 @@ impl Shm {
         exts: &[Option<ExternalRanges>],
     ) -> Option<usize> {
         let header = encode_header(route);
-        self.with_peer(route.ports.1, |out, _| {
-            push_all(out, &header, packets, exts, true)
+        self.with_peer(route.ports.1, |out, stalled| {
+            let patient = !*stalled;
+            let went = push_all(out, &header, packets, exts, patient);
+            let was = *stalled;
+            *stalled = went < packets.len() && (patient || went == 0);
+            if *stalled && !was {
+                tracing::debug!(
+                    port = route.ports.1,
+                    "a local receiver leaves its ring full; losing packets"
+                );
+            }
+            went
         })
     }
 
@@ -426,6 +481,10 @@ impl Driver for Shm {
         self.inbox.wake();
     }
 
+    fn tick(&self) {
+        self.prune();
+    }
+
     fn readiness(&self) -> Option<BorrowedFd<'_>> {
         None
     }
@@ -435,6 +494,66 @@ impl Driver for Shm {
 mod tests {
     use super::*;
     use std::net::Ipv4Addr;
+
+    /// Two ports of this test only (mailbox names; nothing is bound).
+    fn test_ports() -> u16 {
+        40_000 + ((std::process::id() % 5_000) as u16) * 2
+    }
+
+    #[test]
+    fn a_stalled_receiver_holds_sends_up_once_and_a_gone_one_is_let_go() {
+        let port = test_ports();
+        let shm = Shm::start(port).expect("a mailbox");
+        // A receiver that never reads: its one small ring fills after a few dozen records.
+        let peer_path = shm.dir.join(format!("{}-{}", shm.netns, port + 1));
+        let layout = Layout {
+            rings: 1,
+            ring_capacity: 64 << 10,
+        };
+        let inbox = Inbox::create(&peer_path, layout).unwrap();
+        let route = Route {
+            sgid: Gid::from(Ipv4Addr::LOCALHOST),
+            dgid: Gid::from(Ipv4Addr::LOCALHOST),
+            dest_qpn: 0x02_0011,
+            traffic_class: 0,
+            hop_limit: 64,
+            ifindex: 1,
+            ports: (port, port + 1),
+        };
+        let packet = vec![7u8; 1000];
+        let start = StdInstant::now();
+        let sent: usize = (0..300)
+            .map(|_| {
+                shm.send_to_process(&route, std::slice::from_ref(&packet), &[])
+                    .unwrap()
+            })
+            .sum();
+        // Each of the ~240 sends into the full ring used to wait 200 ms (48 s in all); now the
+        // first one does and the others lose their packet at once.
+        assert!(sent > 0 && sent < 300, "{sent} of 300 fit");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "sends into a full ring took {:?}",
+            start.elapsed()
+        );
+        // Once the receiver reads, records fit again.
+        let mut read = 0;
+        inbox.poll(usize::MAX, |_| read += 1);
+        assert_eq!(read, sent);
+        assert_eq!(
+            shm.send_to_process(&route, std::slice::from_ref(&packet), &[]),
+            Some(1)
+        );
+        assert_eq!(shm.open_peers(), 1);
+        // A receiver that is gone (here: dropped its mailbox) is let go of by the upkeep.
+        drop(inbox);
+        shm.prune();
+        assert_eq!(
+            shm.open_peers(),
+            0,
+            "the mailbox of a peer that is gone is unmapped"
+        );
+    }
 
     #[test]
     fn headers_round_trip() {

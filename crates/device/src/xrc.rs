@@ -101,8 +101,27 @@ fn registry_dir() -> PathBuf {
 
 /// The registry file of `key` on `device`.
 fn registry_path(device: &str, key: InodeKey) -> PathBuf {
-    registry_dir().join(format!("softverbs-xrcd-{device}-{}-{}", key.0, key.1))
+    registry_dir().join(format!("{REGISTRY_PREFIX}{device}-{}-{}", key.0, key.1))
 }
+
+/// Removes the registry files nobody holds a lock on: processes that died with a domain open
+/// leave theirs behind, one per domain file, which would otherwise pile up in `/dev/shm`.
+/// Removed under the exclusive lock, as the last holder removes its file: a process that opened
+/// one meanwhile finds the path gone once it holds its lock, and starts again.
+fn sweep_registry() {
+    for e in std::fs::read_dir(registry_dir()).into_iter().flatten().flatten() {
+        if !e.file_name().to_string_lossy().starts_with(REGISTRY_PREFIX) {
+            continue;
+        }
+        let Ok(file) = File::open(e.path()) else { continue };
+        if let Ok(_stale) = Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// The start of every registry file's name.
+const REGISTRY_PREFIX: &str = "softverbs-xrcd-";
 
 /// Opens the registry file at `path`, created readable and writable by every user (so domains
 /// can be shared between users, as files can).
@@ -199,6 +218,7 @@ impl Xrcd {
                     Some(d) => d,
                     None => {
                         let path = registry_path(device.name(), key);
+                        sweep_registry();
                         let lock = join_host_domain(&path, oflags)?;
                         let d = Arc::new(XrcDomain {
                             id: next_domain_id(),
@@ -249,5 +269,25 @@ impl Xrcd {
     /// The last handle of a domain (host-wide) destroys it.
     pub fn close(&self) -> Result<()> {
         self.uses.retire("XRC domain")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_files_nobody_holds_are_swept() {
+        let name =
+            |tag: &str| registry_dir().join(format!("{REGISTRY_PREFIX}test{}-{tag}", std::process::id()));
+        let (stale, live) = (name("stale"), name("live"));
+        std::fs::write(&stale, b"").unwrap();
+        std::fs::write(&live, b"").unwrap();
+        let held = Flock::lock(File::open(&live).unwrap(), FlockArg::LockShared).unwrap();
+        sweep_registry();
+        assert!(!stale.exists(), "left by a process that died: removed");
+        assert!(live.exists(), "a holder's file stays");
+        drop(held);
+        let _ = std::fs::remove_file(&live);
     }
 }

@@ -7,7 +7,9 @@
 //! - `misc_verbs.c`: CQ moderation, null MRs, flow counters, rate limits and the verbs that stay
 //!   EOPNOTSUPP (ECE, ESP flow actions);
 //! - `raw_packet.c`: raw packet QPs, flows, WQs and RSS;
-//! - `ud_flow.c`: flow rules on UD QPs, with RoCEv2 UD traffic on the loopback device.
+//! - `ud_flow.c`: flow rules on UD QPs, with RoCEv2 UD traffic on the loopback device;
+//! - `limits.c`: every limit is an errno from the verb (objects, queue depths, QP numbers,
+//!   descriptors), and repeated device listing does not grow memory.
 //!
 //! `check.h` holds the CHECK/REQUIRE reporting they share.
 
@@ -112,4 +114,33 @@ fn raw_packet_conformance() {
 fn ud_flow_conformance() {
     let exe = compile("ud_flow");
     expect_passes(isolated(&exe), 27);
+}
+
+/// `tests/c/limits.c` in its three modes, each with the limits it needs (see the file). The
+/// program guards itself with an alarm, so a verb that hangs fails the check instead of the
+/// whole test run.
+#[test]
+fn every_limit_is_an_errno_and_listing_does_not_grow() {
+    let exe = compile("limits");
+    let modes = [
+        (
+            "objects",
+            Some(
+                "max_pd=2,max_cq=2,max_qp=2,max_mr=2,max_mw=1,max_srq=1,max_ah=1,max_cqe=64,\
+             max_qp_wr=32,max_sge=2,max_mcast_grp=1,max_mcast_qp_attach=1",
+            ),
+            45,
+        ),
+        ("qpn", Some("max_qp=70000"), 11),
+        ("listing", None, 1),
+    ];
+    for (mode, limits, min_checks) in modes {
+        let mut cmd = command(exe.to_str().unwrap());
+        cmd.arg(mode).env("SOFTVERBS_INTERFACES", "lo");
+        match limits {
+            Some(l) => cmd.env("SOFTVERBS_LIMITS", l),
+            None => cmd.env_remove("SOFTVERBS_LIMITS"),
+        };
+        expect_passes(cmd, min_checks);
+    }
 }

@@ -10,7 +10,7 @@ mod common;
 use std::io::Read;
 use std::path::Path;
 use std::process::{Child, Output, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -21,25 +21,6 @@ const LIMIT: Duration = Duration::from_secs(120);
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// The GID index of `::ffff:127.0.0.1` on sv_lo, as `ibv_devinfo -v` reports it.
-fn gid_index() -> String {
-    static INDEX: OnceLock<String> = OnceLock::new();
-    INDEX
-        .get_or_init(|| {
-            require("/usr/bin/ibv_devinfo");
-            let mut c = command("/usr/bin/ibv_devinfo");
-            c.args(["-v", "-d", "sv_lo"]);
-            let (out, err) = text(&run_bounded(c, LIMIT));
-            out.lines()
-                .find(|l| l.contains("::ffff:127.0.0.1"))
-                .and_then(|l| l.split('[').nth(1))
-                .and_then(|l| l.split(']').next())
-                .map(|i| i.trim().to_string())
-                .unwrap_or_else(|| panic!("no ::ffff:127.0.0.1 GID on sv_lo:\n{out}{err}"))
-        })
-        .clone()
 }
 
 fn spawn(program: &str, args: &[String]) -> Child {

@@ -15,16 +15,21 @@
 //!
 //! The binary is a thin wrapper around [`run`]; the result types and the statistics are public
 //! so that the figures can be reused (see [`stats`]). The `softverbs-scale` binary ([`scale`])
-//! measures thousands of connected QPs in one process and many processes on one device.
+//! measures thousands of connected QPs in one process and many processes on one device, and
+//! `softverbs-soak` ([`soak`]) runs two processes with every operation and object churn for a
+//! given time, checking every byte and sampling their resources.
 
 pub mod cli;
 pub mod error;
 pub mod plot;
+mod procs;
 pub mod scale;
+pub mod soak;
 pub mod stats;
 
 mod bw;
 mod endpoint;
+mod fill;
 mod lat;
 mod oob;
 mod session;

@@ -12,16 +12,17 @@
 //! slots, on a private base port so that the run does not meet other softverbs processes. The
 //! parent relays the endpoints, measures the idle CPU of every connected process, then starts
 //! every burst at once and reports the aggregate message rate.
+//!
+//! `--fill-slots`: processes that each hold one QP, started until the device refuses one, to
+//! show how many processes with QPs a host has room for and what the next one gets (see
+//! `fill.rs`).
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{IpAddr, UdpSocket};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use softverbs::{
-    devices, AccessFlags, AhAttr, CompletionQueue, Context, Gid, GlobalRoute, MemoryRegion, Mtu, Payload,
+    AccessFlags, AhAttr, CompletionQueue, Context, Gid, GlobalRoute, MemoryRegion, Mtu, Payload,
     ProtectionDomain, QpAttr, QpAttrMask, QpCap, QpInit, QpState, QpType, QueuePair, RecvWr, RemoteAddr,
     SendFlags, SendOp, SendRequest, WcOpcode, WcStatus, WorkCompletion,
 };
@@ -29,6 +30,7 @@ use softverbs_tools::man;
 
 use crate::endpoint::{pattern, pattern_byte, split_wr_id, wr_id, Info};
 use crate::error::{bail, Error, Result};
+use crate::procs::{self, free_base_port, num, open_device, Children, Pipe};
 
 /// The operation of the burst.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -46,6 +48,8 @@ pub enum Role {
     Server,
     /// The other side.
     Client,
+    /// A process of `--fill-slots`, holding one QP.
+    Holder,
 }
 
 const SCALE_DESCRIPTION: &str = concat!(
@@ -119,6 +123,12 @@ pub struct ScaleArgs {
     #[arg(short = 'P', long)]
     pub processes: Option<u32>,
 
+    /// Start processes that each hold one QP until the device refuses one (at most
+    /// --processes, default 300): shows how many processes with QPs a host has room for, the
+    /// errno the next one gets, and that a slot freed by an exit serves the next process.
+    #[arg(long)]
+    pub fill_slots: bool,
+
     /// Device (name or interface).
     #[arg(short = 'd', long, default_value = "sv_lo")]
     pub device: String,
@@ -140,15 +150,19 @@ pub struct ScaleArgs {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Figure {
     /// Name, e.g. `bytes_per_qp`.
-    pub name: &'static str,
+    pub name: std::borrow::Cow<'static, str>,
     /// Value.
     pub value: f64,
     /// Unit, e.g. `B` or `s` (empty for counts).
     pub unit: &'static str,
 }
 
-fn fig(name: &'static str, value: f64, unit: &'static str) -> Figure {
-    Figure { name, value, unit }
+pub(crate) fn fig(name: &'static str, value: f64, unit: &'static str) -> Figure {
+    Figure {
+        name: name.into(),
+        value,
+        unit,
+    }
 }
 
 /// Prints `figures` as `name value unit` lines or as one JSON object.
@@ -193,12 +207,16 @@ pub fn run_scale(args: &ScaleArgs) -> Result<Vec<Figure>> {
         bail!("--idle must be >= 0 and --timeout positive");
     }
     if let Some(role) = args.role {
-        child(args, role)?;
+        match role {
+            Role::Holder => crate::fill::holder(args)?,
+            _ => child(args, role)?,
+        }
         return Ok(Vec::new());
     }
-    let figures = match args.processes {
-        Some(p) => processes(args, p)?,
-        None => one_process(args)?,
+    let figures = match (args.fill_slots, args.processes) {
+        (true, p) => crate::fill::fill(args, p.unwrap_or(300))?,
+        (false, Some(p)) => processes(args, p)?,
+        (false, None) => one_process(args)?,
     };
     print_figures(&figures, args.json);
     Ok(figures)
@@ -233,17 +251,6 @@ fn status_bytes(field: &str) -> Option<u64> {
         let kb: u64 = rest.split_whitespace().next()?.parse().ok()?;
         Some(kb * 1024)
     })
-}
-
-/// Threads of this process (`/proc/self/status`).
-fn threads() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Threads:").and_then(|v| v.trim().parse().ok()))
-        })
-        .unwrap_or(f64::NAN)
 }
 
 /// CPU seconds (user + system, every thread) of this process so far. `getrusage` rather than
@@ -315,30 +322,6 @@ struct Rig {
     op: ScaleOp,
     seed: u8,
     ack_timeout: u8,
-}
-
-/// The device named `name` (device or interface name) and its GID for 127.0.0.1 (or its first
-/// IPv4 GID, or its first GID).
-fn open_device(name: &str) -> Result<(Context, Gid, u8)> {
-    let dev = devices()?
-        .into_iter()
-        .find(|d| d.name() == name || d.netdev() == name)
-        .ok_or_else(|| Error::msg(format!("no device {name:?} (see SOFTVERBS_INTERFACES)")))?;
-    let ctx = dev.open()?;
-    let port = ctx.query_port(1)?;
-    let gids: Vec<(u8, Gid)> = (0..port.gid_tbl_len.min(256))
-        .filter_map(|i| ctx.query_gid(1, i as i32).ok().map(|g| (i as u8, g)))
-        .filter(|(_, g)| !g.is_zero())
-        .collect();
-    let lo = Gid::from_ip(IpAddr::from([127, 0, 0, 1]));
-    let (gid_index, gid) = gids
-        .iter()
-        .find(|(_, g)| *g == lo)
-        .or_else(|| gids.iter().find(|(_, g)| matches!(g.to_ip(), IpAddr::V4(_))))
-        .or(gids.first())
-        .copied()
-        .ok_or_else(|| Error::msg(format!("device {name} has no GID")))?;
-    Ok((ctx, gid, gid_index))
 }
 
 impl Rig {
@@ -799,7 +782,7 @@ fn one_process(args: &ScaleArgs) -> Result<Vec<Figure>> {
     } else {
         (f64::NAN, f64::NAN)
     };
-    let threads = threads();
+    let threads = procs::thread_count();
     let hwm = status_bytes("VmHWM").map_or(f64::NAN, |b| b as f64);
     let rss_connected = rss_bytes()?;
     let t1 = Instant::now();
@@ -842,92 +825,6 @@ fn one_process(args: &ScaleArgs) -> Result<Vec<Figure>> {
 // ---------------------------------------------------------------------------------------------
 // Several processes
 
-/// A base UDP port whose `slots + 1` ports are free now, away from the standard one.
-fn free_base_port(slots: u16) -> Result<u16> {
-    let free =
-        |port: u16| UdpSocket::bind(("0.0.0.0", port)).is_ok() && UdpSocket::bind(("::", port)).is_ok();
-    let seed = std::process::id() as u16;
-    (0..2000u16)
-        .map(|i| 20_000 + (seed.wrapping_add(i.wrapping_mul(397)) % 40_000))
-        .find(|&base| (base..=base + slots).all(free))
-        .ok_or_else(|| Error::msg("no free range of UDP ports for the slots"))
-}
-
-/// A line from child `idx`, or its end (`None`).
-type Line = (usize, Option<String>);
-
-struct Children {
-    procs: Vec<Child>,
-    stdins: Vec<ChildStdin>,
-    rx: mpsc::Receiver<Line>,
-    deadline: Instant,
-}
-
-impl Children {
-    fn send(&mut self, i: usize, line: &str) -> Result<()> {
-        writeln!(self.stdins[i], "{line}")
-            .and_then(|_| self.stdins[i].flush())
-            .map_err(|e| Error::msg(format!("process {i} ({}): {e}", self.procs[i].id())))
-    }
-
-    fn send_all(&mut self, line: &str) -> Result<()> {
-        (0..self.procs.len()).try_for_each(|i| self.send(i, line))
-    }
-
-    /// One line starting with `tag` from every child, in child order (the rest of each line).
-    fn gather(&mut self, tag: &str) -> Result<Vec<String>> {
-        let mut out: Vec<Option<String>> = vec![None; self.procs.len()];
-        let mut missing = out.len();
-        while missing > 0 {
-            let left = self.deadline.saturating_duration_since(Instant::now());
-            let (i, line) = self
-                .rx
-                .recv_timeout(left)
-                .map_err(|_| Error::msg(format!("timed out waiting for {missing} processes to say {tag}")))?;
-            let Some(line) = line else {
-                if out[i].is_some() {
-                    // It answered, then exited (after BYE).
-                    continue;
-                }
-                let status = self.procs[i].wait().ok();
-                bail!("process {i} ended before {tag} (status {status:?})");
-            };
-            let rest = line
-                .strip_prefix(tag)
-                .ok_or_else(|| Error::msg(format!("process {i} said {line:?}, expected {tag}")))?;
-            if out[i].replace(rest.trim().to_string()).is_some() {
-                bail!("process {i} said {tag} twice");
-            }
-            missing -= 1;
-        }
-        Ok(out.into_iter().map(Option::unwrap_or_default).collect())
-    }
-}
-
-impl Drop for Children {
-    fn drop(&mut self) {
-        // Closing stdin ends a child that waits for its next line; kill any that does not.
-        self.stdins.clear();
-        let end = Instant::now() + Duration::from_secs(5);
-        for c in &mut self.procs {
-            while Instant::now() < end && matches!(c.try_wait(), Ok(None)) {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            if matches!(c.try_wait(), Ok(None)) {
-                let _ = c.kill();
-            }
-            let _ = c.wait();
-        }
-    }
-}
-
-fn num(s: &str, i: usize) -> Result<f64> {
-    s.split_whitespace()
-        .nth(i)
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| Error::msg(format!("bad report {s:?}")))
-}
-
 fn processes(args: &ScaleArgs, p: u32) -> Result<Vec<Figure>> {
     if p < 2 || p % 2 != 0 || p > 254 {
         bail!("--processes must be an even number from 2 to 254");
@@ -945,11 +842,8 @@ fn processes(args: &ScaleArgs, p: u32) -> Result<Vec<Figure>> {
         env.push(("SOFTVERBS_UDP_SLOTS".into(), slots.to_string()));
     }
     let exe = std::env::current_exe()?;
-    let (tx, rx) = mpsc::channel::<Line>();
-    let mut procs = Vec::new();
-    let mut stdins = Vec::new();
     let t_spawn = Instant::now();
-    for i in 0..p as usize {
+    let cmds = (0..p as usize).map(|i| {
         let role = if i % 2 == 0 { "server" } else { "client" };
         let mut cmd = Command::new(&exe);
         cmd.args([
@@ -975,36 +869,10 @@ fn processes(args: &ScaleArgs, p: u32) -> Result<Vec<Figure>> {
                 ScaleOp::Send => "send",
             },
         ])
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-        let mut c = cmd.spawn()?;
-        stdins.push(c.stdin.take().ok_or_else(|| Error::msg("no stdin"))?);
-        let out = c.stdout.take().ok_or_else(|| Error::msg("no stdout"))?;
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines() {
-                match line {
-                    Ok(l) => {
-                        if tx.send((i, Some(l))).is_err() {
-                            return;
-                        }
-                    }
-                    Err(_) => break,
-                }
-            }
-            let _ = tx.send((i, None));
-        });
-        procs.push(c);
-    }
-    drop(tx);
-    let mut ch = Children {
-        procs,
-        stdins,
-        rx,
-        deadline,
-    };
+        .envs(env.iter().map(|(k, v)| (k, v)));
+        cmd
+    });
+    let mut ch = Children::spawn(cmds, deadline)?;
     // Each pair learns the other's endpoint; all connect.
     let eps = ch.gather("EP")?;
     for pair in 0..p as usize / 2 {
@@ -1102,15 +970,13 @@ fn child(args: &ScaleArgs, role: Role) -> Result<()> {
     let seed = match role {
         Role::Server => 0x3C,
         Role::Client => 0xA5,
+        Role::Holder => bail!("a holder is not one side of a pair"),
     };
     let peer_seed = 0x3C ^ 0xA5 ^ seed;
     let mut rig = Rig::new(args, n, seed)?;
     rig.create_qps(n, recv_depth(args))?;
     let psn = psns(n);
-    let mut io = Pipe {
-        out: std::io::stdout().lock(),
-        input: std::io::stdin().lock(),
-    };
+    let mut io = Pipe::stdio();
     io.say(&format!("EP {}", rig.info(&psn).encode()))?;
     let peer = Info::decode(&io.expect("PEER")?)?;
     if peer.qps.len() != n || peer.len < rig.mr.len() as u64 {
@@ -1151,38 +1017,6 @@ fn child(args: &ScaleArgs, role: Role) -> Result<()> {
     drop(std::mem::take(&mut rig.qps));
     io.say("BYE")?;
     Ok(())
-}
-
-/// A child's line protocol with its parent: commands on stdin, answers on stdout.
-struct Pipe<W: Write, R: BufRead> {
-    out: W,
-    input: R,
-}
-
-impl<W: Write, R: BufRead> Pipe<W, R> {
-    fn say(&mut self, s: &str) -> Result<()> {
-        writeln!(self.out, "{s}")?;
-        self.out.flush()?;
-        Ok(())
-    }
-
-    /// The next line, trimmed; the parent's end of stdin is an error (it went away).
-    fn line(&mut self) -> Result<String> {
-        let mut line = String::new();
-        if self.input.read_line(&mut line)? == 0 {
-            bail!("the parent went away");
-        }
-        Ok(line.trim().to_string())
-    }
-
-    /// The rest of the next line, which must start with `tag`.
-    fn expect(&mut self, tag: &str) -> Result<String> {
-        let line = self.line()?;
-        match line.strip_prefix(tag) {
-            Some(rest) => Ok(rest.trim().to_string()),
-            None => bail!("expected {tag}, got {line:?}"),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -140,3 +140,63 @@ fn more_qps_than_the_device_allows_is_an_error() {
     assert!(!ok, "200 QPs with max_qp=100 succeeded:\n{out}");
     assert!(err.contains("max_qp"), "{err}");
 }
+
+/// A network namespace of its own (removed on drop), so that no other process of the host holds
+/// one of the ports the slots use. Needs root.
+struct Netns(String);
+
+impl Netns {
+    fn new(tag: &str) -> Self {
+        let ns = format!("sv{tag}{}", std::process::id() % 100_000);
+        common::run("ip", &["netns", "add", &ns]);
+        let me = Self(ns);
+        common::run("ip", &["-n", &me.0, "link", "set", "lo", "up"]);
+        me
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
+/// More processes than a host has UDP slots for (255, the default and the most QP numbers can
+/// carry): 255 processes hold a QP each, in distinct slots; the next one's QP creation fails
+/// with ENOMEM, naming the slots; once a holder exits, a new process gets its slot.
+#[test]
+fn processes_beyond_the_slots_get_enomem_from_the_verb() {
+    assert!(
+        nix::unistd::Uid::effective().is_root(),
+        "filling every slot needs root (a network namespace of its own)"
+    );
+    let ns = Netns::new("fill");
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &ns.0, env!("CARGO_BIN_EXE_softverbs-scale")])
+        .args(["--fill-slots", "--processes", "300", "--timeout", "400"])
+        .env("SOFTVERBS_INTERFACES", "lo")
+        .env("SOFTVERBS_UDP_PORT", "4791")
+        .env_remove("SOFTVERBS_UDP_SLOTS")
+        .env_remove("SOFTVERBS_LIMITS")
+        .env_remove("SOFTVERBS_SHM");
+    let (status, out, err) = common::run_bounded(cmd, Duration::from_secs(450));
+    eprintln!("{out}");
+    assert!(
+        status.success(),
+        "softverbs-scale --fill-slots failed:\n{out}\n{err}"
+    );
+    let m: HashMap<String, f64> = out
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.to_string(), w.next()?.parse().ok()?))
+        })
+        .collect();
+    assert_eq!(get(&m, "processes_holding_qps"), 255.0);
+    assert_eq!(get(&m, "distinct_slots"), 255.0);
+    assert!(get(&m, "processes_refused") >= 1.0);
+    assert_eq!(get(&m, "refused_errno"), 12.0, "ENOMEM");
+    assert_eq!(get(&m, "slot_reused_after_exit"), 1.0);
+    let refusal = out.lines().find(|l| l.starts_with("first_refusal")).unwrap();
+    assert!(refusal.contains("UDP slot"), "{refusal}");
+}

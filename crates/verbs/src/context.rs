@@ -318,6 +318,13 @@ impl Context {
         self.0.core.device().counters()
     }
 
+    /// Datagrams with the forwarding header that this process dropped because they did not
+    /// come from the holder of the standard RoCE port (forgeries by other local senders). Per
+    /// process, like the UDP endpoint.
+    pub fn forged_forwards(&self) -> u64 {
+        self.0.core.device().forged_forwards()
+    }
+
     /// This process's UDP endpoint as (slot, UDP port, whether it holds the standard RoCE
     /// port); `None` until the first QP exists or if no port could be bound.
     pub fn udp_status(&self) -> Option<(u8, u16, bool)> {

@@ -84,7 +84,9 @@ impl Side {
         }
     }
 
-    /// RC/UC: INIT, RTR (to `peer`) and RTS with a short ACK timeout and `retry_cnt` retries.
+    /// RC/UC: INIT, RTR (to `peer`) and RTS with `retry_cnt` retries: with 7, an ACK timeout
+    /// of 268 ms (a loaded host may leave a process unscheduled for a good part of the 134 ms
+    /// that 7 retries of 16.8 ms give), with fewer 16.8 ms (the tests of a vanished peer).
     fn connect(&self, peer: u32, retry_cnt: u8) {
         let qp = &self.qp;
         let init = QpAttr {
@@ -157,7 +159,7 @@ impl Side {
         let rts = QpAttr {
             qp_state: QpState::Rts,
             sq_psn: 0xFF_FFF0,
-            timeout: 12,
+            timeout: if retry_cnt >= 7 { 16 } else { 12 },
             retry_cnt,
             rnr_retry: 7,
             max_rd_atomic: 16,

@@ -46,9 +46,16 @@ impl Drop for Listening {
 
 /// Registers this process (slot `slot`) as the host's listener on `service_id`.
 /// EADDRINUSE if another listener holds it.
+///
+/// Files that listeners which died left behind (for any service ID, namespace or base port)
+/// are removed first, so that they cannot pile up in `/dev/shm` when nobody looks their
+/// service IDs up again.
 pub(crate) fn listen(base_port: u16, service_id: u64, slot: u8) -> Result<Listening> {
     let path =
         path(base_port, service_id).ok_or_else(|| Error::invalid("no private directory for CM listeners"))?;
+    if let Some(dir) = path.parent() {
+        sweep(dir);
+    }
     for _ in 0..8 {
         let file = OpenOptions::new()
             .read(true)
@@ -108,6 +115,22 @@ pub(crate) fn lookup(base_port: u16, service_id: u64) -> Option<u8> {
     }
 }
 
+/// Removes the files in `dir` that nobody holds a lock on (their listeners died), as
+/// [`lookup`] does for one; returns how many.
+fn sweep(dir: &std::path::Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let Ok(file) = File::open(e.path()) else { continue };
+        if let Ok(_stale) = Flock::lock(file, FlockArg::LockSharedNonblock) {
+            removed += usize::from(std::fs::remove_file(e.path()).is_ok());
+        }
+    }
+    removed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,5 +155,21 @@ mod tests {
         let again = listen(base, sid, 9).unwrap();
         assert_eq!(lookup(base, sid), Some(9));
         drop(again);
+    }
+
+    #[test]
+    fn listening_removes_what_dead_listeners_left() {
+        let base = 40_000 + ((std::process::id() + 7) % 20_000) as u16;
+        let sid = 0x0106_0000 | u64::from(std::process::id() as u16);
+        // Left by listeners on other service IDs that died: never looked up again.
+        let stale: Vec<PathBuf> = (1..=3).map(|i| path(base, sid + i).unwrap()).collect();
+        for p in &stale {
+            std::fs::write(p, [5u8]).unwrap();
+        }
+        let live = listen(base, sid + 10, 4).unwrap();
+        let held = listen(base, sid, 7).unwrap();
+        assert!(stale.iter().all(|p| !p.exists()), "leftovers removed");
+        assert_eq!(lookup(base, sid + 10), Some(4), "a live listener is kept");
+        drop((held, live));
     }
 }

@@ -47,6 +47,9 @@ pub(crate) fn export(device: &Device, domain: &Arc<XrcDomain>) {
     };
     // The slot's port is ours, so a socket left at this path belongs to a process that died.
     let _ = std::fs::remove_file(&path);
+    if let Some(dir) = path.parent() {
+        sweep(dir);
+    }
     let listener = match UnixListener::bind(&path) {
         Ok(l) => l,
         Err(e) => {
@@ -60,6 +63,32 @@ pub(crate) fn export(device: &Device, domain: &Arc<XrcDomain>) {
         .spawn(move || accept_loop(&listener));
     if spawned.is_err() {
         ex.serving = false;
+    }
+}
+
+/// A socket file younger than this is left alone by [`sweep`]: its server may be between
+/// binding and listening.
+const SWEEP_MIN_AGE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Removes the sockets in `dir` that nobody serves any more (their processes died, in any
+/// network namespace or slot), which nothing else would remove when no process takes their
+/// slot in their namespace again.
+fn sweep(dir: &std::path::Path) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t.elapsed().unwrap_or_default() >= SWEEP_MIN_AGE);
+        if !old {
+            continue;
+        }
+        let refused = matches!(
+            UnixStream::connect(e.path()),
+            Err(err) if err.kind() == std::io::ErrorKind::ConnectionRefused
+        );
+        if refused {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 

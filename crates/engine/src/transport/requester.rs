@@ -177,6 +177,23 @@ impl QpEngine {
         self.req.retransmit_at = ack_timeout(self.attr.timeout).map(|c| now + self.req.rec.rto(c));
     }
 
+    /// Nothing may be sent now, yet requests wait for an answer: make sure a timer will look
+    /// at them. A go-back-N (or the end of an RNR wait) stops the retransmission timer and
+    /// counts on the resent packets to start it again; when the window forbids sending them
+    /// (it is held back by a READ in front whose responses were asked for again and lost), no
+    /// packet, no answer and no timer would come, and the QP would wait forever. The expiry
+    /// then asks for the missing responses (see `handle_timeout`).
+    fn arm_if_stuck(&mut self, now: Instant) {
+        if self.cfg.qp_type.is_reliable()
+            && self.req.retransmit_at.is_none()
+            && self.req.rnr_until.is_none()
+            && matches!(self.state, QpState::Rts | QpState::Sqd)
+            && self.has_outstanding()
+        {
+            self.arm_retransmit(now);
+        }
+    }
+
     /// Starts the wait after which the hole of the NAKed go-back-N under way is resent again.
     pub(crate) fn arm_hole(&mut self, now: Instant) {
         let rto = ack_timeout(self.attr.timeout).map(|c| self.req.rec.rto(c));
@@ -287,7 +304,10 @@ impl QpEngine {
             (Some((idx, _)), _) => (idx, true),
             (None, Some(idx)) => (idx, true),
             (None, None) if self.can_start_or_continue() => (self.next_send_index(), false),
-            (None, None) => return,
+            (None, None) => {
+                self.arm_if_stuck(now);
+                return;
+            }
         };
         let mtu = if self.cfg.qp_type == QpType::Ud {
             u32::MAX

@@ -515,7 +515,14 @@ impl QpEngine {
             let wqe = if opcode.has_imm() {
                 match self.take_recv(srq) {
                     Some(w) => Some(w),
-                    None => return Err(Outcome::Rnr),
+                    None => {
+                        // A WRITE ONLY with immediate is retried as the start of a message:
+                        // leave none in progress.
+                        if opcode.starts_message() {
+                            self.resp.progress = Progress::Idle;
+                        }
+                        return Err(Outcome::Rnr);
+                    }
                 }
             } else {
                 None

@@ -112,6 +112,25 @@ pub fn text(o: &Output) -> (String, String) {
     )
 }
 
+/// The GID index of `::ffff:127.0.0.1` on sv_lo, as `ibv_devinfo -v` reports it.
+pub fn gid_index() -> String {
+    static INDEX: OnceLock<String> = OnceLock::new();
+    INDEX
+        .get_or_init(|| {
+            require("/usr/bin/ibv_devinfo");
+            let mut c = command("/usr/bin/ibv_devinfo");
+            c.args(["-v", "-d", "sv_lo"]);
+            let (out, err) = text(&run_bounded(c, Duration::from_secs(120)));
+            out.lines()
+                .find(|l| l.contains("::ffff:127.0.0.1"))
+                .and_then(|l| l.split('[').nth(1))
+                .and_then(|l| l.split(']').next())
+                .map(|i| i.trim().to_string())
+                .unwrap_or_else(|| panic!("no ::ffff:127.0.0.1 GID on sv_lo:\n{out}{err}"))
+        })
+        .clone()
+}
+
 /// A network namespace with only its loopback up; removed on drop.
 pub struct Netns(pub String);
 

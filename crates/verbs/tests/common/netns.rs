@@ -121,6 +121,25 @@ impl Drop for Hosts {
     }
 }
 
+/// One network namespace with only its loopback up; removed on drop.
+pub(crate) struct Namespace(pub(crate) String);
+
+impl Namespace {
+    /// A namespace named after `prefix` and this process.
+    pub(crate) fn new(prefix: &str) -> Self {
+        let name = format!("{prefix}{}", std::process::id() % 100_000);
+        run("ip", &["netns", "add", &name]);
+        run("ip", &["-n", &name, "link", "set", "lo", "up"]);
+        Self(name)
+    }
+}
+
+impl Drop for Namespace {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+    }
+}
+
 /// A child process spoken to line by line over its stdin and stdout; killed on drop.
 pub(crate) struct Peer {
     child: Child,
@@ -153,9 +172,39 @@ impl Peer {
             .unwrap_or_else(|_| panic!("no answer from the peer within {limit:?}"))
     }
 
+    /// The next line if one comes within `limit`; `None` if none does or the peer closed its
+    /// output (it exited).
+    pub(crate) fn try_line(&mut self, limit: Duration) -> Option<String> {
+        self.lines.recv_timeout(limit).ok()
+    }
+
     /// Sends one line.
     pub(crate) fn say(&mut self, s: &str) {
         writeln!(self.stdin, "{s}").unwrap();
+    }
+
+    /// The child's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `sig` to the child.
+    pub(crate) fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), sig).unwrap();
+    }
+
+    /// Waits (at most `limit`) for the child to exit; its exit status, if it did.
+    pub(crate) fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return Some(s);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 
