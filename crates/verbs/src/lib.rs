@@ -32,6 +32,7 @@ mod pd;
 mod qp;
 mod raw;
 mod xrc;
+pub mod zero_copy;
 
 pub use context::{AsyncEvent, AsyncEventTarget, Context};
 pub use counters::{CounterDesc, Counters, READ_COUNTERS_PREFER_CACHED};
@@ -46,6 +47,7 @@ pub use pd::{
 pub use qp::{QpInit, QueuePair, SharedReceiveQueue};
 pub use raw::{Flow, RssQueuePair, RwqIndTable, WorkQueue};
 pub use xrc::{XrcDomain, O_CREAT, O_EXCL};
+pub use zero_copy::{BorrowedRegion, LocalMut, LocalRef, OwnedRegion, RegisterError, StableBuffer};
 
 pub use softverbs_device::attr_ex::{cap_flags_ex, odp, HCA_CORE_CLOCK_KHZ};
 pub use softverbs_device::config::{Config, Limits};
