@@ -20,6 +20,8 @@
 //! # Ok::<(), softverbs::Error>(())
 //! ```
 
+#[cfg(feature = "tokio")]
+pub mod aio;
 pub mod cm;
 mod context;
 mod counters;
