@@ -38,7 +38,6 @@
 
 #![allow(unsafe_code)]
 
-use std::marker::PhantomData;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
@@ -386,10 +385,7 @@ impl RawBytes {
         while self.state.load(Ordering::Acquire) & WRITERS != 0 {
             pause(&mut spins);
         }
-        SharedLock {
-            bytes: self,
-            _not_send: PhantomData,
-        }
+        SharedLock { bytes: self }
     }
 
     /// An exclusive guard: the bytes as a mutable slice, while every counted access is
@@ -401,10 +397,7 @@ impl RawBytes {
         while self.state.load(Ordering::Acquire) & (READERS | WRITERS) != 0 {
             pause(&mut spins);
         }
-        ExclusiveLock {
-            bytes: self,
-            _not_send: PhantomData,
-        }
+        ExclusiveLock { bytes: self }
     }
 
     /// Refuses every later access and waits for those in progress: afterwards nothing here
@@ -422,8 +415,6 @@ impl RawBytes {
 #[derive(Debug)]
 pub(crate) struct SharedLock<'a> {
     bytes: &'a RawBytes,
-    /// The guard counts in its region's state; it is released where it was taken.
-    _not_send: PhantomData<*const ()>,
 }
 
 impl SharedLock<'_> {
@@ -446,7 +437,6 @@ impl Drop for SharedLock<'_> {
 #[derive(Debug)]
 pub(crate) struct ExclusiveLock<'a> {
     bytes: &'a RawBytes,
-    _not_send: PhantomData<*const ()>,
 }
 
 impl ExclusiveLock<'_> {
