@@ -62,6 +62,11 @@ impl CompChannel {
         Ok(cq)
     }
 
+    /// Events waiting to be taken with [`CompChannel::get_cq_event`].
+    pub fn pending(&self) -> usize {
+        self.events.len()
+    }
+
     /// `ibv_destroy_comp_channel`: EBUSY while a CQ uses the channel.
     pub fn destroy(&self) -> Result<()> {
         self.uses.retire("completion channel")

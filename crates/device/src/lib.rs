@@ -35,6 +35,7 @@ pub mod qp;
 pub mod rate_limit;
 pub mod raw;
 mod remote;
+pub mod rsocket;
 mod shm;
 pub mod stats;
 mod sync;

@@ -15,8 +15,8 @@ use softverbs_engine::memory::{AtomicOp, KeyRef, MemError, Memory};
 use softverbs_engine::mw::{key_index, MwBind};
 
 use crate::mw::Mw;
-use crate::sync::NumberHash;
 use crate::pd::{Mapping, Mr};
+use crate::sync::NumberHash;
 
 /// An access reached memory that is not mapped (or not with the needed protection) in the
 /// process: possible for on-demand-paging regions, which are not pinned and may cover memory

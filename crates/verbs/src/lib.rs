@@ -33,6 +33,7 @@ mod host;
 mod pd;
 mod qp;
 mod raw;
+pub mod rsocket;
 mod xrc;
 pub mod zero_copy;
 

@@ -349,3 +349,4 @@ pub fn listening(port: u16) -> bool {
             })
     })
 }
+pub mod rxe_vm;
