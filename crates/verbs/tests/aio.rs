@@ -331,3 +331,106 @@ async fn only_connected_types_make_async_queue_pairs() {
     assert_eq!(AsyncQp::new(&pd, QpType::Ud, cap(4)).unwrap_err().errno(), 22);
     assert!(AsyncQp::new(&pd, QpType::Uc, cap(4)).is_ok());
 }
+
+/// Waits (bounded) until `qp` has `n` requests outstanding.
+async fn outstanding(qp: &AsyncQp, n: usize) {
+    within(async {
+        while qp.outstanding() != n {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_task_and_a_lost_select_branch_leave_their_buffers_with_the_queue_pair() {
+    let ctx = common::lo();
+    let pd = ctx.alloc_pd().unwrap();
+    let (a, b) = pair(&ctx, &pd);
+    let n = 48 * 1024;
+    // A task awaiting a receive, aborted: its future (and the `Op` in it) is dropped.
+    let buf = pd.register_owned(vec![0u8; n], LOCAL).unwrap();
+    let b2 = b.clone();
+    let task = tokio::spawn(async move { b2.recv(buf, 0..n).await });
+    outstanding(&b, 1).await;
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    assert_eq!(b.outstanding(), 1, "the aborted task's receive stays posted");
+    // A receive that loses a `select!` against a timer.
+    let op = b.recv(pd.register_owned(vec![0u8; n], LOCAL).unwrap(), 0..n);
+    tokio::select! {
+        _ = op => panic!("nothing was sent yet"),
+        () = tokio::time::sleep(Duration::from_millis(20)) => {}
+    }
+    assert_eq!(b.outstanding(), 2, "so does the lost branch's");
+    churn(n);
+    // Three messages: the first two land in the abandoned buffers (still allocated, still
+    // registered), the third in a receive someone awaits.
+    let third = b.recv(pd.register_owned(vec![0u8; n], LOCAL).unwrap(), 0..n);
+    for seed in [7u8, 8, 9] {
+        let (r, _) = within(a.send(pd.register_owned(pattern(seed, n), LOCAL).unwrap(), 0..n)).await;
+        r.unwrap();
+    }
+    let (r, third) = within(third).await;
+    assert_eq!(r.unwrap().byte_len as usize, n);
+    assert!(
+        third.local()[..] == pattern(9, n)[..],
+        "receives keep their order"
+    );
+    outstanding(&b, 0).await;
+    assert_eq!(b.stray_completions(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forgotten_request_leaks_its_buffer_instead_of_freeing_it() {
+    // `mem::forget` runs no destructor: the buffer the request owns is never freed nor
+    // deregistered, so the device's later write lands in memory nobody else can get.
+    let ctx = common::lo_with("max_mr=3");
+    let pd = ctx.alloc_pd().unwrap();
+    let (a, b) = pair(&ctx, &pd);
+    let n = 16 * 1024;
+    std::mem::forget(b.recv(pd.register_owned(vec![0u8; n], LOCAL).unwrap(), 0..n));
+    churn(n);
+    let (r, out) = within(a.send(pd.register_owned(pattern(4, n), LOCAL).unwrap(), 0..n)).await;
+    r.unwrap();
+    drop(out);
+    outstanding(&b, 0).await;
+    // Three regions at most: the forgotten one still holds its place.
+    let one = pd.register_owned(vec![0u8; 64], LOCAL).unwrap();
+    let two = pd.register_owned(vec![0u8; 64], LOCAL).unwrap();
+    assert!(
+        pd.register_owned(vec![0u8; 64], LOCAL).is_err(),
+        "the forgotten request's region is still registered"
+    );
+    drop((one, two));
+}
+
+#[test]
+fn requests_outlive_their_runtime_and_complete_flushed() {
+    // The completion task ends with its runtime; an `Op` polled afterwards (on another
+    // runtime) flushes the queue pair itself and resolves, with its buffer.
+    let ctx = common::lo();
+    let pd = ctx.alloc_pd().unwrap();
+    let first = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (a, _b, recv) = first.block_on(async {
+        let (a, b) = pair(&ctx, &pd);
+        let recv = b.recv(pd.register_owned(vec![3u8; 4096], LOCAL).unwrap(), 0..4096);
+        (a, b, recv)
+    });
+    drop(first);
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (r, buf) = second.block_on(within(recv));
+    assert_eq!(r.unwrap_err().status(), Some(WcStatus::WrFlushErr));
+    assert_eq!(buf.local()[..], [3u8; 4096][..], "handed back untouched");
+    // New requests are refused at once, and their buffer comes back too.
+    let (r, buf) = second.block_on(a.send(pd.register_owned(vec![1u8; 16], LOCAL).unwrap(), 0..16));
+    assert!(matches!(r, Err(WrError::Post(ref e)) if e.errno() == 22), "{r:?}");
+    assert_eq!(buf.dereg().map_err(|(_, e)| e).unwrap(), vec![1u8; 16]);
+}
