@@ -23,23 +23,35 @@
 //! reused, changed or freed while the device may still use it, whatever the program cancels,
 //! and the type system says so: a buffer you hold is one no work request uses.
 //!
-//! ```compile_fail
+//! ```compile_fail,E0382
 //! # async fn f(qp: softverbs::aio::AsyncQp, mr: softverbs::MemoryRegion) {
 //! let op = qp.send(mr, 0..64);
 //! mr.write(0, b"changed while in flight"); // error: `mr` was moved into the work request
 //! # }
 //! ```
 //!
-//! This is where the design differs from the Rust RDMA crates it was compared with.
-//! rust-ibverbs makes posting `unsafe` (the caller promises to keep the buffer alone until the
-//! completion) and hands out `&mut [u8]` of registered memory that the device or a peer may be
-//! writing. async-rdma keeps a lock per region that in-flight requests hold (also past a
-//! cancelled future), and the program reaches the bytes through blocking lock guards and raw
-//! pointers; remote writes into a region are outside that lock. Here posting is safe, a
-//! cancelled request keeps its buffer by ownership rather than by a lock, nothing blocks a
-//! thread of the runtime, and a peer's access to a region is covered by the same rule as a
-//! local request's (see [`crate::zero_copy`]: a guard of an [`OwnedRegion`] makes remote
-//! accesses fail rather than race).
+//! Leaking an [`Op`] (`std::mem::forget`, a reference cycle) leaks its buffer with it: the
+//! memory is never freed nor deregistered, so the device's later accesses still land in memory
+//! nobody else is given. Ownership, unlike a borrow, stays sound when a destructor never runs.
+//!
+//! # Compared with rust-ibverbs and async-rdma
+//!
+//! How each crate keeps a buffer alive and untouched while the device (or a peer) uses it
+//! (rust-ibverbs as of its `MemoryRegion<O>` API, async-rdma as of its `LocalMr` API):
+//!
+//! | | rust-ibverbs | async-rdma | softverbs |
+//! |---|---|---|---|
+//! | posting a work request | `unsafe fn post_send`/`post_receive`: the caller promises the memory stays valid and untouched until the completion | safe, awaited (`rdma.write(&lmr, &mut rmr).await`) | safe; the request takes the buffer by value ([`AsyncQp::send`], ...) |
+//! | the future dropped (timeout, `select!`, aborted task) | no futures; a buffer freed or reused too early is undefined behaviour | the in-flight request keeps holding the region's lock: later requests on the region fail and its accessors block until the completion | the buffer moves into the queue pair until the completion, then is dropped; nothing waits |
+//! | the handle leaked (`mem::forget`) | undefined behaviour if the memory is then freed | not examined | the buffer is leaked, never freed nor deregistered |
+//! | the program's own access to registered memory | `bytes_mut()` hands out `&mut [u8]` at any time, while a receive or a peer's WRITE may be landing (a data race the documentation warns of) | blocking read/write lock guards (a runtime thread may block), raw pointers for the rest | copying accessors at any time; slices only inside guards that make the device's accesses fail meanwhile ([`OwnedRegion::local`], [`OwnedRegion::local_mut`]); never blocks on the device |
+//! | a peer's RDMA WRITE or READ | not tracked: lands in memory the program may be holding a `&mut [u8]` of | lent by a protocol of its own (`request_remote_mr`, `send_remote_mr`, with a timeout); the device is not kept out while the program holds a guard | refused (a remote-access NAK) while a guard excludes it |
+//! | the program's own buffers | `MemoryRegion<O>` over any `DerefMut<Target = [u8]>`, handed back by `into_inner` | memory the crate allocates | `Vec<u8>`, `Box<[u8]>`, `BytesMut`, `memmap2` mappings, handed back by [`OwnedRegion::dereg`]; borrows through [`ProtectionDomain::scoped`] or the `unsafe` [`ProtectionDomain::register_borrowed`] |
+//! | tearing down under outstanding requests | the caller's business (the `unsafe` contracts) | not examined | the last handle moves the QP to ERR (flushing every request) before it frees their buffers |
+//!
+//! So posting is safe, a cancelled request keeps its buffer by ownership rather than by a
+//! lock, nothing blocks a thread of the runtime, and a peer's access to a region is held to
+//! the same rule as a local request's (see [`crate::zero_copy`]).
 //!
 //! ```
 //! use softverbs::aio::AsyncQp;
