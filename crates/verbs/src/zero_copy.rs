@@ -78,23 +78,23 @@ use raw::{ExclusiveLock, RawBytes, SharedLock};
 
 impl MemoryBacking for RawBytes {
     fn len(&self) -> u64 {
-        RawBytes::len(self) as u64
+        Self::len(self) as u64
     }
 
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), Unmapped> {
-        RawBytes::read(self, usize::try_from(offset).map_err(|_| Unmapped)?, dst)
+        Self::read(self, usize::try_from(offset).map_err(|_| Unmapped)?, dst)
     }
 
     fn write(&self, offset: u64, src: &[u8]) -> Result<(), Unmapped> {
-        RawBytes::write(self, usize::try_from(offset).map_err(|_| Unmapped)?, src)
+        Self::write(self, usize::try_from(offset).map_err(|_| Unmapped)?, src)
     }
 
     fn atomic(&self, offset: u64, op: AtomicOp) -> Result<u64, Unmapped> {
-        RawBytes::atomic(self, usize::try_from(offset).map_err(|_| Unmapped)?, op)
+        Self::atomic(self, usize::try_from(offset).map_err(|_| Unmapped)?, op)
     }
 
     fn host_addr(&self) -> Option<u64> {
-        RawBytes::host_addr(self)
+        Self::host_addr(self)
     }
 
     fn copy_from_process(
@@ -106,7 +106,7 @@ impl MemoryBacking for RawBytes {
     ) -> Result<(), Unmapped> {
         let offset = usize::try_from(offset).map_err(|_| Unmapped)?;
         let len = usize::try_from(len).map_err(|_| Unmapped)?;
-        RawBytes::copy_from_process(self, offset, len, pid, remote)
+        Self::copy_from_process(self, offset, len, pid, remote)
     }
 }
 

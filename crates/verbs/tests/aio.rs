@@ -94,7 +94,7 @@ async fn a_completion_stream_yields_completions_and_sleeps_when_idle() {
     let dst = pd.register(4096, ALL).unwrap();
     b.post_recv(&common::recv_wrs(&dst, 10..11, 4096)).unwrap();
     a.post_send(&[send_req(20, mr.sge(0..4096).unwrap())]).unwrap();
-    let mut got = vec![
+    let mut got = [
         within(stream.next()).await.unwrap(),
         within(stream.next()).await.unwrap(),
     ];

@@ -601,7 +601,7 @@ mod tests {
 
     #[test]
     fn bounds_alignment_and_atomics() {
-        let mut store = vec![0u8; 40];
+        let mut store = [0u8; 40];
         let raw = over(&mut store[3..35]);
         let mut b = [0u8; 4];
         assert_eq!(raw.read(30, &mut b), Err(Unmapped), "past the end");
@@ -687,7 +687,7 @@ mod tests {
         let src: Vec<u8> = (0..100u8).collect();
         let me = std::process::id() as i32;
         let a = src.as_ptr() as u64;
-        let mut store = vec![0u8; 50];
+        let mut store = [0u8; 50];
         {
             let raw = over(&mut store[1..41]);
             raw.copy_from_process(2, 30, me, &[(a + 10, 20), (a + 50, 10)])
