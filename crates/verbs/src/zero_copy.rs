@@ -44,7 +44,8 @@
 //! kernel for another process: they cannot make this process's accesses racy, but a buffer
 //! changed or freed while such a work request is outstanding changes what the peer receives.
 //! That is the usual verbs rule (a posted buffer belongs to the device until its completion),
-//! and [`crate::aio`] makes the type system hold it: a work request there owns its buffer.
+//! and the async API (`softverbs::aio`, feature `tokio`) makes the type system hold it: a
+//! work request there owns its buffer.
 //!
 //! ```
 //! use softverbs::{devices, AccessFlags};
