@@ -179,7 +179,7 @@ exports! {
 // IBVERBS_1.5 to 1.14.
 exports! {
     "ibv_get_pkey_index" "@@" "IBVERBS_1.5" => v::get_pkey_index;
-    "ibv_qp_to_qp_ex" "@@" "IBVERBS_1.6" => d::qp_to_qp_ex;
+    "ibv_qp_to_qp_ex" "@@" "IBVERBS_1.6" => d::qp_ex::qp_to_qp_ex;
     "ibv_reg_mr_iova" "@@" "IBVERBS_1.7" => v::reg_mr_iova;
     "ibv_reg_mr_iova2" "@@" "IBVERBS_1.8" => v::reg_mr_iova2;
     "ibv_get_device_index" "@@" "IBVERBS_1.9" => v::get_device_index;

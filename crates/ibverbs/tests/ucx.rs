@@ -140,9 +140,14 @@ fn perftest(env: &[(&str, &str)], args: &[&str]) -> (Final, String) {
 fn assert_sane(row: &Final, n: u64, what: &str) {
     println!("{what}: {row:?}");
     assert_eq!(row.iterations, n, "{what}: {row:?}");
-    for v in [row.latency_avg_us, row.bandwidth_avg_mb_s, row.rate_avg] {
+    for v in [row.latency_avg_us, row.rate_avg] {
         assert!(v.is_finite() && v > 0.0, "{what}: {row:?}");
     }
+    // Printed with two decimals: 8-byte messages on a slow run round to 0.00 MB/s.
+    assert!(
+        row.bandwidth_avg_mb_s.is_finite() && row.bandwidth_avg_mb_s >= 0.0,
+        "{what}: {row:?}"
+    );
     // Two processes on one host: a round trip beyond 10 ms on average means something stalls.
     assert!(row.latency_avg_us < 10_000.0, "{what}: {row:?}");
 }

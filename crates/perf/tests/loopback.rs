@@ -51,15 +51,17 @@ fn check_bw(out: &str, sizes: &[f64]) {
     let rows = table(out, "#bytes");
     assert_eq!(rows.len(), sizes.len(), "{out}");
     for (row, &size) in rows.iter().zip(sizes) {
-        // Size, iterations, peak, average, message rate; then resent packets and timer
-        // expiries, which may be 0.
+        // bytes, iterations, peak, average, rate, then the retransmissions and timeouts counted.
         assert_eq!(row.len(), 7, "{row:?}");
         assert_eq!(row[0], size);
         assert!(
             row[1..5].iter().all(|&x| x > 0.0),
             "non-positive figure in {row:?}\n{out}"
         );
-        assert!(row[5..].iter().all(|&x| x >= 0.0), "{row:?}\n{out}");
+        assert!(
+            row[5..].iter().all(|&x| x >= 0.0 && x.fract() == 0.0),
+            "counts must be whole numbers: {row:?}\n{out}"
+        );
         assert!(
             row[2] >= 0.999 * row[3],
             "peak {} below average {}",

@@ -281,7 +281,13 @@ impl Datagram {
     fn make_qp(st: &mut State, src: SocketAddr) -> Result<usize> {
         let ep = st.ep.as_ref().expect("initialised");
         let id = CmId::create(None, PortSpace::Udp)?;
-        id.bind_addr(src)?;
+        if cm::any_addr(src.ip()) {
+            // A loopback address binds like the wildcard (no device); resolving from it finds
+            // the loopback device, which carries these datagrams.
+            id.resolve_addr(Some(src), src, 2000)?;
+        } else {
+            id.bind_addr(src)?;
+        }
         let device = id.device().ok_or_else(|| errno(libc::EADDRNOTAVAIL))?;
         let (ctx, pd) = resources(&device)?;
         let comp = CompChannel::create(&ctx)?;

@@ -947,8 +947,6 @@ impl CmEngine {
         conns.chain(out).chain(served).min()
     }
 
-    // -----------------------------------------------------------------------------------------
-
     fn new_comm_id(&mut self) -> u32 {
         loop {
             let raw = self.rng.next_u32();
