@@ -55,7 +55,7 @@
 //!
 //! ```
 //! use softverbs::aio::AsyncQp;
-//! use softverbs::{devices, AccessFlags, QpCap, QpType};
+//! use softverbs::{devices, AccessFlags, QpAttr, QpAttrMask, QpCap, QpState, QpType};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -63,8 +63,12 @@
 //! let pd = ctx.alloc_pd()?;
 //! let cap = QpCap { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
 //! let qp = AsyncQp::new(&pd, QpType::Rc, cap)?;
+//! let init = QpAttr { qp_state: QpState::Init, port_num: 1, ..Default::default() };
+//! let mask = QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS;
+//! qp.qp().modify(&init, mask)?;
 //! let buf = pd.register_owned(vec![0u8; 4096], AccessFlags::LOCAL_WRITE)?;
-//! // Not connected yet: the receive waits; dropping it leaves the buffer with the QP.
+//! // In INIT, not connected yet: the receive is posted and waits; dropping it leaves the
+//! // buffer with the QP.
 //! let recv = qp.recv(buf, 0..4096);
 //! assert_eq!(qp.outstanding(), 1);
 //! drop(recv);
