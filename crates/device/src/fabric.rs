@@ -381,11 +381,8 @@ impl<E: Endpoint> Node<E> {
             let ext = desc.remote.map(|at| RemotePayload { at, qpn: qp.number() });
             let ext = ext.as_ref().map(|e| e as &dyn ExternalPayload);
             let (txs, ticket, dropped) = qp.receive_packet(now, &parsed, ext, meta, pending);
-            match dropped {
-                None => {}
-                Some(DropReason::BadPkey) => bump(self.counters.rx_bad_pkey()),
-                Some(DropReason::BadQkey) => bump(self.counters.rx_bad_qkey()),
-                Some(_) => bump(self.counters.rx_dropped()),
+            if let Some(reason) = dropped {
+                self.counters.count_drop(reason);
             }
             let at = out.len();
             if out.is_empty() {

@@ -10,6 +10,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
+use softverbs_engine::transport::DropReason;
 use softverbs_shm::StatBoard;
 
 /// Declares the counters: the [`Counter`] names, [`NodeCounters`]' accessors and the fields of
@@ -68,7 +69,8 @@ counters! {
     rx_malformed,
     /// Received packets for a QP number that does not exist.
     rx_unknown_qp,
-    /// Received packets a QP dropped (wrong state or PSN, no receive WQE, duplicate, ...).
+    /// Received packets a QP dropped, for any of the reasons counted from `rx_not_receiving` to
+    /// `rx_qp_malformed` (their sum).
     rx_dropped,
     /// Received packets with a P_Key not in the table.
     rx_bad_pkey,
@@ -103,6 +105,44 @@ counters! {
     seq_naks,
     /// RNR NAKs received by reliable QPs.
     rnr_naks,
+    /// Dropped by a QP: it was not in a state that receives (RESET, INIT, ERROR, ...).
+    rx_not_receiving,
+    /// Dropped by a QP: an opcode its transport does not take (e.g. an RDMA READ on UC).
+    rx_wrong_transport,
+    /// Dropped by a QP: a PSN outside the expected window, or a duplicate with nothing to
+    /// answer.
+    rx_bad_psn,
+    /// Dropped by a QP: a response matching no outstanding request.
+    rx_unexpected_response,
+    /// Dropped by a QP: a UD or UC message with no receive WQE posted.
+    rx_no_recv_wqe,
+    /// Dropped by a QP: the rest of a UC message it had abandoned.
+    rx_uc_message_dropped,
+    /// Dropped by a QP: structurally invalid for its transport (e.g. bad lengths).
+    rx_qp_malformed,
+}
+
+impl NodeCounters {
+    /// Counts a packet a QP dropped for `reason`: P_Key and Q_Key mismatches have counters of
+    /// their own, every other reason counts in `rx_dropped` and in the reason's counter.
+    pub fn count_drop(&self, reason: DropReason) {
+        let bump = |c: &AtomicU64| {
+            c.fetch_add(1, Ordering::Relaxed);
+        };
+        let by_reason = match reason {
+            DropReason::BadPkey => return bump(self.rx_bad_pkey()),
+            DropReason::BadQkey => return bump(self.rx_bad_qkey()),
+            DropReason::NotReceiving => self.rx_not_receiving(),
+            DropReason::WrongTransport => self.rx_wrong_transport(),
+            DropReason::BadPsn => self.rx_bad_psn(),
+            DropReason::UnexpectedResponse => self.rx_unexpected_response(),
+            DropReason::NoReceiveWqe => self.rx_no_recv_wqe(),
+            DropReason::UcMessageDropped => self.rx_uc_message_dropped(),
+            DropReason::Malformed => self.rx_qp_malformed(),
+        };
+        bump(self.rx_dropped());
+        bump(by_reason);
+    }
 }
 
 /// The counters of one device of this process.
@@ -257,6 +297,22 @@ mod tests {
         assert!(me.same_netns);
         let (processes, sum) = device_wide("sv_stattest");
         assert_eq!((processes, sum.tx_packets), (1, 3));
+        a.count_drop(DropReason::BadPsn);
+        a.count_drop(DropReason::BadPsn);
+        a.count_drop(DropReason::NoReceiveWqe);
+        a.count_drop(DropReason::BadQkey);
+        let c = device_wide("sv_stattest").1;
+        assert_eq!(
+            (
+                c.rx_dropped,
+                c.rx_bad_psn,
+                c.rx_no_recv_wqe,
+                c.rx_bad_qkey,
+                c.rx_not_receiving
+            ),
+            (3, 2, 1, 1, 0),
+            "QP drops by reason, summed in rx_dropped; Q_Key drops apart"
+        );
         assert_eq!(
             CounterSnapshot::NAMES.len(),
             CounterSnapshot::default().values().len()

@@ -7,8 +7,9 @@
 //! object is a `repr(C)` box whose first field is the struct C sees and which holds the core
 //! `Arc`, as for the verbs; the semantics are `softverbs_device::cm`'s.
 
-// The mirrors are defined once, in crates/rdmacm, and compiled into both libraries.
-#[path = "../../rdmacm/src/abi.rs"]
+// The mirrors are defined once, in crates/rdmacm, and compiled into both libraries (through a
+// symbolic link, so that the packaged crate holds its own copy).
+#[path = "rdmacm_abi.rs"]
 #[allow(dead_code, unreachable_pub)]
 mod rdmacm_abi;
 

@@ -216,6 +216,12 @@ pub struct Args {
     #[arg(long)]
     pub csv: bool,
 
+    /// Also draw the results as an SVG chart in FILE: bandwidth and latency against message
+    /// size (use with --sweep). With --loopback and neither --bw nor --lat, both are measured,
+    /// one sweep after the other (with --json, one document per line for each).
+    #[arg(long, value_name = "FILE", conflicts_with = "idle_cpu")]
+    pub plot: Option<std::path::PathBuf>,
+
     /// Verify the data at the end of each size (and the atomic counters).
     #[arg(long)]
     pub check: bool,

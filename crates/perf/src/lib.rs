@@ -19,6 +19,7 @@
 
 pub mod cli;
 pub mod error;
+pub mod plot;
 pub mod scale;
 pub mod stats;
 
@@ -33,10 +34,37 @@ pub use error::{Error, Result};
 pub use stats::{BwRow, IdleRow, LatRow, Row};
 
 /// Runs what `args` asks for: the loopback pair, a client (with a host) or a server. Returns
-/// the rows the client printed (none for a server).
+/// the rows the client printed (none for a server). With `--plot`, also writes the chart.
 pub fn run(args: &Args) -> Result<Vec<Row>> {
     // Validate before anything starts, so that a bad option fails here rather than in a peer.
     Params::from_args(args)?;
+    if args.plot.is_some() && !args.loopback && args.host.is_none() {
+        error::bail!("--plot needs results: give a server to connect to, or --loopback");
+    }
+    let mut rows = measure(args)?;
+    if let Some(path) = &args.plot {
+        if args.loopback && !args.bw && !args.lat {
+            let lat = Args {
+                lat: true,
+                ..args.clone()
+            };
+            Params::from_args(&lat)?;
+            rows.extend(measure(&lat)?);
+        }
+        let title = format!(
+            "softverbs-perf: {} over {}, {} QP{}",
+            args.test.name(),
+            args.connection.name(),
+            args.qps,
+            if args.qps == 1 { "" } else { "s" }
+        );
+        let svg = plot::sweep_svg(&rows, &title)?;
+        std::fs::write(path, svg).map_err(|e| Error::msg(format!("writing {}: {e}", path.display())))?;
+    }
+    Ok(rows)
+}
+
+fn measure(args: &Args) -> Result<Vec<Row>> {
     if args.announce {
         session::announced_server(args)?;
         return Ok(Vec::new());

@@ -213,8 +213,8 @@ fn library(bin_dir: &Path) -> PathBuf {
 }
 
 /// `scripts/bench --quick` on this build's binaries prints every row, each with a number for
-/// softverbs, and writes the same rows as Markdown. Runs where perftest is installed (CI
-/// installs it with scripts/setup-deps).
+/// softverbs, writes the same rows as Markdown, and draws their ratios as an SVG chart. Runs
+/// where perftest is installed (CI installs it with scripts/setup-deps).
 #[test]
 fn bench_quick_prints_every_row() {
     if !which("ib_write_bw") {
@@ -224,6 +224,7 @@ fn bench_quick_prints_every_row() {
     let bin_dir = Path::new(BASELINE).parent().unwrap().to_path_buf();
     let lib_dir = library(&bin_dir);
     let md = lib_dir.join("bench.md");
+    let chart = lib_dir.join("bench.svg");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench");
     let child = Command::new(script)
         .arg("--quick")
@@ -234,6 +235,8 @@ fn bench_quick_prints_every_row() {
         .arg(&lib_dir)
         .arg("--markdown")
         .arg(&md)
+        .arg("--chart")
+        .arg(&chart)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -305,5 +308,22 @@ fn bench_quick_prints_every_row() {
         }
         assert!(["met", "NOT met", "-"].contains(&r[7]), "{r:?}");
     }
+    // The chart: a bar per row with a ratio, its target tick where the target is a ratio.
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    let doc = roxmltree::Document::parse(&svg).expect("the chart is well-formed XML");
+    let class = |c: &str| {
+        doc.descendants()
+            .filter(|n| n.attribute("class") == Some(c))
+            .count()
+    };
+    let with_ratio = rows.iter().filter(|r| r[5] != "-").count();
+    assert!(with_ratio > 0);
+    assert_eq!(class("ratio"), with_ratio, "{svg}");
+    let is_ratio = |w: &str| w.strip_suffix('x').is_some_and(|n| n.parse::<f64>().is_ok());
+    let ratio_targets = rows
+        .iter()
+        .filter(|r| r[5] != "-" && r[6].split_whitespace().any(is_ratio))
+        .count();
+    assert_eq!(class("target"), ratio_targets, "{svg}");
     let _ = std::fs::remove_dir_all(&lib_dir);
 }

@@ -9,6 +9,7 @@
 pub mod asyncwatch;
 pub mod cli;
 pub mod pingpong;
+pub mod run;
 pub mod xsrq;
 
 use std::fmt;

@@ -2,10 +2,15 @@
 //! device on this host, as each publishes them on its counter board.
 
 use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
+use std::os::fd::AsFd;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
 use softverbs::{host_counters, CounterSnapshot, ProcessCounters};
 use softverbs_tools::cli;
 
@@ -27,6 +32,11 @@ struct Args {
     #[arg(short = 'i', long, default_value_t = 1.0)]
     interval: f64,
 
+    /// Redraw the table in place every SECS seconds (default 1, or the --interval), as watch(1)
+    /// and top(1) do, until interrupted (Ctrl-C) or --count refreshes.
+    #[arg(short = 'w', long, value_name = "SECS", num_args = 0..=1, default_missing_value = "")]
+    watch: Option<String>,
+
     /// Stop after this many refreshes (default: until interrupted; 1 with --once).
     #[arg(short = 'n', long)]
     count: Option<u64>,
@@ -44,15 +54,24 @@ struct Args {
     all_netns: bool,
 }
 
-/// Drops by reason, as the table's columns name them.
-fn drops(c: &CounterSnapshot) -> [(&'static str, u64); 6] {
+/// Drops by reason, as the table's last column names them: the device's (a packet that does
+/// not parse, for no QP, with a bad key or ICRC, sent to nobody) and the QPs' (`rx_dropped` is
+/// their sum).
+fn drops(c: &CounterSnapshot) -> [(&'static str, u64); 13] {
     [
         ("malformed", c.rx_malformed),
         ("unknown_qp", c.rx_unknown_qp),
-        ("qp_dropped", c.rx_dropped),
         ("bad_pkey", c.rx_bad_pkey),
         ("bad_qkey", c.rx_bad_qkey),
         ("bad_icrc", c.rx_bad_icrc),
+        ("unroutable", c.tx_unroutable),
+        ("not_receiving", c.rx_not_receiving),
+        ("wrong_transport", c.rx_wrong_transport),
+        ("bad_psn", c.rx_bad_psn),
+        ("unexpected_response", c.rx_unexpected_response),
+        ("no_recv_wqe", c.rx_no_recv_wqe),
+        ("uc_message_dropped", c.rx_uc_message_dropped),
+        ("qp_malformed", c.rx_qp_malformed),
     ]
 }
 
@@ -94,13 +113,15 @@ fn print_table(
     secs: f64,
 ) {
     println!(
-        "{:>8} {:<16} {:<10} {:>6} {:>12} {:>12} {:>10} {:>10} {:>9} {:>9} {:>8} {:>8}  drops by reason",
+        "{:>8} {:<16} {:<10} {:>6} {:>12} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}  drops by reason",
         "pid",
         "command",
         "device",
         "qps",
         "tx_packets",
         "rx_packets",
+        "tx_bytes",
+        "rx_bytes",
         "tx/s",
         "rx/s",
         "resent",
@@ -113,8 +134,8 @@ fn print_table(
         rows += 1;
         let (tx_rate, rx_rate) = match last.get(&(p.pid, dev.to_string())) {
             Some(prev) if secs > 0.0 => (
-                human(c.tx_bytes.saturating_sub(prev.tx_bytes) as f64 / secs),
-                human(c.rx_bytes.saturating_sub(prev.rx_bytes) as f64 / secs),
+                human(c.tx_bytes.saturating_sub(prev.tx_bytes) as f64 / secs) + "/s",
+                human(c.rx_bytes.saturating_sub(prev.rx_bytes) as f64 / secs) + "/s",
             ),
             _ => ("-".into(), "-".into()),
         };
@@ -124,13 +145,15 @@ fn print_table(
             .map(|(r, n)| format!("{r}={n}"))
             .collect();
         println!(
-            "{:>8} {:<16} {:<10} {:>6} {:>12} {:>12} {:>10} {:>10} {:>9} {:>9} {:>8} {:>8}  {}",
+            "{:>8} {:<16} {:<10} {:>6} {:>12} {:>12} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>8}  {}",
             p.pid,
             p.comm,
             dev,
             c.qps,
             c.tx_packets,
             c.rx_packets,
+            human(c.tx_bytes as f64),
+            human(c.rx_bytes as f64),
             tx_rate,
             rx_rate,
             c.retransmits,
@@ -149,34 +172,113 @@ fn print_table(
     }
 }
 
+/// Waits for SIGINT or SIGTERM, which main blocks and reads here, so that an interrupted
+/// refresh loop ends cleanly (the table whole, the terminal restored, exit status 0).
+struct Interrupts(SignalFd);
+
+impl Interrupts {
+    fn new() -> nix::Result<Self> {
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGINT);
+        set.add(Signal::SIGTERM);
+        // Before any thread starts, so that no thread takes the signals instead.
+        set.thread_block()?;
+        SignalFd::with_flags(&set, SfdFlags::SFD_CLOEXEC).map(Self)
+    }
+
+    /// Sleeps until `deadline`; false if a signal came first.
+    fn sleep_until(&self, deadline: Instant) -> bool {
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return true;
+            }
+            let ms = PollTimeout::try_from(left.as_millis().max(1)).unwrap_or(PollTimeout::MAX);
+            let mut fds = [PollFd::new(self.0.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, ms) {
+                Ok(0) | Err(nix::errno::Errno::EINTR) => {}
+                Ok(_) => return false,
+                Err(_) => std::thread::sleep(left),
+            }
+        }
+    }
+}
+
+/// Terminal control of `--watch` on a terminal: home and clear, hide and show the cursor.
+const CLEAR: &str = "\x1b[H\x1b[2J";
+const HIDE_CURSOR: &str = "\x1b[?25l";
+const SHOW_CURSOR: &str = "\x1b[?25h";
+
 fn main() -> ExitCode {
-    let args: Args = cli::parse_args();
+    let mut args: Args = cli::parse_args();
+    if let Some(w) = args.watch.as_deref().filter(|w| !w.is_empty()) {
+        match w.parse::<f64>() {
+            Ok(secs) => args.interval = secs,
+            Err(_) => {
+                eprintln!("softverbs-stat: --watch takes a number of seconds, not {w:?}");
+                return ExitCode::from(2);
+            }
+        }
+    }
     if !(args.interval > 0.0 && args.interval.is_finite()) {
         eprintln!("softverbs-stat: the interval must be a positive number of seconds");
         return ExitCode::from(2);
     }
+    let interrupts = match Interrupts::new() {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("softverbs-stat: cannot handle SIGINT: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let watch = args.watch.is_some();
+    let redraw = watch && std::io::stdout().is_terminal();
     let count = if args.once { Some(1) } else { args.count };
     let mut last: HashMap<(u32, String), CounterSnapshot> = HashMap::new();
     let mut then = Instant::now();
     let mut n = 0u64;
+    if redraw {
+        print!("{HIDE_CURSOR}");
+    }
     loop {
         let procs = host_counters();
         let secs = then.elapsed().as_secs_f64();
         then = Instant::now();
+        if redraw {
+            print!("{CLEAR}");
+        }
+        if watch {
+            println!(
+                "Every {}s: softverbs-stat, refresh {}{}",
+                args.interval,
+                n + 1,
+                if redraw { "  (Ctrl-C ends)" } else { "" }
+            );
+        }
         if args.all {
             print_all(&args, &procs);
         } else {
             print_table(&args, &procs, &last, secs);
         }
+        let _ = std::io::stdout().flush();
         last = procs
             .iter()
             .flat_map(|p| p.devices.iter().map(move |(d, c)| ((p.pid, d.clone()), *c)))
             .collect();
         n += 1;
         if count.is_some_and(|c| n >= c) {
-            return ExitCode::SUCCESS;
+            break;
         }
-        std::thread::sleep(Duration::from_secs_f64(args.interval));
-        println!();
+        if !interrupts.sleep_until(then + Duration::from_secs_f64(args.interval)) {
+            break;
+        }
+        if !redraw {
+            println!();
+        }
     }
+    if redraw {
+        print!("{SHOW_CURSOR}");
+        let _ = std::io::stdout().flush();
+    }
+    ExitCode::SUCCESS
 }

@@ -1,0 +1,1 @@
+../../rdmacm/src/abi.rs
