@@ -267,6 +267,12 @@ pub struct Args {
     #[arg(long)]
     pub check: bool,
 
+    /// Register memory the program owns (a page-aligned anonymous mapping, as perftest
+    /// allocates) without a copy (`register_owned`), instead of memory the safe API allocates
+    /// as atomic words. Both sides use it (the client tells the server).
+    #[arg(long)]
+    pub zero_copy: bool,
+
     /// Connect the QPs, then stay idle for SECS and report the CPU time used by each process
     /// (user + system, as a percentage of one core).
     #[arg(long, value_name = "SECS")]
@@ -343,6 +349,8 @@ pub struct Params {
     pub connection: Connection,
     /// Verify data.
     pub check: bool,
+    /// Register owned memory without a copy.
+    pub zero_copy: bool,
     /// Idle seconds (`Metric::Idle`).
     pub idle_secs: f64,
 }
@@ -440,6 +448,7 @@ impl Params {
             atomic: a.atomic_type,
             connection: a.connection,
             check: a.check,
+            zero_copy: a.zero_copy,
             idle_secs,
         })
     }
@@ -459,7 +468,7 @@ impl Params {
         let sizes: Vec<String> = self.sizes.iter().map(ToString::to_string).collect();
         format!(
             "test={} metric={} sizes={} iters={} duration={} warmup={} tx_depth={} rx_depth={} qps={} cq_mod={} \
-             post_list={} inline={} event={} mtu={} atomic={} conn={} check={} idle={}",
+             post_list={} inline={} event={} mtu={} atomic={} conn={} check={} zero_copy={} idle={}",
             self.test.name(),
             self.metric.name(),
             sizes.join(","),
@@ -477,6 +486,7 @@ impl Params {
             self.atomic.name(),
             self.connection.name(),
             u8::from(self.check),
+            u8::from(self.zero_copy),
             self.idle_secs,
         )
     }
@@ -501,6 +511,7 @@ impl Params {
             atomic: AtomicKind::FetchAdd,
             connection: Connection::Rc,
             check: false,
+            zero_copy: false,
             idle_secs: 0.0,
         };
         fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T> {
@@ -548,6 +559,7 @@ impl Params {
                     }
                 }
                 "check" => p.check = v == "1",
+                "zero_copy" => p.zero_copy = v == "1",
                 "idle" => p.idle_secs = num(k, v)?,
                 // Unknown keys come from a newer client; ignore them.
                 _ => {}
@@ -605,9 +617,11 @@ mod tests {
             "-q",
             "3",
             "--check",
+            "--zero-copy",
         ]);
         let p = Params::from_args(&a).unwrap();
         assert_eq!(p.sizes, vec![2, 4096, 1 << 20]);
+        assert!(p.zero_copy);
         assert_eq!(Params::decode(&p.encode()).unwrap(), p);
         let a = Args::parse_from([
             "softverbs-perf",

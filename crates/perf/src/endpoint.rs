@@ -6,8 +6,8 @@ use std::net::IpAddr;
 
 use softverbs::{
     devices, AccessFlags, AhAttr, CompletionChannel, CompletionQueue, Context, Gid, GlobalRoute,
-    MemoryRegion, Mtu, Payload, ProtectionDomain, QpAttr, QpAttrMask, QpInit, QpState, QpType, QueuePair,
-    RecvWr, RemoteAddr, SendFlags, SendOp, SendRequest, WorkCompletion,
+    MemoryRegion, Mtu, OwnedRegion, Payload, ProtectionDomain, QpAttr, QpAttrMask, QpInit, QpState, QpType,
+    QueuePair, RecvWr, RemoteAddr, SendFlags, SendOp, SendRequest, WorkCompletion,
 };
 
 use crate::cli::{AtomicKind, Connection, Params, TestKind};
@@ -42,6 +42,48 @@ impl Layout {
             result,
             len: result + 8 * qps,
             max,
+        }
+    }
+}
+
+/// This side's one memory region: allocated by the safe API (atomic words, reached through
+/// copying accessors), or memory the program owns registered without a copy (`--zero-copy`).
+#[derive(Debug)]
+pub(crate) enum Region {
+    Copying(MemoryRegion),
+    Owned(OwnedRegion<memmap2::MmapMut>),
+}
+
+impl Region {
+    /// `len` bytes holding `pattern` at `at`, registered with `access`.
+    fn new(
+        pd: &ProtectionDomain,
+        zero_copy: bool,
+        len: usize,
+        access: AccessFlags,
+        at: usize,
+        pattern: &[u8],
+    ) -> Result<Self> {
+        if !zero_copy {
+            let mr = pd.register(len, access)?;
+            mr.write(at, pattern)?;
+            return Ok(Self::Copying(mr));
+        }
+        let map = memmap2::MmapMut::map_anon(len).map_err(|e| Error::msg(format!("mmap: {e}")))?;
+        let mut mr = pd.register_owned(map, access)?;
+        // Filled in place: nothing else can reach the region before it is advertised.
+        mr.local_mut()[at..at + pattern.len()].copy_from_slice(pattern);
+        Ok(Self::Owned(mr))
+    }
+}
+
+impl std::ops::Deref for Region {
+    type Target = MemoryRegion;
+
+    fn deref(&self) -> &MemoryRegion {
+        match self {
+            Self::Copying(mr) => mr,
+            Self::Owned(mr) => mr,
         }
     }
 }
@@ -257,7 +299,7 @@ pub(crate) struct Endpoint {
     channel: Option<CompletionChannel>,
     pub(crate) qps: Vec<QueuePair>,
     pub(crate) psns: Vec<u32>,
-    pub(crate) mr: MemoryRegion,
+    pub(crate) mr: Region,
     pub(crate) layout: Layout,
     pub(crate) gid: Gid,
     pub(crate) gid_index: u8,
@@ -331,9 +373,15 @@ impl Endpoint {
             qps.push(pd.create_qp(&init)?);
             psns.push(random_psn(i as u64));
         }
-        let mr = pd.register(layout.len, AccessFlags::LOCAL_WRITE | REMOTE_ACCESS)?;
         let src_pattern = pattern(side.seed(), layout.max);
-        mr.write(layout.src, &src_pattern)?;
+        let mr = Region::new(
+            &pd,
+            params.zero_copy,
+            layout.len,
+            AccessFlags::LOCAL_WRITE | REMOTE_ACCESS,
+            layout.src,
+            &src_pattern,
+        )?;
         let max_rd_atomic = params
             .tx_depth
             .min(attr.max_qp_init_rd_atom)

@@ -221,6 +221,15 @@ fn print_header(ep: &Endpoint, remote: &Info, p: &Params, peer: PeerKind) {
         ("Max inline data", format!("{}[B]", p.inline)),
         ("Data check", if p.check { "ON" } else { "OFF" }.to_string()),
         (
+            "Memory",
+            if p.zero_copy {
+                "owned, zero copy"
+            } else {
+                "atomic words"
+            }
+            .to_string(),
+        ),
+        (
             "Run length",
             match (p.iters, p.duration) {
                 (Some(n), _) => format!("{n} iterations"),
@@ -279,6 +288,7 @@ fn meta(ep: &Endpoint, p: &Params, peer: PeerKind) -> Vec<(String, String)> {
         ("inline", p.inline.to_string()),
         ("mtu", ep.mtu.bytes().to_string()),
         ("check", p.check.to_string()),
+        ("zero_copy", p.zero_copy.to_string()),
     ];
     if p.test == TestKind::Atomic {
         m.push(("atomic", p.atomic.name().to_string()));

@@ -263,6 +263,11 @@ fn bench_quick_prints_every_row() {
         "CPU s/GB, RC WRITE 64 KiB",
         "CPU s/GB, ib_write_bw 64 KiB",
         "CPU s/GB, ib_write_bw 1 MiB",
+        "RC WRITE 64 KiB, --zero-copy [Gbit/s]",
+        "RC WRITE 1 MiB, --zero-copy [Gbit/s]",
+        "RC WRITE 64 KiB, --zero-copy vs atomic words",
+        "RC WRITE 1 MiB, --zero-copy vs atomic words",
+        "CPU s/GB, RC WRITE 1 MiB --zero-copy",
         "idle CPU, client [% of a core]",
         "idle CPU, server [% of a core]",
         "QPs in one process: bytes per idle connected QP",
@@ -285,7 +290,7 @@ fn bench_quick_prints_every_row() {
         .filter(|l| l.starts_with('|') && !l.starts_with("|---") && !l.starts_with("| section"))
         .map(|l| l.trim_matches('|').split('|').map(str::trim).collect())
         .collect();
-    assert_eq!(rows.len(), 25, "{text}");
+    assert_eq!(rows.len(), 30, "{text}");
     let ucx = which("ucx_perftest");
     for r in &rows {
         assert_eq!(r.len(), 8, "{r:?}");

@@ -115,7 +115,11 @@
 //!   man page lists them. A failed post ([`PostError`]) says which work request was refused.
 //! - **Memory** registered through the safe API is reached through copying accessors
 //!   ([`MemoryRegion::read`], [`MemoryRegion::write`]), never through slices, because the
-//!   device writes it from its own threads at any time.
+//!   device writes it from its own threads at any time. Memory the program owns (a `Vec`,
+//!   `Box<[u8]>`, `BytesMut` or a mapping) is registered without a copy and handed back on
+//!   deregistration by [`zero_copy`], whose regions give slices while the device is kept out.
+//! - **Async**: with the `tokio` feature, the `aio` module gives completion streams and work
+//!   requests as futures that own their buffers until the completion.
 //! - **Waiting** is bounded wherever a call can wait: the `_timeout` variants
 //!   ([`CompletionChannel::get_cq_event_timeout`], [`Context::get_async_event_timeout`])
 //!   give up with [`Error::WouldBlock`]. A peer that vanishes shows as error completions
@@ -127,6 +131,8 @@
 //! - **C programs** use the same device through the drop-in `libibverbs.so.1` and
 //!   `librdmacm.so.1` (crates `softverbs-ibverbs` and `softverbs-rdmacm`).
 
+#[cfg(feature = "tokio")]
+pub mod aio;
 pub mod capture;
 pub mod cm;
 mod context;
@@ -141,6 +147,7 @@ mod qp;
 mod raw;
 pub mod rsocket;
 mod xrc;
+pub mod zero_copy;
 
 pub use capture::{capture_stats, stop_capture, CaptureStats, PacketCapture};
 pub use context::{AsyncEvent, AsyncEventTarget, Context};
@@ -156,6 +163,7 @@ pub use pd::{
 pub use qp::{QpInit, QueuePair, SharedReceiveQueue};
 pub use raw::{Flow, RssQueuePair, RwqIndTable, WorkQueue};
 pub use xrc::{XrcDomain, O_CREAT, O_EXCL};
+pub use zero_copy::{BorrowedRegion, LocalMut, LocalRef, OwnedRegion, RegisterError, StableBuffer};
 
 pub use softverbs_device::attr_ex::{cap_flags_ex, odp, HCA_CORE_CLOCK_KHZ};
 pub use softverbs_device::config::{Config, Limits};

@@ -193,10 +193,20 @@ impl ProtectionDomain {
 
     fn register_buffer(&self, buf: Arc<AtomicBuffer>, access: AccessFlags) -> Result<MemoryRegion> {
         let addr = buf.addr();
-        let core = core::Mr::register(&self.0.core, buf.clone(), addr, access.bits())?;
+        self.register_backing(buf, addr, access)
+    }
+
+    /// Registers `mem`, whose first byte work requests and peers address as `addr`.
+    pub(crate) fn register_backing(
+        &self,
+        mem: Arc<dyn MemoryBacking>,
+        addr: u64,
+        access: AccessFlags,
+    ) -> Result<MemoryRegion> {
+        let core = core::Mr::register(&self.0.core, mem.clone(), addr, access.bits())?;
         Ok(MemoryRegion {
             core,
-            mem: buf,
+            mem,
             imported: false,
             _dm: None,
             pd: self.clone(),
@@ -415,6 +425,17 @@ impl MemoryRegion {
             }
             Err(e) => Err((self, e)),
         }
+    }
+
+    /// [`MemoryRegion::dereg`] for a region whose memory its owner releases next: EBUSY while
+    /// windows are bound; deregistering twice does nothing.
+    pub(crate) fn dereg_in_place(&mut self) -> Result<()> {
+        if self.imported || self.deregistered {
+            return Ok(());
+        }
+        self.core.dereg()?;
+        self.deregistered = true;
+        Ok(())
     }
 
     /// The PD.
@@ -908,7 +929,8 @@ impl Drop for AddressHandle {
     }
 }
 
-/// The error for an access to memory that is not mapped (only imported on-demand regions).
+/// The error for an access to memory that is not mapped (imported on-demand regions), or
+/// whose bytes a guard of a zero-copy region keeps from this access.
 fn unmapped(_: softverbs_device::mem::Unmapped) -> Error {
-    Error::invalid("the memory is not mapped")
+    Error::invalid("the memory is not mapped, or a guard of the region excludes this access")
 }
