@@ -1,0 +1,68 @@
+//! Engine bugs the `engine_qp` fuzz target found, each reproduced with packets built by hand
+//! (the inputs themselves are replayed from `fuzz/regressions/engine_qp` by
+//! `engine_fuzz_corpus.rs`).
+
+mod sim;
+
+use sim::*;
+use softverbs_engine::time::Instant;
+use softverbs_engine::transport::{DropReason, RxMeta};
+use softverbs_engine::types::QpType;
+use softverbs_wire::{BthRepr, Opcode, PacketRepr, Psn, RethRepr, RocePacket};
+
+/// A connected RC pair; returns the simulator and the responder under test.
+fn rc_pair() -> (Sim, QpId, QpId) {
+    Sim::pair(1, QpType::Rc, &ConnOpts::default())
+}
+
+/// Feeds `repr` (with a zeroed payload) to QP `to` as if it came from its peer; returns the
+/// engine's verdict and the opcodes and PSNs it sent in answer.
+fn feed(sim: &mut Sim, to: QpId, repr: PacketRepr) -> (Result<(), DropReason>, Vec<(Opcode, Psn)>) {
+    let mut data = vec![0u8; repr.buffer_len()];
+    repr.emit(&mut data).expect("a consistent packet");
+    let pkt = RocePacket::parse(&data).expect("parses");
+    let meta = RxMeta {
+        sgid: sim.nodes[1 - to.node].gid,
+        dgid: sim.nodes[to.node].gid,
+        traffic_class: 0,
+        hop_limit: 64,
+    };
+    let now = Instant(sim.now.0);
+    let node = &mut sim.nodes[to.node];
+    let qp = node.qps.get_mut(&to.qpn).expect("QP exists");
+    let verdict = qp.engine.handle_packet(now, &pkt, &meta, &node.mem, None);
+    let mut out = Vec::new();
+    while let Some(tx) = qp.engine.poll_transmit(now, &node.mem) {
+        let p = RocePacket::parse(&tx.data).expect("the engine emits packets that parse");
+        out.push((p.opcode(), p.repr.bth.psn));
+    }
+    (verdict, out)
+}
+
+fn read_request(dest_qpn: u32, psn: u32, va: u64, rkey: u32, dma_len: u32) -> PacketRepr {
+    let mut repr = PacketRepr::new(BthRepr::new(Opcode::RcReadRequest, dest_qpn, Psn::new(psn)), 0);
+    repr.bth.ack_req = true;
+    repr.reth = Some(RethRepr { va, rkey, dma_len });
+    repr
+}
+
+/// A zero-length READ checks neither key nor address (C9-88), so its resource may name any
+/// address; a duplicate of it asking for bytes past the end of the address space overflowed the
+/// "part of the original" check (a panic in debug builds). It is now dropped like any duplicate
+/// that asks for more than the original.
+#[test]
+fn duplicate_of_a_zero_length_read_at_the_top_of_memory_is_dropped() {
+    let o = ConnOpts::default();
+    let (mut sim, _a, b) = rc_pair();
+    let top = u64::MAX - 3;
+    let (verdict, out) = feed(&mut sim, b, read_request(b.qpn, o.psn_a, top, 0xBAD, 0));
+    assert_eq!(verdict, Ok(()));
+    assert_eq!(out, vec![(Opcode::RcReadResponseOnly, Psn::new(o.psn_a))]);
+    let (verdict, out) = feed(&mut sim, b, read_request(b.qpn, o.psn_a, top, 0xBAD, 100));
+    assert_eq!(verdict, Err(DropReason::BadPsn));
+    assert!(out.is_empty(), "{out:?}");
+    // A duplicate inside the original is still answered.
+    let (verdict, out) = feed(&mut sim, b, read_request(b.qpn, o.psn_a, top, 0xBAD, 0));
+    assert_eq!(verdict, Ok(()));
+    assert_eq!(out, vec![(Opcode::RcReadResponseOnly, Psn::new(o.psn_a))]);
+}
