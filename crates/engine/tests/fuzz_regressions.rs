@@ -4,10 +4,12 @@
 
 mod sim;
 
+use std::time::Duration;
+
 use sim::*;
 use softverbs_engine::time::Instant;
 use softverbs_engine::transport::{DropReason, RxMeta};
-use softverbs_engine::types::QpType;
+use softverbs_engine::types::{Mtu, QpType, Sge, WcStatus};
 use softverbs_wire::{BthRepr, Opcode, PacketRepr, Psn, RethRepr, RocePacket};
 
 /// A connected RC pair; returns the simulator and the responder under test.
@@ -65,4 +67,38 @@ fn duplicate_of_a_zero_length_read_at_the_top_of_memory_is_dropped() {
     let (verdict, out) = feed(&mut sim, b, read_request(b.qpn, o.psn_a, top, 0xBAD, 0));
     assert_eq!(verdict, Ok(()));
     assert_eq!(out, vec![(Opcode::RcReadResponseOnly, Psn::new(o.psn_a))]);
+}
+
+/// A READ into a scatter entry whose address lies near the end of the address space, its
+/// first response lost: the second is placed first, 256 bytes into the entry, and the
+/// address of that byte overflowed (a panic in debug builds; in release the write wrapped to
+/// the bottom of the address space). The entry is out of range, so the READ fails with a
+/// local protection error.
+#[test]
+fn read_response_into_an_entry_past_the_end_of_memory_is_a_protection_error() {
+    let o = ConnOpts {
+        mtu: Mtu::Mtu256,
+        ..ConnOpts::default()
+    };
+    let (mut sim, a, b) = Sim::pair(2, QpType::Rc, &o);
+    let src = sim.mem(1).alloc_mr(1, 512, all_access());
+    let dst = sim.mem(0).alloc_mr(1, 512, all_access());
+    let mut first = true;
+    sim.set_filter(move |p| {
+        if p.opcode == Opcode::RcReadResponseFirst && std::mem::take(&mut first) {
+            Verdict::Drop
+        } else {
+            Verdict::Pass
+        }
+    });
+    let top = Sge {
+        addr: u64::MAX - 100,
+        length: 512,
+        lkey: dst.lkey,
+    };
+    sim.post_send(a, read(1, src.remote(0), vec![top]));
+    sim.run_until(Duration::from_millis(100), |s| s.send_cq_len(a) > 0);
+    let wcs = sim.take_send_cq(a);
+    assert_wc(&wcs[0], 1, WcStatus::LocProtErr);
+    let _ = b;
 }

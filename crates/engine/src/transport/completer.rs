@@ -58,8 +58,14 @@ pub(crate) fn scatter_sges(
             qpn,
             access: Access::LocalWrite,
         };
+        // The entry's address is the application's and unchecked until now: bytes past the
+        // end of the address space are outside any region.
+        let addr = sge
+            .addr
+            .checked_add(skip)
+            .ok_or(ScatterError::Mem(MemError::OutOfRange))?;
         src.slice(done..done + take)
-            .write_to(mem, key, sge.addr + skip)
+            .write_to(mem, key, addr)
             .map_err(ScatterError::Mem)?;
         done += take;
         skip = 0;
