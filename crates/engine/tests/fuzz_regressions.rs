@@ -10,7 +10,8 @@ use sim::*;
 use softverbs_engine::time::Instant;
 use softverbs_engine::transport::{DropReason, RxMeta};
 use softverbs_engine::types::{Mtu, QpType, Sge, WcStatus};
-use softverbs_wire::{BthRepr, Opcode, PacketRepr, Psn, RethRepr, RocePacket};
+use softverbs_engine::wr::RemoteAddr;
+use softverbs_wire::{AethRepr, AethSyndrome, BthRepr, Opcode, PacketRepr, Psn, RethRepr, RocePacket};
 
 /// A connected RC pair; returns the simulator and the responder under test.
 fn rc_pair() -> (Sim, QpId, QpId) {
@@ -100,5 +101,58 @@ fn read_response_into_an_entry_past_the_end_of_memory_is_a_protection_error() {
     sim.run_until(Duration::from_millis(100), |s| s.send_cq_len(a) > 0);
     let wcs = sim.take_send_cq(a);
     assert_wc(&wcs[0], 1, WcStatus::LocProtErr);
+    let _ = b;
+}
+
+/// A READ of remote bytes near the end of the address space whose first response arrived
+/// (from a peer that should have refused it) and whose second did not: resuming it at the
+/// second packet computed the remote address of its byte 256 with an overflow (a panic in
+/// debug builds). The resumed request now carries the wrapped address, which the responder
+/// refuses like any range that is not in a region.
+#[test]
+fn resuming_a_read_of_the_top_of_memory_does_not_overflow() {
+    let o = ConnOpts {
+        mtu: Mtu::Mtu256,
+        timeout: 8,
+        ..ConnOpts::default()
+    };
+    let (mut sim, a, b) = Sim::pair(3, QpType::Rc, &o);
+    sim.record();
+    // The requests never reach b: its answer is forged below.
+    sim.set_filter(|p| {
+        if p.from.node == 0 {
+            Verdict::Drop
+        } else {
+            Verdict::Pass
+        }
+    });
+    let dst = sim.mem(0).alloc_mr(1, 512, all_access());
+    let remote = RemoteAddr {
+        addr: u64::MAX - 10,
+        rkey: 0x1234,
+    };
+    sim.post_send(a, read(1, remote, vec![dst.sge(0, 512)]));
+    let mut repr = PacketRepr::new(
+        BthRepr::new(Opcode::RcReadResponseFirst, a.qpn, Psn::new(o.psn_a)),
+        256,
+    );
+    repr.aeth = Some(AethRepr {
+        syndrome: AethSyndrome::ACK_UNLIMITED,
+        msn: 1,
+    });
+    let (verdict, _) = feed(&mut sim, a, repr);
+    assert_eq!(verdict, Ok(()));
+    // The retransmission timer resends the READ from its second packet.
+    sim.advance(Duration::from_millis(5));
+    let resent: Vec<Psn> = sim
+        .log
+        .as_ref()
+        .expect("recording")
+        .iter()
+        .filter(|p| p.opcode == Opcode::RcReadRequest)
+        .map(|p| p.psn)
+        .collect();
+    assert_eq!(resent.first(), Some(&Psn::new(o.psn_a)), "{resent:?}");
+    assert!(resent.contains(&Psn::new(o.psn_a + 1)), "{resent:?}");
     let _ = b;
 }

@@ -410,7 +410,9 @@ impl QpEngine {
                 let start = (u64::from(w.resp_pkts) * u64::from(mtu)).min(w.len);
                 let end = (u64::from(w.req_end) * u64::from(mtu)).min(w.len);
                 repr.reth = Some(RethRepr {
-                    va: remote.addr + start,
+                    // The application's address, unchecked here: the responder checks the
+                    // range (and refuses one that wraps).
+                    va: remote.addr.wrapping_add(start),
                     rkey: remote.rkey,
                     dma_len: end.saturating_sub(start) as u32,
                 });
