@@ -62,6 +62,11 @@ impl CompChannel {
         Ok(cq)
     }
 
+    /// Events waiting to be taken with [`CompChannel::get_cq_event`].
+    pub fn pending(&self) -> usize {
+        self.events.len()
+    }
+
     /// `ibv_destroy_comp_channel`: EBUSY while a CQ uses the channel.
     pub fn destroy(&self) -> Result<()> {
         self.uses.retire("completion channel")
@@ -108,21 +113,23 @@ impl Backoff {
         });
     }
 
-    /// A poll found nothing: spin or yield.
-    fn nothing() {
+    /// A poll found nothing: spin or yield. Returns whether the thread yielded (other threads
+    /// may have run meanwhile).
+    fn nothing() -> bool {
         BACKOFF.with(|b| {
             let mut v = b.get();
             v.empty = v.empty.saturating_add(1);
             if v.empty <= v.spin {
                 b.set(v);
                 std::hint::spin_loop();
-                return;
+                return false;
             }
             let start = Instant::now();
             std::thread::yield_now();
             v.spin = Self::after_yield(v.spin, start.elapsed());
             b.set(v);
-        });
+            true
+        })
     }
 
     /// The spin budget after a yield that took `took`.
@@ -370,11 +377,19 @@ impl Cq {
         // another thread.
         let f = self.ctx.device().node().fabric();
         f.progress(f.now());
-        let n = self.take(out);
+        let mut n = self.take(out);
+        // An empty answer must be as fresh as a hardware CQ's: a caller told "empty" goes on
+        // to its other queues (an rdma_cm channel, say), and a yield can let a whole timeslice
+        // of other threads run, delivering completions and then events that follow them (a
+        // peer's last message, then its DISCONNECTED). So after a yield, look again: what the
+        // caller reads next is never newer than what this poll reported. (libfabric 1.17's
+        // ofi_rxm reads its event queue right after an empty poll and crashes on a completion
+        // of a connection it has already torn down.)
+        if n == 0 && Backoff::nothing() {
+            n = self.take(out);
+        }
         if n > 0 {
             Backoff::found();
-        } else {
-            Backoff::nothing();
         }
         n
     }

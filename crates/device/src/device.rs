@@ -12,9 +12,9 @@ use softverbs_engine::types::{AtomicCap, Gid, Mtu, PortState};
 use softverbs_engine::{Error, Result};
 
 use crate::config::{Config, Limits};
-use crate::fabric::CounterSnapshot;
 use crate::netif::{self, Interface};
 use crate::qp::Qp;
+use crate::stats::CounterSnapshot;
 
 /// The fabric the devices of this crate are on: its endpoints are QPs.
 pub(crate) type Fabric = crate::fabric::Fabric<Qp>;
@@ -240,13 +240,13 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    fn new(gids: &[Gid], ifindex: u32, fabric: &Arc<Fabric>) -> Self {
+    fn new(name: &str, gids: &[Gid], ifindex: u32, fabric: &Arc<Fabric>) -> Self {
         Self {
             counts: Default::default(),
             dm_bytes: AtomicU64::new(0),
             keys: Mutex::new(HashSet::new()),
             mw_indices: Mutex::new(HashSet::new()),
-            node: fabric.add_node(gids, ifindex),
+            node: fabric.add_node(crate::stats::NodeCounters::new(name), gids, ifindex),
             raw: Default::default(),
             ind_tables: AtomicU32::new(0),
             xrc_domains: Default::default(),
@@ -390,7 +390,7 @@ impl Device {
                 port,
                 gids,
                 config: config.clone(),
-                shared: Shared::new(&gids, ifc.index, fabric),
+                shared: Shared::new(&format!("sv_{}", ifc.name), &gids, ifc.index, fabric),
             }),
         }
     }

@@ -48,6 +48,7 @@ use crate::local::InProcess;
 use crate::mem::KeyTable;
 use crate::remote::{self, Pending, RemotePayload, RemoteRef};
 use crate::shm::Shm;
+use crate::stats::NodeCounters;
 use crate::udp::Udp;
 
 /// The multicast destination QPN.
@@ -55,83 +56,6 @@ pub const MULTICAST_QPN: u32 = 0xFF_FFFF;
 /// How long the member processes of a multicast group are taken as known (a process that
 /// joins is reached within this).
 const MCAST_MEMBERS_FOR: std::time::Duration = std::time::Duration::from_millis(20);
-
-/// Packet counters of one device, readable through the verbs API.
-#[derive(Debug, Default)]
-pub struct NodeCounters {
-    /// Packets handed to the fabric.
-    pub tx_packets: AtomicU64,
-    /// Packets received.
-    pub rx_packets: AtomicU64,
-    /// Received packets that did not parse (bad header, length, opcode).
-    pub rx_malformed: AtomicU64,
-    /// Received packets for a QP number that does not exist.
-    pub rx_unknown_qp: AtomicU64,
-    /// Received packets a QP dropped (wrong state or PSN, no receive WQE, duplicate, ...).
-    pub rx_dropped: AtomicU64,
-    /// Received packets with a P_Key not in the table.
-    pub rx_bad_pkey: AtomicU64,
-    /// Received datagrams with the wrong Q_Key.
-    pub rx_bad_qkey: AtomicU64,
-    /// Received packets with a bad ICRC (dropped).
-    pub rx_bad_icrc: AtomicU64,
-    /// Received IPv4 packets whose ICRC could not be checked (sent with a non-zero IP ID).
-    pub rx_icrc_unverified: AtomicU64,
-    /// Sent packets no node was listening for.
-    pub tx_unroutable: AtomicU64,
-    /// Packets sent to another process of this host through shared memory (counted in
-    /// `tx_packets` too).
-    pub tx_shm_packets: AtomicU64,
-    /// Of those, packets whose payload stayed in registered memory for the receiver to copy.
-    pub tx_payloads_in_memory: AtomicU64,
-    /// Copies straight out of a sending process's memory (each covers one or more packets).
-    pub rx_payload_copies: AtomicU64,
-    /// Such copies that failed (the QP concerned moved to the error state).
-    pub rx_payload_copy_failures: AtomicU64,
-}
-
-/// A snapshot of [`NodeCounters`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[allow(missing_docs)] // the fields mirror NodeCounters
-pub struct CounterSnapshot {
-    pub tx_packets: u64,
-    pub rx_packets: u64,
-    pub rx_malformed: u64,
-    pub rx_unknown_qp: u64,
-    pub rx_dropped: u64,
-    pub rx_bad_pkey: u64,
-    pub rx_bad_qkey: u64,
-    pub rx_bad_icrc: u64,
-    pub rx_icrc_unverified: u64,
-    pub tx_unroutable: u64,
-    pub tx_shm_packets: u64,
-    pub tx_payloads_in_memory: u64,
-    pub rx_payload_copies: u64,
-    pub rx_payload_copy_failures: u64,
-}
-
-impl NodeCounters {
-    /// The current values.
-    pub fn snapshot(&self) -> CounterSnapshot {
-        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        CounterSnapshot {
-            tx_packets: g(&self.tx_packets),
-            rx_packets: g(&self.rx_packets),
-            rx_malformed: g(&self.rx_malformed),
-            rx_unknown_qp: g(&self.rx_unknown_qp),
-            rx_dropped: g(&self.rx_dropped),
-            rx_bad_pkey: g(&self.rx_bad_pkey),
-            rx_bad_qkey: g(&self.rx_bad_qkey),
-            rx_bad_icrc: g(&self.rx_bad_icrc),
-            rx_icrc_unverified: g(&self.rx_icrc_unverified),
-            tx_unroutable: g(&self.tx_unroutable),
-            tx_shm_packets: g(&self.tx_shm_packets),
-            tx_payloads_in_memory: g(&self.tx_payloads_in_memory),
-            rx_payload_copies: g(&self.rx_payload_copies),
-            rx_payload_copy_failures: g(&self.rx_payload_copy_failures),
-        }
-    }
-}
 
 fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
@@ -187,27 +111,7 @@ pub(crate) trait Endpoint: Send + Sync + 'static {
 
 /// A node's QPs by number: looked up up to three times per packet, so hashed cheaply. The keys
 /// are numbers this process chose, so a peer cannot make them collide; it can only look up.
-type QpMap<E> = HashMap<u32, Weak<E>, std::hash::BuildHasherDefault<QpnHasher>>;
-
-/// Hashes a QP number by one multiplication (spreading consecutive numbers over the table).
-#[derive(Debug, Default)]
-struct QpnHasher(u64);
-
-impl std::hash::Hasher for QpnHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u32(u32::from(b));
-        }
-    }
-
-    fn write_u32(&mut self, n: u32) {
-        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-
-    fn finish(&self) -> u64 {
-        self.0 ^ (self.0 >> 32)
-    }
-}
+type QpMap<E> = HashMap<u32, Weak<E>, crate::sync::NumberHash>;
 
 /// Each endpoint's ticket for a received packet (to release once its replies were sent), with
 /// where its replies are in the batch's outputs (a QP whose payload copy failed sends none of
@@ -283,7 +187,9 @@ impl<E: Endpoint> Node<E> {
     }
 
     pub(crate) fn add_qp(&self, qp: &Arc<E>) {
-        self.qps.write().insert(qp.number(), Arc::downgrade(qp));
+        if self.qps.write().insert(qp.number(), Arc::downgrade(qp)).is_none() {
+            bump(self.counters.qps());
+        }
     }
 
     /// The live QP numbered `qpn` on this node.
@@ -292,7 +198,9 @@ impl<E: Endpoint> Node<E> {
     }
 
     pub(crate) fn remove_qp(&self, qpn: u32) {
-        self.qps.write().remove(&qpn);
+        if self.qps.write().remove(&qpn).is_some() {
+            self.counters.qps().fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     fn has_gid(&self, gid: &Gid) -> bool {
@@ -372,10 +280,10 @@ impl<E: Endpoint> Node<E> {
                 // caused (ACKs, completions) is seen.
                 let (copies, failures) = pending.flush();
                 self.counters
-                    .rx_payload_copies
+                    .rx_payload_copies()
                     .fetch_add(copies, Ordering::Relaxed);
                 self.counters
-                    .rx_payload_copy_failures
+                    .rx_payload_copy_failures()
                     .fetch_add(failures, Ordering::Relaxed);
                 let failed = pending.take_failed();
                 if !failed.is_empty() {
@@ -426,15 +334,18 @@ impl<E: Endpoint> Node<E> {
         (out, tickets, targets): (&mut Vec<Transmit>, &mut BatchTickets<E>, &mut Vec<Arc<E>>),
     ) {
         let (meta, ports) = (&desc.meta, desc.ports);
-        bump(&self.counters.rx_packets);
+        bump(self.counters.rx_packets());
+        self.counters
+            .rx_bytes()
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
         let Ok(mut parsed) = RocePacket::parse(data) else {
-            bump(&self.counters.rx_malformed);
+            bump(self.counters.rx_malformed());
             return;
         };
         if let Some(r) = &desc.remote {
             // The headers were sent with an empty payload; the payload is in the sender.
             if !parsed.payload.is_empty() || !r.is_consistent() {
-                bump(&self.counters.rx_malformed);
+                bump(self.counters.rx_malformed());
                 return;
             }
             parsed.repr.payload_len = r.ranges.len as usize;
@@ -444,7 +355,7 @@ impl<E: Endpoint> Node<E> {
         if is_gsi_qpn(qpn) {
             match self.gsi.get() {
                 Some(gsi) => out.extend(gsi.receive(now, &parsed, meta)),
-                None => bump(&self.counters.rx_unknown_qp),
+                None => bump(self.counters.rx_unknown_qp()),
             }
             return;
         }
@@ -463,7 +374,7 @@ impl<E: Endpoint> Node<E> {
             targets.extend(self.qps.read().get(&qpn).and_then(Weak::upgrade));
         }
         if targets.is_empty() {
-            bump(&self.counters.rx_unknown_qp);
+            bump(self.counters.rx_unknown_qp());
         }
         E::steer(&self.ud_flows, &parsed, meta, ports, data.len(), targets);
         for qp in targets.drain(..) {
@@ -472,9 +383,9 @@ impl<E: Endpoint> Node<E> {
             let (txs, ticket, dropped) = qp.receive_packet(now, &parsed, ext, meta, pending);
             match dropped {
                 None => {}
-                Some(DropReason::BadPkey) => bump(&self.counters.rx_bad_pkey),
-                Some(DropReason::BadQkey) => bump(&self.counters.rx_bad_qkey),
-                Some(_) => bump(&self.counters.rx_dropped),
+                Some(DropReason::BadPkey) => bump(self.counters.rx_bad_pkey()),
+                Some(DropReason::BadQkey) => bump(self.counters.rx_bad_qkey()),
+                Some(_) => bump(self.counters.rx_dropped()),
             }
             let at = out.len();
             if out.is_empty() {
@@ -518,12 +429,17 @@ fn coalesce_acks(mut txs: Vec<Transmit>) -> Vec<Transmit> {
     if txs.iter().filter(|t| is_ack(t)).count() < 2 {
         return txs;
     }
+    // From the newest back: an ACK to a QP already seen is older than that one. A batch holds
+    // ACKs to few QPs, so a list beats hashing the 20-byte keys.
     let mut keep = vec![true; txs.len()];
-    let mut newest: HashMap<(Gid, u32), usize> = HashMap::new();
-    for (i, t) in txs.iter().enumerate() {
+    let mut seen: Vec<(Gid, u32)> = Vec::new();
+    for (i, t) in txs.iter().enumerate().rev() {
         if is_ack(t) {
-            if let Some(prev) = newest.insert(key(t), i) {
-                keep[prev] = false;
+            let k = key(t);
+            if seen.contains(&k) {
+                keep[i] = false;
+            } else {
+                seen.push(k);
             }
         }
     }
@@ -1059,7 +975,12 @@ impl<E: Endpoint> Fabric<E> {
     }
 
     /// A node for a device with these GIDs on interface `ifindex`.
-    pub(crate) fn add_node(self: &Arc<Self>, gids: &[Gid], ifindex: u32) -> NodeHandle<E> {
+    pub(crate) fn add_node(
+        self: &Arc<Self>,
+        counters: NodeCounters,
+        gids: &[Gid],
+        ifindex: u32,
+    ) -> NodeHandle<E> {
         let node = Arc::new(Node {
             fabric: self.clone(),
             gids: gids.iter().copied().filter(|g| !g.is_zero()).collect(),
@@ -1075,7 +996,7 @@ impl<E: Endpoint> Fabric<E> {
                 targets: Vec::new(),
             }),
             driving: AtomicBool::new(false),
-            counters: NodeCounters::default(),
+            counters,
             gsi: OnceLock::new(),
         });
         let mut nodes = self.nodes.write();
@@ -1382,7 +1303,14 @@ impl<E: Endpoint> Fabric<E> {
             }),
         };
         for mut tx in txs {
-            bump(&from.counters.tx_packets);
+            bump(from.counters.tx_packets());
+            let ext_len: u64 = tx
+                .external
+                .as_ref()
+                .map_or(0, |e| e.ranges().iter().map(|r| u64::from(r.1)).sum());
+            from.counters
+                .tx_bytes()
+                .fetch_add(tx.data.len() as u64 + ext_len, Ordering::Relaxed);
             let qpn = peek_dest_qpn(&tx.data).unwrap_or(0);
             let route = Route {
                 sgid: from
@@ -1465,11 +1393,11 @@ impl<E: Endpoint> Fabric<E> {
             let sent = match by_shm {
                 Some(n) => {
                     from.counters
-                        .tx_shm_packets
+                        .tx_shm_packets()
                         .fetch_add(n as u64, Ordering::Relaxed);
                     let in_memory = exts[..n].iter().filter(|e| e.is_some()).count();
                     from.counters
-                        .tx_payloads_in_memory
+                        .tx_payloads_in_memory()
                         .fetch_add(in_memory as u64, Ordering::Relaxed);
                     n
                 }
@@ -1477,7 +1405,7 @@ impl<E: Endpoint> Fabric<E> {
             };
             if route.dest_qpn != MULTICAST_QPN {
                 for _ in sent..packets.len() {
-                    bump(&from.counters.tx_unroutable);
+                    bump(from.counters.tx_unroutable());
                 }
             }
         }
@@ -1666,11 +1594,11 @@ fn count_icrc<E: Endpoint>(node: &Node<E>, icrc: IcrcCheck) -> bool {
     match icrc {
         IcrcCheck::Ok => true,
         IcrcCheck::Unverified => {
-            bump(&node.counters.rx_icrc_unverified);
+            bump(node.counters.rx_icrc_unverified());
             true
         }
         IcrcCheck::Bad => {
-            bump(&node.counters.rx_bad_icrc);
+            bump(node.counters.rx_bad_icrc());
             false
         }
     }
@@ -1757,8 +1685,8 @@ mod tests {
         let gid = |s: &str| Gid::from_ip(s.parse().unwrap());
         let (ga, gb, group) = (gid("10.0.0.1"), gid("10.0.0.2"), gid("ff0e::1"));
         let fabric = Fabric::<Probe>::new();
-        let a = fabric.add_node(&[ga], 1);
-        let b = fabric.add_node(&[gb], 1);
+        let a = fabric.add_node(NodeCounters::default(), &[ga], 1);
+        let b = fabric.add_node(NodeCounters::default(), &[gb], 1);
         let probe = Arc::new(Probe {
             qpn: 0x11,
             ..Probe::default()
@@ -1815,7 +1743,11 @@ mod tests {
         let fabric = Fabric::<Probe>::new();
         // However slow this host: a poll and the posts after it are always one burst.
         fabric.burst_after_poll.store(u64::MAX, Ordering::Relaxed);
-        let a = fabric.add_node(&[Gid::from_ip("10.0.0.4".parse().unwrap())], 1);
+        let a = fabric.add_node(
+            NodeCounters::default(),
+            &[Gid::from_ip("10.0.0.4".parse().unwrap())],
+            1,
+        );
         let qp = Arc::new(Probe::default());
         let unroutable = || a.counters.snapshot().tx_unroutable;
         let post = |payload: &[u8; 4], ticket: u64, hold: Hold| {
@@ -1899,7 +1831,11 @@ mod tests {
     #[test]
     fn the_outbox_keeps_the_newest_ack_of_each_qp() {
         let fabric = Fabric::<Probe>::new();
-        let a = fabric.add_node(&[Gid::from_ip("10.0.0.5".parse().unwrap())], 1);
+        let a = fabric.add_node(
+            NodeCounters::default(),
+            &[Gid::from_ip("10.0.0.5".parse().unwrap())],
+            1,
+        );
         let peer = Gid::from_ip("10.9.9.8".parse().unwrap());
         let run = |packets: Vec<Vec<u8>>| {
             fabric
@@ -1991,8 +1927,8 @@ mod tests {
         let gid = |s: &str| Gid::from_ip(s.parse().unwrap());
         let (ga, gb) = (gid("10.0.1.1"), gid("10.0.1.2"));
         let fabric = Fabric::<Probe>::new();
-        let _a = fabric.add_node(&[ga], 1);
-        let b = fabric.add_node(&[gb], 1);
+        let _a = fabric.add_node(NodeCounters::default(), &[ga], 1);
+        let b = fabric.add_node(NodeCounters::default(), &[gb], 1);
         // Without a handler, QP1 is an unknown QP.
         b.inject(
             &send_only(1, *b"none"),
@@ -2051,7 +1987,11 @@ mod tests {
     #[test]
     fn the_progress_thread_ends_with_its_fabric() {
         let fabric = Fabric::<Probe>::new();
-        let node = fabric.add_node(&[Gid::from_ip("10.0.0.3".parse().unwrap())], 1);
+        let node = fabric.add_node(
+            NodeCounters::default(),
+            &[Gid::from_ip("10.0.0.3".parse().unwrap())],
+            1,
+        );
         let wake = fabric.wake.clone();
         // Nodes own the fabric: it lives until the last one is gone.
         drop(fabric);

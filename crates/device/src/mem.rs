@@ -16,6 +16,7 @@ use softverbs_engine::mw::{key_index, MwBind};
 
 use crate::mw::Mw;
 use crate::pd::{Mapping, Mr};
+use crate::sync::NumberHash;
 
 /// An access reached memory that is not mapped (or not with the needed protection) in the
 /// process: possible for on-demand-paging regions, which are not pinned and may cover memory
@@ -258,10 +259,10 @@ impl MemoryBacking for AtomicBuffer {
 /// The device's memory regions and windows by key.
 #[derive(Debug, Default)]
 pub(crate) struct KeyTable {
-    lkeys: RwLock<HashMap<u32, Weak<Mr>>>,
-    rkeys: RwLock<HashMap<u32, Weak<Mr>>>,
+    lkeys: RwLock<HashMap<u32, Weak<Mr>, NumberHash>>,
+    rkeys: RwLock<HashMap<u32, Weak<Mr>, NumberHash>>,
     /// Windows by key index (bits 8..32): the tag changes with every bind.
-    windows: RwLock<HashMap<u32, Weak<Mw>>>,
+    windows: RwLock<HashMap<u32, Weak<Mw>, NumberHash>>,
 }
 
 /// Where an access lands: the region's memory, the offset into it, and where the region's first

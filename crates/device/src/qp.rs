@@ -114,6 +114,8 @@ struct QpInner {
     tm: QpRendezvous,
     /// Completions waiting for the packets produced with them to leave.
     held: Held,
+    /// The engine's counters as last added to the device's.
+    reported: QpCounters,
 }
 
 /// What one engine drain produced: packets to send, and the ticket that makes the completions
@@ -500,6 +502,7 @@ impl Qp {
                 mcast: HashSet::new(),
                 tm: QpRendezvous::default(),
                 held: Held::default(),
+                reported: QpCounters::default(),
             }),
             deadline: AtomicU64::new(u64::MAX),
             uses: UseCount::default(),
@@ -646,6 +649,27 @@ impl Qp {
         self.drain_with(inner, now, &self.node().keys)
     }
 
+    /// Adds what the engine counted since the last look (resends, timer expiries, NAKs) to
+    /// the device's counters, which every process's board shows.
+    fn report(&self, inner: &mut QpInner) {
+        let now = inner.engine.counters();
+        let was = std::mem::replace(&mut inner.reported, now);
+        if now == was {
+            return;
+        }
+        let c = &self.node().counters;
+        for (counter, (now, was)) in [
+            (c.retransmits(), (now.retransmits, was.retransmits)),
+            (c.timeouts(), (now.timeouts, was.timeouts)),
+            (c.seq_naks(), (now.seq_naks_received, was.seq_naks_received)),
+            (c.rnr_naks(), (now.rnr_naks_received, was.rnr_naks_received)),
+        ] {
+            if now > was {
+                counter.fetch_add(now - was, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// [`Qp::drain`] with the memory the engine was handed for the input just processed.
     fn drain_with(&self, inner: &mut QpInner, now: Instant, mem: &dyn Memory) -> Outputs {
         let mut txs = Vec::new();
@@ -690,6 +714,7 @@ impl Qp {
         if inner.engine.take_error_transition() {
             inner.attr.qp_state = QpState::Err;
         }
+        self.report(inner);
         let deadline = inner.engine.poll_timeout();
         self.deadline
             .store(deadline.map_or(u64::MAX, Instant::as_nanos), Ordering::Release);

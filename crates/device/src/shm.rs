@@ -72,12 +72,16 @@ const REMOTE: usize = 12 + 12 * MAX_EXTERNAL_RANGES;
 const MAX_BATCH: usize = 256;
 
 /// The monotonic clock in nanoseconds: read on every send, and compared as plain integers
-/// (cheaper than `Instant` arithmetic on this path).
+/// (cheaper than `Instant` arithmetic on this path). Read through the C library's vDSO call:
+/// rustix's own vDSO lookup faults where the vDSO is not mapped as the auxiliary vector says
+/// (under Valgrind).
 fn mono_ns() -> u64 {
-    let t = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
-    (t.tv_sec as u64)
+    let Ok(t) = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) else {
+        return 0;
+    };
+    (t.tv_sec() as u64)
         .wrapping_mul(1_000_000_000)
-        .wrapping_add(t.tv_nsec as u64)
+        .wrapping_add(t.tv_nsec() as u64)
 }
 
 /// `d` in nanoseconds.

@@ -107,7 +107,7 @@ fn context_for(dev: &softverbs_device::Device) -> *mut ibv_context {
 ///
 /// # Safety
 /// `sa` is NULL or points at a `sockaddr` of its family's size.
-unsafe fn sock_addr(sa: *const libc::sockaddr) -> Option<SocketAddr> {
+pub(crate) unsafe fn sock_addr(sa: *const libc::sockaddr) -> Option<SocketAddr> {
     if sa.is_null() {
         return None;
     }
@@ -136,7 +136,7 @@ unsafe fn sock_addr(sa: *const libc::sockaddr) -> Option<SocketAddr> {
 }
 
 /// Writes `addr` into a `sockaddr_storage`.
-fn store_addr(out: &mut libc::sockaddr_storage, addr: Option<SocketAddr>) {
+pub(crate) fn store_addr(out: &mut libc::sockaddr_storage, addr: Option<SocketAddr>) {
     // SAFETY: all-zero is a valid sockaddr_storage.
     *out = unsafe { std::mem::zeroed() };
     match addr {
@@ -924,7 +924,7 @@ struct SvAddrInfo {
     dst: libc::sockaddr_storage,
 }
 
-fn sockaddr_len(a: &SocketAddr) -> libc::socklen_t {
+pub(crate) fn sockaddr_len(a: &SocketAddr) -> libc::socklen_t {
     (if a.is_ipv4() {
         size_of::<libc::sockaddr_in>()
     } else {
@@ -938,7 +938,7 @@ unsafe extern "C" fn getaddrinfo(
     hints: *const rdma_addrinfo,
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
-    if res.is_null() {
+    if res.is_null() || (node.is_null() && service.is_null() && hints.is_null()) {
         return fail_minus_one(libc::EINVAL);
     }
     // SAFETY: NULL or NUL-terminated strings (the API contract).
@@ -963,6 +963,8 @@ unsafe extern "C" fn getaddrinfo(
             .and_then(ccm::PortSpace::from_value);
         // SAFETY: NULL or a valid address of `ai_src_len` bytes.
         h.src = unsafe { sock_addr(hi.ai_src_addr) };
+        // SAFETY: NULL or a valid address of `ai_dst_len` bytes.
+        h.dst = unsafe { sock_addr(hi.ai_dst_addr) };
     }
     let list = match ccm::getaddrinfo(node, service, &h) {
         Ok(l) => l,
@@ -1293,6 +1295,33 @@ static OPS: RdmacmOps = RdmacmOps {
     reject_ece,
     set_local_ece,
     get_remote_ece,
+    rsocket: crate::rsocket::rsocket,
+    rbind: crate::rsocket::rbind,
+    rlisten: crate::rsocket::rlisten,
+    raccept: crate::rsocket::raccept,
+    rconnect: crate::rsocket::rconnect,
+    rshutdown: crate::rsocket::rshutdown,
+    rclose: crate::rsocket::rclose,
+    rrecv: crate::rsocket::rrecv,
+    rrecvfrom: crate::rsocket::rrecvfrom,
+    rrecvmsg: crate::rsocket::rrecvmsg,
+    rsend: crate::rsocket::rsend,
+    rsendto: crate::rsocket::rsendto,
+    rsendmsg: crate::rsocket::rsendmsg,
+    rread: crate::rsocket::rread,
+    rreadv: crate::rsocket::rreadv,
+    rwrite: crate::rsocket::rwrite,
+    rwritev: crate::rsocket::rwritev,
+    rpoll: crate::rsocket::rpoll,
+    rselect: crate::rsocket::rselect,
+    rgetpeername: crate::rsocket::rgetpeername,
+    rgetsockname: crate::rsocket::rgetsockname,
+    rsetsockopt: crate::rsocket::rsetsockopt,
+    rgetsockopt: crate::rsocket::rgetsockopt,
+    rfcntl: crate::rsocket::rfcntl,
+    riomap: crate::rsocket::riomap,
+    riounmap: crate::rsocket::riounmap,
+    riowrite: crate::rsocket::riowrite,
 };
 
 /// `softverbs_rdmacm_ops@@SOFTVERBS_PRIVATE_1`: the table `librdmacm.so.1` forwards to.

@@ -14,7 +14,8 @@
 //!   (`ibv_cq_ex`) and the extended QP work-request API (`ibv_wr_*`).
 //!
 //! - `cm`: the connection manager's C entry points, which `librdmacm.so.1` (`crates/rdmacm`)
-//!   reaches through one private export, `softverbs_rdmacm_ops@@SOFTVERBS_PRIVATE_1`.
+//!   reaches through one private export, `softverbs_rdmacm_ops@@SOFTVERBS_PRIVATE_1`;
+//!   `rsocket`: the rsocket entry points, reached through the same table.
 //!
 //! Each C object is the first field of a Rust-owned `repr(C)` box that also holds the `Arc` of
 //! its core object, so a C pointer converts back to its box by a cast. The `ibv_context` is the
@@ -41,6 +42,7 @@ mod memory;
 mod odp;
 mod rate_limit;
 mod raw;
+mod rsocket;
 mod symbols;
 mod tm;
 mod verbs;

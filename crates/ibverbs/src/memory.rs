@@ -28,8 +28,14 @@ impl RawMemory {
         }
     }
 
-    fn ptr(&self, offset: u64) -> *mut u8 {
-        (self.base + offset as usize) as *mut u8
+    /// The address of `len` bytes at `offset`, if they lie inside the region. Every accessor
+    /// checks here, whatever its caller checked: a wrong offset is an error, never a stray
+    /// access to the application's memory.
+    fn span(&self, offset: u64, len: u64) -> Result<*mut u8, Unmapped> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok((self.base + offset as usize) as *mut u8),
+            _ => Err(Unmapped),
+        }
     }
 }
 
@@ -39,16 +45,19 @@ impl MemoryBacking for RawMemory {
     }
 
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), Unmapped> {
-        // SAFETY: the device passes offsets with `offset + dst.len() <= len`, the range was
-        // registered by the application as readable memory, and `dst` is a distinct Rust buffer.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr(offset), dst.as_mut_ptr(), dst.len()) };
+        let at = self.span(offset, dst.len() as u64)?;
+        // SAFETY: `span` checked that the bytes lie inside the range the application
+        // registered as readable memory (and keeps mapped until it deregisters it), and `dst`
+        // is a distinct Rust buffer.
+        unsafe { std::ptr::copy_nonoverlapping(at, dst.as_mut_ptr(), dst.len()) };
         Ok(())
     }
 
     fn write(&self, offset: u64, src: &[u8]) -> Result<(), Unmapped> {
+        let at = self.span(offset, src.len() as u64)?;
         // SAFETY: as in `read`; the region was registered with local write access, which the
         // key table checks before any write reaches the backing.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr(offset), src.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), at, src.len()) };
         Ok(())
     }
 
@@ -63,22 +72,27 @@ impl MemoryBacking for RawMemory {
         pid: i32,
         remote: &[(u64, usize)],
     ) -> Result<(), Unmapped> {
+        let at = self.span(offset, len)?;
         if len == 0 {
             return Ok(());
         }
-        // SAFETY: the device passes `offset + len <= self.len` for a region registered with
-        // local write access (checked by the key table), which the application keeps mapped
-        // until it is deregistered (and deregistration waits for a copy in progress). The
-        // slice is only the destination of the kernel's copy; no Rust reference to these bytes
-        // exists meanwhile.
-        let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr(offset), len as usize) };
+        // SAFETY: `span` checked that the bytes lie inside the region, registered with local
+        // write access (checked by the key table), which the application keeps mapped until it
+        // is deregistered (and deregistration waits for a copy in progress). The slice is only
+        // the destination of the kernel's copy; no Rust reference to these bytes exists
+        // meanwhile.
+        let dst = unsafe { std::slice::from_raw_parts_mut(at, len as usize) };
         softverbs_shm::read_from_process(pid, dst, remote).map_err(|_| Unmapped)
     }
 
     fn atomic(&self, offset: u64, op: AtomicOp) -> Result<u64, Unmapped> {
-        // SAFETY: the device checks that the word is 8-byte aligned and inside the region,
+        let at = self.span(offset, 8)?;
+        if at as usize % 8 != 0 {
+            return Err(Unmapped);
+        }
+        // SAFETY: the word is 8-byte aligned and inside the region (both checked just above),
         // which the application keeps mapped and writable while it is registered.
-        Ok(unsafe { atomic_at(self.ptr(offset).cast(), op) })
+        Ok(unsafe { atomic_at(at.cast(), op) })
     }
 }
 
@@ -124,7 +138,11 @@ impl OdpMemory {
         Self { base, len }
     }
 
-    fn addr(&self, offset: u64) -> Result<usize, Unmapped> {
+    /// The address of `len` bytes at `offset`, if they lie inside the region.
+    fn addr(&self, offset: u64, len: u64) -> Result<usize, Unmapped> {
+        if offset.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(Unmapped);
+        }
         usize::try_from(self.base.checked_add(offset).ok_or(Unmapped)?).map_err(|_| Unmapped)
     }
 }
@@ -207,16 +225,16 @@ impl MemoryBacking for OdpMemory {
     }
 
     fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), Unmapped> {
-        vm_read(self.addr(offset)?, dst)
+        vm_read(self.addr(offset, dst.len() as u64)?, dst)
     }
 
     fn write(&self, offset: u64, src: &[u8]) -> Result<(), Unmapped> {
-        vm_write(self.addr(offset)?, src)
+        vm_write(self.addr(offset, src.len() as u64)?, src)
     }
 
     fn atomic(&self, offset: u64, op: AtomicOp) -> Result<u64, Unmapped> {
-        let addr = self.addr(offset)?;
-        if !mapped(addr as u64, 8, true) {
+        let addr = self.addr(offset, 8)?;
+        if addr % 8 != 0 || !mapped(addr as u64, 8, true) {
             return Err(Unmapped);
         }
         // SAFETY: the word is 8-byte aligned (the device checks) and was just found mapped
@@ -226,7 +244,7 @@ impl MemoryBacking for OdpMemory {
     }
 
     fn prefetch(&self, offset: u64, len: u64, write: bool) -> Result<(), Unmapped> {
-        let addr = self.addr(offset)?;
+        let addr = self.addr(offset, len)?;
         if !mapped(addr as u64, len, write) {
             return Err(Unmapped);
         }
@@ -273,6 +291,32 @@ mod tests {
         assert_eq!(m.atomic(8, AtomicOp::CompareSwap { compare: 5, swap: 1 }), Ok(9));
         let _ = m;
         assert_eq!(buf[1], 9);
+    }
+
+    #[test]
+    fn raw_memory_refuses_what_lies_outside_the_region() {
+        // The region is the middle 16 bytes of 32; the guards around it must never change.
+        let mut buf = [0xAAu8; 32];
+        let base = buf.as_mut_ptr().wrapping_add(8);
+        let m = RawMemory::new(base, 16);
+        let mut out = [0u8; 4];
+        assert_eq!(m.read(13, &mut out), Err(Unmapped), "runs past the end");
+        assert_eq!(m.write(13, &[1; 4]), Err(Unmapped));
+        assert_eq!(
+            m.write(u64::MAX - 1, &[1; 4]),
+            Err(Unmapped),
+            "offset + len overflows"
+        );
+        assert_eq!(m.atomic(12, AtomicOp::Store { value: 1 }), Err(Unmapped));
+        assert_eq!(
+            m.copy_from_process(10, 8, std::process::id() as i32, &[]),
+            Err(Unmapped)
+        );
+        m.write(12, &[1; 4]).unwrap();
+        let _ = m;
+        assert_eq!(buf[..8], [0xAA; 8]);
+        assert_eq!(buf[20..24], [1; 4]);
+        assert_eq!(buf[24..], [0xAA; 8]);
     }
 
     #[test]

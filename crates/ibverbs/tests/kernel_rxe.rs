@@ -8,40 +8,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::rxe_vm::{vm_possible, Vm, BOOT, GUEST, HOST, TAP};
 use common::*;
 
-/// The guest's and the tap's addresses (private to the test's namespace).
-const GUEST: &str = "10.77.0.2";
-const HOST: &str = "10.77.0.1";
-const TAP: &str = "rxetap0";
-/// Booting under software emulation takes 10-60 s depending on the machine's load.
-const BOOT: Duration = Duration::from_secs(180);
 /// One pingpong run.
 const RUN: Duration = Duration::from_secs(60);
-
-fn script() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/rxe-vm")
-}
-
-/// Whether a guest can boot here; if not, why.
-fn vm_possible() -> Result<(), String> {
-    let o = Command::new(script())
-        .arg("check")
-        .output()
-        .map_err(|e| e.to_string())?;
-    if o.status.success() {
-        Ok(())
-    } else {
-        Err(String::from_utf8_lossy(&o.stderr).into_owned())
-    }
-}
 
 /// A pingpong over our library in the namespace, on the tap's device.
 fn ours(ns: &Netns, program: &str, args: &[&str]) -> Command {
@@ -104,52 +78,8 @@ fn rdma_core_pingpongs_between_kernel_rxe_and_softverbs() {
            [ -n \"$ok\" ]
          done"
     );
-    let mut vm = Vm(Command::new(script())
-        .args(["run", "--netns", &ns.0, "--tap", TAP])
-        .args([
-            "--host-ip",
-            &format!("{HOST}/24"),
-            "--guest-ip",
-            &format!("{GUEST}/24"),
-        ])
-        .args(["--timeout", "600", "--", "sh", "-c", &guest])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .stdin(Stdio::null())
-        .process_group(0)
-        .spawn()
-        .expect("start scripts/rxe-vm"));
-    let (tx, rx) = mpsc::channel();
-    let stdout = vm.0.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let mut log = String::new();
-    let mut wait_for = |what: &str, limit: Duration| {
-        let deadline = Instant::now() + limit;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) => {
-                    log.push_str(&line);
-                    log.push('\n');
-                    // The console may put terminal escapes before a line.
-                    if line.trim_end().ends_with(what) {
-                        return;
-                    }
-                    assert!(
-                        !line.contains("RXE-VM-EXIT"),
-                        "the guest stopped before {what}:\n{log}"
-                    );
-                }
-                Err(_) => panic!("no {what} from the guest within {limit:?}:\n{log}"),
-            }
-        }
-    };
+    let mut vm = Vm::boot(&ns, &["sh", "-c", &guest], Duration::from_secs(600));
+    let mut wait_for = |what: &str, limit: Duration| vm.wait_for(what, limit);
     wait_for("RXE-VM-READY", BOOT);
     wait_for("STEP rc-server", RUN);
     client_until_accepted(&ns, "/usr/bin/ibv_rc_pingpong", &["-n", "200", "-s", "8192"]);
@@ -169,25 +99,6 @@ fn rdma_core_pingpongs_between_kernel_rxe_and_softverbs() {
         assert!(out.contains("200 iters"), "{out}");
     }
     wait_for("RXE-VM-EXIT 0", RUN);
-    let deadline = Instant::now() + RUN;
-    let status = loop {
-        if let Some(s) = vm.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "scripts/rxe-vm did not end:\n{log}");
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    assert!(status.success(), "scripts/rxe-vm: {status}\n{log}");
-}
-
-/// The guest's process group (the script, `timeout`, QEMU): killed whatever happens, so a
-/// failed test leaves no emulator running.
-struct Vm(std::process::Child);
-
-impl Drop for Vm {
-    fn drop(&mut self) {
-        let pgid = nix::unistd::Pid::from_raw(self.0.id() as i32);
-        let _ = nix::sys::signal::killpg(pgid, nix::sys::signal::Signal::SIGKILL);
-        let _ = self.0.wait();
-    }
+    let status = vm.wait_exit(RUN);
+    assert!(status.success(), "scripts/rxe-vm: {status}\n{}", vm.log);
 }

@@ -14,7 +14,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -26,39 +26,10 @@ const NODE: &str = "/dev/infiniband/sv_lo";
 const UCX_INFO: &str = "/usr/bin/ucx_info";
 const UCX_PERFTEST: &str = "/usr/bin/ucx_perftest";
 
-fn dev_nodes_script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/dev-nodes")
-}
-
-/// Runs `scripts/dev-nodes ARGS`, which must succeed.
-fn dev_nodes(args: &[&str]) {
-    let o = Command::new(dev_nodes_script())
-        .args(args)
-        .output()
-        .expect("run scripts/dev-nodes");
-    assert!(
-        o.status.success(),
-        "scripts/dev-nodes {args:?}: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
-/// Whether `path` is a character device this process may read and write, UCX's test.
-fn accessible_char_device(path: &str) -> bool {
-    use std::os::unix::fs::FileTypeExt;
-    std::fs::metadata(path).is_ok_and(|m| m.file_type().is_char_device())
-        && nix::unistd::access(
-            path,
-            nix::unistd::AccessFlags::R_OK | nix::unistd::AccessFlags::W_OK,
-        )
-        .is_ok()
-}
-
 /// One test at a time holds this: it serialises the runs (they share two cores) and owns the
 /// placeholder node while it is needed. A node this guard added is removed on drop.
 struct Ucx {
-    added: bool,
+    node: DevNode,
     _serial: MutexGuard<'static, ()>,
 }
 
@@ -72,31 +43,9 @@ impl Ucx {
                 "{program} is not installed: run scripts/setup-deps (ucx-utils)"
             );
         }
-        let mut added = false;
-        if !accessible_char_device(NODE) {
-            assert!(
-                nix::unistd::geteuid().is_root(),
-                "UCX ignores sv_lo unless {NODE} exists: run `sudo scripts/dev-nodes add sv_lo` \
-                 (README, \"UCX\") or run these tests as root"
-            );
-            dev_nodes(&["add", "sv_lo"]);
-            added = true;
-            assert!(
-                accessible_char_device(NODE),
-                "scripts/dev-nodes add made no usable {NODE}"
-            );
-        }
         Self {
-            added,
+            node: DevNode::ensure("sv_lo"),
             _serial: serial,
-        }
-    }
-}
-
-impl Drop for Ucx {
-    fn drop(&mut self) {
-        if self.added {
-            dev_nodes(&["remove", "sv_lo"]);
         }
     }
 }
@@ -242,7 +191,7 @@ fn md_section<'a>(out: &'a str, md: &str) -> Vec<&'a str> {
 #[test]
 fn ucx_info_lists_rc_verbs_and_ud_verbs_on_sv_lo() {
     let ucx = Ucx::new();
-    if ucx.added {
+    if ucx.node.added {
         dev_nodes(&["remove", "sv_lo"]);
         let out = ucx_info();
         dev_nodes(&["add", "sv_lo"]);

@@ -4,7 +4,9 @@
 
 use std::ffi::{c_char, c_int, c_void};
 
-use libc::{sockaddr, sockaddr_storage, socklen_t};
+use libc::{
+    fd_set, iovec, msghdr, nfds_t, off_t, pollfd, sockaddr, sockaddr_storage, socklen_t, ssize_t, timeval,
+};
 
 /// `union ibv_gid`, as raw bytes with the alignment of its `__be64` view.
 #[repr(C, align(8))]
@@ -228,4 +230,35 @@ pub struct RdmacmOps {
     pub reject_ece: unsafe extern "C" fn(*mut rdma_cm_id, *const c_void, u8) -> c_int,
     pub set_local_ece: unsafe extern "C" fn(*mut rdma_cm_id, *mut ibv_ece) -> c_int,
     pub get_remote_ece: unsafe extern "C" fn(*mut rdma_cm_id, *mut ibv_ece) -> c_int,
+    // rsockets (`<rdma/rsocket.h>`), with their C signatures; `rfcntl` takes its one
+    // argument as an int.
+    pub rsocket: unsafe extern "C" fn(c_int, c_int, c_int) -> c_int,
+    pub rbind: unsafe extern "C" fn(c_int, *const sockaddr, socklen_t) -> c_int,
+    pub rlisten: unsafe extern "C" fn(c_int, c_int) -> c_int,
+    pub raccept: unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int,
+    pub rconnect: unsafe extern "C" fn(c_int, *const sockaddr, socklen_t) -> c_int,
+    pub rshutdown: unsafe extern "C" fn(c_int, c_int) -> c_int,
+    pub rclose: unsafe extern "C" fn(c_int) -> c_int,
+    pub rrecv: unsafe extern "C" fn(c_int, *mut c_void, usize, c_int) -> ssize_t,
+    pub rrecvfrom:
+        unsafe extern "C" fn(c_int, *mut c_void, usize, c_int, *mut sockaddr, *mut socklen_t) -> ssize_t,
+    pub rrecvmsg: unsafe extern "C" fn(c_int, *mut msghdr, c_int) -> ssize_t,
+    pub rsend: unsafe extern "C" fn(c_int, *const c_void, usize, c_int) -> ssize_t,
+    pub rsendto:
+        unsafe extern "C" fn(c_int, *const c_void, usize, c_int, *const sockaddr, socklen_t) -> ssize_t,
+    pub rsendmsg: unsafe extern "C" fn(c_int, *const msghdr, c_int) -> ssize_t,
+    pub rread: unsafe extern "C" fn(c_int, *mut c_void, usize) -> ssize_t,
+    pub rreadv: unsafe extern "C" fn(c_int, *const iovec, c_int) -> ssize_t,
+    pub rwrite: unsafe extern "C" fn(c_int, *const c_void, usize) -> ssize_t,
+    pub rwritev: unsafe extern "C" fn(c_int, *const iovec, c_int) -> ssize_t,
+    pub rpoll: unsafe extern "C" fn(*mut pollfd, nfds_t, c_int) -> c_int,
+    pub rselect: unsafe extern "C" fn(c_int, *mut fd_set, *mut fd_set, *mut fd_set, *mut timeval) -> c_int,
+    pub rgetpeername: unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int,
+    pub rgetsockname: unsafe extern "C" fn(c_int, *mut sockaddr, *mut socklen_t) -> c_int,
+    pub rsetsockopt: unsafe extern "C" fn(c_int, c_int, c_int, *const c_void, socklen_t) -> c_int,
+    pub rgetsockopt: unsafe extern "C" fn(c_int, c_int, c_int, *mut c_void, *mut socklen_t) -> c_int,
+    pub rfcntl: unsafe extern "C" fn(c_int, c_int, c_int) -> c_int,
+    pub riomap: unsafe extern "C" fn(c_int, *mut c_void, usize, c_int, c_int, off_t) -> off_t,
+    pub riounmap: unsafe extern "C" fn(c_int, *mut c_void, usize) -> c_int,
+    pub riowrite: unsafe extern "C" fn(c_int, *const c_void, usize, off_t, c_int) -> usize,
 }

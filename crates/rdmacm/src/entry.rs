@@ -1,10 +1,8 @@
 //! The entry points of `librdmacm.so.1`.
 //!
-//! The connection-manager calls are forwarded to the table `libibverbs.so.1` exports
-//! ([`RdmacmOps`]), and fail with -1 (or NULL) and ENOSYS when it is absent. Answered here:
-//! [`rdma_event_str`] and the port getters, which read the caller's `rdma_cm_id`. The calls
-//! with no implementation yet (rsockets, `rdma_create_srq_ex`, ECE) fail with -1
-//! and ENOSYS; the crate README lists them.
+//! The connection-manager and rsocket calls are forwarded to the table `libibverbs.so.1`
+//! exports ([`RdmacmOps`]), and fail with -1 (or NULL) and ENOSYS when it is absent. Answered
+//! here: [`rdma_event_str`] and the port getters, which read the caller's `rdma_cm_id`.
 
 use std::ffi::{c_char, c_int, c_void};
 
@@ -19,12 +17,6 @@ use crate::{fail, set_errno};
 /// An entry point with no translation yet: -1 and ENOSYS.
 fn enosys() -> c_int {
     fail(libc::ENOSYS)
-}
-
-/// [`enosys`] for the calls returning `ssize_t`.
-fn enosys_ssize() -> ssize_t {
-    set_errno(libc::ENOSYS);
-    -1
 }
 
 /// The names `rdma_event_str` gives, indexed by `enum rdma_cm_event_type`.
@@ -301,44 +293,42 @@ pub(crate) unsafe extern "C" fn rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *m
     }
 }
 
-macro_rules! not_yet {
-    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty = $f:ident;)*) => {
-        $(
-            #[doc = concat!("`", stringify!($name), "`: not translated yet (-1, ENOSYS).")]
-            pub(crate) extern "C" fn $name($($arg: $ty),*) -> $ret {
-                $(let _ = $arg;)*
-                $f() as $ret
-            }
-        )*
-    };
+forward! {
+    rsocket(domain: c_int, ty: c_int, protocol: c_int) -> c_int = rsocket;
+    rbind(s: c_int, addr: *const sockaddr, len: socklen_t) -> c_int = rbind;
+    rlisten(s: c_int, backlog: c_int) -> c_int = rlisten;
+    raccept(s: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int = raccept;
+    rconnect(s: c_int, addr: *const sockaddr, len: socklen_t) -> c_int = rconnect;
+    rshutdown(s: c_int, how: c_int) -> c_int = rshutdown;
+    rclose(s: c_int) -> c_int = rclose;
+    rrecv(s: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t = rrecv;
+    rrecvfrom(s: c_int, buf: *mut c_void, len: size_t, flags: c_int, src: *mut sockaddr, alen: *mut socklen_t) -> ssize_t = rrecvfrom;
+    rrecvmsg(s: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t = rrecvmsg;
+    rsend(s: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t = rsend;
+    rsendto(s: c_int, buf: *const c_void, len: size_t, flags: c_int, dst: *const sockaddr, alen: socklen_t) -> ssize_t = rsendto;
+    rsendmsg(s: c_int, msg: *const msghdr, flags: c_int) -> ssize_t = rsendmsg;
+    rread(s: c_int, buf: *mut c_void, count: size_t) -> ssize_t = rread;
+    rreadv(s: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t = rreadv;
+    rwrite(s: c_int, buf: *const c_void, count: size_t) -> ssize_t = rwrite;
+    rwritev(s: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t = rwritev;
+    rpoll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int = rpoll;
+    rselect(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, timeout: *mut timeval) -> c_int = rselect;
+    rgetpeername(s: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int = rgetpeername;
+    rgetsockname(s: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int = rgetsockname;
+    rsetsockopt(s: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int = rsetsockopt;
+    rgetsockopt(s: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int = rgetsockopt;
+    riomap(s: c_int, buf: *mut c_void, len: size_t, prot: c_int, flags: c_int, offset: off_t) -> off_t = riomap;
+    riounmap(s: c_int, buf: *mut c_void, len: size_t) -> c_int = riounmap;
+    riowrite(s: c_int, buf: *const c_void, count: size_t, offset: off_t, flags: c_int) -> size_t = riowrite;
 }
 
-not_yet! {
-    rsocket(domain: c_int, ty: c_int, protocol: c_int) -> c_int = enosys;
-    rbind(s: c_int, addr: *const sockaddr, len: socklen_t) -> c_int = enosys;
-    rlisten(s: c_int, backlog: c_int) -> c_int = enosys;
-    raccept(s: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int = enosys;
-    rconnect(s: c_int, addr: *const sockaddr, len: socklen_t) -> c_int = enosys;
-    rshutdown(s: c_int, how: c_int) -> c_int = enosys;
-    rclose(s: c_int) -> c_int = enosys;
-    rrecv(s: c_int, buf: *mut c_void, len: size_t, flags: c_int) -> ssize_t = enosys_ssize;
-    rrecvfrom(s: c_int, buf: *mut c_void, len: size_t, flags: c_int, src: *mut sockaddr, alen: *mut socklen_t) -> ssize_t = enosys_ssize;
-    rrecvmsg(s: c_int, msg: *mut msghdr, flags: c_int) -> ssize_t = enosys_ssize;
-    rsend(s: c_int, buf: *const c_void, len: size_t, flags: c_int) -> ssize_t = enosys_ssize;
-    rsendto(s: c_int, buf: *const c_void, len: size_t, flags: c_int, dst: *const sockaddr, alen: socklen_t) -> ssize_t = enosys_ssize;
-    rsendmsg(s: c_int, msg: *const msghdr, flags: c_int) -> ssize_t = enosys_ssize;
-    rread(s: c_int, buf: *mut c_void, count: size_t) -> ssize_t = enosys_ssize;
-    rreadv(s: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t = enosys_ssize;
-    rwrite(s: c_int, buf: *const c_void, count: size_t) -> ssize_t = enosys_ssize;
-    rwritev(s: c_int, iov: *const libc::iovec, n: c_int) -> ssize_t = enosys_ssize;
-    rpoll(fds: *mut pollfd, n: nfds_t, timeout: c_int) -> c_int = enosys;
-    rselect(n: c_int, r: *mut fd_set, w: *mut fd_set, e: *mut fd_set, timeout: *mut timeval) -> c_int = enosys;
-    rgetpeername(s: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int = enosys;
-    rgetsockname(s: c_int, addr: *mut sockaddr, len: *mut socklen_t) -> c_int = enosys;
-    rsetsockopt(s: c_int, level: c_int, name: c_int, val: *const c_void, len: socklen_t) -> c_int = enosys;
-    rgetsockopt(s: c_int, level: c_int, name: c_int, val: *mut c_void, len: *mut socklen_t) -> c_int = enosys;
-    rfcntl(s: c_int, cmd: c_int, arg: c_int) -> c_int = enosys;
-    riomap(s: c_int, buf: *mut c_void, len: size_t, prot: c_int, flags: c_int, offset: off_t) -> off_t = enosys_ssize;
-    riounmap(s: c_int, buf: *mut c_void, len: size_t) -> c_int = enosys;
-    riowrite(s: c_int, buf: *const c_void, count: size_t, offset: off_t, flags: c_int) -> size_t = enosys_ssize;
+/// `rfcntl(socket, cmd, ...)`: C passes the one optional argument as an int (F_SETFL's
+/// flags); reading it for commands that take none is harmless on the System V ABI, where
+/// variadic integer arguments travel in the same registers as fixed ones.
+pub(crate) unsafe extern "C" fn rfcntl(s: c_int, cmd: c_int, arg: c_int) -> c_int {
+    match ops() {
+        // SAFETY: forwarded with the caller's arguments, which the table checks.
+        Some(o) => unsafe { (o.rfcntl)(s, cmd, arg) },
+        None => enosys(),
+    }
 }

@@ -2,15 +2,15 @@
 //!
 //! It exports every symbol of rdma-core 44's `librdmacm.so.1` at its version (nodes RDMACM_1.0
 //! to 1.3), so programs linked against Debian's library load and bind (`-z now`) against it.
-//! The connection-manager semantics live in the device core (`softverbs_device::cm`), and its
-//! C entry points in this workspace's `libibverbs.so.1`, beside the verbs objects the ids
-//! refer to (one core per process); this library forwards to them through the private table
-//! `softverbs_rdmacm_ops`. Entry points with no implementation yet fail with -1 and `errno`
-//! ENOSYS (listed in the crate README).
+//! The connection-manager and rsocket semantics live in the device core
+//! (`softverbs_device::cm`, `softverbs_device::rsocket`), and their C entry points in this
+//! workspace's `libibverbs.so.1`, beside the verbs objects the ids refer to (one core per
+//! process); this library forwards to them through the private table `softverbs_rdmacm_ops`.
+//! Under a `libibverbs.so.1` without that table every call fails with -1 and `errno` ENOSYS.
 //!
 //! - [`abi`]: `repr(C)` mirrors of the `<rdma/rdma_cma.h>` structures, checked against the
 //!   system header by the unit tests.
-//! - `entry`: the entry points: forwarding, the table lookup, the ENOSYS ones.
+//! - `entry`: the entry points: forwarding and the table lookup.
 //! - `symbols`: the export table (`.symver` trampolines, as in `crates/ibverbs`).
 #![allow(unsafe_code)] // this crate is a C ABI
 #![deny(unsafe_op_in_unsafe_fn)]

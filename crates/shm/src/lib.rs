@@ -19,14 +19,19 @@
 //! [`read_from_process`] and [`read_into_words`] copy straight out of another process of the
 //! user (cross-memory attach), for payloads that move once between registered buffers.
 //!
+//! A [`StatBoard`] publishes a process's counters in a file of the same kind of private
+//! directory, so that [`read_boards`] shows every process of the user, live.
+//!
 //! The crate knows nothing about RDMA: records are bytes. Its only `unsafe` code is the
 //! offset-checked view of the mapping in `raw.rs` and the copy destination in `xfer.rs`.
 
 mod mailbox;
 mod raw;
 mod ring;
+mod stats;
 mod xfer;
 
+pub use stats::{read_boards, BoardSnapshot, StatBoard, COUNTERS, MAX_BLOCKS};
 pub use xfer::{read_from_process, read_into_words};
 
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};

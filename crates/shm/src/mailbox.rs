@@ -94,7 +94,7 @@ fn uid() -> u32 {
     rustix::process::getuid().as_raw()
 }
 
-fn pid() -> u32 {
+pub(crate) fn pid() -> u32 {
     rustix::process::getpid().as_raw_nonzero().get() as u32
 }
 
@@ -110,7 +110,7 @@ fn alive(pid: u32) -> bool {
 }
 
 /// Checks that `meta` is a regular file of this user that no one else may read or write.
-fn check_private(meta: &std::fs::Metadata) -> Result<(), Error> {
+pub(crate) fn check_private(meta: &std::fs::Metadata) -> Result<(), Error> {
     if !meta.is_file() || meta.uid() != uid() || meta.permissions().mode() & 0o077 != 0 {
         return Err(Error::NotPrivate);
     }

@@ -249,6 +249,161 @@ mod ibv_devinfo {
     }
 }
 
+/// Counters of every process: `ibv_devinfo -v` sums them per device and `softverbs-stat` lists
+/// them per process, reading the boards each process keeps, here this test process's.
+mod host_counters {
+    use super::*;
+
+    /// Two connected RC QPs of this process and one SEND between them; returns the QPs (kept
+    /// alive) and the packets this process has sent on sv_lo since.
+    fn traffic() -> (Context, Vec<QueuePair>) {
+        let ctx = lo().open().unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(8, None, 0).unwrap();
+        let a = pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap();
+        let b = pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap();
+        let attr = |dest: u32, state: QpState| QpAttr {
+            qp_state: state,
+            port_num: 1,
+            path_mtu: Mtu::Mtu1024,
+            dest_qp_num: dest,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1,
+            ah_attr: AhAttr {
+                grh: GlobalRoute {
+                    dgid: Gid::from(std::net::Ipv4Addr::LOCALHOST),
+                    sgid_index: (0..16)
+                        .find(|&i| ctx.query_gid(1, i).unwrap() == Gid::from(std::net::Ipv4Addr::LOCALHOST))
+                        .unwrap() as u8,
+                    hop_limit: 64,
+                    ..Default::default()
+                },
+                is_global: true,
+                port_num: 1,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        for (qp, dest) in [(&a, b.qp_num()), (&b, a.qp_num())] {
+            qp.modify(
+                &attr(dest, QpState::Init),
+                QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+            )
+            .unwrap();
+            qp.modify(
+                &attr(dest, QpState::Rtr),
+                QpAttrMask::STATE
+                    | QpAttrMask::AV
+                    | QpAttrMask::PATH_MTU
+                    | QpAttrMask::DEST_QPN
+                    | QpAttrMask::RQ_PSN
+                    | QpAttrMask::MAX_DEST_RD_ATOMIC
+                    | QpAttrMask::MIN_RNR_TIMER,
+            )
+            .unwrap();
+            qp.modify(
+                &attr(dest, QpState::Rts),
+                QpAttrMask::STATE
+                    | QpAttrMask::SQ_PSN
+                    | QpAttrMask::TIMEOUT
+                    | QpAttrMask::RETRY_CNT
+                    | QpAttrMask::RNR_RETRY
+                    | QpAttrMask::MAX_QP_RD_ATOMIC,
+            )
+            .unwrap();
+        }
+        let mr = pd.register(64, AccessFlags::LOCAL_WRITE).unwrap();
+        b.post_recv(&[RecvWr {
+            wr_id: 1,
+            sg_list: vec![mr.sge(0..64).unwrap()],
+        }])
+        .unwrap();
+        a.post_send(&[SendRequest {
+            wr_id: 2,
+            op: SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+            flags: SendFlags::SIGNALED,
+            payload: Payload::Sges(vec![mr.sge(0..16).unwrap()]),
+            ud: None,
+            xrc_srqn: None,
+        }])
+        .unwrap();
+        let mut wc = [WorkCompletion::default(); 2];
+        let deadline = Instant::now() + BOUND;
+        let mut got = 0;
+        while got < 2 {
+            got += cq.poll(&mut wc[got..]);
+            assert!(Instant::now() < deadline, "the SEND completes");
+        }
+        assert!(wc.iter().all(|w| w.status == WcStatus::Success), "{wc:?}");
+        (ctx, vec![a, b])
+    }
+
+    fn counter(text: &str, name: &str) -> u64 {
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(&format!("{name}:")))
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"));
+        line.rsplit('\t').next().unwrap().trim().parse().unwrap()
+    }
+
+    #[test]
+    fn devinfo_sums_every_process_and_stat_lists_this_one() {
+        let (ctx, _qps) = traffic();
+        let mine = ctx.counters();
+        assert!(
+            mine.tx_packets >= 2 && mine.tx_bytes > 0 && mine.qps >= 2,
+            "{mine:?}"
+        );
+        let r = run(env!("CARGO_BIN_EXE_ibv_devinfo"), &["-v", "-d", "sv_lo"]);
+        assert_eq!(r.code, Some(0), "{}", r.stderr);
+        // This process and ibv_devinfo itself, at least.
+        assert!(counter(&r.stdout, "processes") >= 2, "{}", r.stdout);
+        assert!(
+            counter(&r.stdout, "tx_packets") >= mine.tx_packets,
+            "{}",
+            r.stdout
+        );
+        assert!(counter(&r.stdout, "qps") >= 2, "{}", r.stdout);
+        for name in CounterSnapshot::NAMES {
+            counter(&r.stdout, name);
+        }
+
+        let me = std::process::id().to_string();
+        let r = run(env!("CARGO_BIN_EXE_softverbs-stat"), &["--once", "-d", "sv_lo"]);
+        assert_eq!(r.code, Some(0), "{}", r.stderr);
+        let row = r
+            .stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(me.as_str()))
+            .unwrap_or_else(|| panic!("this process is not listed:\n{}", r.stdout));
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(cols[2], "sv_lo");
+        assert!(cols[3].parse::<u64>().unwrap() >= 2, "QPs: {row}");
+        assert!(
+            cols[4].parse::<u64>().unwrap() >= mine.tx_packets,
+            "tx_packets: {row}"
+        );
+
+        let r = run(
+            env!("CARGO_BIN_EXE_softverbs-stat"),
+            &["--all", "-d", "sv_lo", "-n", "1"],
+        );
+        let lines: Vec<&str> = r
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with(&format!("{me} ")))
+            .collect();
+        assert_eq!(lines.len(), CounterSnapshot::NAMES.len(), "{}", r.stdout);
+        let bad = run(env!("CARGO_BIN_EXE_softverbs-stat"), &["-i", "0"]);
+        assert_eq!(bad.code, Some(2));
+    }
+}
+
 mod ibv_asyncwatch {
     use super::*;
 

@@ -38,6 +38,11 @@ impl HostBuffer {
         Ok(Self { buf })
     }
 
+    /// The memory itself, for registrations the core makes (`riomap`).
+    pub(crate) fn backing(&self) -> Arc<AtomicBuffer> {
+        self.buf.clone()
+    }
+
     /// The address of the first byte, as work requests name it.
     pub fn addr(&self) -> u64 {
         self.buf.addr()

@@ -31,6 +31,7 @@ mod host;
 mod pd;
 mod qp;
 mod raw;
+pub mod rsocket;
 mod xrc;
 
 pub use context::{AsyncEvent, AsyncEventTarget, Context};
@@ -55,8 +56,16 @@ pub use softverbs_device::flow::{FlowAttr, FlowType, FLOW_FLAG_DONT_TRAP, FLOW_F
 pub use softverbs_device::qp::{PostError, SendRequest, UdAddress};
 pub use softverbs_device::wq::{RssCaps, RxHashConf, WqState};
 pub use softverbs_device::{
-    has_cap_net_raw, CounterSnapshot, DeviceAttrEx, Moderation, OdpCaps, Timestamps, TsoCaps,
+    has_cap_net_raw, host_counters, CounterSnapshot, DeviceAttrEx, Moderation, OdpCaps, ProcessCounters,
+    Timestamps, TsoCaps,
 };
+
+/// Device `name`'s counters summed over every process of this user in this network namespace
+/// (each publishes its own on a counter board in shared memory), and how many processes use
+/// the device. [`host_counters`] gives them process by process.
+pub fn device_counters(name: &str) -> (usize, CounterSnapshot) {
+    softverbs_device::device_wide(name)
+}
 pub use softverbs_engine::mw::{inc_rkey, MwBind, MwType};
 pub use softverbs_engine::rate::{mbps_to_rate, mult_to_rate, rate_to_mbps, rate_to_mult};
 pub use softverbs_engine::steering::{

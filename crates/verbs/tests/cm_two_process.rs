@@ -97,19 +97,26 @@ fn many_server(ip: Ipv4Addr) {
     listen.bind_addr(SocketAddr::from((ip, 0))).unwrap();
     listen.listen(16).unwrap();
     println!("port {}", listen.src_addr().unwrap().port());
-    let ctx = listen.context().unwrap();
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(16, None, 0).unwrap();
+    // A loopback bind attaches no device (as with the kernel's rdma_cm): the resources go on
+    // the device the first request arrives on.
+    let mut res = None;
     for _ in 0..MANY {
         let req = expect_skip(&ch, E::ConnectRequest);
         let id = req.id().clone();
         drop(req);
-        id.create_qp(&pd, &QpInit::new(QpType::Rc, &cq)).unwrap();
+        let (_, pd, cq) = res.get_or_insert_with(|| {
+            let ctx = id.context().unwrap();
+            let pd = ctx.alloc_pd().unwrap();
+            let cq = ctx.create_cq(16, None, 0).unwrap();
+            (ctx, pd, cq)
+        });
+        id.create_qp(pd, &QpInit::new(QpType::Rc, cq)).unwrap();
         id.accept(&ConnParam::default()).unwrap();
         expect_skip(&ch, E::Established);
         expect_skip(&ch, E::Disconnected);
         id.disconnect().unwrap();
     }
+    let (ctx, _, _) = res.expect("a connection");
     settle(&ch, &ctx, 1);
     drop(listen);
     assert_eq!(cm::live_ids(), 0);

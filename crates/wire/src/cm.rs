@@ -381,7 +381,8 @@ accessors!(ReqPacket {
     transport_type, set_transport_type: bits(43, 1, 2);
     /// End-to-end flow control.
     e2e_flow_control, set_e2e_flow_control: flag(43, 0x01);
-    /// Starting PSN (24 bits).
+    /// Starting PSN (24 bits): the PSN the requester expects first, where the responder's
+    /// send queue starts (Linux's `ib_cm` reading).
     starting_psn, set_starting_psn: u24(44);
     /// Local CM response timeout (5 bits).
     local_cm_response_timeout, set_local_cm_response_timeout: bits(47, 3, 5);
@@ -806,7 +807,8 @@ accessors!(RepPacket {
     local_eecn, set_local_eecn: u24(16);
     /// ECE vendor ID, middle byte.
     vendor_id_m, set_vendor_id_m: u8(19);
-    /// Starting PSN (24 bits).
+    /// Starting PSN (24 bits): the PSN the responder expects first, where the requester's
+    /// send queue starts.
     starting_psn, set_starting_psn: u24(20);
     /// ECE vendor ID, low byte.
     vendor_id_l, set_vendor_id_l: u8(23);

@@ -9,7 +9,8 @@
 //! ([`grh`]); this crate is the only place that knows their layouts.
 //! Management datagrams carried on QP1 have their own modules: the MAD
 //! common header ([`mad`]) and the Communication Management messages
-//! ([`cm`]).
+//! ([`cm`]). librdmacm's rsocket protocol, carried in private data,
+//! immediates and RDMA-written buffers, is in [`rsocket`].
 //!
 //! # Two levels: `Packet` and `Repr`
 //!
@@ -81,6 +82,7 @@ pub mod opcode;
 pub mod packet;
 pub mod psn;
 pub mod reth;
+pub mod rsocket;
 pub mod tm;
 pub mod udp;
 pub mod xrceth;

@@ -1,6 +1,6 @@
 //! `rdma_getaddrinfo`: names and services to the addresses an id binds to or connects to.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, ToSocketAddrs};
 
 use softverbs_engine::types::QpType;
 
@@ -48,6 +48,8 @@ pub struct AddrHints {
     pub port_space: Option<PortSpace>,
     /// A source address for active results.
     pub src: Option<SocketAddr>,
+    /// A destination address, used when neither node nor service is given.
+    pub dst: Option<SocketAddr>,
 }
 
 /// One `struct rdma_addrinfo`.
@@ -77,7 +79,9 @@ fn family_of(ip: &IpAddr) -> i32 {
 
 /// `rdma_getaddrinfo(node, service, hints)`: the addresses `node` (a name or numeric address)
 /// and `service` (a port number) stand for, for a listener with `RAI_PASSIVE` (no node: the
-/// wildcard address) or for connecting otherwise. Errors are `EAI_*` values.
+/// wildcard address) or for connecting otherwise. With neither node nor service the one result
+/// is the hints' own flags, family, types and addresses, as librdmacm gives (libfabric's verbs
+/// provider asks so for an address it already holds). Errors are `EAI_*` values.
 pub fn getaddrinfo(
     node: Option<&str>,
     service: Option<&str>,
@@ -86,8 +90,21 @@ pub fn getaddrinfo(
     if hints.flags & !(rai::PASSIVE | rai::NUMERICHOST | rai::NOROUTE | rai::FAMILY) != 0 {
         return Err(eai::BADFLAGS);
     }
+    let qp_type = hints.qp_type.unwrap_or(QpType::Rc);
+    let port_space = hints.port_space.unwrap_or(if qp_type == QpType::Ud {
+        PortSpace::Udp
+    } else {
+        PortSpace::Tcp
+    });
     if node.is_none() && service.is_none() {
-        return Err(eai::NONAME);
+        return Ok(vec![AddrInfo {
+            flags: hints.flags,
+            family: hints.family,
+            qp_type,
+            port_space,
+            src: hints.src,
+            dst: hints.dst,
+        }]);
     }
     if ![0, AF_INET, AF_INET6].contains(&hints.family) {
         return Err(eai::FAMILY);
@@ -97,52 +114,57 @@ pub fn getaddrinfo(
         Some(s) => s.parse::<u16>().map_err(|_| eai::SERVICE)?,
     };
     let passive = hints.flags & rai::PASSIVE != 0;
-    let ips: Vec<IpAddr> = match node {
-        None if passive => vec![if hints.family == AF_INET6 {
-            IpAddr::V6(Ipv6Addr::UNSPECIFIED)
-        } else {
-            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
-        }],
-        None => vec![IpAddr::V4(Ipv4Addr::LOCALHOST)],
-        Some(n) => match n.parse::<IpAddr>() {
-            Ok(ip) => vec![ip],
-            Err(_) if hints.flags & rai::NUMERICHOST != 0 => return Err(eai::NONAME),
-            Err(_) => {
-                let mut v: Vec<IpAddr> = (n, port)
-                    .to_socket_addrs()
-                    .map_err(|_| eai::NONAME)?
-                    .map(|a| a.ip())
-                    .collect();
+    let addrs: Vec<SocketAddr> = match node {
+        None if passive => vec![SocketAddr::new(
+            if hints.family == AF_INET6 {
+                IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+            } else {
+                IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+            },
+            port,
+        )],
+        None => vec![SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)],
+        Some(n) => match numeric(n, port) {
+            Some(a) => vec![a],
+            None if hints.flags & rai::NUMERICHOST != 0 => return Err(eai::NONAME),
+            None => {
+                let mut v: Vec<SocketAddr> = (n, port).to_socket_addrs().map_err(|_| eai::NONAME)?.collect();
                 v.dedup();
                 v
             }
         },
     };
-    let qp_type = hints.qp_type.unwrap_or(QpType::Rc);
-    let port_space = hints.port_space.unwrap_or(if qp_type == QpType::Ud {
-        PortSpace::Udp
-    } else {
-        PortSpace::Tcp
-    });
-    let out: Vec<AddrInfo> = ips
+    let out: Vec<AddrInfo> = addrs
         .into_iter()
-        .filter(|ip| hints.family == 0 || family_of(ip) == hints.family)
-        .map(|ip| {
-            let addr = SocketAddr::new(ip, port);
-            AddrInfo {
-                flags: hints.flags,
-                family: family_of(&ip),
-                qp_type,
-                port_space,
-                src: if passive { Some(addr) } else { hints.src },
-                dst: (!passive).then_some(addr),
-            }
+        .filter(|a| hints.family == 0 || family_of(&a.ip()) == hints.family)
+        .map(|addr| AddrInfo {
+            flags: hints.flags,
+            family: family_of(&addr.ip()),
+            qp_type,
+            port_space,
+            src: if passive { Some(addr) } else { hints.src },
+            dst: (!passive).then_some(addr),
         })
         .collect();
     if out.is_empty() {
         return Err(eai::NONAME);
     }
     Ok(out)
+}
+
+/// A numeric host: an IPv4 or IPv6 address, the latter with an optional `%` scope (an
+/// interface name or number, as getaddrinfo(3) takes for link-local addresses).
+fn numeric(node: &str, port: u16) -> Option<SocketAddr> {
+    if let Ok(ip) = node.parse::<IpAddr>() {
+        return Some(SocketAddr::new(ip, port));
+    }
+    let (addr, scope) = node.split_once('%')?;
+    let ip = addr.parse::<Ipv6Addr>().ok()?;
+    let scope = match scope.parse::<u32>() {
+        Ok(n) => n,
+        Err(_) => nix::net::if_::if_nametoindex(scope).ok()?,
+    };
+    Some(SocketAddr::V6(SocketAddrV6::new(ip, port, 0, scope)))
 }
 
 #[cfg(test)]
@@ -175,7 +197,52 @@ mod tests {
             Err(eai::NONAME),
             "not numeric"
         );
-        assert_eq!(getaddrinfo(None, None, &ud), Err(eai::NONAME));
+        // A link-local address with its interface, as libfabric names them.
+        let numeric = AddrHints {
+            flags: rai::PASSIVE | rai::NUMERICHOST,
+            ..AddrHints::default()
+        };
+        let r = getaddrinfo(Some("fe80::1%lo"), None, &numeric).unwrap();
+        let lo = nix::net::if_::if_nametoindex("lo").unwrap();
+        assert_eq!(
+            r[0].src,
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                "fe80::1".parse().unwrap(),
+                0,
+                0,
+                lo
+            )))
+        );
+        assert_eq!(r[0].family, AF_INET6);
+        let r = getaddrinfo(Some("fe80::2%7"), Some("9"), &numeric).unwrap();
+        assert_eq!(
+            r[0].src,
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                "fe80::2".parse().unwrap(),
+                9,
+                0,
+                7
+            )))
+        );
+        assert_eq!(
+            getaddrinfo(Some("fe80::1%nosuchif0"), None, &numeric),
+            Err(eai::NONAME)
+        );
+        // No node and no service: the hints' own addresses.
+        let given = AddrHints {
+            flags: rai::FAMILY,
+            family: AF_INET,
+            src: Some("10.1.2.3:0".parse().unwrap()),
+            dst: Some("10.1.2.4:7471".parse().unwrap()),
+            ..AddrHints::default()
+        };
+        let r = getaddrinfo(None, None, &given).unwrap();
+        assert_eq!(r.len(), 1);
+        assert_eq!((r[0].src, r[0].dst), (given.src, given.dst));
+        assert_eq!(
+            (r[0].family, r[0].flags, r[0].port_space),
+            (AF_INET, rai::FAMILY, PortSpace::Tcp)
+        );
         let v6 = AddrHints {
             flags: rai::FAMILY,
             family: AF_INET6,

@@ -333,6 +333,14 @@ pub fn device_of(ip: IpAddr) -> Result<(Device, u8)> {
     ))
 }
 
+/// Whether a bound address stands for every device: the wildcard, and (as the kernel's
+/// `rdma_cm` treats them) loopback addresses. Binding to one attaches no device, and a listener
+/// bound to one takes requests for any address. Address resolution from a loopback source
+/// still finds the loopback device (`sv_lo`).
+pub fn any_addr(ip: IpAddr) -> bool {
+    ip.is_unspecified() || ip.is_loopback()
+}
+
 /// The source address the kernel would use towards `dst` (a connected UDP socket's local
 /// address); `-errno` on failure.
 pub fn source_for(dst: IpAddr) -> std::result::Result<IpAddr, i32> {
@@ -526,13 +534,14 @@ impl CmId {
     }
 
     /// `rdma_bind_addr`: binds to a local address (port 0: an ephemeral one when listening).
-    /// A specific address binds the id to that address's device; the wildcard does not.
+    /// A specific address binds the id to that address's device; the wildcard and loopback
+    /// addresses do not ([`any_addr`]), so `verbs` stays NULL and a listener hears every device.
     pub fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
         let mut st = self.state.lock();
         if st.phase != Phase::Idle || st.src.is_some() {
             return Err(Error::invalid("the id is already bound"));
         }
-        if !addr.ip().is_unspecified() {
+        if !any_addr(addr.ip()) {
             let (d, idx) = device_of(addr.ip()).map_err(|_| os_err(99))?;
             st.port = Some(CmPort::of(&d)?);
             st.device = Some(d);
@@ -701,6 +710,39 @@ struct Link {
     retry_count: u8,
     rnr_retry: u8,
     mtu: u32,
+    /// The local ACK timeout of the path (the REQ's), unless the id's option says otherwise.
+    ack_timeout: Option<u8>,
+}
+
+impl Link {
+    /// The passive side's link from a REQ, before the application answers. The REQ's Starting
+    /// PSN is the PSN the requester expects first, so this side's send queue starts there (as
+    /// Linux's `ib_cm` reads it); `rq_psn` is this side's choice, which the REP carries. The
+    /// resources are the requester's, swapped, until accept clamps them.
+    fn requested(req: &softverbs_wire::cm::ReqRepr, rq_psn: u32, active_mtu: u32) -> Self {
+        Self {
+            remote_qpn: req.local_qpn,
+            rq_psn,
+            sq_psn: req.starting_psn,
+            responder_resources: req.initiator_depth,
+            initiator_depth: req.responder_resources,
+            retry_count: req.retry_count,
+            rnr_retry: req.rnr_retry_count,
+            mtu: u32::from(req.path_mtu).min(active_mtu),
+            // Linux's responder uses the requester's value (its packet lifetime plus one).
+            ack_timeout: Some(req.primary_path.local_ack_timeout),
+        }
+    }
+
+    /// The active side's link once the REP came: the responder's QP, the PSN it expects first
+    /// (where this side's send queue starts), and the resources clamped to what it grants.
+    fn replied(&mut self, rep: &softverbs_wire::cm::RepRepr) {
+        self.remote_qpn = rep.local_qpn;
+        self.sq_psn = rep.starting_psn;
+        self.responder_resources = self.responder_resources.min(rep.initiator_depth);
+        self.initiator_depth = self.initiator_depth.min(rep.responder_resources);
+        self.rnr_retry = rep.rnr_retry_count;
+    }
 }
 
 /// The address vector towards `dgid` from the id's source GID.
@@ -785,7 +827,7 @@ impl CmId {
             QpState::Rts => {
                 let l = st.link;
                 a.sq_psn = l.sq_psn;
-                a.timeout = st.ack_timeout.unwrap_or(DEFAULT_ACK_TIMEOUT);
+                a.timeout = st.ack_timeout.or(l.ack_timeout).unwrap_or(DEFAULT_ACK_TIMEOUT);
                 a.retry_cnt = l.retry_count & 7;
                 a.rnr_retry = l.rnr_retry & 7;
                 a.max_rd_atomic = l.initiator_depth;
@@ -907,12 +949,14 @@ impl CmId {
             None => (param.qp_num, param.srq != 0),
         };
         let mtu = self.path_mtu().raw();
-        let sq_psn = psn();
+        // The REQ's Starting PSN is the PSN this side expects first (Linux starts the
+        // responder's send queue there); ours starts at the REP's.
+        let rq_psn = psn();
         let sgid = Gid::from_ip(src.ip());
         let params = ConnectParams {
             service_id: sid,
             local_qpn,
-            starting_psn: sq_psn,
+            starting_psn: rq_psn,
             transport_type: 0,
             extended_transport_type: 0,
             responder_resources,
@@ -946,11 +990,12 @@ impl CmId {
             st.conn = Some(id);
             st.offered = Some(params);
             st.link = Link {
-                sq_psn,
+                rq_psn,
                 responder_resources,
                 initiator_depth,
                 retry_count: param.retry_count & 7,
                 mtu,
+                ack_timeout: Some(params.path.local_ack_timeout),
                 ..Link::default()
             };
             st.phase = Phase::Connecting;
@@ -1007,7 +1052,7 @@ impl CmId {
             resources(param.responder_resources, attr.max_qp_rd_atom)?.min(req.initiator_depth);
         let initiator_depth =
             resources(param.initiator_depth, attr.max_qp_init_rd_atom)?.min(req.responder_resources);
-        let sq_psn = self.state.lock().link.sq_psn;
+        let rq_psn = self.state.lock().link.rq_psn;
         {
             let mut st = self.state.lock();
             st.link.responder_resources = responder_resources;
@@ -1028,7 +1073,7 @@ impl CmId {
         };
         let params = AcceptParams {
             local_qpn,
-            starting_psn: sq_psn,
+            starting_psn: rq_psn,
             local_qkey: 0,
             responder_resources,
             initiator_depth,
@@ -1111,7 +1156,8 @@ impl CmId {
     }
 
     /// `rdma_establish`: after CONNECT_RESPONSE (the id has no QP, the application moved its
-    /// own to RTS), sends the RTU; ESTABLISHED follows.
+    /// own to RTS), sends the RTU. The id is connected on return; ESTABLISHED is reported on
+    /// the passive side only (as librdmacm over Linux does: this side asked for no event).
     pub fn establish(&self) -> Result<()> {
         let port = self.port()?;
         let conn = {
@@ -1121,9 +1167,7 @@ impl CmId {
             }
             st.conn.ok_or_else(|| Error::invalid("no connection"))?
         };
-        port.with(|inner, _| inner.engine.establish(conn))
-            .map_err(cm_err)?;
-        self.complete_sync()
+        port.with(|inner, _| inner.engine.establish(conn)).map_err(cm_err)
     }
 
     /// `rdma_notify(IBV_EVENT_COMM_EST)`: data arrived before the RTU.
@@ -1350,7 +1394,7 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
                 let l = listener.state.lock();
                 (l.src, l.ports.clone())
             };
-            if bound.is_some_and(|b| !b.ip().is_unspecified() && b.ip() != hdr.dst_addr) {
+            if bound.is_some_and(|b| !any_addr(b.ip()) && b.ip() != hdr.dst_addr) {
                 let _ = inner.engine.reject(now, id, rej_reason::INVALID_SERVICE_ID, &[]);
                 return;
             }
@@ -1375,16 +1419,7 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
                 st.conn = Some(id);
                 // What accept will use unless told less, so that an application that moves
                 // its own QP with `init_qp_attr` before accepting gets the same values.
-                st.link = Link {
-                    remote_qpn: req.local_qpn,
-                    rq_psn: req.starting_psn,
-                    sq_psn: psn(),
-                    responder_resources: req.initiator_depth,
-                    initiator_depth: req.responder_resources,
-                    retry_count: req.retry_count,
-                    rnr_retry: req.rnr_retry_count,
-                    mtu: u32::from(req.path_mtu).min(port.device.port_attr().active_mtu.raw()),
-                };
+                st.link = Link::requested(&req, psn(), port.device.port_attr().active_mtu.raw());
                 st.tos = req.primary_path.traffic_class;
                 st.req = Some(req.clone());
             }
@@ -1452,12 +1487,7 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
             let qp = {
                 let mut st = cmid.state.lock();
                 st.remote_ece = ece;
-                st.link.remote_qpn = rep.local_qpn;
-                st.link.rq_psn = rep.starting_psn;
-                // Clamped to what the peer grants.
-                st.link.responder_resources = st.link.responder_resources.min(rep.initiator_depth);
-                st.link.initiator_depth = st.link.initiator_depth.min(rep.responder_resources);
-                st.link.rnr_retry = rep.rnr_retry_count;
+                st.link.replied(&rep);
                 st.rep = Some(rep.clone());
                 st.qp.clone()
             };
@@ -1484,11 +1514,16 @@ fn dispatch(port: &CmPort, inner: &mut PortInner, now: Instant, ev: EngineEvent)
         }
         EngineEvent::Established { id } => {
             let Some(cmid) = find(inner, &id) else { return };
-            let rep = {
+            let (rep, after_response) = {
                 let mut st = cmid.state.lock();
+                let after_response = st.phase == Phase::Responded;
                 st.phase = Phase::Connected;
-                st.rep.clone()
+                (st.rep.clone(), after_response)
             };
+            if after_response {
+                // `rdma_establish` answered CONNECT_RESPONSE: no second event.
+                return;
+            }
             let param = match rep {
                 Some(rep) => rep_param(&rep),
                 None => EventParam::Conn(ConnParam {
@@ -1663,6 +1698,75 @@ mod tests {
         assert_eq!(ch.pending(), 1);
         id.destroy();
         assert_eq!(ch.pending(), 0);
+    }
+
+    #[test]
+    fn a_loopback_bind_attaches_no_device() {
+        // As the kernel's rdma_cm: loopback addresses bind like the wildcard.
+        for ip in [
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+            IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        ] {
+            assert!(any_addr(ip));
+            let id = CmId::create(None, PortSpace::Tcp).unwrap();
+            id.bind_addr(SocketAddr::new(ip, 0)).unwrap();
+            assert!(id.device().is_none(), "{ip}");
+            assert_eq!(id.port_num(), 0);
+            assert_eq!(id.src_addr(), Some(SocketAddr::new(ip, 0)));
+            id.destroy();
+        }
+        assert!(any_addr(IpAddr::V4(Ipv4Addr::UNSPECIFIED)));
+        assert!(!any_addr(IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1))));
+        // Resolving from a loopback source still finds the loopback device.
+        let id = CmId::create(None, PortSpace::Tcp).unwrap();
+        id.resolve_addr(
+            Some(SocketAddr::from((Ipv4Addr::LOCALHOST, 0))),
+            SocketAddr::from((Ipv4Addr::LOCALHOST, 9)),
+            2000,
+        )
+        .unwrap();
+        assert_eq!(id.port_num(), 1);
+        id.destroy();
+    }
+
+    #[test]
+    fn psns_go_where_linux_reads_them() {
+        // The values of a REQ and a REP Linux 6.1 sent (crates/wire/tests/cm_linux.rs).
+        let req = softverbs_wire::cm::ReqRepr {
+            local_qpn: 0x12,
+            starting_psn: 0x2e_9764,
+            initiator_depth: 1,
+            responder_resources: 2,
+            path_mtu: 3,
+            primary_path: CmPathRepr {
+                local_ack_timeout: 19,
+                ..CmPathRepr::default()
+            },
+            ..Default::default()
+        };
+        // The responder sends from the REQ's Starting PSN and expects its own, sent in the REP.
+        let l = Link::requested(&req, 0x6a_877e, 5);
+        assert_eq!((l.remote_qpn, l.sq_psn, l.rq_psn), (0x12, 0x2e_9764, 0x6a_877e));
+        assert_eq!((l.responder_resources, l.initiator_depth, l.mtu), (1, 2, 3));
+        assert_eq!(l.ack_timeout, Some(19), "the requester's ACK timeout");
+        // The requester expects the PSN its REQ named and sends from the REP's.
+        let mut l = Link {
+            rq_psn: 0x47_a746,
+            responder_resources: 4,
+            initiator_depth: 4,
+            ..Link::default()
+        };
+        let rep = softverbs_wire::cm::RepRepr {
+            local_qpn: 0x11,
+            starting_psn: 0x56_7c26,
+            responder_resources: 1,
+            initiator_depth: 2,
+            rnr_retry_count: 7,
+            ..Default::default()
+        };
+        l.replied(&rep);
+        assert_eq!((l.remote_qpn, l.sq_psn, l.rq_psn), (0x11, 0x56_7c26, 0x47_a746));
+        assert_eq!((l.responder_resources, l.initiator_depth, l.rnr_retry), (2, 1, 7));
     }
 
     #[test]

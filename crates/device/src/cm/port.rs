@@ -1,6 +1,7 @@
 //! QP1 of one device port: the CM engine on the fabric, and the dispatch of its events to ids.
 
 use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -346,15 +347,28 @@ pub(crate) fn forward_slot(base_port: u16, datagram: &[u8]) -> Option<u8> {
     mad_slot(base_port, pkt.payload())
 }
 
-/// The GID to send to `dest` from: `dest` itself if it is ours, else the first of its family.
+/// The GID to send to `dest` from: `dest` itself if it is ours; else, of the addresses of its
+/// family and scope (a link-local IPv6 address only towards a link-local one: a MAD from
+/// `fe80::` to a global address goes nowhere), the one sharing the longest prefix with it (the
+/// address of its subnet); else the first of its family.
 pub(crate) fn source_index(gids: &[Gid], dest: &Gid) -> u8 {
     let v4 = |g: &Gid| g.to_ip().is_ipv4();
+    let link_local = |g: &Gid| matches!(g.to_ip(), IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80);
+    let usable = |g: &Gid| v4(g) == v4(dest) && !g.to_ip().is_loopback();
+    let common = |g: &Gid| (u128::from_be_bytes(g.0) ^ u128::from_be_bytes(dest.0)).leading_zeros();
     gids.iter()
         .position(|g| g == dest)
         .or_else(|| {
-            gids.iter()
-                .position(|g| v4(g) == v4(dest) && !g.to_ip().is_loopback())
+            let same_scope = gids
+                .iter()
+                .enumerate()
+                .filter(|(_, g)| usable(g) && link_local(g) == link_local(dest));
+            // The first of the longest prefixes.
+            same_scope
+                .min_by_key(|&(i, g)| (std::cmp::Reverse(common(g)), i))
+                .map(|(i, _)| i)
         })
+        .or_else(|| gids.iter().position(usable))
         .or_else(|| gids.iter().position(|g| v4(g) == v4(dest)))
         .unwrap_or(0) as u8
 }
@@ -388,5 +402,34 @@ impl Gsi for CmPort {
 
     fn as_any(self: Arc<Self>) -> Arc<dyn std::any::Any + Send + Sync> {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mads_leave_from_an_address_of_the_destinations_family_and_scope() {
+        let gid = |s: &str| Gid::from_ip(s.parse().unwrap());
+        // As a tap device lists them: link-local first, then IPv4, then a global IPv6 address.
+        let gids = [gid("fe80::1"), gid("10.0.0.1"), gid("fd77::1"), gid("::1")];
+        assert_eq!(source_index(&gids, &gid("fd77::2")), 2);
+        assert_eq!(source_index(&gids, &gid("2001:db8::9")), 2);
+        assert_eq!(source_index(&gids, &gid("fe80::2")), 0);
+        assert_eq!(source_index(&gids, &gid("10.0.0.2")), 1);
+        assert_eq!(source_index(&gids, &gid("::1")), 3, "an address of ours");
+        // Without a global address, the link-local one is all there is.
+        assert_eq!(source_index(&gids[..2], &gid("fd77::2")), 0);
+        // Of several, the address of the destination's subnet.
+        let two = [
+            gid("192.168.1.5"),
+            gid("10.77.0.1"),
+            gid("fd00::1"),
+            gid("fd77::1"),
+        ];
+        assert_eq!(source_index(&two, &gid("10.77.0.2")), 1);
+        assert_eq!(source_index(&two, &gid("192.168.1.9")), 0);
+        assert_eq!(source_index(&two, &gid("fd77::2")), 3);
     }
 }

@@ -58,7 +58,13 @@ pub(super) struct Conn {
     pub(super) state: State,
     pub(super) id: u32,
     pub(super) dest: Gid,
+    /// The transaction ID of the exchange: the REQ's, which the REP, MRA, RTU and REJ of
+    /// either side carry (as Linux sends them).
     pub(super) tid: u64,
+    /// The transaction ID of this side's DREQ (a new one for the passive side).
+    pub(super) dreq_tid: u64,
+    /// The transaction ID of the DREP: the peer's DREQ's.
+    pub(super) drep_tid: u64,
     pub(super) remote_comm_id: u32,
     pub(super) remote_ca_guid: u64,
     pub(super) remote_qpn: u32,
@@ -87,6 +93,8 @@ impl Conn {
             id,
             dest,
             tid,
+            dreq_tid: tid,
+            drep_tid: tid,
             remote_comm_id: 0,
             remote_ca_guid: 0,
             remote_qpn: 0,
@@ -145,7 +153,7 @@ impl Conn {
             remote_qpn: self.remote_qpn,
             private_data,
         };
-        let mad = encode(&CmMessage::Dreq(dreq), self.tid);
+        let mad = encode(&CmMessage::Dreq(dreq), self.dreq_tid);
         self.state = State::DreqSent;
         // A DREQ is retried as often as the REQ was allowed to be.
         self.send_with_retry(now, mad, out);
@@ -157,7 +165,7 @@ impl Conn {
             remote_comm_id: self.remote_comm_id,
             private_data: [0; private_data_len::DREP],
         };
-        let mad = encode(&CmMessage::Drep(drep), self.tid);
+        let mad = encode(&CmMessage::Drep(drep), self.drep_tid);
         out.push_back(CmTransmit { dest: self.dest, mad });
     }
 

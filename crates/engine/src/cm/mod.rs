@@ -136,7 +136,8 @@ pub struct ConnectParams {
     pub service_id: u64,
     /// The local QP number.
     pub local_qpn: u32,
-    /// The local QP's send PSN (24 bits).
+    /// The PSN the local QP expects first, its `rq_psn` (24 bits): the responder's send queue
+    /// starts there, as Linux's CM reads a REQ's Starting PSN.
     pub starting_psn: u32,
     /// Transport service type: RC 0, UC 1, 3 with `extended_transport_type` 1 for XRC.
     pub transport_type: u8,
@@ -197,7 +198,8 @@ impl Default for ConnectParams {
 pub struct AcceptParams {
     /// The local QP number.
     pub local_qpn: u32,
-    /// The local QP's send PSN (24 bits).
+    /// The PSN the local QP expects first, its `rq_psn` (24 bits): the requester's send queue
+    /// starts there.
     pub starting_psn: u32,
     /// Local Q_Key (UD only; 0 for connected QPs).
     pub local_qkey: u32,
@@ -746,15 +748,13 @@ impl CmEngine {
         conn.detached = true;
         match conn.state {
             State::ReqSent | State::RepRcvd | State::ReqRcvd => {
-                let reason = if conn.role == Role::Active {
-                    rej_reason::TIMEOUT
-                } else {
-                    rej_reason::CONSUMER_DEFINED
-                };
-                let message = if conn.state == State::RepRcvd {
-                    MessageKind::Rep
-                } else {
-                    MessageKind::Req
+                // As Linux: a requester still waiting gives up (TIMEOUT, rejecting no message
+                // of the peer's: it knows only our ID and CA GUID); one that has the REP, or a
+                // responder deciding, rejects it.
+                let (reason, message) = match conn.state {
+                    State::ReqSent => (rej_reason::TIMEOUT, MessageKind::Other),
+                    State::RepRcvd => (rej_reason::CONSUMER_DEFINED, MessageKind::Rep),
+                    _ => (rej_reason::CONSUMER_DEFINED, MessageKind::Req),
                 };
                 let rej = make_rej(
                     id.0,
@@ -1074,14 +1074,10 @@ impl CmEngine {
         let id = self.new_comm_id();
         let timeout =
             2 * cm_timeout(self.config.packet_life_time) + cm_timeout(req.local_cm_response_timeout);
-        let mut conn = Conn::new(
-            Role::Passive,
-            id,
-            source,
-            self.tid(id),
-            timeout,
-            req.max_cm_retries,
-        );
+        // The REP, MRA, RTU and REJ of this exchange carry the REQ's transaction ID; this
+        // side's DREQ starts a transaction of its own.
+        let mut conn = Conn::new(Role::Passive, id, source, tid, timeout, req.max_cm_retries);
+        conn.dreq_tid = self.tid(id);
         conn.remote_comm_id = req.local_comm_id;
         conn.remote_ca_guid = req.local_ca_guid;
         conn.remote_qpn = req.local_qpn;
@@ -1152,7 +1148,9 @@ impl CmEngine {
         };
         let applies = match conn.state {
             State::ReqSent => rej.message_rejected == MessageKind::Req,
-            State::RepSent | State::RepRcvd => rej.message_rejected == MessageKind::Rep,
+            // Or the requester gave up before the REP reached it (Linux: TIMEOUT, no message).
+            State::RepSent => rej.message_rejected == MessageKind::Rep || rej.reason == rej_reason::TIMEOUT,
+            State::RepRcvd => rej.message_rejected == MessageKind::Rep,
             // The requester gave up while this side decided.
             State::ReqRcvd => true,
             _ => false,
@@ -1279,6 +1277,8 @@ impl CmEngine {
         let Some(conn) = self.conns.get_mut(&dreq.remote_comm_id) else {
             return;
         };
+        // The DREP answers this DREQ's transaction.
+        conn.drep_tid = tid;
         let (id, detached) = (CommId(conn.id), conn.detached);
         match conn.state {
             State::RepSent | State::Established => {

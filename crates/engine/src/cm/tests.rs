@@ -352,3 +352,163 @@ fn ece_values_travel_in_the_req_and_rep() {
         matches!(a.poll_event(), Some(CmEvent::ConnectResponse { id: got, ece, .. }) if got == id && ece == answered)
     );
 }
+
+/// The REQ Linux 6.1's rdma_cm sends for `rping -c` from 10.77.0.2 to 10.77.0.1 (captured from
+/// the `scripts/rxe-vm` guest; decoded field by field in `crates/wire/tests/cm_linux.rs`).
+const LINUX_REQ: &str =
+    "010702030000000000000002e17cb3ab0010000000000000abb37ce1000000000000000001061c06505400ff\
+fe12345600000000000000000000120100000001000000a02e9764a7ffff37f0ffffffff00000000000000000000ffff\
+0a4d000200000000000000000000ffff0a4d00012a5ee000004000980000000000000000000000000000000000000000\
+000000000000000000000000000000000000000000000000004099180000000000000000000000000a4d000200000000\
+00000000000000000a4d0001";
+
+fn from_hex(hex: &str) -> [u8; MAD_LEN] {
+    let mut out = [0u8; MAD_LEN];
+    for (i, pair) in hex.as_bytes().chunks(2).enumerate() {
+        out[i] = u8::from_str_radix(std::str::from_utf8(pair).unwrap(), 16).unwrap();
+    }
+    out
+}
+
+fn tid_of(mad: &[u8; MAD_LEN]) -> u64 {
+    CmMessage::parse(mad).unwrap().0.transaction_id
+}
+
+#[test]
+fn replies_carry_the_transaction_id_linux_uses() {
+    let t0 = Instant::ZERO;
+    let (mut a, mut b, id, req_mad) = requested(t0);
+    let req_tid = tid_of(&req_mad);
+    let Some(CmEvent::ConnectRequest { id: server, .. }) = b.poll_event() else {
+        panic!("no request")
+    };
+    // The responder's MRA, REP and the requester's RTU are in the REQ's transaction.
+    b.handle_mad(t0, gid(1), &req_mad);
+    assert_eq!(tid_of(&b.poll_transmit().unwrap().mad), req_tid, "MRA");
+    b.accept(t0, server, &AcceptParams::default(), &[]).unwrap();
+    let rep = b.poll_transmit().unwrap().mad;
+    assert_eq!(tid_of(&rep), req_tid, "REP");
+    a.handle_mad(t0, gid(2), &rep);
+    a.poll_event();
+    a.establish(id).unwrap();
+    let rtu = a.poll_transmit().unwrap().mad;
+    assert_eq!(tid_of(&rtu), req_tid, "RTU");
+    b.handle_mad(t0, gid(1), &rtu);
+    while b.poll_event().is_some() {}
+    // The responder's DREQ starts a transaction of its own; the DREP answers in it.
+    b.disconnect(t0, server, &[]).unwrap();
+    let dreq = b.poll_transmit().unwrap().mad;
+    let dreq_tid = tid_of(&dreq);
+    assert_ne!(dreq_tid, req_tid, "DREQ");
+    a.handle_mad(t0, gid(2), &dreq);
+    a.disconnect(t0, id, &[]).unwrap();
+    assert_eq!(tid_of(&a.poll_transmit().unwrap().mad), dreq_tid, "DREP");
+}
+
+#[test]
+fn requester_giving_up_after_a_lost_rep_ends_the_responder_as_linux_does() {
+    let t0 = Instant::ZERO;
+    let (mut a, mut b, id, _) = requested(t0);
+    let Some(CmEvent::ConnectRequest { id: server, .. }) = b.poll_event() else {
+        panic!("no request")
+    };
+    b.accept(t0, server, &AcceptParams::default(), &[]).unwrap();
+    let _lost_rep = b.poll_transmit().unwrap();
+    a.destroy(t0, id).unwrap();
+    let rej = a.poll_transmit().unwrap().mad;
+    // The byte layout Linux sends from REQ_SENT: no message rejected (2 in the top bits of
+    // byte 8), 8 bytes of ARI (the length in the top 7 bits of byte 9), reason 4, the CA GUID.
+    let data = &rej[24..];
+    assert_eq!(&data[0..8], &[&id.0.to_be_bytes()[..], &[0; 4]].concat()[..]);
+    assert_eq!((data[8], data[9]), (0x80, 8 << 1));
+    assert_eq!(&data[10..12], &rej_reason::TIMEOUT.to_be_bytes());
+    assert_eq!(&data[12..20], &1u64.to_be_bytes());
+    // The responder waiting for the RTU takes it, and stops resending its REP.
+    b.handle_mad(t0, gid(1), &rej);
+    assert!(matches!(b.poll_event(), Some(CmEvent::Rejected { id, reason: 4, .. }) if id == server));
+    let later = t0 + Duration::from_secs(10);
+    b.handle_timeout(later);
+    assert!(b.poll_transmit().is_none(), "no REP after the requester gave up");
+}
+
+#[test]
+fn requester_destroying_after_the_rep_rejects_it() {
+    let t0 = Instant::ZERO;
+    let (mut a, mut b, id, _) = requested(t0);
+    let Some(CmEvent::ConnectRequest { id: server, .. }) = b.poll_event() else {
+        panic!("no request")
+    };
+    b.accept(t0, server, &AcceptParams::default(), &[]).unwrap();
+    pass(t0, &mut b, &mut a);
+    a.poll_event();
+    a.destroy(t0, id).unwrap();
+    let out = pass(t0, &mut a, &mut b);
+    let [CmMessage::Rej(rej)] = &out[..] else {
+        panic!("{out:?}")
+    };
+    // As Linux from REP_RCVD: the consumer rejects the REP.
+    assert_eq!(
+        (rej.reason, rej.message_rejected, rej.local_comm_id),
+        (rej_reason::CONSUMER_DEFINED, MessageKind::Rep, id.0)
+    );
+    assert!(matches!(b.poll_event(), Some(CmEvent::Rejected { id, reason: 28, .. }) if id == server));
+}
+
+#[test]
+fn linux_req_is_answered_in_its_transaction() {
+    let t0 = Instant::ZERO;
+    let mut b = CmEngine::new(
+        CmConfig {
+            local_gid: Gid::from_ip(IpAddr::V4(Ipv4Addr::new(10, 77, 0, 1))),
+            ca_guid: 0xb40f_24ff_fefe_d520,
+            ..CmConfig::default()
+        },
+        9,
+    );
+    b.listen(service_id(PortSpace::Tcp, 7174)).unwrap();
+    let linux = Gid::from_ip(IpAddr::V4(Ipv4Addr::new(10, 77, 0, 2)));
+    b.handle_mad(t0, linux, &from_hex(LINUX_REQ));
+    let Some(CmEvent::ConnectRequest { id, source, req, .. }) = b.poll_event() else {
+        panic!("Linux's REQ is a request")
+    };
+    assert_eq!(source, linux);
+    assert_eq!((req.local_qpn, req.starting_psn), (0x12, 0x2e_9764));
+    assert_eq!(req.primary_path.local_ack_timeout, 19);
+    b.accept(
+        t0,
+        id,
+        &AcceptParams {
+            local_qpn: 0x01_0012,
+            starting_psn: 0x6a_877e,
+            responder_resources: 1,
+            initiator_depth: 1,
+            rnr_retry_count: 7,
+            ..AcceptParams::default()
+        },
+        &[],
+    )
+    .unwrap();
+    let t = b.poll_transmit().unwrap();
+    assert_eq!(t.dest, linux);
+    // Header: Linux's TID (its MAD agent's and comm ID's), REP 0x0013.
+    assert_eq!(&t.mad[8..18], &[0, 0, 0, 2, 0xe1, 0x7c, 0xb3, 0xab, 0x00, 0x13]);
+    let rep = &t.mad[24..];
+    assert_eq!(&rep[0..4], &id.0.to_be_bytes());
+    assert_eq!(&rep[4..8], &[0xab, 0xb3, 0x7c, 0xe1], "Linux's comm ID");
+    assert_eq!(&rep[12..15], &[0x01, 0x00, 0x12], "QPN");
+    assert_eq!(&rep[20..23], &[0x6a, 0x87, 0x7e], "the PSN this side expects");
+    assert_eq!((rep[24], rep[25], rep[27]), (1, 1, 7 << 5));
+    assert_eq!(&rep[28..36], &0xb40f_24ff_fefe_d520u64.to_be_bytes());
+    // Linux's RTU completes it.
+    let rtu = RtuRepr {
+        local_comm_id: 0xabb3_7ce1,
+        remote_comm_id: id.0,
+        private_data: [0; private_data_len::RTU],
+    };
+    let mut mad = [0u8; MAD_LEN];
+    CmMessage::Rtu(rtu)
+        .emit(0x0000_0002_e17c_b3ab, 0, &mut mad)
+        .unwrap();
+    b.handle_mad(t0, linux, &mad);
+    assert_eq!(b.poll_event(), Some(CmEvent::Established { id }));
+}

@@ -42,7 +42,8 @@ int main(void)
     if (rdma_create_id(ch, &client, NULL, 0x7777) != -1 || errno != EINVAL) return 4;
     sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (rdma_bind_addr(listen_id, (struct sockaddr *)&sin)) return 5;
-    if (!listen_id->verbs) return 6;
+    /* A loopback address binds like the wildcard (as the kernel's rdma_cm): no device yet. */
+    if (listen_id->verbs) return 6;
     if (rdma_listen(listen_id, 4) || rdma_get_src_port(listen_id) == 0) return 7;
 
     if (rdma_create_id(ch, &client, NULL, RDMA_PS_TCP)) return 8;
@@ -58,7 +59,7 @@ int main(void)
     if (rdma_resolve_route(client, 2000)) return 13;
     if (expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, &ev)) return 14;
     rdma_ack_cm_event(ev);
-    if (client->verbs != listen_id->verbs) return 15;
+    if (!client->verbs) return 15;
     if (rdma_get_dst_port(client) != sin.sin_port) return 16;
     if (((struct sockaddr_in *)rdma_get_peer_addr(client))->sin_addr.s_addr != sin.sin_addr.s_addr)
         return 17;
@@ -134,7 +135,7 @@ int main(void)
     if (ev->param.conn.private_data_len < sizeof hello ||
         memcmp(ev->param.conn.private_data, hello, sizeof hello))
         return 23;
-    if (child->verbs != listen_id->verbs || rdma_get_src_port(child) != sin.sin_port) return 24;
+    if (child->verbs != client->verbs || rdma_get_src_port(child) != sin.sin_port) return 24;
     rdma_ack_cm_event(ev);
 
     const char no[] = "not today";

@@ -1,12 +1,14 @@
 //! `ibv_devinfo`: prints device and port attributes in rdma-core's layout, plus (with `-v`) the
-//! softverbs packet counters.
+//! softverbs counters of every process of this user that uses the device.
 
 use std::fmt::Write as _;
 use std::net::Ipv6Addr;
 use std::process::ExitCode;
 
 use clap::Parser;
-use softverbs::{devices, odp, AtomicCap, Context, Device, Mtu, OdpCaps, PortState, TmCapFlags};
+use softverbs::{
+    devices, odp, AtomicCap, Context, CounterSnapshot, Device, Mtu, OdpCaps, PortState, TmCapFlags,
+};
 use softverbs_tools::cli;
 
 /// Print the attributes of the RDMA devices.
@@ -171,19 +173,16 @@ fn print_device(dev: &Device, port_filter: Option<u8>, verbose: bool) -> Result<
         print_port(&mut o, &ctx, port, verbose)?;
     }
     if verbose {
-        // Not an rdma-core field: the device's packet counters, kept apart from the C layout.
-        let c = ctx.counters();
+        // Not an rdma-core field: the device's counters summed over every process of this user
+        // in this network namespace (their counter boards), kept apart from the C layout.
+        let (processes, c) = softverbs::device_counters(ctx.device().name());
         emit!(o, "\tsoftverbs counters:");
-        emit!(o, "\t\ttx_packets:\t\t{}", c.tx_packets);
-        emit!(o, "\t\trx_packets:\t\t{}", c.rx_packets);
-        emit!(o, "\t\trx_malformed:\t\t{}", c.rx_malformed);
-        emit!(o, "\t\trx_unknown_qp:\t\t{}", c.rx_unknown_qp);
-        emit!(o, "\t\trx_dropped:\t\t{}", c.rx_dropped);
-        emit!(o, "\t\trx_bad_pkey:\t\t{}", c.rx_bad_pkey);
-        emit!(o, "\t\trx_bad_qkey:\t\t{}", c.rx_bad_qkey);
-        emit!(o, "\t\trx_icrc_unverified:\t{}", c.rx_icrc_unverified);
-        emit!(o, "\t\trx_bad_icrc:\t\t{}", c.rx_bad_icrc);
-        emit!(o, "\t\ttx_unroutable:\t\t{}", c.tx_unroutable);
+        emit!(o, "\t\tprocesses:\t\t{processes}");
+        for (name, value) in CounterSnapshot::NAMES.iter().zip(c.values()) {
+            // Values line up at the fourth tab stop, as rdma-core's fields do.
+            let tabs = "\t".repeat((31 - name.len()).max(8) / 8);
+            emit!(o, "\t\t{name}:{tabs}{value}");
+        }
         emit!(o);
     }
     Ok(o)
