@@ -156,3 +156,88 @@ fn resuming_a_read_of_the_top_of_memory_does_not_overflow() {
     assert!(resent.contains(&Psn::new(o.psn_a + 1)), "{resent:?}");
     let _ = b;
 }
+
+/// A message's PSNs are all reserved when it starts, but only a window of them is sent at
+/// once. An ACK for one of the others (a stale one from before the QP was reset, or a forged
+/// one) was taken as acknowledging packets never sent: the window base jumped past them and
+/// the requester went on sending from there, skipping PSNs (the fuzz target saw PSN 144 sent
+/// when 128 was next). Responses are now accepted only for PSNs a request was sent for.
+#[test]
+fn ack_for_a_psn_not_sent_yet_is_dropped() {
+    let o = ConnOpts {
+        mtu: Mtu::Mtu256,
+        ..ConnOpts::default()
+    };
+    let (mut sim, a, b) = Sim::pair(4, QpType::Rc, &o);
+    const PACKETS: u32 = 200;
+    let len = PACKETS * 256;
+    let src = sim.mem(0).alloc_mr(1, u64::from(len), all_access());
+    let dst = sim.mem(1).alloc_mr(1, u64::from(len), all_access());
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    sim.mem(0).poke(src.addr, &data);
+    sim.record();
+    // Nothing reaches b until the forged ACKs were seen.
+    sim.set_filter(|p| {
+        if p.from.node == 0 {
+            Verdict::Drop
+        } else {
+            Verdict::Pass
+        }
+    });
+    sim.post_send(a, write(1, dst.remote(0), vec![src.sge(0, len)]));
+    let sent = sim
+        .log
+        .as_ref()
+        .expect("recording")
+        .iter()
+        .filter(|p| p.from.node == 0)
+        .count() as u32;
+    assert!(
+        sent > 0 && sent < PACKETS,
+        "{sent} of {PACKETS} packets sent at once"
+    );
+    for unsent in [sent, PACKETS - 1] {
+        let mut ack = PacketRepr::new(
+            BthRepr::new(Opcode::RcAcknowledge, a.qpn, Psn::new(o.psn_a + unsent)),
+            0,
+        );
+        ack.aeth = Some(AethRepr {
+            syndrome: AethSyndrome::ACK_UNLIMITED,
+            msn: 1,
+        });
+        let (verdict, out) = feed(&mut sim, a, ack);
+        assert_eq!(
+            verdict,
+            Err(DropReason::UnexpectedResponse),
+            "ACK of PSN +{unsent}"
+        );
+        assert!(out.is_empty(), "{out:?}");
+    }
+    assert!(sim.take_send_cq(a).is_empty());
+    // The real transfer then completes with every byte, every PSN sent in order.
+    sim.clear_filter();
+    sim.run_until(Duration::from_secs(5), |s| s.send_cq_len(a) > 0);
+    let wcs = sim.take_send_cq(a);
+    assert_wc(&wcs[0], 1, WcStatus::Success);
+    assert_eq!(sim.mem(1).peek(dst.addr, len as usize), data);
+    let mut high = o.psn_a;
+    for p in sim
+        .log
+        .as_ref()
+        .expect("recording")
+        .iter()
+        .filter(|p| p.from.node == 0)
+    {
+        let off = Psn::new(high).distance(p.psn);
+        assert!(
+            off == 0 || p.psn.is_before(Psn::new(high)),
+            "PSN {:?} sent after {high}",
+            p.psn
+        );
+        if off == 0 {
+            high += 1;
+        }
+    }
+    assert_eq!(high, o.psn_a + PACKETS);
+    let _ = b;
+}
