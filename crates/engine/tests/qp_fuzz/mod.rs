@@ -1641,8 +1641,12 @@ impl Harness {
             }
             self.check_transmit(q, tx);
         }
+        // Checked once this input's writes are logged: a completion's data check must see a
+        // write that landed in its buffer during the same input (a late response of an earlier
+        // READ into an overlapping buffer, say).
+        let mut completions = Vec::new();
         while let Some(c) = self.qps[q].engine.poll_completion() {
-            self.check_completion(q, c);
+            completions.push(c);
         }
         while let Some(e) = self.qps[q].engine.poll_event() {
             self.cov.events.insert(e.raw());
@@ -1736,6 +1740,9 @@ impl Harness {
                     tag,
                 });
             }
+        }
+        for c in completions {
+            self.check_completion(q, c);
         }
     }
 
