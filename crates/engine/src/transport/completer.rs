@@ -58,8 +58,14 @@ pub(crate) fn scatter_sges(
             qpn,
             access: Access::LocalWrite,
         };
+        // The entry's address is the application's and unchecked until now: bytes past the
+        // end of the address space are outside any region.
+        let addr = sge
+            .addr
+            .checked_add(skip)
+            .ok_or(ScatterError::Mem(MemError::OutOfRange))?;
         src.slice(done..done + take)
-            .write_to(mem, key, sge.addr + skip)
+            .write_to(mem, key, addr)
             .map_err(ScatterError::Mem)?;
         done += take;
         skip = 0;
@@ -91,8 +97,9 @@ impl QpEngine {
             return Err(DropReason::NotReceiving);
         }
         let psn = pkt.repr.bth.psn;
-        // A response must fall in [unacked, next_psn).
-        if psn.is_before(self.req.unacked) || !psn.is_before(self.req.next_psn) {
+        // A response must answer a request sent: fall in [unacked, resp_high). The PSNs of a
+        // message not sent yet are reserved (`next_psn` is past them) but nothing answers them.
+        if psn.is_before(self.req.unacked) || !psn.is_before(self.req.resp_high) {
             return Err(DropReason::UnexpectedResponse);
         }
         match pkt.repr.aeth.map(|a| a.syndrome) {

@@ -351,10 +351,22 @@ impl SendWqe {
 
     /// The first READ response packet at or after the first missing one that has been received
     /// (the end of the first hole), or `npsn`.
+    ///
+    /// Word by word: the bitmap reaches only as far as the highest response received, so this
+    /// costs a few words even for a READ of millions of packets (asked again on every timeout).
     pub(crate) fn hole_end(&self) -> u32 {
-        (self.resp_pkts..self.npsn)
-            .find(|&k| self.resp_has(k))
-            .unwrap_or(self.npsn)
+        let first_word = (self.resp_pkts / 64) as usize;
+        for (i, &bits) in self.resp_seen.iter().enumerate().skip(first_word) {
+            let bits = if i == first_word {
+                bits & (!0u64 << (self.resp_pkts % 64))
+            } else {
+                bits
+            };
+            if bits != 0 {
+                return (i as u32 * 64 + bits.trailing_zeros()).min(self.npsn);
+            }
+        }
+        self.npsn
     }
 
     /// Records READ response packet `k`; advances `resp_pkts` over the received prefix.
@@ -704,5 +716,61 @@ impl QpEngine {
             self.req.drain_notify = false;
             self.events.push_back(EventType::SqDrained);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::SendWqe;
+    use crate::types::{SendFlags, Sge};
+    use crate::wr::{Payload, RemoteAddr, SendOp, SendWr};
+
+    fn read(npsn: u32) -> SendWqe {
+        let mut w = SendWqe::new(SendWr {
+            wr_id: 1,
+            op: SendOp::Read {
+                remote: RemoteAddr::default(),
+            },
+            flags: SendFlags::SIGNALED,
+            payload: Payload::Sges(vec![Sge::default()]),
+            ud: None,
+            xrc_srqn: None,
+        });
+        w.started = true;
+        w.npsn = npsn;
+        w
+    }
+
+    proptest! {
+        /// `hole_end` is the first received packet at or after `resp_pkts`, as a scan of every
+        /// packet finds it.
+        #[test]
+        fn hole_end_is_the_first_received_packet_after_the_hole(
+            npsn in 1u32..400,
+            got in proptest::collection::vec(0u32..400, 0..40),
+        ) {
+            let mut w = read(npsn);
+            for k in got.into_iter().filter(|&k| k < npsn) {
+                if !w.resp_has(k) {
+                    w.resp_mark(k);
+                }
+            }
+            let scan = (w.resp_pkts..w.npsn).find(|&k| w.resp_has(k)).unwrap_or(w.npsn);
+            prop_assert_eq!(w.hole_end(), scan);
+        }
+    }
+
+    /// A READ of 2^23 packets with one response received past the hole: the end of the hole
+    /// is found from the bitmap's few words.
+    #[test]
+    fn hole_end_of_a_huge_read() {
+        let mut w = read(1 << 23);
+        assert_eq!(w.hole_end(), 1 << 23);
+        w.resp_mark(200);
+        assert_eq!(w.hole_end(), 200);
+        w.resp_mark(0);
+        assert_eq!((w.resp_pkts, w.hole_end()), (1, 200));
     }
 }

@@ -38,6 +38,10 @@ pub(crate) struct Requester {
     pub(crate) drain_notify: bool,
     /// One past the highest PSN ever sent, to tell retransmissions apart.
     pub(crate) sent_high: Psn,
+    /// One past the highest PSN a response may carry: every request packet sent, and all the
+    /// PSNs of a READ whose request was sent (its responses use them). A response beyond it
+    /// answers nothing this QP sent (a stale or forged one) and must not move the window.
+    pub(crate) resp_high: Psn,
     /// The PSN the last retry went back to, until progress is made. A second trigger for the
     /// same PSN (a duplicated NAK, more responses past the same hole) is then ignored instead of
     /// spending the retry budget and resending again.
@@ -65,6 +69,7 @@ impl Requester {
             next_psn: sq_psn,
             unacked: sq_psn,
             sent_high: sq_psn,
+            resp_high: sq_psn,
             retry_cnt,
             retry_left: retry_cnt,
             rnr_retry,
@@ -350,6 +355,14 @@ impl QpEngine {
             self.req.sent_high = psn + 1;
         }
         let w = &self.sq[idx];
+        let resp_end = if w.wr.op.is_read_or_atomic() {
+            w.first_psn + w.npsn
+        } else {
+            psn + 1
+        };
+        if resp_end.is_after(self.req.resp_high) {
+            self.req.resp_high = resp_end;
+        }
         let pkt_index = w.next_pkt;
         let total = w.request_packets();
         let position = match (
@@ -430,7 +443,9 @@ impl QpEngine {
                 let start = (u64::from(w.resp_pkts) * u64::from(mtu)).min(w.len);
                 let end = (u64::from(w.req_end) * u64::from(mtu)).min(w.len);
                 repr.reth = Some(RethRepr {
-                    va: remote.addr + start,
+                    // The application's address, unchecked here: the responder checks the
+                    // range (and refuses one that wraps).
+                    va: remote.addr.wrapping_add(start),
                     rkey: remote.rkey,
                     dma_len: end.saturating_sub(start) as u32,
                 });

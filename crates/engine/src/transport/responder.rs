@@ -826,9 +826,15 @@ impl QpEngine {
             let Some((va, rkey, len, pd)) = found else {
                 return Err(DropReason::BadPsn);
             };
-            // The retried request must ask for part of the original.
+            // The retried request must ask for part of the original. Both ends come from the
+            // wire (a zero-length original was never checked against a region), so the sums
+            // may overflow: such a range is no part of the original.
             let (rva, rlen) = (reth.va, u64::from(reth.dma_len));
-            if reth.rkey != rkey || rva < va || rva + rlen > va + len {
+            let within = matches!(
+                (rva.checked_add(rlen), va.checked_add(len)),
+                (Some(end), Some(orig_end)) if rva >= va && end <= orig_end
+            );
+            if reth.rkey != rkey || !within {
                 return Err(DropReason::BadPsn);
             }
             self.send_read_responses(psn, rva, rkey, rlen, pd, mem);

@@ -439,10 +439,10 @@ pub struct XrcSrqInfo {
 }
 
 /// The SRQs of one XRC domain, as a target QP's receive source (the device's lookup by SRQN).
-struct XrcDomainSrqs<'a> {
-    srqs: &'a mut [Srq],
-    xrcd: u32,
-    selected: Option<usize>,
+pub struct XrcDomainSrqs<'a> {
+    pub srqs: &'a mut [Srq],
+    pub xrcd: u32,
+    pub selected: Option<usize>,
 }
 
 impl RecvSource for XrcDomainSrqs<'_> {
