@@ -1985,7 +1985,16 @@ mod tests {
             },
             None,
         );
-        fabric.drive(fabric.now());
+        // The progress thread may be driving the node at that moment and handle the packet
+        // itself: wait (bounded) for whoever handles it.
+        let settle = |done: &dyn Fn() -> bool| {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !done() && std::time::Instant::now() < deadline {
+                fabric.drive(fabric.now());
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        };
+        settle(&|| b.counters.snapshot().rx_unknown_qp == 1);
         assert_eq!(b.counters.snapshot().rx_unknown_qp, 1);
 
         let probe = Arc::new(GsiProbe::default());
@@ -2012,7 +2021,7 @@ mod tests {
             },
             None,
         );
-        fabric.drive(fabric.now());
+        settle(&|| probe.got.lock().len() >= 2);
         assert_eq!(
             *probe.got.lock(),
             [(b"mad!".to_vec(), ga), (b"mad2".to_vec(), ga)]
