@@ -270,6 +270,10 @@ impl<E: Endpoint> Node<E> {
             } = &mut *processing;
             while self.inbound.recv(batch) > 0 {
                 did = true;
+                // The clock is read again for every batch: a thread may drive for a long
+                // while when packets keep coming, and a stale `now` would time round trips as
+                // zero and arm retransmission timers that fire early.
+                let now = now.max(self.fabric.now());
                 let mut out = Vec::new();
                 let pending = Pending::default();
                 for (data, desc) in batch.iter() {
@@ -862,8 +866,9 @@ fn progress_thread<E: Endpoint>(fabric: Weak<Fabric<E>>, wake: Arc<WakeUp>) {
     loop {
         let Some(f) = fabric.upgrade() else { return };
         wake.begin_pass();
+        f.drive(f.now());
+        // Read after the drive, which may take a while under load.
         let now = f.now();
-        f.drive(now);
         let mut next = None;
         for node in f.live_nodes().iter() {
             if let Some(d) = node.run_timers(now) {
@@ -1132,6 +1137,7 @@ impl<E: Endpoint> Fabric<E> {
             at = self.now();
         }
         if self.wake.load() <= now.as_nanos() {
+            let now = self.now();
             for n in self.live_nodes().iter() {
                 n.run_timers(now);
             }

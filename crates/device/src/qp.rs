@@ -856,6 +856,9 @@ impl Qp {
         pending: &Pending,
     ) -> (Outputs, Option<DropReason>) {
         let mut inner = self.inner.lock();
+        // Read under the lock, so that the engine's clock never goes back (another thread may
+        // have read a later time and taken the lock first): round trips are timed from it.
+        let now = now.max(self.fabric().now());
         let node = self.node();
         let pkt = match ext {
             Some(src) => Rx::external(pkt, src),
@@ -939,6 +942,7 @@ impl Qp {
     /// Handles expired transport timers (called by the progress machinery).
     pub(crate) fn handle_timeout(&self, now: Instant) -> Outputs {
         let mut inner = self.inner.lock();
+        let now = now.max(self.fabric().now());
         inner.engine.handle_timeout(now);
         self.drain(&mut inner, now)
     }
@@ -1054,8 +1058,9 @@ impl Qp {
         if self.rss.is_some() {
             return fail(0, Error::invalid("an RSS QP receives through its WQs"));
         }
-        let now = self.fabric().now();
         let mut inner = self.inner.lock();
+        // Read under the lock: the engine's clock never goes back.
+        let now = self.fabric().now();
         if inner.attr.qp_state == QpState::Reset {
             return fail(
                 0,
@@ -1101,8 +1106,9 @@ impl Qp {
                 error: Error::invalid("an RSS QP is receive-only"),
             });
         }
-        let now = self.fabric().now();
         let mut inner = self.inner.lock();
+        // Read under the lock: the engine's clock never goes back.
+        let now = self.fabric().now();
         let state = inner.attr.qp_state;
         if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(PostError {

@@ -339,6 +339,7 @@ impl QpEngine {
             advanced = self.req.unacked.distance(next);
             self.req.unacked = next;
             progressed = true;
+            self.skip_acknowledged();
         }
         if self.req.rec.on_ack(now, psn + 1, advanced) {
             self.counters.spurious_timeouts += 1;
@@ -530,6 +531,24 @@ impl QpEngine {
             {
                 self.ack_through(now, acked);
             }
+        }
+    }
+
+    /// After a go-back-N, an acknowledgement may cover packets still waiting to be resent
+    /// (the originals had arrived after all): the send position moves past them, since the
+    /// responder has them. Left there, it would lie before the window's base, which the window
+    /// test reads as a full window: nothing would be sent until the next timer expiry.
+    fn skip_acknowledged(&mut self) {
+        let unacked = self.req.unacked;
+        for w in self.sq.iter_mut() {
+            if !w.started || !w.first_psn.is_before(unacked) {
+                break;
+            }
+            if w.wr.op.is_read_or_atomic() || w.done {
+                continue;
+            }
+            let acked = w.first_psn.distance(unacked).min(w.request_packets());
+            w.next_pkt = w.next_pkt.max(acked);
         }
     }
 

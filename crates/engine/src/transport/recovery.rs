@@ -17,10 +17,14 @@ use softverbs_wire::Psn;
 use super::WINDOW;
 use crate::time::Instant;
 
-/// The retransmission timer never fires sooner than this after the last send or progress
-/// (more, once it fired for nothing): below it, a receiver that was descheduled for a moment
-/// would draw resends for nothing.
+/// The retransmission timer never fires sooner than this after the last send or progress.
 pub(crate) const RTO_MIN: Duration = Duration::from_millis(1);
+
+/// Where the timer's floor starts: longer than a busy host keeps a runnable receiver waiting
+/// for a core (a few scheduler slices), so that a lossless path draws no resends. Timeouts that
+/// prove genuine halve it towards [`RTO_MIN`] (a lossy path recovers sooner), spurious ones
+/// double it.
+pub(crate) const FLOOR_START: Duration = Duration::from_millis(10);
 
 /// The congestion window never shrinks below this many PSNs.
 pub(crate) const CWND_MIN: u32 = 2;
@@ -71,8 +75,9 @@ pub(crate) struct Recovery {
     /// The timers follow the measured round trip (off: always the configured timeout, for a
     /// carrier that loses nothing).
     pub(crate) adaptive: bool,
-    /// The shortest retransmission timeout: [`RTO_MIN`], doubled each time a timer turned out
-    /// to have fired for nothing (the host's scheduling delays exceed it).
+    /// The shortest retransmission timeout: [`FLOOR_START`] at first, doubled each time a timer
+    /// turned out to have fired for nothing (the host's scheduling delays exceed it) and halved,
+    /// down to [`RTO_MIN`], each time one was right to fire.
     floor: Duration,
     /// After a timeout, until an acknowledgement tells: the window before it, and one past the
     /// highest PSN resent since. An acknowledgement beyond what was resent shows that the
@@ -105,7 +110,7 @@ impl Default for Recovery {
             charged: 0,
             retry_started: None,
             adaptive: true,
-            floor: RTO_MIN,
+            floor: FLOOR_START,
             after_timeout: None,
         }
     }
@@ -308,17 +313,17 @@ mod tests {
             "unmeasured: the configured timeout"
         );
         r.on_send(Instant(0), Psn::new(10));
-        r.on_ack(Instant(MS), Psn::new(11), 1);
-        // 1 ms + 4 x 0.5 ms.
-        assert_eq!(r.rto(configured), Duration::from_millis(3));
+        r.on_ack(Instant(5 * MS), Psn::new(11), 1);
+        // 5 ms + 4 x 2.5 ms.
+        assert_eq!(r.rto(configured), Duration::from_millis(15));
         for i in 0..50 {
             r.on_send(Instant(10 * MS * i), Psn::new(20 + i as u32));
             r.on_ack(Instant(10 * MS * i + 100_000), Psn::new(21 + i as u32), 1);
         }
-        assert_eq!(r.rto(configured), RTO_MIN, "a 0.1 ms round trip: the floor");
+        assert_eq!(r.rto(configured), FLOOR_START, "a 0.1 ms round trip: the floor");
         r.on_loss(Instant(0), Psn::new(100), Psn::new(110), true);
         r.on_loss(Instant(0), Psn::new(100), Psn::new(110), true);
-        assert_eq!(r.rto(configured), 4 * RTO_MIN, "doubled per expiry");
+        assert_eq!(r.rto(configured), 4 * FLOOR_START, "doubled per expiry");
         for _ in 0..10 {
             r.on_loss(Instant(0), Psn::new(100), Psn::new(110), true);
         }
@@ -328,7 +333,11 @@ mod tests {
             !r.on_ack(Instant(0), Psn::new(101), 1),
             "the resent packet: not spurious"
         );
-        assert_eq!(r.rto(configured), RTO_MIN, "progress ends the backoff");
+        assert_eq!(
+            r.rto(configured),
+            FLOOR_START / 2,
+            "progress ends the backoff, and a timeout that was right lowers the floor"
+        );
     }
 
     #[test]
@@ -337,7 +346,7 @@ mod tests {
         let mut r = Recovery::default();
         r.on_send(Instant(0), Psn::new(1));
         r.on_ack(Instant(100_000), Psn::new(2), 1);
-        assert_eq!(r.rto(configured), RTO_MIN);
+        assert_eq!(r.rto(configured), FLOOR_START);
         r.on_loss(Instant(0), Psn::new(10), Psn::new(60), false);
         let window = r.window();
         r.on_loss(Instant(MS), Psn::new(10), Psn::new(60), true);
@@ -347,12 +356,33 @@ mod tests {
         // Acknowledged through 40: the originals had arrived.
         assert!(r.on_ack(Instant(MS), Psn::new(41), 31));
         assert!(r.window() >= window, "the cut is undone");
-        assert_eq!(r.rto(configured), 2 * RTO_MIN, "the floor doubles");
+        assert_eq!(r.rto(configured), 2 * FLOOR_START, "the floor doubles");
         // A timeout whose resend alone is acknowledged halves it again.
         r.on_loss(Instant(2 * MS), Psn::new(41), Psn::new(60), true);
         r.on_resend(Psn::new(41));
         assert!(!r.on_ack(Instant(2 * MS), Psn::new(42), 1));
-        assert_eq!(r.rto(configured), RTO_MIN);
+        assert_eq!(r.rto(configured), FLOOR_START);
+    }
+
+    #[test]
+    fn timeouts_that_were_right_bring_the_floor_down_to_its_minimum() {
+        let configured = Duration::from_millis(67);
+        let mut r = Recovery::default();
+        r.on_send(Instant(0), Psn::new(1));
+        r.on_ack(Instant(100_000), Psn::new(2), 1);
+        let mut psn = Psn::new(10);
+        let mut last = r.rto(configured);
+        for _ in 0..10 {
+            // The timer fires, the resend alone is acknowledged: the packet was lost.
+            r.on_loss(Instant(MS), psn, psn + 20, true);
+            r.on_resend(psn);
+            assert!(!r.on_ack(Instant(MS), psn + 1, 1));
+            let rto = r.rto(configured);
+            assert!(rto <= last && rto >= RTO_MIN, "{rto:?} after {last:?}");
+            last = rto;
+            psn = psn + 1;
+        }
+        assert_eq!(last, RTO_MIN, "a lossy path: the shortest timer");
     }
 
     #[test]
