@@ -380,7 +380,7 @@ mod tests {
             let rto = r.rto(configured);
             assert!(rto <= last && rto >= RTO_MIN, "{rto:?} after {last:?}");
             last = rto;
-            psn = psn + 1;
+            psn += 1;
         }
         assert_eq!(last, RTO_MIN, "a lossy path: the shortest timer");
     }
