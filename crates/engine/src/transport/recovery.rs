@@ -370,9 +370,9 @@ mod tests {
         let mut r = Recovery::default();
         r.on_send(Instant(0), Psn::new(1));
         r.on_ack(Instant(100_000), Psn::new(2), 1);
-        let mut psn = Psn::new(10);
         let mut last = r.rto(configured);
-        for _ in 0..10 {
+        for k in 0..10 {
+            let psn = Psn::new(10 + k);
             // The timer fires, the resend alone is acknowledged: the packet was lost.
             r.on_loss(Instant(MS), psn, psn + 20, true);
             r.on_resend(psn);
@@ -380,7 +380,6 @@ mod tests {
             let rto = r.rto(configured);
             assert!(rto <= last && rto >= RTO_MIN, "{rto:?} after {last:?}");
             last = rto;
-            psn += 1;
         }
         assert_eq!(last, RTO_MIN, "a lossy path: the shortest timer");
     }
