@@ -329,8 +329,12 @@ impl SendWqe {
         }
     }
 
+    /// Started, and nothing of it is left to send in the current pass: every request packet
+    /// went out, or (a READ or atomic) its whole response is in. A go-back-N rewinds a READ
+    /// behind the hole it resends; if the READ's responses arrive meanwhile, sending its request
+    /// again would ask for nothing, at a PSN past its own.
     pub(crate) fn fully_sent(&self) -> bool {
-        self.started && self.next_pkt >= self.request_packets()
+        self.started && (self.done || self.next_pkt >= self.request_packets())
     }
 
     /// Started, and still waiting for an acknowledgement or a response.
