@@ -223,6 +223,35 @@ fn inject(qp: u8, opcode: u8, f: impl FnOnce(&mut Inject)) -> Action {
     Action::Inject(i)
 }
 
+/// Node 0 binds its window `mw` over `len` bytes at `off` of `region` with rights `access`
+/// and key tag `tag` (a BIND_MW on QP 0).
+fn bind(mw: u8, region: u8, off: u16, len: u16, access: u8, tag: u8) -> Action {
+    send_with(0, BIND_MW, &[], remote(0, 0, 0), |p| {
+        p.mw = MwSpec {
+            mw,
+            region,
+            off,
+            len,
+            access,
+            tag,
+        }
+    })
+}
+
+/// Node 0 invalidates its window `mw` (a LOCAL_INV on QP 0).
+fn local_inv(mw: u8) -> Action {
+    send_with(0, LOCAL_INV, &[], remote(0, 0, 0), |p| p.mw.mw = mw)
+}
+
+/// An ACKNOWLEDGE at QP 0, `psn` past the first PSN it sent, with AETH syndrome `aeth`.
+fn ack(psn: u32, aeth: u8) -> Action {
+    inject(0, op_index(0x11), |i| {
+        i.psn_base = 3;
+        i.psn = psn;
+        i.aeth = aeth;
+    })
+}
+
 /// Index of an opcode byte in the wire's opcode table.
 fn op_index(byte: u8) -> u8 {
     softverbs_wire::OPCODE_TABLE
@@ -439,16 +468,7 @@ fn scripts() -> Vec<(&'static str, Setup, Vec<Action>)> {
             pump(),
             connect(),
             // A bind naming an unknown region.
-            send_with(0, BIND_MW, &[], whole.clone(), |p| {
-                p.mw = MwSpec {
-                    mw: 0,
-                    region: 5,
-                    off: 0,
-                    len: 64,
-                    access: 2,
-                    tag: 1,
-                }
-            }),
+            bind(0, 5, 0, 64, 2, 1),
             pump(),
             send(0, SEND, &[sge(4, 0, 100)], whole.clone()),
         ],
@@ -461,26 +481,8 @@ fn scripts() -> Vec<(&'static str, Setup, Vec<Action>)> {
             // Node 0 binds its type 1 window over region 0 (write) and its type 2 window over
             // region 4 (write, atomic); QP 1 writes through them; QP 0 invalidates one, QP 1's
             // SEND with Invalidate the other.
-            send_with(0, BIND_MW, &[], whole.clone(), |p| {
-                p.mw = MwSpec {
-                    mw: 0,
-                    region: 0,
-                    off: 64,
-                    len: 128,
-                    access: 2 | 1,
-                    tag: 7,
-                }
-            }),
-            send_with(0, BIND_MW, &[], whole.clone(), |p| {
-                p.mw = MwSpec {
-                    mw: 1,
-                    region: 0,
-                    off: 256,
-                    len: 256,
-                    access: 2 | 4,
-                    tag: 9,
-                }
-            }),
+            bind(0, 0, 64, 128, 2 | 1, 7),
+            bind(1, 0, 256, 256, 2 | 4, 9),
             pump(),
             send(1, WRITE, &[sge(4, 0, 100)], remote(5, 0, 0)),
             send(1, WRITE, &[sge(4, 0, 100)], remote(6, 0, 0)),
@@ -489,17 +491,8 @@ fn scripts() -> Vec<(&'static str, Setup, Vec<Action>)> {
             recv(0, &[sge(1, 0, 100)]),
             send_with(1, SEND_INV, &[sge(4, 0, 16)], whole.clone(), |p| p.mw.mw = 1),
             pump(),
-            send_with(0, BIND_MW, &[], whole.clone(), |p| {
-                p.mw = MwSpec {
-                    mw: 1,
-                    region: 0,
-                    off: 0,
-                    len: 64,
-                    access: 2,
-                    tag: 11,
-                }
-            }),
-            send_with(0, LOCAL_INV, &[], whole.clone(), |p| p.mw.mw = 1),
+            bind(1, 0, 0, 64, 2, 11),
+            local_inv(1),
             pump(),
             // The window is gone: the write is a remote access error.
             send(1, WRITE, &[sge(4, 0, 100)], remote(6, 0, 0)),
@@ -587,30 +580,15 @@ fn scripts() -> Vec<(&'static str, Setup, Vec<Action>)> {
             send(0, SEND, &[sge(4, 0, 1024)], whole.clone()),
             send(0, READ, &[sge(1, 0, 512)], remote(4, 0, 0)),
             // A sequence NAK, an RNR NAK, a duplicate ACK, then a remote operational error.
-            inject(0, op_index(0x11), |i| {
-                i.psn_base = 3;
-                i.psn = 1;
-                i.aeth = 0x60;
-            }),
-            inject(0, op_index(0x11), |i| {
-                i.psn_base = 3;
-                i.psn = 2;
-                i.aeth = 0x20 | 4;
-            }),
+            ack(1, 0x60),
+            ack(2, 0x20 | 4),
             micros(200),
-            inject(0, op_index(0x11), |i| {
-                i.psn_base = 3;
-                i.psn = 0;
-            }),
+            ack(0, 0x1F),
             inject(0, op_index(0x10), |i| {
                 i.psn_base = 2;
                 i.psn = 0xFFFF;
             }),
-            inject(0, op_index(0x11), |i| {
-                i.psn_base = 3;
-                i.psn = 3;
-                i.aeth = 0x63;
-            }),
+            ack(3, 0x63),
             pump(),
         ],
     ));
@@ -744,17 +722,8 @@ fn scripts() -> Vec<(&'static str, Setup, Vec<Action>)> {
             send(0, SEND, &[sge(4, 0, 100)], whole.clone()),
             dup(0),
             pump(),
-            send_with(0, BIND_MW, &[], whole.clone(), |p| {
-                p.mw = MwSpec {
-                    mw: 1,
-                    region: 0,
-                    off: 0,
-                    len: 64,
-                    access: 2,
-                    tag: 3,
-                }
-            }),
-            send_with(0, LOCAL_INV, &[], whole.clone(), |p| p.mw.mw = 1),
+            bind(1, 0, 0, 64, 2, 3),
+            local_inv(1),
             state(0, SQE, false),
             send(0, SEND, &[sge(4, 0, 100)], whole.clone()),
             state(0, RTS, false),

@@ -271,54 +271,6 @@ fn perf(extra: &[&str]) -> Vec<String> {
 const STARTED: &str = "#bytes";
 const PERF_ERR: &str = "Failed status 12";
 
-#[test]
-fn ib_write_bw_server_killed() {
-    let a = perf(&["-D", "60"]);
-    fault(
-        "/usr/bin/ib_write_bw",
-        &a,
-        STARTED,
-        Signal::SIGKILL,
-        Expect::RetryExceeded(PERF_ERR),
-    );
-}
-
-#[test]
-fn ib_write_bw_server_frozen() {
-    let a = perf(&["-D", "60"]);
-    fault(
-        "/usr/bin/ib_write_bw",
-        &a,
-        STARTED,
-        Signal::SIGSTOP,
-        Expect::RetryExceeded(PERF_ERR),
-    );
-}
-
-#[test]
-fn ib_send_bw_server_killed() {
-    let a = perf(&["-D", "60"]);
-    fault(
-        "/usr/bin/ib_send_bw",
-        &a,
-        STARTED,
-        Signal::SIGKILL,
-        Expect::RetryExceeded(PERF_ERR),
-    );
-}
-
-#[test]
-fn ib_send_bw_server_frozen() {
-    let a = perf(&["-D", "60"]);
-    fault(
-        "/usr/bin/ib_send_bw",
-        &a,
-        STARTED,
-        Signal::SIGSTOP,
-        Expect::RetryExceeded(PERF_ERR),
-    );
-}
-
 /// Enough iterations that the client is still sending when the server goes.
 const ITERS: u64 = 100_000;
 /// The message size of the UC runs: one packet, as UD's (the MTU). After a kill, the rest of
@@ -326,54 +278,6 @@ const ITERS: u64 = 100_000;
 /// moves only about 10,000 packets a second there: 64 KiB messages (16 packets each) would
 /// keep the client busy for minutes.
 const UC_SIZE: &str = "4096";
-
-#[test]
-fn ib_send_bw_uc_server_killed() {
-    let a = perf(&["-c", "UC", "-s", UC_SIZE, "-n", &ITERS.to_string()]);
-    fault(
-        "/usr/bin/ib_send_bw",
-        &a,
-        STARTED,
-        Signal::SIGKILL,
-        Expect::Completes(ITERS),
-    );
-}
-
-#[test]
-fn ib_send_bw_uc_server_frozen() {
-    let a = perf(&["-c", "UC", "-s", UC_SIZE, "-n", &ITERS.to_string()]);
-    fault(
-        "/usr/bin/ib_send_bw",
-        &a,
-        STARTED,
-        Signal::SIGSTOP,
-        Expect::Completes(ITERS),
-    );
-}
-
-#[test]
-fn ib_send_bw_ud_server_killed() {
-    let a = perf(&["-c", "UD", "-n", &ITERS.to_string()]);
-    fault(
-        "/usr/bin/ib_send_bw",
-        &a,
-        STARTED,
-        Signal::SIGKILL,
-        Expect::Completes(ITERS),
-    );
-}
-
-#[test]
-fn ib_send_bw_ud_server_frozen() {
-    let a = perf(&["-c", "UD", "-n", &ITERS.to_string()]);
-    fault(
-        "/usr/bin/ib_send_bw",
-        &a,
-        STARTED,
-        Signal::SIGSTOP,
-        Expect::Completes(ITERS),
-    );
-}
 
 /// The pingpongs' options, and `extra`.
 fn pingpong(extra: &[&str]) -> Vec<String> {
@@ -385,38 +289,120 @@ fn pingpong(extra: &[&str]) -> Vec<String> {
 }
 const PINGPONG_ERR: &str = "transport retry counter exceeded (12)";
 
+/// The program and transport a fault is tried on.
+#[derive(Debug, Clone, Copy)]
+enum Scenario {
+    /// `ib_write_bw` over RC.
+    WriteBw,
+    /// `ib_send_bw` over RC.
+    SendBw,
+    /// `ib_send_bw -c UC`.
+    SendBwUc,
+    /// `ib_send_bw -c UD`.
+    SendBwUd,
+    /// `ibv_rc_pingpong`.
+    RcPingpong,
+    /// `ibv_rc_pingpong -e` (completion events).
+    RcPingpongEvents,
+}
+
+/// Runs `scenario` with `sig` sent to its server: [`fault`] with that scenario's program,
+/// options, start marker and expectation.
+fn scenario(scenario: Scenario, sig: Signal) {
+    let iters = ITERS.to_string();
+    let pingpong_err = Expect::RetryExceededIfSending(PINGPONG_ERR, 12);
+    let (program, args, started, expect) = match scenario {
+        Scenario::WriteBw => (
+            "/usr/bin/ib_write_bw",
+            perf(&["-D", "60"]),
+            STARTED,
+            Expect::RetryExceeded(PERF_ERR),
+        ),
+        Scenario::SendBw => (
+            "/usr/bin/ib_send_bw",
+            perf(&["-D", "60"]),
+            STARTED,
+            Expect::RetryExceeded(PERF_ERR),
+        ),
+        Scenario::SendBwUc => (
+            "/usr/bin/ib_send_bw",
+            perf(&["-c", "UC", "-s", UC_SIZE, "-n", &iters]),
+            STARTED,
+            Expect::Completes(ITERS),
+        ),
+        Scenario::SendBwUd => (
+            "/usr/bin/ib_send_bw",
+            perf(&["-c", "UD", "-n", &iters]),
+            STARTED,
+            Expect::Completes(ITERS),
+        ),
+        Scenario::RcPingpong => (
+            "/usr/bin/ibv_rc_pingpong",
+            pingpong(&[]),
+            "remote address",
+            pingpong_err,
+        ),
+        Scenario::RcPingpongEvents => (
+            "/usr/bin/ibv_rc_pingpong",
+            pingpong(&["-e"]),
+            "remote address",
+            pingpong_err,
+        ),
+    };
+    fault(program, &args, started, sig, expect);
+}
+
+#[test]
+fn ib_write_bw_server_killed() {
+    scenario(Scenario::WriteBw, Signal::SIGKILL);
+}
+
+#[test]
+fn ib_write_bw_server_frozen() {
+    scenario(Scenario::WriteBw, Signal::SIGSTOP);
+}
+
+#[test]
+fn ib_send_bw_server_killed() {
+    scenario(Scenario::SendBw, Signal::SIGKILL);
+}
+
+#[test]
+fn ib_send_bw_server_frozen() {
+    scenario(Scenario::SendBw, Signal::SIGSTOP);
+}
+
+#[test]
+fn ib_send_bw_uc_server_killed() {
+    scenario(Scenario::SendBwUc, Signal::SIGKILL);
+}
+
+#[test]
+fn ib_send_bw_uc_server_frozen() {
+    scenario(Scenario::SendBwUc, Signal::SIGSTOP);
+}
+
+#[test]
+fn ib_send_bw_ud_server_killed() {
+    scenario(Scenario::SendBwUd, Signal::SIGKILL);
+}
+
+#[test]
+fn ib_send_bw_ud_server_frozen() {
+    scenario(Scenario::SendBwUd, Signal::SIGSTOP);
+}
+
 #[test]
 fn ibv_rc_pingpong_server_killed() {
-    let e = Expect::RetryExceededIfSending(PINGPONG_ERR, 12);
-    fault(
-        "/usr/bin/ibv_rc_pingpong",
-        &pingpong(&[]),
-        "remote address",
-        Signal::SIGKILL,
-        e,
-    );
+    scenario(Scenario::RcPingpong, Signal::SIGKILL);
 }
 
 #[test]
 fn ibv_rc_pingpong_server_frozen() {
-    let e = Expect::RetryExceededIfSending(PINGPONG_ERR, 12);
-    fault(
-        "/usr/bin/ibv_rc_pingpong",
-        &pingpong(&[]),
-        "remote address",
-        Signal::SIGSTOP,
-        e,
-    );
+    scenario(Scenario::RcPingpong, Signal::SIGSTOP);
 }
 
 #[test]
 fn ibv_rc_pingpong_events_server_killed() {
-    let e = Expect::RetryExceededIfSending(PINGPONG_ERR, 12);
-    fault(
-        "/usr/bin/ibv_rc_pingpong",
-        &pingpong(&["-e"]),
-        "remote address",
-        Signal::SIGKILL,
-        e,
-    );
+    scenario(Scenario::RcPingpongEvents, Signal::SIGKILL);
 }

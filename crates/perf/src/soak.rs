@@ -34,7 +34,7 @@ use clap::Parser;
 use softverbs::{
     AccessFlags, AddressHandle, AhAttr, CompletionQueue, Context, Gid, GlobalRoute, MemoryRegion, Mtu,
     Payload, ProtectionDomain, QpAttr, QpAttrMask, QpInit, QpState, QpType, QueuePair, RecvWr, RemoteAddr,
-    SendFlags, SendOp, SendRequest, WcOpcode, WcStatus, WorkCompletion,
+    SendFlags, SendOp, SendRequest, Sge, UdAddress, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::endpoint::{split_wr_id, wr_id};
@@ -405,31 +405,7 @@ impl Side {
         let qp = &self.qps[q];
         let t = kind(&self.l, q);
         if t == QpType::Ud {
-            qp.modify(
-                &QpAttr {
-                    qp_state: QpState::Init,
-                    port_num: 1,
-                    qkey: QKEY,
-                    ..Default::default()
-                },
-                QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
-            )?;
-            qp.modify(
-                &QpAttr {
-                    qp_state: QpState::Rtr,
-                    ..Default::default()
-                },
-                QpAttrMask::STATE,
-            )?;
-            qp.modify(
-                &QpAttr {
-                    qp_state: QpState::Rts,
-                    sq_psn: PSN,
-                    ..Default::default()
-                },
-                QpAttrMask::STATE | QpAttrMask::SQ_PSN,
-            )?;
-            return Ok(());
+            return ud_to_rts(qp, PSN);
         }
         connect_qp(qp, self.gid_index, peer.gid, peer.qpns[q], mtu, ack_timeout)
     }
@@ -442,6 +418,35 @@ impl Side {
         }])?;
         Ok(())
     }
+}
+
+/// INIT (with [`QKEY`]), RTR and RTS (first PSN `sq_psn`) of a UD QP.
+fn ud_to_rts(qp: &QueuePair, sq_psn: u32) -> Result<()> {
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            qkey: QKEY,
+            ..Default::default()
+        },
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
+    )?;
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rtr,
+            ..Default::default()
+        },
+        QpAttrMask::STATE,
+    )?;
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn,
+            ..Default::default()
+        },
+        QpAttrMask::STATE | QpAttrMask::SQ_PSN,
+    )?;
+    Ok(())
 }
 
 /// INIT, RTR and RTS of an RC or UC QP towards `dest` at `dgid`.
@@ -500,6 +505,18 @@ fn connect_qp(qp: &QueuePair, gid_index: u8, dgid: Gid, dest: u32, mtu: Mtu, ack
         mask,
     )?;
     Ok(())
+}
+
+/// A signaled request of one gather entry.
+fn signaled(wr_id: u64, op: SendOp, sge: Sge, ud: Option<UdAddress>) -> SendRequest {
+    SendRequest {
+        wr_id,
+        op,
+        flags: SendFlags::SIGNALED,
+        payload: Payload::Sges(vec![sge]),
+        ud,
+        xrc_srqn: None,
+    }
 }
 
 fn ah_attr(dgid: Gid, sgid_index: u8) -> AhAttr {
@@ -756,14 +773,12 @@ impl Traffic {
         ) {
             s.mr.write(local, &content(s.id, q, seq, len))?;
         }
-        let req = SendRequest {
-            wr_id: wr_id(q, seq),
+        let req = signaled(
+            wr_id(q, seq),
             op,
-            flags: SendFlags::SIGNALED,
-            payload: Payload::Sges(vec![s.mr.sge(local..local + len)?]),
-            ud: (t == QpType::Ud).then(|| self.ah.ud_address(self.peer.qpns[q], QKEY)),
-            xrc_srqn: None,
-        };
+            s.mr.sge(local..local + len)?,
+            (t == QpType::Ud).then(|| self.ah.ud_address(self.peer.qpns[q], QKEY)),
+        );
         Ok((req, consumes, len))
     }
 
@@ -963,20 +978,16 @@ impl Traffic {
             }
             let local = s.l.send_at(ctl, (self.ctl_next % s.l.depth as u64) as usize);
             s.mr.write(local, &credit.to_le_bytes())?;
-            s.qps[ctl].post_send(&[SendRequest {
-                wr_id: wr_id(ctl, self.ctl_next),
-                op: SendOp::Write {
-                    remote: RemoteAddr {
-                        addr: self.peer.addr + s.l.credit_at(q) as u64,
-                        rkey: self.peer.rkey,
-                    },
-                    imm: None,
-                },
-                flags: SendFlags::SIGNALED,
-                payload: Payload::Sges(vec![s.mr.sge(local..local + 8)?]),
-                ud: None,
-                xrc_srqn: None,
-            }])?;
+            let remote = RemoteAddr {
+                addr: self.peer.addr + s.l.credit_at(q) as u64,
+                rkey: self.peer.rkey,
+            };
+            s.qps[ctl].post_send(&[signaled(
+                wr_id(ctl, self.ctl_next),
+                SendOp::Write { remote, imm: None },
+                s.mr.sge(local..local + 8)?,
+                None,
+            )])?;
             self.ctl_next += 1;
             self.st[q].credit_sent = credit;
         }
@@ -1173,17 +1184,11 @@ fn churn(s: &Side, n: u64) -> Result<()> {
             connect_qp(&b, s.gid_index, s.gid, a.qp_num(), Mtu::Mtu1024, 16)?;
             let bytes = content(s.id, 0, n, 256);
             mr.write(0, &bytes)?;
-            a.post_send(&[SendRequest {
-                wr_id: 1,
-                op: SendOp::Write {
-                    remote: mr.remote(len / 2),
-                    imm: None,
-                },
-                flags: SendFlags::SIGNALED,
-                payload: Payload::Sges(vec![mr.sge(0..256)?]),
-                ud: None,
-                xrc_srqn: None,
-            }])?;
+            let write = SendOp::Write {
+                remote: mr.remote(len / 2),
+                imm: None,
+            };
+            a.post_send(&[signaled(1, write, mr.sge(0..256)?, None)])?;
             let c = wait(&cq, 1)?;
             let mut got = vec![0u8; 256];
             mr.read(len / 2, &mut got)?;
@@ -1197,29 +1202,7 @@ fn churn(s: &Side, n: u64) -> Result<()> {
             let mut init = QpInit::new(QpType::Ud, &cq);
             init.cap.max_recv_wr = 1;
             let qp = pd.create_qp(&init)?;
-            qp.modify(
-                &QpAttr {
-                    qp_state: QpState::Init,
-                    port_num: 1,
-                    qkey: QKEY,
-                    ..Default::default()
-                },
-                QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY,
-            )?;
-            qp.modify(
-                &QpAttr {
-                    qp_state: QpState::Rtr,
-                    ..Default::default()
-                },
-                QpAttrMask::STATE,
-            )?;
-            qp.modify(
-                &QpAttr {
-                    qp_state: QpState::Rts,
-                    ..Default::default()
-                },
-                QpAttrMask::STATE | QpAttrMask::SQ_PSN,
-            )?;
+            ud_to_rts(&qp, 0)?;
             let ah = pd.create_ah(&ah_attr(s.gid, s.gid_index))?;
             qp.post_recv(&[RecvWr {
                 wr_id: 2,
@@ -1227,17 +1210,12 @@ fn churn(s: &Side, n: u64) -> Result<()> {
             }])?;
             let bytes = content(s.id, 1, n, 64);
             mr.write(0, &bytes)?;
-            qp.post_send(&[SendRequest {
-                wr_id: 1,
-                op: SendOp::Send {
-                    imm: None,
-                    invalidate: None,
-                },
-                flags: SendFlags::SIGNALED,
-                payload: Payload::Sges(vec![mr.sge(0..64)?]),
-                ud: Some(ah.ud_address(qp.qp_num(), QKEY)),
-                xrc_srqn: None,
-            }])?;
+            let send = SendOp::Send {
+                imm: None,
+                invalidate: None,
+            };
+            let to = ah.ud_address(qp.qp_num(), QKEY);
+            qp.post_send(&[signaled(1, send, mr.sge(0..64)?, Some(to))])?;
             let c = wait(&cq, 2)?;
             let mut got = vec![0u8; 64];
             mr.read(1024 + 40, &mut got)?;
@@ -1433,31 +1411,15 @@ fn evaluate(
     figs.push(fig("rc_reads_and_atomics_checked".into(), checked, ""));
     figs.push(fig("requests_per_s".into(), ops / wall, "/s"));
     figs.push(fig("throughput".into(), bytes * 8.0 / wall / 1e9, "Gbit/s"));
-    figs.push(fig(
-        "rc_retransmits".into(),
-        get(0, "retransmits") + get(1, "retransmits"),
-        "",
-    ));
-    figs.push(fig(
-        "rc_timeouts".into(),
-        get(0, "timeouts") + get(1, "timeouts"),
-        "",
-    ));
-    figs.push(fig(
-        "rc_rnr_naks".into(),
-        get(0, "rnr_naks") + get(1, "rnr_naks"),
-        "",
-    ));
-    figs.push(fig(
-        "credit_writes".into(),
-        get(0, "credits") + get(1, "credits"),
-        "",
-    ));
-    figs.push(fig(
-        "churn_cycles".into(),
-        get(0, "churned") + get(1, "churned"),
-        "",
-    ));
+    for (name, key) in [
+        ("rc_retransmits", "retransmits"),
+        ("rc_timeouts", "timeouts"),
+        ("rc_rnr_naks", "rnr_naks"),
+        ("credit_writes", "credits"),
+        ("churn_cycles", "churned"),
+    ] {
+        figs.push(fig(name.into(), get(0, key) + get(1, key), ""));
+    }
     if args.churn_ms > 0 && get(0, "churned").min(get(1, "churned")) < 1.0 {
         failures.push("no churn cycle ran".into());
     }
@@ -1559,34 +1521,17 @@ mod tests {
         let args = SoakArgs::parse_from(["softverbs-soak"]);
         let flat = vec![(1.0, 1e6, 10.0, 4.0), (2.0, 1e6, 10.0, 4.0)];
         let samples = vec![flat.clone(), flat.clone()];
-        let ok = evaluate(
-            &args,
-            &[result(5.0, 5.0, 0.0), result(5.0, 5.0, 0.0)],
-            &samples,
-            &[0.0, 0.0],
-        );
+        let run = |results: [BTreeMap<String, f64>; 2], samples: &[Vec<Sample>]| {
+            evaluate(&args, &results, samples, &[0.0, 0.0])
+        };
+        let ok = run([result(5.0, 5.0, 0.0), result(5.0, 5.0, 0.0)], &samples);
         assert!(ok.is_ok(), "{:?}", ok.err());
-        let lost = evaluate(
-            &args,
-            &[result(5.0, 5.0, 0.0), result(5.0, 4.0, 0.0)],
-            &samples,
-            &[0.0, 0.0],
-        );
+        let lost = run([result(5.0, 5.0, 0.0), result(5.0, 4.0, 0.0)], &samples);
         assert!(lost.unwrap_err().message().contains("RC: side 0 sent 5"));
-        let err = evaluate(
-            &args,
-            &[result(5.0, 5.0, 1.0), result(5.0, 5.0, 0.0)],
-            &samples,
-            &[0.0, 0.0],
-        );
+        let err = run([result(5.0, 5.0, 1.0), result(5.0, 5.0, 0.0)], &samples);
         assert!(err.unwrap_err().message().contains("errors"));
         let leaky = vec![flat.clone(), vec![(1.0, 1e6, 10.0, 4.0), (2.0, 1e6, 11.0, 4.0)]];
-        let fds = evaluate(
-            &args,
-            &[result(5.0, 5.0, 0.0), result(5.0, 5.0, 0.0)],
-            &leaky,
-            &[0.0, 0.0],
-        );
+        let fds = run([result(5.0, 5.0, 0.0), result(5.0, 5.0, 0.0)], &leaky);
         assert!(fds.unwrap_err().message().contains("descriptors grew"));
     }
 }
