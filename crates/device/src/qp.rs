@@ -117,6 +117,18 @@ struct QpInner {
     held: Held,
     /// The engine's counters as last added to the device's.
     reported: QpCounters,
+    /// The latest time the engine was handed: see [`QpInner::clock`].
+    clock: Instant,
+}
+
+impl QpInner {
+    /// `now`, or the latest time the engine was already handed if that is later: threads read
+    /// the clock before they take the lock, and a later reading may get it first. The engine
+    /// times round trips from these times, so they must never go back.
+    fn clock(&mut self, now: Instant) -> Instant {
+        self.clock = self.clock.max(now);
+        self.clock
+    }
 }
 
 /// What one engine drain produced: packets to send, and the ticket that makes the completions
@@ -504,6 +516,7 @@ impl Qp {
                 tm: QpRendezvous::default(),
                 held: Held::default(),
                 reported: QpCounters::default(),
+                clock: Instant(0),
             }),
             deadline: AtomicU64::new(u64::MAX),
             uses: UseCount::default(),
@@ -856,9 +869,7 @@ impl Qp {
         pending: &Pending,
     ) -> (Outputs, Option<DropReason>) {
         let mut inner = self.inner.lock();
-        // Read under the lock, so that the engine's clock never goes back (another thread may
-        // have read a later time and taken the lock first): round trips are timed from it.
-        let now = now.max(self.fabric().now());
+        let now = inner.clock(now);
         let node = self.node();
         let pkt = match ext {
             Some(src) => Rx::external(pkt, src),
@@ -942,7 +953,7 @@ impl Qp {
     /// Handles expired transport timers (called by the progress machinery).
     pub(crate) fn handle_timeout(&self, now: Instant) -> Outputs {
         let mut inner = self.inner.lock();
-        let now = now.max(self.fabric().now());
+        let now = inner.clock(now);
         inner.engine.handle_timeout(now);
         self.drain(&mut inner, now)
     }
@@ -1058,9 +1069,9 @@ impl Qp {
         if self.rss.is_some() {
             return fail(0, Error::invalid("an RSS QP receives through its WQs"));
         }
-        let mut inner = self.inner.lock();
-        // Read under the lock: the engine's clock never goes back.
         let now = self.fabric().now();
+        let mut inner = self.inner.lock();
+        let now = inner.clock(now);
         if inner.attr.qp_state == QpState::Reset {
             return fail(
                 0,
@@ -1106,9 +1117,9 @@ impl Qp {
                 error: Error::invalid("an RSS QP is receive-only"),
             });
         }
-        let mut inner = self.inner.lock();
-        // Read under the lock: the engine's clock never goes back.
         let now = self.fabric().now();
+        let mut inner = self.inner.lock();
+        let now = inner.clock(now);
         let state = inner.attr.qp_state;
         if matches!(state, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(PostError {
