@@ -10,13 +10,13 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nix::libc;
 use nix::sys::socket::{self as sock, sockopt, AddressFamily, MsgFlags, SockFlag, SockType, SockaddrStorage};
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 use softverbs_engine::types::{AccessFlags, QpCap, QpType, RecvWr, SendFlags, Sge, WcStatus, WorkCompletion};
 use softverbs_engine::wr::{Payload, SendOp};
 use softverbs_engine::Result;
@@ -24,8 +24,9 @@ use softverbs_wire::rsocket::{
     udp_op, DsHeaderRepr, DsUdpHeaderRepr, DS_UDP_IPV4_HDR_LEN, DS_UDP_IPV6_HDR_LEN,
 };
 
+use super::fd::{socket_fd, FdFlags};
 use super::options::SockOpt;
-use super::wait::{self, Notifier, Source, WaitSet};
+use super::wait::{take_comp_events, Notifier, Source, WaitSet, Waitable};
 use super::{defaults, errno, resources, Domain, Shutdown};
 use crate::cm::{self, CmId, PortSpace, RDMA_UDP_QKEY};
 use crate::context::Context;
@@ -102,16 +103,16 @@ struct Endpoint {
     rq: u32,
 }
 
+/// What the socket's lock guards.
 #[derive(Debug)]
-struct State {
+pub(crate) struct State {
     closed: bool,
     sbuf_size: u32,
     rbuf_size: u32,
     sq: u32,
     rq: u32,
     inline: u32,
-    fd_flags: i32,
-    fd_cloexec: bool,
+    fd: FdFlags,
     reuseaddr: bool,
     err: i32,
     ep: Option<Endpoint>,
@@ -119,12 +120,6 @@ struct State {
     dests: HashMap<SocketAddr, Dest>,
     conn_dest: Option<SocketAddr>,
     rmsgs: VecDeque<(SocketAddr, Vec<u8>)>,
-}
-
-impl State {
-    fn nonblocking(&self, flags: i32) -> bool {
-        self.fd_flags & libc::O_NONBLOCK != 0 || flags & libc::MSG_DONTWAIT != 0
-    }
 }
 
 /// A datagram rsocket (`rsocket(AF_INET*, SOCK_DGRAM, 0)`).
@@ -173,8 +168,7 @@ impl Datagram {
                 sq: d.sqsize,
                 rq: d.rqsize,
                 inline: d.inline,
-                fd_flags: 0,
-                fd_cloexec: false,
+                fd: FdFlags::default(),
                 reuseaddr: false,
                 err: 0,
                 ep: None,
@@ -189,14 +183,6 @@ impl Datagram {
     /// The socket's number: its UDP socket's file descriptor.
     pub fn number(&self) -> i32 {
         self.udp.as_raw_fd()
-    }
-
-    fn check_open(st: &State) -> Result<()> {
-        if st.closed {
-            Err(errno(libc::EBADF))
-        } else {
-            Ok(())
-        }
     }
 
     /// Sizes the queues and the send buffer (librdmacm's `ds_set_qp_size`: a slot of 2 KiB
@@ -411,120 +397,6 @@ impl Datagram {
         }
     }
 
-    /// Takes what arrived: completions of every QP, datagrams on the UDP socket.
-    fn progress(&self, st: &mut State) {
-        let mut changed = false;
-        let mut wcs = [WorkCompletion::default(); 32];
-        for i in 0..st.qps.len() {
-            while st.qps[i].comp.pending() > 0 {
-                match st.qps[i].comp.get_cq_event(Some(Duration::ZERO)) {
-                    Ok(cq) => cq.ack_events(1),
-                    Err(_) => break,
-                }
-            }
-            loop {
-                let n = st.qps[i].cq.poll(&mut wcs);
-                for wc in &wcs[..n] {
-                    changed = true;
-                    if wc.wr_id & RECV == 0 {
-                        if let Some(ep) = st.ep.as_mut() {
-                            ep.free.push(wc.wr_id as u32);
-                        }
-                        continue;
-                    }
-                    let slot = wc.wr_id as u32;
-                    if wc.status == WcStatus::Success
-                        && wc.byte_len >= GRH + 8
-                        && st.rmsgs.len() < st.rq as usize
-                    {
-                        let q = &st.qps[i];
-                        let mut b = vec![0u8; (wc.byte_len - GRH) as usize];
-                        q.rbuf.read_bytes((slot * (GRH + SLOT) + GRH) as usize, &mut b);
-                        if let Ok(h) = DsHeaderRepr::parse(&b) {
-                            b.drain(..h.buffer_len());
-                            st.rmsgs.push_back((h.src, b));
-                        }
-                    }
-                    if wc.status != WcStatus::WrFlushErr {
-                        let _ = st.qps[i].post_recv(slot);
-                    }
-                }
-                if n < wcs.len() {
-                    break;
-                }
-            }
-        }
-        let mut buf = vec![0u8; (SLOT as usize) + DS_UDP_IPV6_HDR_LEN];
-        while let Ok((n, Some(from))) = sock::recvfrom::<SockaddrStorage>(self.udp.as_raw_fd(), &mut buf) {
-            changed = true;
-            if let Some(from) = to_std(&from) {
-                self.on_udp(st, &buf[..n], from);
-            }
-        }
-        if changed {
-            self.notify.wake();
-        }
-    }
-
-    fn wait_set(&self, st: &State) -> WaitSet {
-        let mut w = WaitSet::default();
-        w.sources.push(Source::Fd(self.udp.clone()));
-        for q in &st.qps {
-            w.sources.push(Source::Comp(q.comp.clone()));
-            w.devices.push(q.ctx.device().clone());
-        }
-        w
-    }
-
-    fn arm(st: &State) {
-        for q in &st.qps {
-            let _ = q.cq.req_notify(false);
-        }
-    }
-
-    fn wait(
-        &self,
-        st: &mut MutexGuard<'_, State>,
-        nonblock: bool,
-        deadline: Option<Instant>,
-        ready: impl Fn(&State) -> bool,
-    ) -> Result<()> {
-        let spin_until = Instant::now() + Duration::from_micros(u64::from(defaults().polling_time));
-        loop {
-            self.progress(st);
-            if ready(st) {
-                return Ok(());
-            }
-            Self::check_open(st)?;
-            if nonblock {
-                return Err(errno(libc::EAGAIN));
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(errno(libc::ETIMEDOUT));
-            }
-            if Instant::now() < spin_until {
-                MutexGuard::unlocked(st, std::thread::yield_now);
-                continue;
-            }
-            Self::arm(st);
-            self.progress(st);
-            if ready(st) {
-                return Ok(());
-            }
-            let set = self.wait_set(st);
-            self.notify.enter();
-            let slept = MutexGuard::unlocked(st, || {
-                set.flush();
-                let mut fds: Vec<BorrowedFd<'_>> = set.sources.iter().map(Source::as_fd).collect();
-                fds.push(self.notify.as_fd());
-                let cap = Duration::from_millis(u64::from(defaults().wake_up_interval));
-                wait::sleep(&fds, wait::timeout_until(deadline, cap))
-            });
-            self.notify.leave();
-            slept?;
-        }
-    }
-
     /// The largest datagram that fits a slot and the path MTU.
     fn max_payload(st: &State, qp: usize, hdr: usize) -> usize {
         let mtu = st.qps[qp].ctx.device().port_attr().active_mtu.bytes() as usize;
@@ -558,7 +430,7 @@ impl Datagram {
         if st.dests[&to].ah.is_none() {
             return self.send_udp(&st, qp, udp_op::DATA, bufs, to);
         }
-        let nonblock = st.nonblocking(flags);
+        let nonblock = st.fd.nonblocking(flags);
         let has_slot = |st: &State| st.ep.as_ref().is_some_and(|e| !e.free.is_empty());
         self.wait(&mut st, nonblock, None, has_slot)?;
         let st = &mut *st;
@@ -617,7 +489,7 @@ impl Datagram {
         if st.ep.is_none() {
             return Err(errno(libc::EINVAL));
         }
-        let nonblock = st.nonblocking(flags);
+        let nonblock = st.fd.nonblocking(flags);
         self.wait(&mut st, nonblock, None, |st| !st.rmsgs.is_empty())?;
         let (src, data) = st.rmsgs.front().expect("waited for a datagram");
         let (src, mut off) = (*src, 0);
@@ -678,19 +550,7 @@ impl Datagram {
     pub fn fcntl(&self, cmd: i32, arg: i32) -> Result<i32> {
         let mut st = self.st.lock();
         Self::check_open(&st)?;
-        match cmd {
-            libc::F_GETFL => Ok(st.fd_flags | libc::O_RDWR),
-            libc::F_SETFL => {
-                st.fd_flags = arg & !libc::O_ACCMODE;
-                Ok(0)
-            }
-            libc::F_GETFD => Ok(if st.fd_cloexec { libc::FD_CLOEXEC } else { 0 }),
-            libc::F_SETFD => {
-                st.fd_cloexec = arg & libc::FD_CLOEXEC != 0;
-                Ok(0)
-            }
-            _ => Err(errno(libc::EINVAL)),
-        }
+        st.fd.fcntl(cmd, arg)
     }
 
     /// Applies an option to the UDP socket too, as librdmacm does for every level but
@@ -819,32 +679,82 @@ impl Datagram {
         }
         r
     }
+}
 
-    pub(crate) fn poll_prepare(&self) -> WaitSet {
-        let st = self.st.lock();
-        Self::arm(&st);
-        self.notify.enter();
-        self.wait_set(&st)
+impl Waitable for Datagram {
+    type State = State;
+
+    fn parts(&self) -> (&Mutex<State>, &Notifier) {
+        (&self.st, &self.notify)
     }
 
-    pub(crate) fn poll_finish(&self) {
-        let _st = self.st.lock();
-        self.notify.leave();
+    fn wait_set(&self, st: &State) -> WaitSet {
+        let mut w = WaitSet::default();
+        w.sources.push(Source::Fd(self.udp.clone()));
+        for q in &st.qps {
+            w.sources.push(Source::Comp(q.comp.clone()));
+            w.devices.push(q.ctx.device().clone());
+        }
+        w
     }
 
-    pub(crate) fn notifier(&self) -> &Notifier {
-        &self.notify
+    fn arm(&self, st: &State) {
+        for q in &st.qps {
+            let _ = q.cq.req_notify(false);
+        }
+    }
+
+    /// Takes what arrived: completions of every QP, datagrams on the UDP socket.
+    fn take_events(&self, st: &mut State) -> bool {
+        let mut changed = false;
+        let mut wcs = [WorkCompletion::default(); 32];
+        for i in 0..st.qps.len() {
+            take_comp_events(&st.qps[i].comp);
+            loop {
+                let n = st.qps[i].cq.poll(&mut wcs);
+                for wc in &wcs[..n] {
+                    changed = true;
+                    if wc.wr_id & RECV == 0 {
+                        if let Some(ep) = st.ep.as_mut() {
+                            ep.free.push(wc.wr_id as u32);
+                        }
+                        continue;
+                    }
+                    let slot = wc.wr_id as u32;
+                    if wc.status == WcStatus::Success
+                        && wc.byte_len >= GRH + 8
+                        && st.rmsgs.len() < st.rq as usize
+                    {
+                        let q = &st.qps[i];
+                        let mut b = vec![0u8; (wc.byte_len - GRH) as usize];
+                        q.rbuf.read_bytes((slot * (GRH + SLOT) + GRH) as usize, &mut b);
+                        if let Ok(h) = DsHeaderRepr::parse(&b) {
+                            b.drain(..h.buffer_len());
+                            st.rmsgs.push_back((h.src, b));
+                        }
+                    }
+                    if wc.status != WcStatus::WrFlushErr {
+                        let _ = st.qps[i].post_recv(slot);
+                    }
+                }
+                if n < wcs.len() {
+                    break;
+                }
+            }
+        }
+        let mut buf = vec![0u8; (SLOT as usize) + DS_UDP_IPV6_HDR_LEN];
+        while let Ok((n, Some(from))) = sock::recvfrom::<SockaddrStorage>(self.udp.as_raw_fd(), &mut buf) {
+            changed = true;
+            if let Some(from) = to_std(&from) {
+                self.on_udp(st, &buf[..n], from);
+            }
+        }
+        changed
+    }
+
+    fn is_closed(st: &State) -> bool {
+        st.closed
     }
 }
 
-impl AsFd for Datagram {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.udp.as_fd()
-    }
-}
-
-impl Drop for Datagram {
-    fn drop(&mut self) {
-        self.close();
-    }
-}
+socket_fd!(Datagram, udp);

@@ -21,6 +21,7 @@
 //! `/etc/rdma/rsocket/` when present.
 
 mod dgram;
+mod fd;
 mod options;
 mod poll;
 mod stream;

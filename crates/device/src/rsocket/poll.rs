@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use softverbs_engine::Result;
 
-use super::wait::{self, WaitSet};
+use super::wait::{self, WaitSet, Waitable};
 use super::{defaults, Socket};
 
 /// `POLLIN`.

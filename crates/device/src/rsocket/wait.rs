@@ -12,13 +12,17 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use nix::libc;
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
+use parking_lot::{Mutex, MutexGuard};
 use softverbs_engine::Result;
 
 use crate::cm::EventChannel;
 use crate::cq::CompChannel;
 use crate::device::Device;
+
+use super::{defaults, errno};
 
 /// Wakes the threads sleeping on a socket. `enter`, `leave` and `wake` are called under the
 /// socket's lock, which orders them with the state changes they are about.
@@ -116,4 +120,128 @@ pub(crate) fn sleep(fds: &[BorrowedFd<'_>], timeout: PollTimeout) -> Result<()> 
     nix::poll::poll(&mut pfds, timeout)
         .map(|_| ())
         .map_err(|e| std::io::Error::from(e).into())
+}
+
+/// Acknowledges the completion events `comp` holds, without waiting: the CQ is polled next,
+/// so what they announce is taken either way.
+pub(crate) fn take_comp_events(comp: &CompChannel) {
+    while comp.pending() > 0 {
+        match comp.get_cq_event(Some(Duration::ZERO)) {
+            Ok(cq) => cq.ack_events(1),
+            Err(_) => break,
+        }
+    }
+}
+
+/// A socket threads wait on: its state under a lock, how to take what happened, and what to
+/// arm and sleep on. The waiting itself (for blocking calls and for `poll`) is the same for
+/// every kind of socket.
+pub(crate) trait Waitable {
+    /// What the socket's lock guards.
+    type State;
+
+    /// The socket's lock and its notifier.
+    fn parts(&self) -> (&Mutex<Self::State>, &Notifier);
+
+    /// The socket's state, locked.
+    fn lock(&self) -> MutexGuard<'_, Self::State> {
+        self.parts().0.lock()
+    }
+
+    /// Wakes the threads sleeping on the socket.
+    fn notifier(&self) -> &Notifier {
+        self.parts().1
+    }
+
+    /// Takes what happened without waiting; true if anything changed.
+    fn take_events(&self, st: &mut Self::State) -> bool;
+
+    /// Takes what happened without waiting, and wakes the other threads waiting on the socket
+    /// if anything changed.
+    fn progress(&self, st: &mut Self::State) {
+        if self.take_events(st) {
+            self.notifier().wake();
+        }
+    }
+
+    /// Requests the events that end a sleep on this socket.
+    fn arm(&self, st: &Self::State);
+
+    /// What a sleep on this socket waits for, besides its notifier.
+    fn wait_set(&self, st: &Self::State) -> WaitSet;
+
+    /// Whether the socket was closed.
+    fn is_closed(st: &Self::State) -> bool;
+
+    /// EBADF once the socket is closed.
+    fn check_open(st: &Self::State) -> Result<()> {
+        if Self::is_closed(st) {
+            Err(errno(libc::EBADF))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Waits until `ready` holds: polls for a little while, then sleeps in `poll(2)`. EBADF
+    /// once the socket is closed, EAGAIN at once if `nonblock`, ETIMEDOUT past `deadline`,
+    /// EINTR if a signal interrupts the sleep.
+    fn wait(
+        &self,
+        st: &mut MutexGuard<'_, Self::State>,
+        nonblock: bool,
+        deadline: Option<Instant>,
+        ready: impl Fn(&Self::State) -> bool,
+    ) -> Result<()> {
+        let spin_until = Instant::now() + Duration::from_micros(u64::from(defaults().polling_time));
+        loop {
+            self.progress(st);
+            if ready(st) {
+                return Ok(());
+            }
+            Self::check_open(st)?;
+            if nonblock {
+                return Err(errno(libc::EAGAIN));
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(errno(libc::ETIMEDOUT));
+            }
+            if Instant::now() < spin_until {
+                MutexGuard::unlocked(st, std::thread::yield_now);
+                continue;
+            }
+            self.arm(st);
+            self.progress(st);
+            if ready(st) {
+                return Ok(());
+            }
+            let set = self.wait_set(st);
+            let notify = self.notifier();
+            notify.enter();
+            let slept = MutexGuard::unlocked(st, || {
+                set.flush();
+                let mut fds: Vec<BorrowedFd<'_>> = set.sources.iter().map(Source::as_fd).collect();
+                fds.push(notify.as_fd());
+                let cap = Duration::from_millis(u64::from(defaults().wake_up_interval));
+                sleep(&fds, timeout_until(deadline, cap))
+            });
+            notify.leave();
+            slept?;
+        }
+    }
+
+    /// Arms the socket and registers a sleeper (before the caller's last look, so that no
+    /// change after it goes unnoticed); the returned set is what to sleep on, besides the
+    /// notifier.
+    fn poll_prepare(&self) -> WaitSet {
+        let st = self.lock();
+        self.arm(&st);
+        self.notifier().enter();
+        self.wait_set(&st)
+    }
+
+    /// Ends a sleep registered by [`Waitable::poll_prepare`].
+    fn poll_finish(&self) {
+        let _st = self.lock();
+        self.notifier().leave();
+    }
 }

@@ -4,7 +4,7 @@
 mod conn;
 
 use std::net::SocketAddr;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -18,8 +18,9 @@ use softverbs_wire::rsocket::{
     ctrl, scale_to_value, value_to_scale, ConnDataRepr, PathRecordRepr, CONN_DATA_LEN,
 };
 
+use super::fd::{socket_fd, FdFlags};
 use super::options::SockOpt;
-use super::wait::{self, Notifier, Source, WaitSet};
+use super::wait::{self, take_comp_events, Notifier, Source, WaitSet, Waitable};
 use super::{defaults, errno, Domain, Shutdown};
 use crate::cm::{CmEvent, CmEventType, CmId, ConnParam, EventChannel, EventParam, PortSpace};
 use crate::sync::EventQueue;
@@ -83,13 +84,13 @@ struct Listener {
     thread: Option<JoinHandle<()>>,
 }
 
+/// What the socket's lock guards.
 #[derive(Debug)]
-struct State {
+pub(crate) struct State {
     phase: Phase,
     id: Arc<CmId>,
     sizes: Sizes,
-    fd_flags: i32,
-    fd_cloexec: bool,
+    fd: FdFlags,
     flags: Flags,
     keepalive_time: u32,
     /// `SO_ERROR`.
@@ -103,12 +104,6 @@ struct State {
     listener: Option<Listener>,
     /// `rdma_disconnect` was called.
     disconnected: bool,
-}
-
-impl State {
-    fn nonblocking(&self, flags: i32) -> bool {
-        self.fd_flags & libc::O_NONBLOCK != 0 || flags & libc::MSG_DONTWAIT != 0
-    }
 }
 
 /// Tells a keepalive thread to stop.
@@ -176,8 +171,7 @@ impl Stream {
             phase,
             id,
             sizes,
-            fd_flags: 0,
-            fd_cloexec: false,
+            fd: FdFlags::default(),
             flags: Flags::default(),
             keepalive_time: 0,
             err: 0,
@@ -283,7 +277,7 @@ impl Stream {
             (_, Phase::Closed) => return Err(errno(libc::EBADF)),
             _ => return Err(errno(libc::EINVAL)),
         };
-        let nonblock = st.nonblocking(0);
+        let nonblock = st.fd.nonblocking(0);
         loop {
             self.wait(&mut st, nonblock, None, |_| queue.len() > 0)?;
             // Another thread may have taken it meanwhile.
@@ -320,7 +314,7 @@ impl Stream {
         st.id.resolve_addr(src, addr, RESOLVE_MS)?;
         st.phase = Phase::Resolving;
         self.progress(&mut st);
-        if st.nonblocking(0) {
+        if st.fd.nonblocking(0) {
             if st.phase.opening() {
                 st.connect_unreported = true;
                 return Err(errno(libc::EINPROGRESS));
@@ -415,119 +409,6 @@ impl Stream {
         }
     }
 
-    /// Takes what happened without waiting: CM events, completion events, completions;
-    /// returns credits. Wakes the other threads waiting on the socket if anything changed.
-    fn progress(&self, st: &mut State) {
-        let mut changed = false;
-        // A listener's events (connection requests) are its accept thread's.
-        while st.phase != Phase::Listening && self.channel.pending() > 0 {
-            let Ok(ev) = self.channel.get_event(Some(Duration::ZERO)) else {
-                break;
-            };
-            ev.ack();
-            self.on_cm_event(st, &ev);
-            changed = true;
-        }
-        let open = st.phase == Phase::Open;
-        if let Some(c) = st.conn.as_mut().filter(|_| open || st.phase == Phase::Accepting) {
-            while c.comp.pending() > 0 {
-                match c.comp.get_cq_event(Some(Duration::ZERO)) {
-                    Ok(cq) => cq.ack_events(1),
-                    Err(_) => break,
-                }
-            }
-            if open {
-                let _ = c.update_credits();
-            }
-            changed |= c.poll().unwrap_or(true);
-            if open {
-                let _ = c.update_credits();
-            }
-        }
-        if changed {
-            self.notify.wake();
-        }
-    }
-
-    /// Requests the events that end a sleep on this socket.
-    fn arm(&self, st: &State) {
-        if let Some(c) = &st.conn {
-            let _ = c.cq.req_notify(false);
-        }
-    }
-
-    /// What a sleep on this socket waits for.
-    fn wait_set(&self, st: &State) -> WaitSet {
-        let mut w = WaitSet::default();
-        match st.phase {
-            Phase::Listening => {
-                if let Some(l) = &st.listener {
-                    w.sources.push(Source::Queue(l.queue.clone()));
-                }
-            }
-            Phase::Resolving | Phase::Routing | Phase::Connecting => {
-                w.sources.push(Source::Cm(self.channel.clone()));
-            }
-            Phase::Accepting | Phase::Open => {
-                w.sources.push(Source::Cm(self.channel.clone()));
-                if let Some(c) = &st.conn {
-                    w.sources.push(Source::Comp(c.comp.clone()));
-                    w.devices.push(c.ctx.device().clone());
-                }
-            }
-            _ => {}
-        }
-        w
-    }
-
-    /// Waits until `ready` holds: polls for a little while, then sleeps in `poll(2)`. EAGAIN
-    /// at once if `nonblock`, ETIMEDOUT past `deadline`, EBADF once the socket is closed,
-    /// EINTR if a signal interrupts the sleep.
-    fn wait(
-        &self,
-        st: &mut MutexGuard<'_, State>,
-        nonblock: bool,
-        deadline: Option<Instant>,
-        ready: impl Fn(&State) -> bool,
-    ) -> Result<()> {
-        let spin_until = Instant::now() + Duration::from_micros(u64::from(defaults().polling_time));
-        loop {
-            self.progress(st);
-            if ready(st) {
-                return Ok(());
-            }
-            if nonblock {
-                return Err(errno(libc::EAGAIN));
-            }
-            if st.phase == Phase::Closed {
-                return Err(errno(libc::EBADF));
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(errno(libc::ETIMEDOUT));
-            }
-            if Instant::now() < spin_until {
-                MutexGuard::unlocked(st, std::thread::yield_now);
-                continue;
-            }
-            self.arm(st);
-            self.progress(st);
-            if ready(st) {
-                return Ok(());
-            }
-            let set = self.wait_set(st);
-            self.notify.enter();
-            let slept = MutexGuard::unlocked(st, || {
-                set.flush();
-                let mut fds: Vec<BorrowedFd<'_>> = set.sources.iter().map(Source::as_fd).collect();
-                fds.push(self.notify.as_fd());
-                let cap = Duration::from_millis(u64::from(defaults().wake_up_interval));
-                wait::sleep(&fds, wait::timeout_until(deadline, cap))
-            });
-            self.notify.leave();
-            slept?;
-        }
-    }
-
     /// Before a transfer: a connection still being made is driven (and waited for when
     /// blocking); then the socket must be connected (ENOTCONN).
     fn ready_for_io(&self, st: &mut MutexGuard<'_, State>, nonblock: bool) -> Result<()> {
@@ -542,6 +423,14 @@ impl Stream {
             Phase::Closed => Err(errno(libc::EBADF)),
             _ => Err(errno(libc::ENOTCONN)),
         }
+    }
+
+    /// Whether a send can go on: there is room to send, or sending has ended (which the
+    /// sender then reports).
+    fn send_ready(st: &State) -> bool {
+        st.conn
+            .as_ref()
+            .is_some_and(|c| c.can_send() || !c.status.writable)
     }
 
     /// Why the socket cannot send anymore.
@@ -559,12 +448,7 @@ impl Stream {
     /// Announces queued iomaps to the peer (before any transfer, as librdmacm does).
     fn send_iomaps(&self, st: &mut MutexGuard<'_, State>, nonblock: bool) -> Result<()> {
         while Self::conn(st).iomap_pending() {
-            let writable = |st: &State| {
-                st.conn
-                    .as_ref()
-                    .is_some_and(|c| c.can_send() || !c.status.writable)
-            };
-            self.wait(st, nonblock, None, writable)?;
+            self.wait(st, nonblock, None, Self::send_ready)?;
             if !Self::conn(st).status.writable {
                 return Err(Self::send_error(st));
             }
@@ -580,7 +464,7 @@ impl Stream {
     /// ENOTCONN if never connected.
     pub fn send_vectored(&self, bufs: &[&[u8]], flags: i32) -> Result<usize> {
         let mut st = self.st.lock();
-        let nonblock = st.nonblocking(flags);
+        let nonblock = st.fd.nonblocking(flags);
         self.ready_for_io(&mut st, nonblock)?;
         if !Self::conn(&mut st).status.writable {
             return Err(Self::send_error(&st));
@@ -591,13 +475,8 @@ impl Stream {
         let (mut piece, mut at) = (0usize, 0usize);
         let mut gathered = Vec::new();
         while sent < total {
-            let ready = |st: &State| {
-                st.conn
-                    .as_ref()
-                    .is_some_and(|c| c.can_send() || !c.status.writable)
-            };
-            if !ready(&st) {
-                if let Err(e) = self.wait(&mut st, nonblock, None, ready) {
+            if !Self::send_ready(&st) {
+                if let Err(e) = self.wait(&mut st, nonblock, None, Self::send_ready) {
                     return if sent > 0 { Ok(sent) } else { Err(e) };
                 }
             }
@@ -644,7 +523,7 @@ impl Stream {
     /// never connected.
     pub fn recv_vectored(&self, bufs: &mut [&mut [u8]], flags: i32) -> Result<usize> {
         let mut st = self.st.lock();
-        let nonblock = st.nonblocking(flags);
+        let nonblock = st.fd.nonblocking(flags);
         let (peek, waitall) = (flags & libc::MSG_PEEK != 0, flags & libc::MSG_WAITALL != 0);
         self.ready_for_io(&mut st, nonblock)?;
         let total: usize = bufs.iter().map(|b| b.len()).sum();
@@ -809,34 +688,19 @@ impl Stream {
     /// `rgetsockname`: the bound or connected address (the family's any address before).
     pub fn local_addr(&self) -> Result<SocketAddr> {
         let st = self.st.lock();
-        if st.phase == Phase::Closed {
-            return Err(errno(libc::EBADF));
-        }
+        Self::check_open(&st)?;
         Ok(st.id.src_addr().unwrap_or_else(|| self.domain.any()))
     }
 
     /// Whether reads and writes (and accept, connect) do not block.
     pub fn is_nonblocking(&self) -> bool {
-        self.st.lock().fd_flags & libc::O_NONBLOCK != 0
+        self.st.lock().fd.is_nonblocking()
     }
 
     /// `rfcntl`: F_GETFL, F_SETFL (O_NONBLOCK is what counts), F_GETFD, F_SETFD; EINVAL for
     /// other commands.
     pub fn fcntl(&self, cmd: i32, arg: i32) -> Result<i32> {
-        let mut st = self.st.lock();
-        match cmd {
-            libc::F_GETFL => Ok(st.fd_flags | libc::O_RDWR),
-            libc::F_SETFL => {
-                st.fd_flags = arg & !libc::O_ACCMODE;
-                Ok(0)
-            }
-            libc::F_GETFD => Ok(if st.fd_cloexec { libc::FD_CLOEXEC } else { 0 }),
-            libc::F_SETFD => {
-                st.fd_cloexec = arg & libc::FD_CLOEXEC != 0;
-                Ok(0)
-            }
-            _ => Err(errno(libc::EINVAL)),
-        }
+        self.st.lock().fd.fcntl(cmd, arg)
     }
 
     /// `rsetsockopt`. The `SOL_RDMA` sizes are EINVAL once a connection is being made;
@@ -938,9 +802,7 @@ impl Stream {
     pub fn get_option(&self, level: i32, name: i32) -> Result<SockOpt> {
         use libc::*;
         let mut st = self.st.lock();
-        if st.phase == Phase::Closed {
-            return Err(errno(EBADF));
-        }
+        Self::check_open(&st)?;
         let sizes = st.conn.as_ref().map_or(st.sizes, |c| c.sizes);
         Ok(match (level, name) {
             (SOL_SOCKET, SO_REUSEADDR) => SockOpt::ReuseAddr(st.flags.reuseaddr),
@@ -1015,7 +877,7 @@ impl Stream {
     /// `offset`.
     pub fn iowrite(&self, buf: &[u8], offset: u64, flags: i32) -> Result<usize> {
         let mut st = self.st.lock();
-        let nonblock = st.nonblocking(flags);
+        let nonblock = st.fd.nonblocking(flags);
         self.ready_for_io(&mut st, nonblock)?;
         if !Self::conn(&mut st).status.writable {
             return Err(Self::send_error(&st));
@@ -1030,12 +892,7 @@ impl Stream {
                 }
                 break;
             };
-            let ready = |st: &State| {
-                st.conn
-                    .as_ref()
-                    .is_some_and(|c| c.can_send() || !c.status.writable)
-            };
-            if let Err(e) = self.wait(&mut st, nonblock, None, ready) {
+            if let Err(e) = self.wait(&mut st, nonblock, None, Self::send_ready) {
                 return if sent > 0 { Ok(sent) } else { Err(e) };
             }
             let c = Self::conn(&mut st);
@@ -1111,39 +968,79 @@ impl Stream {
             _ => 0,
         }
     }
+}
 
-    /// Arms the socket and registers a sleeper (before the caller's last look, so that no
-    /// change after it goes unnoticed); the returned set is what to sleep on, besides
-    /// [`Stream::notifier`].
-    pub(crate) fn poll_prepare(&self) -> WaitSet {
-        let st = self.st.lock();
-        self.arm(&st);
-        self.notify.enter();
-        self.wait_set(&st)
+impl Waitable for Stream {
+    type State = State;
+
+    fn parts(&self) -> (&Mutex<State>, &Notifier) {
+        (&self.st, &self.notify)
     }
 
-    /// Ends a sleep registered by [`Stream::poll_prepare`].
-    pub(crate) fn poll_finish(&self) {
-        let _st = self.st.lock();
-        self.notify.leave();
+    /// Takes what happened without waiting: CM events, completion events, completions;
+    /// returns credits. True if anything changed.
+    fn take_events(&self, st: &mut State) -> bool {
+        let mut changed = false;
+        // A listener's events (connection requests) are its accept thread's.
+        while st.phase != Phase::Listening && self.channel.pending() > 0 {
+            let Ok(ev) = self.channel.get_event(Some(Duration::ZERO)) else {
+                break;
+            };
+            ev.ack();
+            self.on_cm_event(st, &ev);
+            changed = true;
+        }
+        let open = st.phase == Phase::Open;
+        if let Some(c) = st.conn.as_mut().filter(|_| open || st.phase == Phase::Accepting) {
+            take_comp_events(&c.comp);
+            if open {
+                let _ = c.update_credits();
+            }
+            changed |= c.poll().unwrap_or(true);
+            if open {
+                let _ = c.update_credits();
+            }
+        }
+        changed
     }
 
-    pub(crate) fn notifier(&self) -> &Notifier {
-        &self.notify
+    /// Requests the events that end a sleep on this socket.
+    fn arm(&self, st: &State) {
+        if let Some(c) = &st.conn {
+            let _ = c.cq.req_notify(false);
+        }
+    }
+
+    /// What a sleep on this socket waits for.
+    fn wait_set(&self, st: &State) -> WaitSet {
+        let mut w = WaitSet::default();
+        match st.phase {
+            Phase::Listening => {
+                if let Some(l) = &st.listener {
+                    w.sources.push(Source::Queue(l.queue.clone()));
+                }
+            }
+            Phase::Resolving | Phase::Routing | Phase::Connecting => {
+                w.sources.push(Source::Cm(self.channel.clone()));
+            }
+            Phase::Accepting | Phase::Open => {
+                w.sources.push(Source::Cm(self.channel.clone()));
+                if let Some(c) = &st.conn {
+                    w.sources.push(Source::Comp(c.comp.clone()));
+                    w.devices.push(c.ctx.device().clone());
+                }
+            }
+            _ => {}
+        }
+        w
+    }
+
+    fn is_closed(st: &State) -> bool {
+        st.phase == Phase::Closed
     }
 }
 
-impl AsFd for Stream {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.channel.as_fd()
-    }
-}
-
-impl Drop for Stream {
-    fn drop(&mut self) {
-        self.close();
-    }
-}
+socket_fd!(Stream, channel);
 
 /// The accept thread of a listening socket: answers each connection request with a new
 /// socket's connection data and queues the socket for `accept` (rejecting requests while
