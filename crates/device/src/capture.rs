@@ -141,7 +141,9 @@ impl Capture {
     /// Stops writing and closes the file; if this is the process's capture, the process has
     /// none afterwards. Every record written is in the file already.
     pub fn stop(self: &Arc<Self>) {
-        crate::device::process_tap().take_if(self);
+        if let Some(tap) = crate::device::process_tap() {
+            tap.take_if(self);
+        }
         self.file.lock().take();
     }
 
@@ -396,7 +398,9 @@ impl Tap {
 /// of any capture running (which is stopped).
 pub fn start(path: impl AsRef<Path>) -> io::Result<Arc<Capture>> {
     let capture = Arc::new(Capture::create(path.as_ref())?);
-    if let Some(old) = crate::device::process_tap().set(Some(capture.clone())) {
+    let tap = crate::device::process_tap()
+        .ok_or_else(|| io::Error::other("this process has no fabric to capture (its thread limit)"))?;
+    if let Some(old) = tap.set(Some(capture.clone())) {
         old.file.lock().take();
     }
     tracing::info!(path = %path.as_ref().display(), "packet capture started");
@@ -405,12 +409,12 @@ pub fn start(path: impl AsRef<Path>) -> io::Result<Arc<Capture>> {
 
 /// The capture running in this process, if any.
 pub fn current() -> Option<Arc<Capture>> {
-    crate::device::process_tap().get()
+    crate::device::process_tap()?.get()
 }
 
 /// Stops the process's capture, if one runs, and returns what it wrote.
 pub fn stop() -> Option<CaptureStats> {
-    let c = crate::device::process_tap().set(None)?;
+    let c = crate::device::process_tap()?.set(None)?;
     c.file.lock().take();
     Some(c.stats())
 }

@@ -593,6 +593,9 @@ impl Cq {
                 m.cq_period
             )));
         }
+        if m.cq_period != 0 {
+            cq_moderation::start()?;
+        }
         let notify = {
             let mut st = self.state.lock();
             st.moderation = m;

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use softverbs_engine::{Error, Result};
+
 use super::cq::Cq;
 
 /// `cq_mod_caps.max_cq_count`: the whole `uint16_t` range.
@@ -53,20 +55,31 @@ struct Timer {
     wake: Condvar,
 }
 
-fn timer() -> &'static Arc<Timer> {
-    static TIMER: OnceLock<Arc<Timer>> = OnceLock::new();
-    TIMER.get_or_init(|| {
-        let t = Arc::new(Timer {
-            pending: Mutex::new(Vec::new()),
-            wake: Condvar::new(),
-        });
-        let run = t.clone();
-        std::thread::Builder::new()
-            .name("softverbs-cq-moderation".into())
-            .spawn(move || run.run())
-            .expect("spawning the CQ moderation timer thread");
-        t
-    })
+static TIMER: OnceLock<Arc<Timer>> = OnceLock::new();
+
+/// Starts the process's moderation timer thread unless it runs: `ibv_modify_cq` calls this
+/// before it sets a period, so that the verb, not a later completion, fails with ENOMEM when the
+/// thread limit is reached.
+pub(crate) fn start() -> Result<()> {
+    static STARTING: Mutex<()> = Mutex::new(());
+    if TIMER.get().is_some() {
+        return Ok(());
+    }
+    let _starting = STARTING.lock();
+    if TIMER.get().is_some() {
+        return Ok(());
+    }
+    let t = Arc::new(Timer {
+        pending: Mutex::new(Vec::new()),
+        wake: Condvar::new(),
+    });
+    let run = t.clone();
+    std::thread::Builder::new()
+        .name("softverbs-cq-moderation".into())
+        .spawn(move || run.run())
+        .map_err(|e| Error::no_resources(format!("cannot start the CQ moderation timer thread: {e}")))?;
+    let _ = TIMER.set(t);
+    Ok(())
 }
 
 impl Timer {
@@ -107,7 +120,17 @@ impl Timer {
 
 /// Calls [`Cq::moderation_expired`] with `round` at `at`.
 pub(crate) fn schedule(at: Instant, cq: Weak<Cq>, round: u64) {
-    let t = timer();
-    t.pending.lock().push((at, cq, round));
-    t.wake.notify_one();
+    match TIMER.get() {
+        Some(t) => {
+            t.pending.lock().push((at, cq, round));
+            t.wake.notify_one();
+        }
+        // A period is set only after `start` succeeded; should that ever not hold, an early
+        // event is what moderation allows, a lost one is not.
+        None => {
+            if let Some(cq) = cq.upgrade() {
+                cq.moderation_expired(round);
+            }
+        }
+    }
 }

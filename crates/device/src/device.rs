@@ -343,9 +343,10 @@ impl PartialEq for Device {
 impl Eq for Device {}
 
 impl Device {
-    /// Builds the device of one interface, on the process's fabric.
-    pub fn from_interface(ifc: &Interface, config: &Config) -> Self {
-        Self::on_fabric(ifc, config, &registry().fabric)
+    /// Builds the device of one interface, on the process's fabric. Fails with ENOMEM when the
+    /// process has no fabric and cannot start one (its thread limit is reached).
+    pub fn from_interface(ifc: &Interface, config: &Config) -> Result<Self> {
+        Ok(Self::on_fabric(ifc, config, &registry()?.fabric))
     }
 
     /// Builds the device of one interface on `fabric`.
@@ -679,7 +680,7 @@ pub fn discover(config: &Config) -> Result<Vec<Device>> {
                 continue;
             }
         }
-        list.push(Device::from_interface(&ifc, config));
+        list.push(Device::from_interface(&ifc, config)?);
     }
     Ok(list)
 }
@@ -691,28 +692,40 @@ struct Registry {
     devices: Mutex<HashMap<String, Device>>,
 }
 
-fn registry() -> &'static Registry {
+/// The process's registry, made with the first device. Fails with ENOMEM while the fabric's
+/// progress thread cannot be started (the thread limit): the next call tries again.
+fn registry() -> Result<&'static Registry> {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
-    REGISTRY.get_or_init(|| {
-        let fabric = Fabric::new();
-        crate::capture::start_from_env(fabric.tap());
-        Registry {
-            fabric,
-            devices: Mutex::new(HashMap::new()),
-        }
-    })
+    static MAKING: Mutex<()> = Mutex::new(());
+    if let Some(r) = REGISTRY.get() {
+        return Ok(r);
+    }
+    let _making = MAKING.lock();
+    if let Some(r) = REGISTRY.get() {
+        return Ok(r);
+    }
+    let fabric = Fabric::new()
+        .map_err(|e| Error::no_resources(format!("cannot start the fabric's progress thread: {e}")))?;
+    crate::capture::start_from_env(fabric.tap());
+    let _ = REGISTRY.set(Registry {
+        fabric,
+        devices: Mutex::new(HashMap::new()),
+    });
+    REGISTRY
+        .get()
+        .ok_or_else(|| Error::no_resources("the device registry was not made"))
 }
 
-/// The packet-capture hook of the process's fabric.
-pub(crate) fn process_tap() -> &'static crate::capture::Tap {
-    registry().fabric.tap()
+/// The packet-capture hook of the process's fabric, if it has one.
+pub(crate) fn process_tap() -> Option<&'static crate::capture::Tap> {
+    registry().ok().map(|r| r.fabric.tap())
 }
 
 /// The UDP slot of this process, as [`Device::udp_status`] gives it, for code that names
 /// processes by slot without a device at hand (the XRC relay). A slot is the process's, not a
 /// device's: every device's node is on the registry's one fabric.
 pub(crate) fn process_udp_status() -> Option<(u8, u16, bool)> {
-    registry().fabric.udp_status()
+    registry().ok()?.fabric.udp_status()
 }
 
 /// The process-wide devices for the environment's configuration (`ibv_get_device_list`).
@@ -722,7 +735,7 @@ pub(crate) fn process_udp_status() -> Option<(u8, u16, bool)> {
 pub fn device_list() -> Result<Vec<Device>> {
     let config = Config::from_env()?;
     let fresh = discover(&config)?;
-    let mut known = registry().devices.lock();
+    let mut known = registry()?.devices.lock();
     Ok(fresh
         .into_iter()
         .map(|d| {
@@ -774,17 +787,20 @@ mod tests {
         let d = Device::from_interface(
             &ifc("eth9", 1500, false, vec![IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))]),
             &cfg,
-        );
+        )
+        .unwrap();
         assert_eq!(d.port_attr().active_mtu, Mtu::Mtu1024);
         let d = Device::from_interface(
             &ifc("eth9", 9000, false, vec![IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))]),
             &cfg,
-        );
+        )
+        .unwrap();
         assert_eq!(d.port_attr().active_mtu, Mtu::Mtu4096);
         let d = Device::from_interface(
             &ifc("lo", 65536, true, vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]),
             &cfg,
-        );
+        )
+        .unwrap();
         assert_eq!(d.port_attr().active_mtu, Mtu::Mtu4096);
         assert_eq!(d.port_attr().max_mtu, Mtu::Mtu4096);
     }
@@ -794,7 +810,8 @@ mod tests {
         let d = Device::from_interface(
             &ifc("eth9", 1500, false, vec![IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))]),
             &Config::default(),
-        );
+        )
+        .unwrap();
         assert_eq!(d.guid(), 0x0011_22ff_fe33_4455);
         assert_eq!(d.name(), "sv_eth9");
     }
@@ -806,7 +823,8 @@ mod tests {
         let d = Device::from_interface(
             &ifc("x", 1500, false, vec![IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))]),
             &cfg,
-        );
+        )
+        .unwrap();
         d.acquire(Resource::Pd).unwrap();
         d.acquire(Resource::Pd).unwrap();
         let e = d.acquire(Resource::Pd).unwrap_err();
@@ -822,7 +840,8 @@ mod tests {
         let d = Device::from_interface(
             &ifc("x", 1500, false, vec![IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))]),
             &Config::default(),
-        );
+        )
+        .unwrap();
         let keys: HashSet<u32> = (0..1000).map(|_| d.alloc_key()).collect();
         assert_eq!(keys.len(), 1000);
         let qpns: HashSet<u32> = (0..1000).map(|_| d.alloc_qpn().unwrap()).collect();

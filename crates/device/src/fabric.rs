@@ -970,8 +970,9 @@ impl<E: Endpoint> Drop for Fabric<E> {
 }
 
 impl<E: Endpoint> Fabric<E> {
-    /// A fabric with no node yet, and its progress thread.
-    pub(crate) fn new() -> Arc<Self> {
+    /// A fabric with no node yet, and its progress thread. Fails when the thread cannot be
+    /// started (the process's or user's thread limit).
+    pub(crate) fn new() -> std::io::Result<Arc<Self>> {
         let f = Arc::new_cyclic(|me| Self {
             me: me.clone(),
             nodes: RwLock::new(Vec::new().into()),
@@ -1000,9 +1001,8 @@ impl<E: Endpoint> Fabric<E> {
         let (me, wake) = (Arc::downgrade(&f), f.wake.clone());
         std::thread::Builder::new()
             .name("softverbs-progress".into())
-            .spawn(move || progress_thread(me, wake))
-            .expect("spawn the progress thread");
-        f
+            .spawn(move || progress_thread(me, wake))?;
+        Ok(f)
     }
 
     /// A node for a device with these GIDs on interface `ifindex`.
@@ -1483,15 +1483,16 @@ impl<E: Endpoint> Fabric<E> {
     }
 
     /// Starts the UDP driver (once per fabric) on the first free slot of `slots` above
-    /// `base_port`; its slot numbers this process's QPs. `None` while every slot is taken: the
-    /// next call tries again.
-    fn start_udp(&self, base_port: u16, slots: u8) -> Option<&Arc<Udp>> {
+    /// `base_port`; its slot numbers this process's QPs. Fails with ENOMEM while every slot is
+    /// taken or its receive thread cannot be started: the next call tries again. Without a
+    /// thread for the shared-memory mailbox the driver runs on UDP alone.
+    fn start_udp(&self, base_port: u16, slots: u8) -> Result<&Arc<Udp>> {
         if let Some(u) = self.udp.get() {
-            return Some(u);
+            return Ok(u);
         }
         let _starting = self.udp_start.lock();
         if let Some(u) = self.udp.get() {
-            return Some(u);
+            return Ok(u);
         }
         let Some(udp) = Udp::start(base_port, slots) else {
             tracing::warn!(
@@ -1499,24 +1500,41 @@ impl<E: Endpoint> Fabric<E> {
                 slots,
                 "no free UDP slot (ports base+1..=base+slots are all taken): QPs cannot be created"
             );
-            return None;
+            return Err(Error::no_resources(format!(
+                "no free UDP slot: ports {}..={} are all taken by other processes",
+                u32::from(base_port) + 1,
+                u32::from(base_port) + u32::from(slots)
+            )));
         };
         let (me, u) = (self.me.clone(), udp.clone());
         std::thread::Builder::new()
             .name("softverbs-rx".into())
             .spawn(move || receive_thread(me, u, Self::pump_udp))
-            .expect("spawn the receive thread");
+            .map_err(|e| {
+                // The thread did not start, so nothing else holds the driver: its sockets close
+                // here and the slot is free for the next try.
+                Error::no_resources(format!("cannot start the UDP receive thread: {e}"))
+            })?;
         if let Some(shm) = Shm::start(udp.port()) {
             let (me, s) = (self.me.clone(), shm.clone());
-            std::thread::Builder::new()
+            let started = std::thread::Builder::new()
                 .name("softverbs-shm".into())
-                .spawn(move || receive_thread(me, s, Self::pump_shm))
-                .expect("spawn the shared-memory receive thread");
-            udp.forward_through(shm.clone());
-            let _ = self.shm.set(shm);
+                .spawn(move || receive_thread(me, s, Self::pump_shm));
+            match started {
+                Ok(_) => {
+                    udp.forward_through(shm.clone());
+                    let _ = self.shm.set(shm);
+                }
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "no thread for the shared-memory mailbox: this process uses UDP alone"
+                ),
+            }
         }
         let _ = self.udp.set(udp);
-        self.udp.get()
+        self.udp
+            .get()
+            .ok_or_else(|| Error::no_resources("the UDP driver did not start"))
     }
 
     /// Whether packets to QP `dest_qpn` at `dgid` go through shared memory with their large
@@ -1576,16 +1594,7 @@ impl<E: Endpoint> Fabric<E> {
     /// while this process has no UDP slot: a number without one would collide with another
     /// process's and its traffic would go astray, so no QP is better than a silent one.
     pub(crate) fn alloc_qpn(&self, base_port: u16, slots: u8) -> Result<u32> {
-        let slot = self
-            .start_udp(base_port, slots)
-            .map(|u| u32::from(u.slot()))
-            .ok_or_else(|| {
-                Error::no_resources(format!(
-                    "no free UDP slot: ports {}..={} are all taken by other processes",
-                    u32::from(base_port) + 1,
-                    u32::from(base_port) + u32::from(slots)
-                ))
-            })?;
+        let slot = u32::from(self.start_udp(base_port, slots)?.slot());
         let idx = self.qpns.lock().alloc().ok_or_else(|| {
             Error::no_resources(format!(
                 "all {} QP numbers of this process are in use (QPs, SRQs and WQs share them)",
@@ -1735,7 +1744,7 @@ mod tests {
     fn routes_between_nodes_through_the_in_process_driver() {
         let gid = |s: &str| Gid::from_ip(s.parse().unwrap());
         let (ga, gb, group) = (gid("10.0.0.1"), gid("10.0.0.2"), gid("ff0e::1"));
-        let fabric = Fabric::<Probe>::new();
+        let fabric = Fabric::<Probe>::new().unwrap();
         let a = fabric.add_node(NodeCounters::default(), &[ga], 1);
         let b = fabric.add_node(NodeCounters::default(), &[gb], 1);
         let probe = Arc::new(Probe {
@@ -1791,7 +1800,7 @@ mod tests {
 
     #[test]
     fn posted_packets_wait_for_the_next_poll_of_a_busy_poller() {
-        let fabric = Fabric::<Probe>::new();
+        let fabric = Fabric::<Probe>::new().unwrap();
         // However slow this host: a poll and the posts after it are always one burst.
         fabric.burst_after_poll.store(u64::MAX, Ordering::Relaxed);
         let a = fabric.add_node(
@@ -1881,7 +1890,7 @@ mod tests {
 
     #[test]
     fn the_outbox_keeps_the_newest_ack_of_each_qp() {
-        let fabric = Fabric::<Probe>::new();
+        let fabric = Fabric::<Probe>::new().unwrap();
         let a = fabric.add_node(
             NodeCounters::default(),
             &[Gid::from_ip("10.0.0.5".parse().unwrap())],
@@ -1977,7 +1986,7 @@ mod tests {
     fn qp1_packets_reach_the_gsi_handler_and_its_timer_runs() {
         let gid = |s: &str| Gid::from_ip(s.parse().unwrap());
         let (ga, gb) = (gid("10.0.1.1"), gid("10.0.1.2"));
-        let fabric = Fabric::<Probe>::new();
+        let fabric = Fabric::<Probe>::new().unwrap();
         let _a = fabric.add_node(NodeCounters::default(), &[ga], 1);
         let b = fabric.add_node(NodeCounters::default(), &[gb], 1);
         // Without a handler, QP1 is an unknown QP.
@@ -2046,7 +2055,7 @@ mod tests {
 
     #[test]
     fn the_progress_thread_ends_with_its_fabric() {
-        let fabric = Fabric::<Probe>::new();
+        let fabric = Fabric::<Probe>::new().unwrap();
         let node = fabric.add_node(
             NodeCounters::default(),
             &[Gid::from_ip("10.0.0.3".parse().unwrap())],

@@ -187,30 +187,6 @@ fn remote_access_needs_key_pd_bounds_and_right() {
     assert_eq!(got, [0x5A; 16]);
 }
 
-/// A copy of this test program that any user may run, removed on drop.
-struct Intruder(std::path::PathBuf);
-
-impl Intruder {
-    fn copy_of_this_program() -> Self {
-        use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("softverbs-intruder-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("a directory for the copy");
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let exe = dir.join("security");
-        std::fs::copy(std::env::current_exe().unwrap(), &exe).expect("copy this program");
-        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
-        Self(exe)
-    }
-}
-
-impl Drop for Intruder {
-    fn drop(&mut self) {
-        if let Some(dir) = self.0.parent() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-}
-
 /// As another user: every path must be refused and our memory unreadable.
 fn intruder(pid: i32, addr: u64, paths: &[String]) {
     use nix::sys::uio::{process_vm_readv, RemoteIoVec};
@@ -279,7 +255,7 @@ fn other_users_are_kept_out() {
     );
     // The other user runs a copy of this program where it may read it: the checkout (and so
     // this binary) may lie in a directory only we can enter.
-    let exe = Intruder::copy_of_this_program();
+    let exe = common::ProgramCopy::of_this_program();
     let out = Command::new(&exe.0)
         .arg("--intruder")
         .arg(std::process::id().to_string())

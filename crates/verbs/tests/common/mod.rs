@@ -299,3 +299,35 @@ pub(crate) fn xrc_up(ctx: &Context, qp: &QueuePair, dest: u32) {
     )
     .unwrap();
 }
+
+/// A copy of the running test program that any user may run, removed on drop: the checkout (and
+/// so the program) may lie in a directory only its owner may enter, and tests run parts of
+/// themselves as other users.
+pub(crate) struct ProgramCopy(pub(crate) std::path::PathBuf);
+
+impl ProgramCopy {
+    pub(crate) fn of_this_program() -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let exe = std::env::current_exe().unwrap();
+        let name = exe.file_name().unwrap().to_owned();
+        let dir = std::env::temp_dir().join(format!(
+            "softverbs-{}-{}",
+            name.to_string_lossy(),
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("a directory for the copy");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let copy = dir.join(name);
+        std::fs::copy(&exe, &copy).expect("copy this program");
+        std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Self(copy)
+    }
+}
+
+impl Drop for ProgramCopy {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
