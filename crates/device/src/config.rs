@@ -10,6 +10,7 @@
 //! | `SOFTVERBS_UDP_SLOTS` | how many ports above it processes may take, one each (1..=255); a process that finds none free cannot create QPs (ENOMEM) | 255 |
 //! | `SOFTVERBS_LIMITS` | comma-separated `name=value` overrides of [`Limits`] fields, e.g. `max_qp=64,max_cqe=1024` | see [`Limits::default`] |
 //! | `SOFTVERBS_SHM` | `0` turns off the shared-memory driver between processes of one user on one host (read when the process starts its drivers) | on |
+//! | `SOFTVERBS_GSO` | runs of equal-sized packets to one destination leave as one UDP GSO send, which the kernel (or the NIC) cuts into the datagrams single sends would give; `lo`: only to loopback addresses (for a NIC that does not number the IPv4 IDs of the segments consecutively, which the ICRC covers); `0`: never (read when the process starts its drivers) | every destination |
 //! | `SOFTVERBS_CM_RESPONSE_TIMEOUT`, `SOFTVERBS_CM_RETRIES`, `SOFTVERBS_CM_PACKET_LIFETIME` | the connection manager's CM response timeout and packet lifetime (4.096 us x 2^n) and resends before giving up (read when a device's CM starts) | 20, 15, 16 |
 //! | `SOFTVERBS_PCAP` | a file to capture every packet of the process to (`%p`: the process ID), see [`crate::capture`] (read when the process's devices are first listed) | none |
 //! | `SOFTVERBS_LOG` | a log filter in `RUST_LOG` syntax; events go to stderr, see [`crate::log`] (read by the front ends when they first list devices) | off |

@@ -167,8 +167,10 @@ pub(crate) struct Udp {
     epoll: Epoll,
     /// Ends a `wait` early.
     waker: EventFd,
-    /// Whether the kernel accepts UDP segmentation offload (GSO) sends.
+    /// Whether GSO sends are allowed (`SOFTVERBS_GSO`) and the kernel accepts them.
     gso: std::sync::atomic::AtomicBool,
+    /// GSO also towards addresses other than loopback ones (`SOFTVERBS_GSO` not `lo`).
+    gso_links: bool,
     /// Holds back floods towards receivers on this host that cannot keep up.
     pacer: Pacer,
     /// Forwarded datagrams dropped because they did not come from the standard port.
@@ -193,6 +195,26 @@ pub(crate) struct Udp {
 /// only the sockets that delivered lately (one system call per socket, rather than a readiness
 /// check and then a read).
 const SCAN_EVERY: u32 = 64;
+
+/// Where the driver sends runs of packets as GSO batches (`SOFTVERBS_GSO`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GsoPolicy {
+    /// `0`: never; one datagram per packet, in `sendmmsg` calls.
+    Off,
+    /// `lo`: to loopback addresses only, for links whose NIC segments with other IPv4 IDs
+    /// than consecutive ones (the ICRC covers the ID).
+    Loopback,
+    /// The default: to every destination.
+    Everywhere,
+}
+
+fn gso_policy() -> GsoPolicy {
+    match std::env::var("SOFTVERBS_GSO").as_deref().map(str::trim) {
+        Ok("0") => GsoPolicy::Off,
+        Ok("lo") => GsoPolicy::Loopback,
+        _ => GsoPolicy::Everywhere,
+    }
+}
 
 /// The slot of a QP number: which process (and port) owns it.
 pub(crate) fn slot_of(qpn: u32) -> u8 {
@@ -228,7 +250,8 @@ impl Udp {
             last_takeover_try: Mutex::new(StdInstant::now()),
             epoll,
             waker,
-            gso: std::sync::atomic::AtomicBool::new(true),
+            gso: std::sync::atomic::AtomicBool::new(gso_policy() != GsoPolicy::Off),
+            gso_links: gso_policy() == GsoPolicy::Everywhere,
             pacer: Pacer::new(rcvbuf),
             forged: std::sync::atomic::AtomicU64::new(0),
             mailboxes: OnceLock::new(),
@@ -311,8 +334,9 @@ impl Udp {
 
     /// Sends RoCE packets (BTH..ICRC) from `src` to `dst` for destination QP `dest_qpn`,
     /// filling in their ICRCs. Runs of equal-sized packets go out as one GSO batch: one system
-    /// call, segmented by the kernel. `scope` is the interface index for link-local IPv6.
-    /// Returns how many were handed to the kernel.
+    /// call, segmented by the kernel (or by the NIC) into the standard datagrams a run of
+    /// single sends would give. `scope` is the interface index for link-local IPv6. Returns
+    /// how many were handed to the kernel.
     fn send_packets(
         &self,
         src: IpAddr,
@@ -324,10 +348,15 @@ impl Udp {
         let port = self.dest_port(dest_qpn);
         let src_sa = SocketAddr::new(src, self.own.port);
         let dst_sa = SocketAddr::new(dst, port);
-        for p in packets.iter_mut() {
-            // Only a packet too short to hold a BTH fails here; it is dropped below.
-            let _ = icrc::fill(src_sa, dst_sa, p);
-        }
+        // The IPv4 ID is in the ICRC: a single datagram of our unconnected DF socket carries
+        // ID 0, segment `i` of a GSO batch ID `i` (`icrc::compute_with_ident`). Only a packet
+        // too short to hold a BTH fails here; it is dropped by the kernel's peer as any runt.
+        let fill = |packets: &mut [Vec<u8>], numbered: bool| {
+            for (i, p) in packets.iter_mut().enumerate() {
+                let ident = if numbered { i as u16 } else { 0 };
+                let _ = icrc::fill_with_ident(src_sa, dst_sa, p, ident);
+            }
+        };
         if dst.is_loopback() {
             let bytes = packets.iter().map(Vec::len).sum();
             self.pacer.before_send(dst.is_ipv6(), port, bytes);
@@ -335,10 +364,8 @@ impl Udp {
         let Some(fd) = self.socket_for(&dst) else {
             return 0;
         };
-        // GSO only to loopback addresses: on a real link a capture would show the unsegmented
-        // batch rather than the packets that go on the wire. Elsewhere (or without GSO
-        // support) each packet is its own datagram, a run of them in one sendmmsg call.
-        if !(dst.is_loopback() && self.gso.load(Ordering::Relaxed)) {
+        if !self.gso.load(Ordering::Relaxed) || !(self.gso_links || dst.is_loopback()) {
+            fill(packets, false);
             return self.send_each(fd, src, dst_sa, scope, packets);
         }
         let mut sent = 0;
@@ -362,17 +389,28 @@ impl Udp {
             }
             if n > 1 && self.gso.load(Ordering::Relaxed) {
                 sent += self.send_each(fd, src, dst_sa, scope, &packets[singles..at]);
-                let parts: Vec<&[u8]> = rest[..n].iter().map(Vec::as_slice).collect();
-                if self.send_on(fd, src, dst_sa, scope, &parts, Some(seg as u16)) {
-                    sent += n;
-                    at += n;
-                    singles = at;
-                    continue;
+                fill(&mut packets[at..at + n], true);
+                let parts: Vec<&[u8]> = packets[at..at + n].iter().map(Vec::as_slice).collect();
+                match self.send_on(fd, src, dst_sa, scope, &parts, Some(seg as u16)) {
+                    Ok(()) => {
+                        sent += n;
+                        at += n;
+                        singles = at;
+                        continue;
+                    }
+                    // The kernel or the route does not do GSO (no UDP_SEGMENT, no checksum
+                    // offload on the device): one datagram per packet from now on.
+                    Err(Errno::EIO | Errno::EINVAL | Errno::ENOPROTOOPT | Errno::EOPNOTSUPP) => {
+                        tracing::info!(%dst, "no UDP GSO here: one datagram per packet");
+                        self.gso.store(false, Ordering::Relaxed);
+                    }
+                    // Anything else (a full socket buffer, say) is this batch's: it goes out
+                    // one datagram each, as a lone send would.
+                    Err(_) => {}
                 }
-                // Without GSO support, send one datagram per packet from now on.
-                self.gso.store(false, Ordering::Relaxed);
                 singles = at;
             }
+            fill(&mut packets[at..at + n], false);
             at += n;
         }
         sent + self.send_each(fd, src, dst_sa, scope, &packets[singles..])
@@ -401,7 +439,7 @@ impl Udp {
                 }
             }
             // Alone, so that a failure is logged and costs this packet only.
-            sent += usize::from(self.send_on(fd, src, dst, scope, &[first], None));
+            sent += usize::from(self.send_on(fd, src, dst, scope, &[first], None).is_ok());
             rest = &rest[1..];
         }
         sent
@@ -415,7 +453,7 @@ impl Udp {
         scope: u32,
         parts: &[&[u8]],
         gso: Option<u16>,
-    ) -> bool {
+    ) -> nix::Result<()> {
         let iov: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
         let gso_size = gso.unwrap_or(0);
         let gso_cmsg = ControlMessage::UdpGsoSegments(&gso_size);
@@ -452,15 +490,10 @@ impl Udp {
                     Some(&SockaddrIn6::from(d)),
                 )
             }
-            _ => return false,
+            _ => return Err(Errno::EAFNOSUPPORT),
         };
-        match r {
-            Ok(_) => true,
-            Err(e) => {
-                tracing::debug!(%dst, error = %e, "UDP send failed");
-                false
-            }
-        }
+        r.map(drop)
+            .inspect_err(|e| tracing::debug!(%dst, error = %e, "UDP send failed"))
     }
 
     /// Reads the datagrams waiting on every socket into `batch`, without blocking.
@@ -753,7 +786,7 @@ impl Udp {
             IpAddr::V4(_) => Some(&fwd.v4),
             IpAddr::V6(_) => fwd.v6.as_ref(),
         };
-        let sent = fd.is_some_and(|fd| self.send_on(fd, dst_ip, to, 0, &[&header, bytes], None));
+        let sent = fd.is_some_and(|fd| self.send_on(fd, dst_ip, to, 0, &[&header, bytes], None).is_ok());
         let counter = if sent { c.forwarded() } else { c.forward_drops() };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -1151,9 +1184,11 @@ mod tests {
         let qpn = (3 << 16) | 0x11;
         let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
         let sizes = [100, 100, 100, 50, 70, 30, 30, 200, 20];
+        // With GSO, runs of equal sizes (the last may be shorter) go out segmented, and each
+        // packet's ICRC covers the IPv4 ID the kernel gives its segment; the rest go one by
+        // one, with ID 0. Without GSO, the whole run in sendmmsg calls.
+        let gso_idents = [0, 1, 2, 3, 0, 1, 0, 0, 1];
         for gso in [true, false] {
-            // With GSO, runs of equal sizes go out segmented and the rest one by one; without
-            // it (as to any address but loopback), the whole run in sendmmsg calls.
             udp.gso.store(gso, Ordering::Relaxed);
             let mut packets = sized_packets(qpn, &sizes);
             assert_eq!(udp.send_packets(lo, lo, 0, qpn, &mut packets), sizes.len());
@@ -1161,7 +1196,14 @@ mod tests {
             assert_eq!(got, packets, "gso {gso}: every packet its own datagram, in order");
             let src = SocketAddr::new(lo, udp.port());
             let dst = SocketAddr::new(lo, base + 3);
-            assert!(got.iter().all(|p| icrc::verify(src, dst, p)), "ICRCs filled in");
+            for (i, p) in got.iter().enumerate() {
+                let ident = if gso { gso_idents[i] } else { 0 };
+                assert_eq!(
+                    icrc::compute_with_ident(src, dst, p, ident).ok(),
+                    icrc::read(p),
+                    "gso {gso}: packet {i}'s ICRC covers IPv4 ID {ident}"
+                );
+            }
         }
         // More than one sendmmsg call's worth.
         let many: Vec<usize> = (0..MMSG_MAX * 2 + 5).map(|i| 40 + i % 7).collect();

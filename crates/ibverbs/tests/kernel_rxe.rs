@@ -203,12 +203,22 @@ fn rdma_core_pingpongs_between_kernel_rxe_and_softverbs() {
     let rxe =
         |name: &str| rxe_counter(&vm.log, "STATS-AFTER", name) - rxe_counter(&vm.log, "STATS-BEFORE", name);
     let (naks_from_us, rxe_sent) = (rxe("rcvd_seq_err"), rxe("sent_pkts"));
+    // Our 64-packet messages leave as GSO batches, whose segments carry IPv4 IDs 1, 2, ...: a
+    // segment whose ICRC did not cover its ID would be dropped by the kernel, and the next one
+    // would arrive out of sequence.
+    let (rxe_received, out_of_seq) = (rxe("rcvd_pkts"), rxe("out_of_seq_request"));
     eprintln!(
         "64 KiB pingpongs: kernel sent {rxe_sent} packets, the holder forwarded {} ({} through \
          mailboxes, {} lost), its sockets dropped {}; our sequence NAKs {naks_from_us}; \
-         namespace UDP InErrors/RcvbufErrors {udp_before:?} -> {udp_after:?}",
+         namespace UDP InErrors/RcvbufErrors {udp_before:?} -> {udp_after:?}; kernel received \
+         {rxe_received} packets, {out_of_seq} out of sequence",
         forwarding.forwarded, forwarding.forwarded_shm, forwarding.forward_drops, forwarding.rx_socket_drops,
     );
+    assert!(
+        rxe_received >= 2 * 64 * BIG_ITERS.parse::<u64>().unwrap(),
+        "the kernel received our messages: {rxe_received} packets"
+    );
+    assert_eq!(out_of_seq, 0, "the kernel dropped packets of ours:\n{}", vm.log);
     assert!(
         forwarding.forwarded >= 2 * 64 * BIG_ITERS.parse::<u64>().unwrap(),
         "the kernel's data went through the holder: {forwarding:?}"

@@ -138,14 +138,23 @@ pub fn udp_header(src_port: u16, dst_port: u16, udp_payload_len: usize) -> [u8; 
 /// reports them. Fails if the families differ or `packet` is shorter than
 /// the ICRC.
 pub fn compute(src: SocketAddr, dst: SocketAddr, packet: &[u8]) -> Result<u32> {
+    compute_with_ident(src, dst, packet, 0)
+}
+
+/// [`compute`] for a datagram whose IPv4 header carries the identification
+/// `ident` (IPv6 has none: it is ignored there). Linux gives the datagram
+/// of an unconnected socket with DF set ID 0, and when it segments a UDP
+/// GSO batch of such a socket it numbers the segments from there: segment
+/// `i` carries ID `i`.
+pub fn compute_with_ident(src: SocketAddr, dst: SocketAddr, packet: &[u8], ident: u16) -> Result<u32> {
     let covered = packet.len().checked_sub(ICRC_LEN).ok_or(Error)?;
     let udp = udp_header(src.port(), dst.port(), packet.len());
     match (src.ip().to_canonical(), dst.ip().to_canonical()) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => Ok(icrc_ipv4(
-            &ipv4_header(s, d, packet.len()),
-            &udp,
-            &packet[..covered],
-        )),
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let mut ip = ipv4_header(s, d, packet.len());
+            Ipv4Packet::new_unchecked(&mut ip).set_ident(ident);
+            Ok(icrc_ipv4(&ip, &udp, &packet[..covered]))
+        }
         (IpAddr::V6(s), IpAddr::V6(d)) => Ok(icrc_ipv6(
             &ipv6_header(s, d, packet.len()),
             &udp,
@@ -158,7 +167,12 @@ pub fn compute(src: SocketAddr, dst: SocketAddr, packet: &[u8]) -> Result<u32> {
 /// Computes the ICRC of `packet` (see [`compute`]) and writes it, least
 /// significant byte first, into its last 4 bytes.
 pub fn fill(src: SocketAddr, dst: SocketAddr, packet: &mut [u8]) -> Result<()> {
-    let icrc = compute(src, dst, packet)?;
+    fill_with_ident(src, dst, packet, 0)
+}
+
+/// [`fill`] with the ICRC of [`compute_with_ident`].
+pub fn fill_with_ident(src: SocketAddr, dst: SocketAddr, packet: &mut [u8], ident: u16) -> Result<()> {
+    let icrc = compute_with_ident(src, dst, packet, ident)?;
     let at = packet.len() - ICRC_LEN;
     packet[at..].copy_from_slice(&icrc.to_le_bytes());
     Ok(())
@@ -281,6 +295,24 @@ pub(crate) mod tests {
         assert_eq!(icrc_ipv4(&ip, &udp, &ecn[..ecn.len() - 4]), read(roce).unwrap());
         ecn[11] ^= 1;
         assert_ne!(icrc_ipv4(&ip, &udp, &ecn[..ecn.len() - 4]), read(roce).unwrap());
+    }
+
+    #[test]
+    fn ident_reaches_the_ipv4_icrc_only() {
+        // Vector 2 was sent with IPv4 ID 1144: computing with that ID gives its ICRC.
+        let packet = scapy_uc_send_only();
+        let roce = &packet[28..];
+        let ip = core::net::IpAddr::from(Ipv4Addr::new(192, 168, 0, 7));
+        let (src, dst) = (SocketAddr::new(ip, 49152), SocketAddr::new(ip, 4791));
+        assert_eq!(compute_with_ident(src, dst, roce, 1144), Ok(read(roce).unwrap()));
+        assert_ne!(compute(src, dst, roce), Ok(read(roce).unwrap()));
+        let mut filled = roce.to_vec();
+        fill_with_ident(src, dst, &mut filled, 1144).unwrap();
+        assert_eq!(filled, roce);
+        // IPv6 has no ID.
+        let v6 = core::net::IpAddr::from(Ipv6Addr::LOCALHOST);
+        let (src, dst) = (SocketAddr::new(v6, 49152), SocketAddr::new(v6, 4791));
+        assert_eq!(compute_with_ident(src, dst, roce, 7), compute(src, dst, roce));
     }
 
     /// roce.md vector 3 ("IPv6 RC WRITE ONLY, ICRC 6a 2a 37 c1") does not

@@ -64,6 +64,16 @@ impl Hosts {
         h
     }
 
+    /// Makes both ends of the veth pair cut GSO batches into datagrams before they cross it, as
+    /// the kernel does for a NIC without segmentation offload, so that a capture on the link
+    /// shows the datagrams (with the IPv4 IDs the kernel gave them) rather than the batches.
+    pub(crate) fn segment_on_the_link(&self) {
+        for i in 0..2 {
+            let (ns, ifname) = (&self.ns[i], &self.ifs[i]);
+            run("ip", &["-n", ns, "link", "set", ifname, "gso_max_segs", "1"]);
+        }
+    }
+
     /// Drops `percent` % of the UDP datagrams host `i` receives on `ports` (an nftables
     /// `numgen random` rule with a counter in table `inet svloss`).
     pub(crate) fn drop_incoming(&self, i: usize, percent: u32, ports: (u16, u16)) {

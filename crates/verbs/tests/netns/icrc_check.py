@@ -3,7 +3,8 @@
 
 Implements the ICRC as the RoCEv2 annex defines it, separately from the project's Rust code:
 8 bytes of 0xFF, then the IP and UDP headers and the BTH with their variant fields set to ones,
-then the rest of the packet up to the ICRC. Prints "checked N mismatched M".
+then the rest of the packet up to the ICRC. Prints "checked N id_nonzero K mismatched M", K
+being the IPv4 packets whose ID (which the ICRC covers) is not 0.
 """
 import struct
 import sys
@@ -58,7 +59,7 @@ def icrc_ok(ip):
 
 
 def main():
-    checked = mismatched = 0
+    checked = mismatched = id_nonzero = 0
     for linktype, frame in packets(sys.argv[1]):
         if linktype == 1:  # Ethernet
             ethertype = struct.unpack(">H", frame[12:14])[0]
@@ -74,7 +75,8 @@ def main():
             continue
         checked += 1
         mismatched += 0 if ok else 1
-    print(f"checked {checked} mismatched {mismatched}")
+        id_nonzero += 1 if ip[0] >> 4 == 4 and ip[4:6] != b"\x00\x00" else 0
+    print(f"checked {checked} id_nonzero {id_nonzero} mismatched {mismatched}")
 
 
 if __name__ == "__main__":
