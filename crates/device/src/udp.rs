@@ -14,10 +14,12 @@
 //! own counter block counts (`rx_socket_drops`), beside the forwarding counts.
 //!
 //! Packets are sent from unconnected sockets with `IP_PMTUDISC_DO`, so Linux sends IPv4
-//! datagrams with ID 0 and DF set, which is what the ICRC is computed over. The IPv4 ID of a
-//! received datagram is not visible to a UDP socket, so an IPv4 ICRC can only be verified when
-//! the sender used ID 0 (any softverbs sender); a mismatch is counted as unverifiable rather
-//! than dropped. IPv6 ICRCs are always verified, and mismatches are dropped and counted.
+//! datagrams with ID 0 and DF set, and numbers the segments of a GSO batch 0, 1, ...: that is
+//! what the ICRCs are computed over. The IPv4 ID of a received datagram is not visible to a UDP
+//! socket, so an IPv4 ICRC can only be verified when the ID is known: 0, or the packet's place
+//! in the GRO batch it arrived in (a softverbs sender's GSO batch arrives whole); a mismatch is
+//! counted as unverifiable rather than dropped. IPv6 ICRCs are always verified, and mismatches
+//! are dropped and counted.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
@@ -677,12 +679,14 @@ impl Udp {
             // Once at least: an empty datagram is a packet too (a malformed one, which must be
             // counted as such rather than vanish here).
             let mut at = start;
+            let mut index = 0u16;
             loop {
                 let end = (at + segment).min(start + len);
-                let kept = self.accept(src, dst_ip, is_forwarder, &batch.spare(0)[at..end]);
+                let kept = self.accept(src, dst_ip, is_forwarder, &batch.spare(0)[at..end], index);
                 if let Some((skip, meta, icrc, ports)) = kept {
                     batch.add(at + skip..end, meta, icrc, ports);
                 }
+                index = index.wrapping_add(1);
                 at = end;
                 if at >= start + len {
                     break;
@@ -709,15 +713,17 @@ impl Udp {
         }
     }
 
-    /// Handles one received datagram: unwraps forwarded ones, forwards those of other slots.
-    /// Returns what to keep: how many leading bytes to skip (a forwarding header), what the
-    /// network told about the packet, its ICRC verdict and its UDP ports.
+    /// Handles one received datagram, the `index`-th of its GRO batch: unwraps forwarded ones,
+    /// forwards those of other slots. Returns what to keep: how many leading bytes to skip (a
+    /// forwarding header), what the network told about the packet, its ICRC verdict and its
+    /// UDP ports.
     fn accept(
         &self,
         src: SocketAddr,
         dst_ip: IpAddr,
         is_forwarder: bool,
         bytes: &[u8],
+        index: u16,
     ) -> Option<(usize, RxMeta, IcrcCheck, (u16, u16))> {
         let port = if is_forwarder { self.base } else { self.own.port };
 
@@ -734,7 +740,7 @@ impl Udp {
             }
             // Forwarded to us by the holder of the standard port: restore the real addresses.
             let orig_dst = SocketAddr::new(fw.dst_ip, self.base);
-            let (meta, icrc) = classify(fw.src, orig_dst, &bytes[FORWARD_HEADER..]);
+            let (meta, icrc) = classify(fw.src, orig_dst, &bytes[FORWARD_HEADER..], 0);
             return Some((FORWARD_HEADER, meta, icrc, (fw.src.port(), self.base)));
         }
         if is_forwarder {
@@ -745,11 +751,11 @@ impl Udp {
                 slot = crate::cm::forward_slot(self.base, bytes).unwrap_or(0);
             }
             if slot != 0 && slot != self.slot && qpn != crate::fabric::MULTICAST_QPN {
-                self.forward(src, dst_ip, slot, bytes);
+                self.forward(src, dst_ip, slot, bytes, index);
                 return None;
             }
         }
-        let (meta, icrc) = classify(src, SocketAddr::new(dst_ip, port), bytes);
+        let (meta, icrc) = classify(src, SocketAddr::new(dst_ip, port), bytes, index);
         Some((0, meta, icrc, (src.port(), port)))
     }
 
@@ -757,12 +763,13 @@ impl Udp {
     /// mailbox when it has one, which waits for room rather than lose the packet (a second
     /// UDP hop would drop it silently whenever the receiver's socket buffer is full, while the
     /// peer sees only a hole in its PSNs); over UDP otherwise.
-    fn forward(&self, src: SocketAddr, dst_ip: IpAddr, slot: u8, bytes: &[u8]) {
+    /// `index`: the datagram's place in its GRO batch (see [`classify`]).
+    fn forward(&self, src: SocketAddr, dst_ip: IpAddr, slot: u8, bytes: &[u8], index: u16) {
         let port = self.base.saturating_add(u16::from(slot));
         let c = &self.counters;
         if let Some(shm) = self.mailboxes.get() {
             // Checked here, as the owner would have checked it had it read the datagram.
-            let (meta, icrc) = classify(src, SocketAddr::new(dst_ip, self.base), bytes);
+            let (meta, icrc) = classify(src, SocketAddr::new(dst_ip, self.base), bytes, index);
             if let Some(went) = shm.forward(port, &meta, (src.port(), self.base), icrc, bytes) {
                 let counter = if went {
                     c.forwarded_shm()
@@ -956,9 +963,15 @@ impl Driver for Udp {
     }
 }
 
-/// What a received packet's addresses tell the engine, and its ICRC verdict.
-fn classify(src: SocketAddr, dst: SocketAddr, bytes: &[u8]) -> (RxMeta, IcrcCheck) {
-    let icrc = match (icrc::verify(src, dst, bytes), src.ip()) {
+/// What a received packet's addresses tell the engine, and its ICRC verdict. `index` is the
+/// packet's place in the GRO batch it came in: a softverbs sender's GSO batch arrives whole on
+/// a socket with `UDP_GRO`, its segment `i` with IPv4 ID `i` (ID 0 for a lone datagram).
+fn classify(src: SocketAddr, dst: SocketAddr, bytes: &[u8], index: u16) -> (RxMeta, IcrcCheck) {
+    let verified = icrc::verify(src, dst, bytes)
+        || (index != 0
+            && src.ip().to_canonical().is_ipv4()
+            && icrc::compute_with_ident(src, dst, bytes, index).ok() == icrc::read(bytes));
+    let icrc = match (verified, src.ip()) {
         (true, _) => IcrcCheck::Ok,
         // Only the sender knows the IPv4 ID it used; see the module documentation.
         (false, IpAddr::V4(_)) => IcrcCheck::Unverified,
@@ -1302,6 +1315,36 @@ mod tests {
             .all(|(_, d)| d.meta.sgid == from && d.meta.dgid == from));
         // A plain socket leaves the ICRC zero, and the IP ID it used is unknown.
         assert!(batch.iter().all(|(_, d)| d.icrc == IcrcCheck::Unverified));
+    }
+
+    #[test]
+    fn a_gso_batch_of_ours_arrives_with_every_icrc_verified() {
+        let base = free_base_port();
+        let (tx, rx) = (
+            Udp::start(base, 255).expect("a slot"),
+            Udp::start(base, 255).expect("another slot"),
+        );
+        let qpn = (u32::from(rx.slot()) << 16) | 0x11;
+        let lo = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        // Two full GSO batches and a run that ends shorter: segments 1.. carry IPv4 IDs 1..,
+        // which the receiver learns from their place in the GRO batch.
+        let sizes: Vec<usize> = (0..GSO_MAX_SEGMENTS * 2 + 5)
+            .map(|i| if i == 132 { 300 } else { 900 })
+            .collect();
+        let mut packets = sized_packets(qpn, &sizes);
+        assert_eq!(tx.send_packets(lo, lo, 0, qpn, &mut packets), sizes.len());
+        assert!(tx.gso.load(Ordering::Relaxed), "the kernel took the GSO sends");
+        let mut batch = PacketBatch::default();
+        let deadline = StdInstant::now() + Duration::from_secs(10);
+        while batch.len() < packets.len() && StdInstant::now() < deadline {
+            if rx.wait(Duration::from_millis(50)) {
+                rx.recv(&mut batch);
+            }
+        }
+        let got: Vec<Vec<u8>> = batch.iter().map(|(d, _)| d.to_vec()).collect();
+        assert_eq!(got, packets, "every packet, in order");
+        let verdicts: Vec<IcrcCheck> = batch.iter().map(|(_, d)| d.icrc).collect();
+        assert!(verdicts.iter().all(|&v| v == IcrcCheck::Ok), "{verdicts:?}");
     }
 
     /// A full-MTU (1024-byte payload) packet for `qpn` numbered `n`.
