@@ -171,7 +171,7 @@ pub(crate) struct Udp {
     waker: EventFd,
     /// Whether GSO sends are allowed (`SOFTVERBS_GSO`) and the kernel accepts them.
     gso: std::sync::atomic::AtomicBool,
-    /// GSO also towards addresses other than loopback ones (`SOFTVERBS_GSO` not `lo`).
+    /// GSO also towards addresses other than loopback ones (`SOFTVERBS_GSO=1`).
     gso_links: bool,
     /// Holds back floods towards receivers on this host that cannot keep up.
     pacer: Pacer,
@@ -203,18 +203,19 @@ const SCAN_EVERY: u32 = 64;
 enum GsoPolicy {
     /// `0`: never; one datagram per packet, in `sendmmsg` calls.
     Off,
-    /// `lo`: to loopback addresses only, for links whose NIC segments with other IPv4 IDs
-    /// than consecutive ones (the ICRC covers the ID).
+    /// The default: to loopback addresses only. A batch dropped on its way (by a full socket
+    /// buffer or a filter on the receiving host, before it is cut up) loses up to 64 packets
+    /// in a row, which the transport's recovery does not yet handle well.
     Loopback,
-    /// The default: to every destination.
+    /// `1`: to every destination.
     Everywhere,
 }
 
 fn gso_policy() -> GsoPolicy {
     match std::env::var("SOFTVERBS_GSO").as_deref().map(str::trim) {
         Ok("0") => GsoPolicy::Off,
-        Ok("lo") => GsoPolicy::Loopback,
-        _ => GsoPolicy::Everywhere,
+        Ok("1") => GsoPolicy::Everywhere,
+        _ => GsoPolicy::Loopback,
     }
 }
 

@@ -36,7 +36,10 @@ fn ours(ns: &Netns, program: &str, args: &[&str]) -> Command {
         "1",
     ])
     .args(args)
-    .env("SOFTVERBS_INTERFACES", TAP);
+    .env("SOFTVERBS_INTERFACES", TAP)
+    // Runs of packets to the guest leave as GSO batches, whose segments' ICRCs the kernel
+    // checks against the IPv4 IDs it numbers them with.
+    .env("SOFTVERBS_GSO", "1");
     c
 }
 
@@ -203,7 +206,8 @@ fn rdma_core_pingpongs_between_kernel_rxe_and_softverbs() {
     let rxe =
         |name: &str| rxe_counter(&vm.log, "STATS-AFTER", name) - rxe_counter(&vm.log, "STATS-BEFORE", name);
     let (naks_from_us, rxe_sent) = (rxe("rcvd_seq_err"), rxe("sent_pkts"));
-    // Our 64-packet messages leave as GSO batches, whose segments carry IPv4 IDs 1, 2, ...: a
+    // Our 64-packet messages leave as GSO batches (SOFTVERBS_GSO=1 in `ours`), whose
+    // segments carry IPv4 IDs 1, 2, ...: a
     // segment whose ICRC did not cover its ID would be dropped by the kernel, and the next one
     // would arrive out of sequence.
     let (rxe_received, out_of_seq) = (rxe("rcvd_pkts"), rxe("out_of_seq_request"));

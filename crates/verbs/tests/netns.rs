@@ -273,10 +273,11 @@ fn five_percent_loss() {
 
 fn capture_decodes_and_icrc_agrees() {
     let hosts = Hosts::new("sv", "c", IPS, true);
-    // The multi-packet messages leave as GSO batches, which a veth passes on whole: the
-    // kernel's own segmentation gives the datagrams checked here, their IPv4 IDs numbered
-    // from 0 within each batch, as the ICRCs must cover.
+    // With SOFTVERBS_GSO=1 the multi-packet messages leave as GSO batches, which a veth
+    // passes on whole: the kernel's own segmentation gives the datagrams checked here, their
+    // IPv4 IDs numbered from 0 within each batch, as the ICRCs must cover.
     hosts.segment_on_the_link();
+    let gso = [("SOFTVERBS_GSO", "1")];
     let dir = std::env::temp_dir().join(format!("svcap{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pcap = dir.join("roce.pcap");
@@ -305,8 +306,8 @@ fn capture_decodes_and_icrc_agrees() {
     err.read_line(&mut l).unwrap();
     assert!(l.contains("listening"), "{l}");
     let len = 5000;
-    let mut server = hosts.spawn(1, &["--role", &format!("server:{len}")]);
-    let mut client = hosts.spawn(0, &["--role", &format!("client:{len}")]);
+    let mut server = hosts.spawn_with(1, &["--role", &format!("server:{len}")], &gso);
+    let mut client = hosts.spawn_with(0, &["--role", &format!("client:{len}")], &gso);
     let limit = Duration::from_secs(30);
     let s_info = server.line(limit);
     let c_info = client.line(limit);

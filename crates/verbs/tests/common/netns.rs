@@ -113,11 +113,17 @@ impl Hosts {
 
     /// Runs this test executable with `args` in host `i`, on the veth's device only.
     pub(crate) fn spawn(&self, i: usize, args: &[&str]) -> Peer {
+        self.spawn_with(i, args, &[])
+    }
+
+    /// [`Hosts::spawn`] with more environment variables.
+    pub(crate) fn spawn_with(&self, i: usize, args: &[&str], env: &[(&str, &str)]) -> Peer {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", &self.ns[i]])
             .arg(std::env::current_exe().unwrap())
             .args(args)
-            .env("SOFTVERBS_INTERFACES", &self.ifs[i]);
+            .env("SOFTVERBS_INTERFACES", &self.ifs[i])
+            .envs(env.iter().copied());
         Peer::spawn(cmd)
     }
 }
