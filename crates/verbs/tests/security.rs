@@ -16,11 +16,10 @@ mod common;
 
 use std::collections::HashSet;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use softverbs::*;
 
-use common::{lo, to_rts};
+use common::{lo, to_rts, wait_one};
 
 const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
     .union(AccessFlags::REMOTE_WRITE)
@@ -29,18 +28,6 @@ const ALL: AccessFlags = AccessFlags::LOCAL_WRITE
 
 /// The user the intruder runs as (`nobody`).
 const NOBODY: u32 = 65534;
-
-fn wait_one(cq: &CompletionQueue) -> WorkCompletion {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut wc = [WorkCompletion::default(); 1];
-    loop {
-        if cq.poll(&mut wc) == 1 {
-            return wc[0];
-        }
-        assert!(Instant::now() < deadline, "no completion within 20 s");
-        std::thread::yield_now();
-    }
-}
 
 fn keys_are_random_and_distinct() {
     let ctx = lo();

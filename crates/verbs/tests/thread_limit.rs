@@ -13,12 +13,11 @@ mod common;
 
 use std::os::unix::process::CommandExt;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use nix::sys::resource::{getrlimit, setrlimit, Resource};
 use softverbs::*;
 
-use common::{lo, to_rts};
+use common::{lo, to_rts, wait_one};
 
 const ENOMEM: i32 = 12;
 
@@ -45,18 +44,6 @@ fn cap_threads() {
 fn uncap_threads() {
     let (_, hard) = getrlimit(Resource::RLIMIT_NPROC).unwrap();
     setrlimit(Resource::RLIMIT_NPROC, hard, hard).unwrap();
-}
-
-fn wait_one(cq: &CompletionQueue) -> WorkCompletion {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut wc = [WorkCompletion::default(); 1];
-    loop {
-        if cq.poll(&mut wc) == 1 {
-            return wc[0];
-        }
-        assert!(Instant::now() < deadline, "no completion within 20 s");
-        std::thread::yield_now();
-    }
 }
 
 /// As the limited user: every verb that needs a new thread fails with ENOMEM while none may

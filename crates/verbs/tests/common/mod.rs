@@ -331,3 +331,16 @@ impl Drop for ProgramCopy {
         }
     }
 }
+
+/// The next completion of `cq`, polled for at most 20 s.
+pub(crate) fn wait_one(cq: &CompletionQueue) -> WorkCompletion {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut wc = [WorkCompletion::default(); 1];
+    loop {
+        if cq.poll(&mut wc) == 1 {
+            return wc[0];
+        }
+        assert!(std::time::Instant::now() < deadline, "no completion within 20 s");
+        std::thread::yield_now();
+    }
+}
