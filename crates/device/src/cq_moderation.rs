@@ -78,7 +78,8 @@ pub(crate) fn start() -> Result<()> {
         .name("softverbs-cq-moderation".into())
         .spawn(move || run.run())
         .map_err(|e| Error::no_resources(format!("cannot start the CQ moderation timer thread: {e}")))?;
-    let _ = TIMER.set(t);
+    // Under `STARTING`, after the check above: nothing else sets it.
+    TIMER.get_or_init(|| t);
     Ok(())
 }
 

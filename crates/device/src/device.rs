@@ -707,13 +707,11 @@ fn registry() -> Result<&'static Registry> {
     let fabric = Fabric::new()
         .map_err(|e| Error::no_resources(format!("cannot start the fabric's progress thread: {e}")))?;
     crate::capture::start_from_env(fabric.tap());
-    let _ = REGISTRY.set(Registry {
+    // Under `MAKING`, after the check above: nothing else initializes it.
+    Ok(REGISTRY.get_or_init(|| Registry {
         fabric,
         devices: Mutex::new(HashMap::new()),
-    });
-    REGISTRY
-        .get()
-        .ok_or_else(|| Error::no_resources("the device registry was not made"))
+    }))
 }
 
 /// The packet-capture hook of the process's fabric, if it has one.

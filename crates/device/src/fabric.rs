@@ -1531,10 +1531,8 @@ impl<E: Endpoint> Fabric<E> {
                 ),
             }
         }
-        let _ = self.udp.set(udp);
-        self.udp
-            .get()
-            .ok_or_else(|| Error::no_resources("the UDP driver did not start"))
+        // Under `udp_start`, after the check above: nothing else sets it.
+        Ok(self.udp.get_or_init(|| udp))
     }
 
     /// Whether packets to QP `dest_qpn` at `dgid` go through shared memory with their large

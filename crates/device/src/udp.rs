@@ -241,6 +241,7 @@ impl Udp {
         for fd in own.fds() {
             epoll.add(fd, EpollEvent::new(EpollFlags::EPOLLIN, 0)).ok()?;
         }
+        let gso = gso_policy();
         let forwarder = Sockets::bind(base).ok().map(Arc::new);
         if let Some(f) = &forwarder {
             watch(&epoll, f);
@@ -253,8 +254,8 @@ impl Udp {
             last_takeover_try: Mutex::new(StdInstant::now()),
             epoll,
             waker,
-            gso: std::sync::atomic::AtomicBool::new(gso_policy() != GsoPolicy::Off),
-            gso_links: gso_policy() == GsoPolicy::Everywhere,
+            gso: std::sync::atomic::AtomicBool::new(gso != GsoPolicy::Off),
+            gso_links: gso == GsoPolicy::Everywhere,
             pacer: Pacer::new(rcvbuf),
             forged: std::sync::atomic::AtomicU64::new(0),
             mailboxes: OnceLock::new(),
@@ -353,7 +354,8 @@ impl Udp {
         let dst_sa = SocketAddr::new(dst, port);
         // The IPv4 ID is in the ICRC: a single datagram of our unconnected DF socket carries
         // ID 0, segment `i` of a GSO batch ID `i` (`icrc::compute_with_ident`). Only a packet
-        // too short to hold a BTH fails here; it is dropped by the kernel's peer as any runt.
+        // too short for an ICRC fails here; it goes out as it is, and its receiver drops it
+        // as malformed.
         let fill = |packets: &mut [Vec<u8>], numbered: bool| {
             for (i, p) in packets.iter_mut().enumerate() {
                 let ident = if numbered { i as u16 } else { 0 };

@@ -22,8 +22,13 @@ use common::*;
 /// One pingpong run.
 const RUN: Duration = Duration::from_secs(60);
 
-/// A pingpong over our library in the namespace, on the tap's device.
-fn ours(ns: &Netns, program: &str, args: &[&str]) -> Command {
+/// The 64 KiB steps send runs of packets to the guest as GSO batches, whose segments' ICRCs
+/// the kernel checks against the IPv4 IDs it numbers them with; the earlier steps use the
+/// default (one datagram per packet towards other hosts).
+const GSO: &[(&str, &str)] = &[("SOFTVERBS_GSO", "1")];
+
+/// A pingpong over our library in the namespace, on the tap's device, with `env` added.
+fn ours(ns: &Netns, program: &str, args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut c = command("ip");
     c.args([
         "netns",
@@ -37,9 +42,7 @@ fn ours(ns: &Netns, program: &str, args: &[&str]) -> Command {
     ])
     .args(args)
     .env("SOFTVERBS_INTERFACES", TAP)
-    // Runs of packets to the guest leave as GSO batches, whose segments' ICRCs the kernel
-    // checks against the IPv4 IDs it numbers them with.
-    .env("SOFTVERBS_GSO", "1");
+    .envs(env.iter().copied());
     c
 }
 
@@ -102,10 +105,10 @@ fn udp_block(pid: u32) -> softverbs_device::CounterSnapshot {
 }
 
 /// Runs a client of ours until the guest's server accepts it (it may not listen yet).
-fn client_until_accepted(ns: &Netns, program: &str, args: &[&str]) {
+fn client_until_accepted(ns: &Netns, program: &str, args: &[&str], env: &[(&str, &str)]) {
     let start = Instant::now();
     loop {
-        let mut c = ours(ns, program, args);
+        let mut c = ours(ns, program, args, env);
         c.arg(GUEST);
         let o = run_bounded(c, RUN);
         if o.status.success() {
@@ -158,15 +161,15 @@ fn rdma_core_pingpongs_between_kernel_rxe_and_softverbs() {
     let mut wait_for = |what: &str, limit: Duration| vm.wait_for(what, limit);
     wait_for("RXE-VM-READY", BOOT);
     wait_for("STEP rc-server", RUN);
-    client_until_accepted(&ns, "/usr/bin/ibv_rc_pingpong", &["-n", "200", "-s", "8192"]);
+    client_until_accepted(&ns, "/usr/bin/ibv_rc_pingpong", &["-n", "200", "-s", "8192"], &[]);
     wait_for("STEP ud-server", RUN);
-    client_until_accepted(&ns, "/usr/bin/ibv_ud_pingpong", &["-n", "200", "-s", "1024"]);
+    client_until_accepted(&ns, "/usr/bin/ibv_ud_pingpong", &["-n", "200", "-s", "1024"], &[]);
     wait_for("STEP srq-server", RUN);
-    client_until_accepted(&ns, "/usr/bin/ibv_srq_pingpong", &["-n", "200"]);
+    client_until_accepted(&ns, "/usr/bin/ibv_srq_pingpong", &["-n", "200"], &[]);
     for step in ["rc", "ud"] {
         wait_for(&format!("STEP {step}-client"), RUN);
         let program = format!("/usr/bin/ibv_{step}_pingpong");
-        let o = run_bounded(ours(&ns, &program, &["-n", "200"]), RUN);
+        let o = run_bounded(ours(&ns, &program, &["-n", "200"], &[]), RUN);
         let (out, err) = text(&o);
         assert!(
             o.status.success(),
@@ -178,7 +181,7 @@ fn rdma_core_pingpongs_between_kernel_rxe_and_softverbs() {
     // Another process of ours takes the standard port (it waits for a pingpong client that
     // never comes); the pingpongs get the next slot and their packets from the kernel are
     // forwarded to them.
-    let mut holder = ours(&ns, "/usr/bin/ibv_rc_pingpong", &["-p", "18600"]);
+    let mut holder = ours(&ns, "/usr/bin/ibv_rc_pingpong", &["-p", "18600"], &[]);
     holder.stdout(Stdio::null()).stderr(Stdio::null());
     let holder = Killed(holder.spawn().expect("start the port holder"));
     let start = Instant::now();
@@ -190,9 +193,9 @@ fn rdma_core_pingpongs_between_kernel_rxe_and_softverbs() {
     let udp_before = udp_errors(&ns);
     let big = ["-n", BIG_ITERS, "-s", "65536", "-m", "1024"];
     vm.wait_for("STEP rc64-server", RUN);
-    client_until_accepted(&ns, "/usr/bin/ibv_rc_pingpong", &big);
+    client_until_accepted(&ns, "/usr/bin/ibv_rc_pingpong", &big, GSO);
     vm.wait_for("STEP rc64-client", RUN);
-    let o = run_bounded(ours(&ns, "/usr/bin/ibv_rc_pingpong", &big), RUN);
+    let o = run_bounded(ours(&ns, "/usr/bin/ibv_rc_pingpong", &big, GSO), RUN);
     let (out, err) = text(&o);
     assert!(
         o.status.success() && out.contains(&format!("{BIG_ITERS} iters")),
@@ -206,8 +209,8 @@ fn rdma_core_pingpongs_between_kernel_rxe_and_softverbs() {
     let rxe =
         |name: &str| rxe_counter(&vm.log, "STATS-AFTER", name) - rxe_counter(&vm.log, "STATS-BEFORE", name);
     let (naks_from_us, rxe_sent) = (rxe("rcvd_seq_err"), rxe("sent_pkts"));
-    // Our 64-packet messages leave as GSO batches (SOFTVERBS_GSO=1 in `ours`), whose
-    // segments carry IPv4 IDs 1, 2, ...: a
+    // Our 64-packet messages leave as GSO batches (`GSO`), whose segments carry IPv4 IDs
+    // 1, 2, ...: a
     // segment whose ICRC did not cover its ID would be dropped by the kernel, and the next one
     // would arrive out of sequence.
     let (rxe_received, out_of_seq) = (rxe("rcvd_pkts"), rxe("out_of_seq_request"));
