@@ -689,6 +689,7 @@ impl Qp {
             (c.seq_naks(), (now.seq_naks_received, was.seq_naks_received)),
             (c.rnr_naks(), (now.rnr_naks_received, was.rnr_naks_received)),
             (c.seq_naks_sent(), (now.seq_naks_sent, was.seq_naks_sent)),
+            (c.tail_probes(), (now.tail_probes, was.tail_probes)),
         ] {
             if now > was {
                 counter.fetch_add(now - was, Ordering::Relaxed);

@@ -137,6 +137,9 @@ counters! {
     /// Datagrams the holder of the standard port could not forward: the receiver's mailbox
     /// stayed full, or the UDP send failed ([`UDP_BLOCK`]).
     forward_drops,
+    /// Tail probes sent by reliable QPs: the newest packet in flight sent again, asking for
+    /// an acknowledgement, after a few round trips without one (not in `retransmits`).
+    tail_probes,
 }
 
 impl NodeCounters {

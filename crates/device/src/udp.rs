@@ -203,19 +203,17 @@ const SCAN_EVERY: u32 = 64;
 enum GsoPolicy {
     /// `0`: never; one datagram per packet, in `sendmmsg` calls.
     Off,
-    /// The default: to loopback addresses only. A batch dropped on its way (by a full socket
-    /// buffer or a filter on the receiving host, before it is cut up) loses up to 64 packets
-    /// in a row, which the transport's recovery does not yet handle well.
+    /// `loopback`: to loopback addresses only.
     Loopback,
-    /// `1`: to every destination.
+    /// The default (`1`): to every destination.
     Everywhere,
 }
 
 fn gso_policy() -> GsoPolicy {
     match std::env::var("SOFTVERBS_GSO").as_deref().map(str::trim) {
         Ok("0") => GsoPolicy::Off,
-        Ok("1") => GsoPolicy::Everywhere,
-        _ => GsoPolicy::Loopback,
+        Ok("loopback") => GsoPolicy::Loopback,
+        _ => GsoPolicy::Everywhere,
     }
 }
 

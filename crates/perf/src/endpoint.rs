@@ -314,11 +314,12 @@ pub(crate) struct Endpoint {
 }
 
 impl Endpoint {
-    /// (request packets resent, retransmission timer expiries) so far, over all QPs.
-    pub(crate) fn resends(&self) -> (u64, u64) {
-        self.qps.iter().fold((0, 0), |(r, t), qp| {
+    /// (request packets resent, retransmission timer expiries, tail probes) so far, over all
+    /// QPs.
+    pub(crate) fn resends(&self) -> (u64, u64, u64) {
+        self.qps.iter().fold((0, 0, 0), |(r, t, p), qp| {
             let c = qp.counters();
-            (r + c.retransmits, t + c.timeouts)
+            (r + c.retransmits, t + c.timeouts, p + c.tail_probes)
         })
     }
 

@@ -220,6 +220,7 @@ mod tests {
             msg_rate_mpps: 0.04,
             retransmits: 0,
             timeouts: 0,
+            tail_probes: 0,
         });
         let lat = Row::Lat(LatRow {
             bytes: 2,

@@ -22,6 +22,9 @@ pub struct BwRow {
     pub retransmits: u64,
     /// Retransmission timer expiries during the run, over all its QPs.
     pub timeouts: u64,
+    /// Tail probes sent during the run (the newest packet sent again to ask for an
+    /// acknowledgement; not in `retransmits`), over all its QPs.
+    pub tail_probes: u64,
 }
 
 /// One row of a latency test, in microseconds. For SEND and WRITE ping-pong the figures are
@@ -115,6 +118,7 @@ pub fn bw_row(bytes: usize, iterations: u64, total_msgs: u64, secs: f64, points:
         msg_rate_mpps: rate / 1e6,
         retransmits: 0,
         timeouts: 0,
+        tail_probes: 0,
     }
 }
 
@@ -234,8 +238,8 @@ impl Reporter {
     fn header(row: &Row) -> (&'static str, &'static str) {
         match row {
             Row::Bw(_) => (
-                " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]   Resent  Timeouts",
-                "bytes,iterations,bw_peak_gbps,bw_avg_gbps,msg_rate_mpps,retransmits,timeouts",
+                " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]   Resent  Timeouts  Probes",
+                "bytes,iterations,bw_peak_gbps,bw_avg_gbps,msg_rate_mpps,retransmits,timeouts,tail_probes",
             ),
             Row::Lat(_) => (
                 " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec]",
@@ -261,14 +265,15 @@ impl Reporter {
         }
         match (self.format, &row) {
             (Format::Table, Row::Bw(r)) => println!(
-                " {:<10} {:<14} {:<18} {:<20} {:<15.6} {:<7} {}",
+                " {:<10} {:<14} {:<18} {:<20} {:<15.6} {:<7} {:<9} {}",
                 r.bytes,
                 r.iterations,
                 fig(r.bw_peak_gbps),
                 fig(r.bw_avg_gbps),
                 r.msg_rate_mpps,
                 r.retransmits,
-                r.timeouts
+                r.timeouts,
+                r.tail_probes
             ),
             (Format::Table, Row::Lat(r)) => println!(
                 " {:<7} {:<11} {:<14.2} {:<14.2} {:<16.2} {:<14.2} {:<15.2} {:<22.2} {:.2}",
@@ -281,14 +286,15 @@ impl Reporter {
                 );
             }
             (Format::Csv, Row::Bw(r)) => println!(
-                "{},{},{:.6},{:.6},{:.6},{},{}",
+                "{},{},{:.6},{:.6},{:.6},{},{},{}",
                 r.bytes,
                 r.iterations,
                 r.bw_peak_gbps,
                 r.bw_avg_gbps,
                 r.msg_rate_mpps,
                 r.retransmits,
-                r.timeouts
+                r.timeouts,
+                r.tail_probes
             ),
             (Format::Csv, Row::Lat(r)) => println!(
                 "{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3}",
@@ -340,6 +346,7 @@ impl Reporter {
                     ("msg_rate_mpps", json_num(r.msg_rate_mpps)),
                     ("retransmits", r.retransmits.to_string()),
                     ("timeouts", r.timeouts.to_string()),
+                    ("tail_probes", r.tail_probes.to_string()),
                 ],
                 Row::Lat(r) => vec![
                     ("bytes", r.bytes.to_string()),

@@ -51,8 +51,9 @@ fn check_bw(out: &str, sizes: &[f64]) {
     let rows = table(out, "#bytes");
     assert_eq!(rows.len(), sizes.len(), "{out}");
     for (row, &size) in rows.iter().zip(sizes) {
-        // bytes, iterations, peak, average, rate, then the retransmissions and timeouts counted.
-        assert_eq!(row.len(), 7, "{row:?}");
+        // bytes, iterations, peak, average, rate, then the retransmissions, timeouts and tail
+        // probes counted.
+        assert_eq!(row.len(), 8, "{row:?}");
         assert_eq!(row[0], size);
         assert!(
             row[1..5].iter().all(|&x| x > 0.0),

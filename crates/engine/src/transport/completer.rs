@@ -378,6 +378,7 @@ impl QpEngine {
         self.req.retry_psn = None;
         self.req.hole_at = None;
         self.req.hole_attempt = 0;
+        self.req.probe_attempt = 0;
         self.req.rec.on_progress(now);
         let outstanding = self.has_outstanding();
         // During an RNR wait nothing is in flight that a timeout could recover.
@@ -588,6 +589,31 @@ impl QpEngine {
         self.req.retransmit_at = None;
     }
 
+    /// Nothing was acknowledged for a while although packets are in flight and the window
+    /// (or the send queue) lets nothing new go: resend the newest SEND or WRITE packet with
+    /// AckReq. If the flight arrived and only its ACK was lost, the responder acknowledges the
+    /// duplicate; if the tail was lost, the probe lands past the hole and draws a sequence NAK.
+    /// Either way recovery starts a round trip later instead of at the retransmission timer.
+    fn probe_tail(&mut self, now: Instant) {
+        if !self.sending()
+            || self.req.rnr_until.is_some()
+            || self.req.retry_psn.is_some()
+            || self.req.resend_hole.is_some()
+            || self.can_start_or_continue()
+        {
+            return;
+        }
+        let psn = self.req.sent_high - 1;
+        let Some(idx) = self.wqe_index_of(psn) else { return };
+        if self.sq[idx].wr.op.is_read_or_atomic() || !self.req.unacked.is_before(self.req.sent_high) {
+            return;
+        }
+        self.req.probe = Some(psn);
+        self.req.probe_attempt += 1;
+        // The probe or its answer may be lost too: probe again, later, until the timer fires.
+        self.arm_probe(now);
+    }
+
     /// Handles expired timers.
     pub fn handle_timeout(&mut self, now: Instant) {
         if self.paced_until.is_some_and(|t| now >= t) {
@@ -611,6 +637,10 @@ impl QpEngine {
             // responder answered, so no stall is counted from before the wait.
             self.req.rnr_until = None;
             self.req.rec.on_progress(now);
+        }
+        if self.req.probe_at.is_some_and(|t| now >= t) {
+            self.req.probe_at = None;
+            self.probe_tail(now);
         }
         let Some(t) = self.req.retransmit_at else { return };
         if now < t {

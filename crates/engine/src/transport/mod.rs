@@ -241,6 +241,9 @@ pub struct QpCounters {
     pub seq_naks_sent: u64,
     /// Duplicate requests seen by the responder.
     pub duplicates: u64,
+    /// Tail probes: the newest packet in flight sent again, asking for an acknowledgement,
+    /// when nothing was acknowledged for a few round trips (not counted in `retransmits`).
+    pub tail_probes: u64,
 }
 
 /// The local ACK timeout for a `timeout` exponent: 4.096 us * 2^timeout; `None` for 0 (never).
@@ -646,6 +649,7 @@ impl QpEngine {
     pub fn poll_timeout(&self) -> Option<Instant> {
         [
             self.req.retransmit_at,
+            self.req.probe_at,
             self.req.hole_at,
             self.req.rnr_until,
             self.paced_until,
@@ -681,6 +685,8 @@ impl QpEngine {
     fn flush(&mut self) {
         self.out.clear();
         self.req.retransmit_at = None;
+        self.req.probe_at = None;
+        self.req.probe = None;
         self.req.hole_at = None;
         self.req.resend_hole = None;
         self.req.rnr_until = None;

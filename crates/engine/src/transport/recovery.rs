@@ -32,6 +32,9 @@ pub(crate) const CWND_MIN: u32 = 2;
 /// The retransmission timeout's floor never grows past this.
 const FLOOR_MAX: Duration = Duration::from_millis(256);
 
+/// The shortest wait before the tail of a flight nothing acknowledged is probed.
+const PROBE_MIN: Duration = Duration::from_millis(4);
+
 /// The shortest wait before a NAKed hole is resent again.
 const HOLE_MIN: Duration = Duration::from_micros(20);
 
@@ -153,14 +156,16 @@ impl Recovery {
         let mut spurious = false;
         if let Some(t) = self.after_timeout {
             if !unacked.is_before(t.resent_high + 1) {
-                // Acknowledged past anything resent: the originals had arrived. Undo the cut
-                // and be slower to fire next time.
+                // Acknowledged past anything resent: the originals had arrived. Undo the cut.
                 self.after_timeout = None;
                 self.cwnd = t.cwnd;
                 self.ssthresh = t.ssthresh;
                 self.backoff = 0;
-                self.floor = (self.floor * 2).min(FLOOR_MAX);
-                spurious = true;
+                if !self.answers_resend(now) {
+                    // Their acknowledgement was on its way: be slower to fire next time.
+                    self.floor = (self.floor * 2).min(FLOOR_MAX);
+                    spurious = true;
+                }
             } else if n > 0 {
                 // Only resent packets were acknowledged: the timer was right to fire.
                 self.after_timeout = None;
@@ -191,6 +196,20 @@ impl Recovery {
         }
         self.cwnd = self.cwnd.min(WINDOW);
         spurious
+    }
+
+    /// Whether an acknowledgement arriving at `now` is the answer to the go-back-N under way
+    /// (it came a round trip after the resend began) rather than one sent before the resend
+    /// could arrive. Past what was resent, such an answer means the originals had arrived but
+    /// their acknowledgement was lost: only the timer could recover that, so it was right to
+    /// fire. An answer much later than a round trip is put down to a host that kept the
+    /// receiver from running (the spurious case).
+    fn answers_resend(&self, now: Instant) -> bool {
+        let (Some(started), Some(srtt)) = (self.retry_started, self.srtt) else {
+            return false;
+        };
+        let since = Duration::from_nanos(now.0.saturating_sub(started.0));
+        since >= self.min_rtt / RENAK_MIN_FRACTION && since <= 2 * (srtt + 4 * self.rttvar)
     }
 
     fn sample(&mut self, rtt: Duration) {
@@ -272,6 +291,14 @@ impl Recovery {
     /// it counts from here.
     pub(crate) fn on_resend_hole(&mut self, now: Instant) {
         self.retry_started = Some(now);
+    }
+
+    /// How long after the last progress to probe the tail of the flight (TLP, RFC 8985): two
+    /// smoothed round trips plus four deviations, at least [`PROBE_MIN`]; none before a round
+    /// trip was measured, or with fixed timers.
+    pub(crate) fn probe_timeout(&self) -> Option<Duration> {
+        let srtt = self.srtt.filter(|_| self.adaptive)?;
+        Some((srtt * 2 + 4 * self.rttvar).max(PROBE_MIN))
     }
 
     /// How long after a go-back-N or a resend of its hole to resend the hole again if nothing
@@ -362,6 +389,50 @@ mod tests {
         r.on_resend(Psn::new(41));
         assert!(!r.on_ack(Instant(2 * MS), Psn::new(42), 1));
         assert_eq!(r.rto(configured), FLOOR_START);
+    }
+
+    #[test]
+    fn an_acknowledgement_that_answers_the_resend_does_not_make_the_timer_slower() {
+        let configured = Duration::from_millis(67);
+        let mut r = Recovery::default();
+        for i in 0..20u32 {
+            let t = u64::from(i) * MS;
+            r.on_send(Instant(t), Psn::new(i));
+            r.on_ack(Instant(t + 100_000), Psn::new(i + 1), 1);
+        }
+        assert_eq!(r.rto(configured), FLOOR_START);
+        let window = r.window();
+        // The ACK of a full window was lost: the timer fires, the first packet is resent, and
+        // the responder's answer to it, a round trip later, covers the whole window.
+        let at = 100 * MS;
+        r.on_loss(Instant(at), Psn::new(20), Psn::new(60), true);
+        r.on_resend(Psn::new(20));
+        assert!(
+            !r.on_ack(Instant(at + 100_000), Psn::new(60), 40),
+            "the answer to the resend: the timer was needed"
+        );
+        assert!(r.window() >= window, "the originals arrived: the cut is undone");
+        assert_eq!(r.rto(configured), FLOOR_START, "the floor stays");
+        // Acknowledged before the resend could have arrived: spurious after all.
+        r.on_loss(Instant(2 * at), Psn::new(60), Psn::new(90), true);
+        r.on_resend(Psn::new(60));
+        assert!(r.on_ack(Instant(2 * at + 10_000), Psn::new(90), 30));
+        assert_eq!(r.rto(configured), 2 * FLOOR_START, "the floor doubles");
+    }
+
+    #[test]
+    fn the_tail_probe_waits_a_few_round_trips_and_never_less_than_its_minimum() {
+        let mut r = Recovery::default();
+        assert_eq!(r.probe_timeout(), None, "no round trip measured");
+        r.on_send(Instant(0), Psn::new(1));
+        r.on_ack(Instant(100_000), Psn::new(2), 1);
+        assert_eq!(r.probe_timeout(), Some(PROBE_MIN), "a 0.1 ms round trip");
+        r.on_send(Instant(MS), Psn::new(2));
+        r.on_ack(Instant(MS + 20 * MS), Psn::new(3), 1);
+        let p = r.probe_timeout().unwrap();
+        assert!(p > PROBE_MIN && p >= 2 * r.srtt.unwrap(), "{p:?}");
+        r.adaptive = false;
+        assert_eq!(r.probe_timeout(), None, "fixed timers: no probe");
     }
 
     #[test]

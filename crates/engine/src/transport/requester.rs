@@ -60,6 +60,13 @@ pub(crate) struct Requester {
     pub(crate) hole_at: Option<Instant>,
     /// Resends of the hole since the last progress (each doubles the wait).
     pub(crate) hole_attempt: u32,
+    /// When to probe the tail of the flight: resend its last packet, asking for an
+    /// acknowledgement, if nothing was acknowledged by then (see `recovery::probe_timeout`).
+    pub(crate) probe_at: Option<Instant>,
+    /// The packet to send as that probe, once it is due.
+    pub(crate) probe: Option<Psn>,
+    /// Probes sent since the last progress (each doubles the wait for the next one).
+    pub(crate) probe_attempt: u32,
 }
 
 impl Requester {
@@ -179,7 +186,25 @@ impl QpEngine {
     /// Starts the retransmission timer: the measured timeout (see `recovery`), bounded by
     /// the configured one; none if the configured timeout is 0 (infinite).
     pub(crate) fn arm_retransmit(&mut self, now: Instant) {
-        self.req.retransmit_at = ack_timeout(self.attr.timeout).map(|c| now + self.req.rec.rto(c));
+        let rto = ack_timeout(self.attr.timeout).map(|c| self.req.rec.rto(c));
+        self.req.retransmit_at = rto.map(|rto| now + rto);
+        // Well before the timer, one packet asks whether the flight arrived: a lost ACK or a
+        // lost tail of the window otherwise idles the link until the timer fires.
+        if self.req.probe_attempt == 0 {
+            self.arm_probe(now);
+        }
+    }
+
+    /// Starts the wait for the next tail probe: the probe timeout, doubled per probe already
+    /// sent in this stall; none once that would reach the retransmission timer.
+    pub(crate) fn arm_probe(&mut self, now: Instant) {
+        let attempt = self.req.probe_attempt.min(16);
+        self.req.probe_at = self
+            .req
+            .rec
+            .probe_timeout()
+            .map(|p| now + p.saturating_mul(1 << attempt))
+            .filter(|at| self.req.retransmit_at.is_some_and(|r| *at < r));
     }
 
     /// Nothing may be sent now, yet requests wait for an answer: make sure a timer will look
@@ -298,13 +323,19 @@ impl QpEngine {
         }
         // A hole to resend on its own (see `resend_hole`): the packet at that PSN, with the
         // pass's position kept.
-        let single = self.req.resend_hole.take().and_then(|psn| {
-            let idx = self.wqe_index_of(psn)?;
-            let w = &mut self.sq[idx];
-            let saved = w.next_pkt;
-            w.next_pkt = w.first_psn.distance(psn);
-            Some((idx, saved))
-        });
+        let probing = self.req.resend_hole.is_none() && self.req.probe.is_some();
+        let single = self
+            .req
+            .resend_hole
+            .take()
+            .or_else(|| self.req.probe.take())
+            .and_then(|psn| {
+                let idx = self.wqe_index_of(psn)?;
+                let w = &mut self.sq[idx];
+                let saved = w.next_pkt;
+                w.next_pkt = w.first_psn.distance(psn);
+                Some((idx, saved))
+            });
         let (idx, rerequest) = match (single, self.pending_rerequest()) {
             (Some((idx, _)), _) => (idx, true),
             (None, Some(idx)) => (idx, true),
@@ -348,7 +379,10 @@ impl QpEngine {
         }
         let psn = self.wqe_packet_psn(idx);
         let resent = psn.is_before(self.req.sent_high);
-        if resent {
+        if probing {
+            // A copy of the newest packet, only to draw an answer: not a retransmission.
+            self.counters.tail_probes += 1;
+        } else if resent {
             self.counters.retransmits += 1;
             self.req.rec.on_resend(psn);
         } else {

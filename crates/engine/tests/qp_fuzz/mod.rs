@@ -135,6 +135,7 @@ impl Coverage {
         a.pkey_violations += b.pkey_violations;
         a.timeouts += b.timeouts;
         a.spurious_timeouts += b.spurious_timeouts;
+        a.tail_probes += b.tail_probes;
         a.rnr_naks_received += b.rnr_naks_received;
         a.seq_naks_received += b.seq_naks_received;
         a.duplicates += b.duplicates;
@@ -1704,6 +1705,7 @@ impl Harness {
             ("pkey_violations", old.pkey_violations, new.pkey_violations),
             ("timeouts", old.timeouts, new.timeouts),
             ("spurious_timeouts", old.spurious_timeouts, new.spurious_timeouts),
+            ("tail_probes", old.tail_probes, new.tail_probes),
             ("rnr_naks_received", old.rnr_naks_received, new.rnr_naks_received),
             ("seq_naks_received", old.seq_naks_received, new.seq_naks_received),
             ("duplicates", old.duplicates, new.duplicates),

@@ -268,7 +268,8 @@ fn client_session(args: &Args, params: &Params, oob: &mut Oob, peer: PeerKind) -
                 let iterations = p.iters.unwrap_or(total / u64::from(p.qps));
                 let mut row = bw_row(size, iterations, total, run.secs, &run.points);
                 let after = ep.resends();
-                (row.retransmits, row.timeouts) = (after.0 - before.0, after.1 - before.1);
+                (row.retransmits, row.timeouts, row.tail_probes) =
+                    (after.0 - before.0, after.1 - before.1, after.2 - before.2);
                 rep.add(Row::Bw(row));
             }
         }
