@@ -98,3 +98,35 @@ fn a_lost_tail_is_resent_after_the_nak_a_probe_draws() {
     );
     let _ = b;
 }
+
+#[test]
+fn a_probe_that_overtakes_the_tail_draws_no_go_back_n() {
+    let (mut sim, a, b, src, dst, data) = measured_pair(13);
+    let start = sim.now.0;
+    let first = Psn::new(ConnOpts::default().psn_a);
+    // The last 20 packets of the window are held back on their way (a backlog of another
+    // core, say) until after the probe, which lands past them and draws a NAK.
+    let mut seen = std::collections::HashSet::new();
+    sim.set_filter(move |p| {
+        if p.from.node == 0 && p.time.0 >= start && p.payload_len > 0 {
+            let late = first.distance(p.psn);
+            if (109..=128).contains(&late) && seen.insert(p.psn) {
+                return Verdict::Delay(4_500_000);
+            }
+        }
+        Verdict::Pass
+    });
+    sim.post_send(a, write(2, dst.remote(0), vec![src.sge(0, data.len() as u32)]));
+    sim.run_until(Duration::from_secs(1), |s| s.send_cq_len(a) > 0);
+    assert_wc(&sim.take_send_cq(a)[0], 2, WcStatus::Success);
+    assert_eq!(sim.mem(1).peek(dst.addr, data.len()), data);
+    let c = sim.qp(a).engine.counters();
+    assert_eq!(c.tail_probes, 1, "{c:?}");
+    assert!(c.seq_naks_received >= 1, "the probe drew a NAK ({c:?})");
+    assert_eq!(c.timeouts, 0, "{c:?}");
+    assert_eq!(
+        c.retransmits, 0,
+        "the held packets arrived within a round trip of the NAK: nothing resent ({c:?})"
+    );
+    let _ = b;
+}

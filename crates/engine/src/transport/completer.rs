@@ -157,6 +157,8 @@ impl QpEngine {
     }
 
     fn on_nak(&mut self, now: Instant, psn: Psn, code: NakCode) -> Result<(), DropReason> {
+        // Whether this may answer a tail probe, before what it acknowledges ends the stall.
+        let probing = self.req.probe_attempt > 0;
         // A NAK acknowledges everything before its PSN.
         self.ack_through(now, psn - 1);
         if !self.sending() {
@@ -165,7 +167,7 @@ impl QpEngine {
         match code {
             NakCode::PsnSequenceError => {
                 self.counters.seq_naks_received += 1;
-                self.request_retry(now, psn);
+                self.request_retry(now, psn, probing);
             }
             other => {
                 let status = match other {
@@ -209,7 +211,30 @@ impl QpEngine {
     /// resend covers it; a NAK for the very PSN being resent is taken as new only a round trip
     /// after the resend began, when it answers the resend); fails the QP with
     /// `IBV_WC_RETRY_EXC_ERR` once the budget is spent.
-    fn request_retry(&mut self, now: Instant, psn: Psn) {
+    ///
+    /// With `probing` (a tail probe was out), the NAK may have been drawn by a probe that
+    /// overtook the packets it names: the go-back-N waits a round trip for them
+    /// (`probe_nak`).
+    fn request_retry(&mut self, now: Instant, psn: Psn, probing: bool) {
+        if self.wqe_index_of(psn).is_none() {
+            return;
+        }
+        if self.req.probe_nak.is_some() {
+            // A NAK that may answer a probe waits already: what it names is resent if still
+            // missing when the wait ends; later ones are dropped (the responder repeats its
+            // NAK for packets with AckReq).
+            return;
+        }
+        if probing && self.req.retry_psn.is_none() {
+            let wait = self.req.rec.reorder_window();
+            self.req.probe_nak = Some((psn, now + wait));
+            return;
+        }
+        self.retry_now(now, psn);
+    }
+
+    /// The go-back-N of [`Self::request_retry`], without waiting.
+    fn retry_now(&mut self, now: Instant, psn: Psn) {
         let Some(idx) = self.wqe_index_of(psn) else { return };
         if let Some(r) = self.req.retry_psn {
             if psn == r {
@@ -641,6 +666,13 @@ impl QpEngine {
         if self.req.probe_at.is_some_and(|t| now >= t) {
             self.req.probe_at = None;
             self.probe_tail(now);
+        }
+        if let Some((psn, _)) = self.req.probe_nak.filter(|(_, at)| now >= *at) {
+            self.req.probe_nak = None;
+            // Still the first PSN missing a round trip after the NAK: lost, not overtaken.
+            if self.sending() && self.req.rnr_until.is_none() && !self.req.unacked.is_after(psn) {
+                self.retry_now(now, psn);
+            }
         }
         let Some(t) = self.req.retransmit_at else { return };
         if now < t {

@@ -650,6 +650,7 @@ impl QpEngine {
         [
             self.req.retransmit_at,
             self.req.probe_at,
+            self.req.probe_nak.map(|(_, at)| at),
             self.req.hole_at,
             self.req.rnr_until,
             self.paced_until,
@@ -687,6 +688,7 @@ impl QpEngine {
         self.req.retransmit_at = None;
         self.req.probe_at = None;
         self.req.probe = None;
+        self.req.probe_nak = None;
         self.req.hole_at = None;
         self.req.resend_hole = None;
         self.req.rnr_until = None;

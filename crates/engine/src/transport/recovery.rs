@@ -35,6 +35,9 @@ const FLOOR_MAX: Duration = Duration::from_millis(256);
 /// The shortest wait before the tail of a flight nothing acknowledged is probed.
 const PROBE_MIN: Duration = Duration::from_millis(4);
 
+/// The shortest wait of a NAK that may answer a tail probe (see `reorder_window`).
+const PROBE_REORDER_MIN: Duration = Duration::from_millis(1);
+
 /// The shortest wait before a NAKed hole is resent again.
 const HOLE_MIN: Duration = Duration::from_micros(20);
 
@@ -299,6 +302,12 @@ impl Recovery {
     pub(crate) fn probe_timeout(&self) -> Option<Duration> {
         let srtt = self.srtt.filter(|_| self.adaptive)?;
         Some((srtt * 2 + 4 * self.rttvar).max(PROBE_MIN))
+    }
+
+    /// How long a sequence NAK that may answer a tail probe waits for the packets the probe
+    /// may have overtaken: a smoothed round trip, at least [`PROBE_REORDER_MIN`].
+    pub(crate) fn reorder_window(&self) -> Duration {
+        self.srtt.unwrap_or(PROBE_REORDER_MIN).max(PROBE_REORDER_MIN)
     }
 
     /// How long after a go-back-N or a resend of its hole to resend the hole again if nothing

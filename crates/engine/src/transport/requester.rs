@@ -67,6 +67,10 @@ pub(crate) struct Requester {
     pub(crate) probe: Option<Psn>,
     /// Probes sent since the last progress (each doubles the wait for the next one).
     pub(crate) probe_attempt: u32,
+    /// A sequence NAK that may answer a probe, and when to act on it: a probe sent from one
+    /// core can overtake packets another core queued earlier (the kernel's per-CPU backlogs),
+    /// so its NAK waits a round trip for an acknowledgement past the hole before the go-back-N.
+    pub(crate) probe_nak: Option<(Psn, Instant)>,
 }
 
 impl Requester {
