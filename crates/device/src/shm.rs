@@ -336,7 +336,12 @@ fn push_all(
     exts: &[Option<ExternalRanges>],
     patient: bool,
 ) -> usize {
-    let pid = std::process::id();
+    // A system call: only records that point into this process's memory carry the pid.
+    let pid = exts
+        .iter()
+        .any(Option::is_some)
+        .then(std::process::id)
+        .unwrap_or(0);
     let mut sent = 0;
     for (i, p) in packets.iter().enumerate() {
         let p = p.as_ref();
