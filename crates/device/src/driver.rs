@@ -132,7 +132,12 @@ impl PacketBatch {
     /// Forgets every packet, keeping the memory (up to a bound).
     pub(crate) fn clear(&mut self) {
         self.used = 0;
-        self.pkts.clear();
+        // Buffers handed over by senders in this process serve its next packets.
+        for d in self.pkts.drain(..) {
+            if let Bytes::Owned(v) = d.bytes {
+                softverbs_engine::transport::buffers::recycle(v);
+            }
+        }
         if self.buf.len() > KEEP_BYTES {
             self.buf.truncate(KEEP_BYTES);
             self.buf.shrink_to_fit();

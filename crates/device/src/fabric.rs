@@ -36,7 +36,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex, RwLock};
 use softverbs_engine::memory::ExternalPayload;
 use softverbs_engine::time::Instant;
-use softverbs_engine::transport::{DropReason, ExternalRanges, RxMeta, Transmit};
+use softverbs_engine::transport::{buffers, DropReason, ExternalRanges, RxMeta, Transmit};
 use softverbs_engine::types::Gid;
 use softverbs_engine::{Error, Result};
 use softverbs_wire::bth::peek_dest_qpn;
@@ -1464,6 +1464,8 @@ impl<E: Endpoint> Fabric<E> {
                     bump(from.counters.tx_unroutable());
                 }
             }
+            // The drivers took the bytes: the buffers serve the next packets.
+            buffers::recycle_all(packets);
         }
     }
 

@@ -232,7 +232,7 @@ pub(crate) fn build_external(
     let mut bare = *repr;
     bare.payload_len = 0;
     bare.bth.pad_count = 0;
-    let mut data = vec![0u8; bare.buffer_len()];
+    let mut data = super::buffers::take(bare.buffer_len());
     // The repr is built by the engine from its own table; emitting it cannot fail.
     bare.emit(&mut data).expect("engine-built packet");
     super::Transmit {

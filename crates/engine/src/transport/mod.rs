@@ -56,6 +56,7 @@
 //!   `rnr_retry = 7` retries forever, at that pace.
 //! * `retry_cnt` follows the IBTA: 7 means seven retries (rxe treats it as infinite).
 
+pub mod buffers;
 mod completer;
 mod external;
 mod grh;

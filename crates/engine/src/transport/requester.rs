@@ -164,7 +164,7 @@ pub(crate) fn build(
     dest: Dest,
     fill: impl FnOnce(&mut [u8]) -> Result<(), MemError>,
 ) -> Result<Transmit, MemError> {
-    let mut data = vec![0u8; repr.buffer_len()];
+    let mut data = super::buffers::take(repr.buffer_len());
     // The repr is built by the engine from its own table; emitting it cannot fail.
     repr.emit(&mut data).expect("engine-built packet");
     fill(repr.payload_mut(&mut data).expect("engine-built packet"))?;

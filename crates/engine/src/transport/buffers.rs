@@ -1,0 +1,113 @@
+//! Packet buffers that are used again instead of allocated for every packet.
+//!
+//! Every packet the engine builds needs a buffer, and every buffer is let go once a carrier
+//! took the bytes (a `sendmsg`, a copy into a shared-memory ring) or a receiver in this
+//! process consumed them. At millions of packets a second the allocator's work (and, for full
+//! MTU packets, the heap growing and shrinking under it) is a large part of the cost, so the
+//! carrier hands finished buffers back with [`recycle`] and the engine's next packet takes one
+//! from [`take`]. The pool is per thread (no lock: the thread that builds a packet is mostly
+//! the one that sends it), holds a few size classes, and is bounded, so a thread that only
+//! gives buffers back keeps at most [`PER_CLASS`] of each class.
+
+use std::cell::RefCell;
+
+/// Capacities of the pooled classes: ACKs and small messages, medium payloads, and a full
+/// 4096-byte MTU payload with the largest header set (BTH, RETH or AtomicETH, DETH, ImmDt,
+/// pad and ICRC all fit in the 128 spare bytes).
+const CLASSES: [usize; 3] = [128, 1024 + 128, 4096 + 128];
+/// Most buffers kept per class and thread.
+const PER_CLASS: usize = 256;
+
+thread_local! {
+    static POOL: RefCell<[Vec<Vec<u8>>; CLASSES.len()]> = const {
+        RefCell::new([Vec::new(), Vec::new(), Vec::new()])
+    };
+}
+
+/// The class a buffer of `len` bytes comes from, if any.
+fn class_for(len: usize) -> Option<usize> {
+    CLASSES.iter().position(|&c| len <= c)
+}
+
+/// A zeroed buffer of `len` bytes: a recycled one of its class if this thread has one.
+/// Buffers larger than the largest class are allocated as usual.
+pub fn take(len: usize) -> Vec<u8> {
+    let Some(class) = class_for(len) else {
+        return vec![0; len];
+    };
+    let recycled = POOL
+        .try_with(|p| p.try_borrow_mut().ok().and_then(|mut p| p[class].pop()))
+        .ok()
+        .flatten();
+    let mut buf = recycled.unwrap_or_else(|| Vec::with_capacity(CLASSES[class]));
+    buf.clear();
+    buf.resize(len, 0);
+    buf
+}
+
+/// Hands a buffer back for a later [`take`] on this thread. Buffers not from a class (other
+/// capacities), and any beyond the pool's bound, are freed.
+pub fn recycle(buf: Vec<u8>) {
+    let Some(class) = CLASSES.iter().position(|&c| buf.capacity() == c) else {
+        return;
+    };
+    // During thread exit the pool may be gone: the buffer is simply freed.
+    let _ = POOL.try_with(|p| {
+        if let Ok(mut p) = p.try_borrow_mut() {
+            if p[class].len() < PER_CLASS {
+                p[class].push(buf);
+            }
+        }
+    });
+}
+
+/// [`recycle`] for each buffer of `bufs`.
+pub fn recycle_all(bufs: impl IntoIterator<Item = Vec<u8>>) {
+    for b in bufs {
+        recycle(b);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pooled(class: usize) -> usize {
+        POOL.with(|p| p.borrow()[class].len())
+    }
+
+    #[test]
+    fn a_recycled_buffer_is_taken_again_zeroed_at_the_new_length() {
+        let mut a = take(100);
+        assert_eq!(a.capacity(), 128);
+        a.iter_mut().for_each(|b| *b = 0xAB);
+        let addr = a.as_ptr();
+        recycle(a);
+        let b = take(40);
+        assert_eq!(b.as_ptr(), addr, "the same allocation comes back");
+        assert_eq!(b.len(), 40);
+        assert!(
+            b.iter().all(|&x| x == 0),
+            "old bytes do not leak into a new packet"
+        );
+    }
+
+    #[test]
+    fn sizes_pick_the_smallest_class_that_fits() {
+        assert_eq!(take(0).capacity(), 128);
+        assert_eq!(take(129).capacity(), 1152);
+        assert_eq!(take(4096 + 60).capacity(), 4224);
+        let big = take(9000);
+        assert_eq!(big.len(), 9000);
+        recycle(big);
+        assert_eq!(pooled(2), 0, "an oversized buffer is freed, not pooled");
+    }
+
+    #[test]
+    fn foreign_buffers_are_not_pooled_and_the_pool_is_bounded() {
+        recycle(Vec::with_capacity(200));
+        assert_eq!(pooled(0) + pooled(1), 0);
+        recycle_all((0..PER_CLASS + 10).map(|_| Vec::with_capacity(128)));
+        assert_eq!(pooled(0), PER_CLASS);
+    }
+}
