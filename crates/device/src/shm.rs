@@ -78,7 +78,7 @@ const REMOTE: usize = 12 + 12 * MAX_EXTERNAL_RANGES;
 /// Records handed over per receive call. Each batch's payload copies, and then its ACK, happen
 /// when it has been processed: half a send window (64 of 128 packets) lets the sender refill
 /// the window while the rest is copied (a whole window per batch left the sender waiting for
-/// every copy; 1 MiB WRITEs gained about a tenth; 32 and 16 did no better).
+/// every copy: 1 MiB WRITEs gained a few percent; 32 and 16 did no better).
 const MAX_BATCH: usize = 64;
 /// How often the receive thread lets go of the mailboxes of peers that are gone (see
 /// [`Shm::prune`]).
