@@ -7,7 +7,7 @@
 //! carrier hands finished buffers back with [`recycle`] and the engine's next packet takes one
 //! from [`take`]. The pool is per thread (no lock: the thread that builds a packet is mostly
 //! the one that sends it), holds a few size classes, and is bounded, so a thread that only
-//! gives buffers back keeps at most [`PER_CLASS`] of each class.
+//! gives buffers back keeps at most 256 of each class.
 
 use std::cell::RefCell;
 
