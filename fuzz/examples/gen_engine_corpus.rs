@@ -5,7 +5,6 @@
 //! seed that breaks an invariant is reported here rather than by the fuzzer.
 
 #[path = "../../crates/engine/tests/sim/mod.rs"]
-#[allow(dead_code)]
 mod sim;
 
 #[path = "../../crates/engine/tests/qp_fuzz/mod.rs"]
