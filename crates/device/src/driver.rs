@@ -353,6 +353,20 @@ mod tests {
     }
 
     #[test]
+    fn clearing_a_batch_hands_owned_buffers_back_for_the_next_packet() {
+        use softverbs_engine::transport::buffers;
+        let owned = buffers::take(100);
+        let at = owned.as_ptr();
+        let mut b = PacketBatch::default();
+        b.push_owned(owned, meta(1), IcrcCheck::Ok, (1, 1));
+        assert_eq!(buffers::pooled(100), 0);
+        b.clear();
+        assert_eq!(buffers::pooled(100), 1, "the packet's buffer went back");
+        let next = buffers::take(100);
+        assert_eq!(next.as_ptr(), at, "and serves the next packet");
+    }
+
+    #[test]
     fn owned_packets_move_and_shared_ones_are_copied() {
         let mut b = PacketBatch::default();
         let owned = vec![5u8; 100];
