@@ -61,9 +61,9 @@ fn common_checks(m: &HashMap<String, f64>) {
     assert!(get(m, "churn_cycles") > 0.0);
     for side in 0..2 {
         assert!(get(m, &format!("side{side}_samples")) >= 2.0);
-        assert_eq!(
-            get(m, &format!("side{side}_fds_first")),
-            get(m, &format!("side{side}_fds_last"))
+        // Churn holds descriptors briefly, so single samples may differ; the floors may not.
+        assert!(
+            get(m, &format!("side{side}_fds_floor_late")) <= get(m, &format!("side{side}_fds_floor_early"))
         );
     }
 }
