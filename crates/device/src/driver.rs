@@ -266,6 +266,13 @@ impl PacketBatch {
         })
     }
 
+    /// Records every packet's ICRC as verified (once its verdict was acted on).
+    pub(crate) fn mark_verified(&mut self) {
+        for d in &mut self.pkts {
+            d.icrc = IcrcCheck::Ok;
+        }
+    }
+
     /// Exchanges the contents of two batches (no copy).
     pub(crate) fn swap(&mut self, other: &mut Self) {
         std::mem::swap(self, other);

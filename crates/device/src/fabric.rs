@@ -1618,19 +1618,26 @@ impl<E: Endpoint> Fabric<E> {
     /// every node in its group, any other to the node with its destination GID (the one that
     /// has its QP, if several share the GID). Packets with buffers of their own move there.
     fn deliver_batch(&self, nodes: &[Arc<Node<E>>], batch: &mut PacketBatch) {
+        if let Some(target) = Self::sole_target(nodes, batch) {
+            // The common case (one device, or one peer's traffic): the batch moves whole.
+            for (_, d) in batch.iter() {
+                if d.icrc == IcrcCheck::Unverified {
+                    if let Some(first) = nodes.iter().find(|n| n.has_gid(&d.meta.dgid)) {
+                        bump(first.counters.rx_icrc_unverified());
+                    }
+                }
+            }
+            target.inbound.deliver_all(batch);
+            return;
+        }
         for (data, (meta, icrc, ports, remote)) in batch.drain() {
             let dgid = meta.dgid;
             let targets: Vec<&Arc<Node<E>>> = if dgid.is_multicast() {
                 nodes.iter().filter(|n| n.has_group(&dgid)).collect()
             } else {
-                let mut owners = nodes.iter().filter(|n| n.has_gid(&dgid));
-                let Some(first) = owners.next() else {
+                let Some((first, target)) = Self::unicast_target(nodes, &dgid, data.as_slice()) else {
                     tracing::debug!(dst = %dgid.to_ip(), "dropped a packet: no device has its address");
                     continue;
-                };
-                let target = match peek_dest_qpn(data.as_slice()) {
-                    Some(q) if !first.has_qp(q) => owners.find(|n| n.has_qp(q)).unwrap_or(first),
-                    _ => first,
                 };
                 // The verdict counts on the first node with the GID, as before the choice.
                 if !count_icrc(first, icrc) {
@@ -1652,11 +1659,43 @@ impl<E: Endpoint> Fabric<E> {
         }
     }
 
+    /// The first node with `dgid`, and the node a unicast packet goes to: the one of the
+    /// nodes with `dgid` that has its destination QP, else the first.
+    fn unicast_target<'n>(nodes: &'n [Arc<Node<E>>], dgid: &Gid, packet: &[u8]) -> Option<NodePair<'n, E>> {
+        let mut owners = nodes.iter().filter(|n| n.has_gid(dgid));
+        let first = owners.next()?;
+        let target = match peek_dest_qpn(packet) {
+            Some(q) if !first.has_qp(q) => owners.find(|n| n.has_qp(q)).unwrap_or(first),
+            _ => first,
+        };
+        Some((first, target))
+    }
+
+    /// The node every packet of `batch` goes to, if there is one: all unicast, none with a bad
+    /// ICRC, all to the same node.
+    fn sole_target<'n>(nodes: &'n [Arc<Node<E>>], batch: &PacketBatch) -> Option<&'n Arc<Node<E>>> {
+        let mut sole: Option<&Arc<Node<E>>> = None;
+        for (data, d) in batch.iter() {
+            if d.meta.dgid.is_multicast() || d.icrc == IcrcCheck::Bad {
+                return None;
+            }
+            let (_, target) = Self::unicast_target(nodes, &d.meta.dgid, data)?;
+            match sole {
+                Some(s) if !Arc::ptr_eq(s, target) => return None,
+                _ => sole = Some(target),
+            }
+        }
+        sole
+    }
+
     /// Releases a QP number.
     pub(crate) fn free_qpn(&self, qpn: u32) {
         self.qpns.lock().free(qpn & LAST_QPN_INDEX);
     }
 }
+
+/// The first node with a packet's destination GID, and the node it goes to.
+type NodePair<'n, E> = (&'n Arc<Node<E>>, &'n Arc<Node<E>>);
 
 /// Counts a received packet's ICRC verdict on `node`; false if the packet is to be dropped.
 fn count_icrc<E: Endpoint>(node: &Node<E>, icrc: IcrcCheck) -> bool {
