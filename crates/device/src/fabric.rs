@@ -1675,15 +1675,22 @@ impl<E: Endpoint> Fabric<E> {
     /// ICRC, all to the same node.
     fn sole_target<'n>(nodes: &'n [Arc<Node<E>>], batch: &PacketBatch) -> Option<&'n Arc<Node<E>>> {
         let mut sole: Option<&Arc<Node<E>>> = None;
+        // Packets of a burst mostly share their destination: look each one up once.
+        let mut last: Option<(Gid, Option<u32>)> = None;
         for (data, d) in batch.iter() {
             if d.meta.dgid.is_multicast() || d.icrc == IcrcCheck::Bad {
                 return None;
+            }
+            let dest = (d.meta.dgid, peek_dest_qpn(data));
+            if last == Some(dest) {
+                continue;
             }
             let (_, target) = Self::unicast_target(nodes, &d.meta.dgid, data)?;
             match sole {
                 Some(s) if !Arc::ptr_eq(s, target) => return None,
                 _ => sole = Some(target),
             }
+            last = Some(dest);
         }
         sole
     }
