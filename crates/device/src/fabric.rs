@@ -481,13 +481,62 @@ struct Run<E: Endpoint> {
     /// The destination is an address of this host (another process may have a mailbox).
     local_host: bool,
     packets: Vec<Vec<u8>>,
-    /// For each packet, where its payload is if it was left in memory.
+    /// For each packet, where its payload is if it was left in memory. Shorter than `packets`
+    /// when the last ones have none (empty, with no allocation, in the common case of none).
     exts: Vec<Option<ExternalRanges>>,
 }
 
 impl<E: Endpoint> Run<E> {
+    /// Appends a packet, with where its payload is if it was left in memory.
+    fn push(&mut self, data: Vec<u8>, ext: Option<ExternalRanges>) {
+        if ext.is_some() {
+            self.exts.resize(self.packets.len(), None);
+            self.exts.push(ext);
+        }
+        self.packets.push(data);
+    }
+
+    /// Appends the packets of `other`, which goes along the same link.
+    fn append(&mut self, other: Self) {
+        if !other.exts.is_empty() {
+            self.exts.resize(self.packets.len(), None);
+            self.exts.extend(other.exts);
+        }
+        self.packets.extend(other.packets);
+    }
+
+    /// Drops every positive ACK of the run that a later one to the same QP covers.
+    fn keep_last_acks(&mut self, acked: impl Fn(&[u8]) -> Option<u32>) {
+        let mut seen: Vec<u32> = Vec::new();
+        let mut keep: Vec<bool> = self
+            .packets
+            .iter()
+            .rev()
+            .map(|p| match acked(p) {
+                Some(q) if seen.contains(&q) => false,
+                Some(q) => {
+                    seen.push(q);
+                    true
+                }
+                None => true,
+            })
+            .collect();
+        keep.reverse();
+        let mut k = keep.into_iter();
+        let before = self.packets.len();
+        self.retain(|_| k.next().unwrap_or(true));
+        self.from
+            .counters
+            .tx_acks_coalesced()
+            .fetch_add((before - self.packets.len()) as u64, Ordering::Relaxed);
+    }
+
     /// Keeps the packets `keep` says yes to (in order), with what is known of their payloads.
     fn retain(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
+        if self.exts.is_empty() {
+            self.packets.retain(|p| keep(p));
+            return;
+        }
         let mut exts = std::mem::take(&mut self.exts).into_iter();
         let mut kept = Vec::with_capacity(self.packets.len());
         self.packets.retain(|p| {
@@ -530,6 +579,16 @@ impl<E: Endpoint> Outbox<E> {
     /// Adds a run; its positive ACKs replace the waiting ones to the same QP.
     fn push(&mut self, mut run: Run<E>) {
         let acked = |p: &[u8]| is_positive_ack(p).then(|| peek_dest_qpn(p)).flatten();
+        let acks = run.packets.iter().filter(|p| acked(p).is_some()).count();
+        if acks == 0 {
+            // Requests only (the common case of a posting thread): nothing to coalesce.
+            self.packets += run.packets.len();
+            self.bytes += run.packets.iter().map(Vec::len).sum::<usize>();
+            if !run.packets.is_empty() {
+                self.runs.push(run);
+            }
+            return;
+        }
         for qpn in run.packets.iter().filter_map(|p| acked(p)) {
             for old in &mut self.runs {
                 if old.route.dgid != run.route.dgid {
@@ -547,29 +606,9 @@ impl<E: Endpoint> Outbox<E> {
             }
         }
         self.runs.retain(|r| !r.packets.is_empty());
-        // Within the run too: only its last ACK to each QP stays.
-        let mut seen: Vec<u32> = Vec::new();
-        let mut keep: Vec<bool> = run
-            .packets
-            .iter()
-            .rev()
-            .map(|p| match acked(p) {
-                Some(q) if seen.contains(&q) => false,
-                Some(q) => {
-                    seen.push(q);
-                    true
-                }
-                None => true,
-            })
-            .collect();
-        keep.reverse();
-        let mut k = keep.into_iter();
-        let before = run.packets.len();
-        run.retain(|_| k.next().unwrap_or(true));
-        run.from
-            .counters
-            .tx_acks_coalesced()
-            .fetch_add((before - run.packets.len()) as u64, Ordering::Relaxed);
+        if acks > 1 {
+            run.keep_last_acks(acked);
+        }
         self.packets += run.packets.len();
         self.bytes += run.packets.iter().map(Vec::len).sum::<usize>();
         if !run.packets.is_empty() {
@@ -1337,21 +1376,22 @@ impl<E: Endpoint> Fabric<E> {
         }
         let nodes = self.live_nodes();
         let own_slot = self.udp.get().map(|u| u.slot());
-        let mut add_remote = |route: Route, data: Vec<u8>, ext: Option<ExternalRanges>| match remote
-            .last_mut()
-        {
-            Some(r) if same_link(&r.route, &route) => {
-                r.packets.push(data);
-                r.exts.push(ext);
-            }
-            _ => remote.push(Run {
-                from: from.clone(),
-                route,
-                local_host: route.dest_qpn != MULTICAST_QPN && nodes.iter().any(|n| n.has_gid(&route.dgid)),
-                packets: vec![data],
-                exts: vec![ext],
-            }),
-        };
+        let mut add_remote =
+            |route: Route, data: Vec<u8>, ext: Option<ExternalRanges>| match remote.last_mut() {
+                Some(r) if same_link(&r.route, &route) => r.push(data, ext),
+                _ => {
+                    let mut run = Run {
+                        from: from.clone(),
+                        route,
+                        local_host: route.dest_qpn != MULTICAST_QPN
+                            && nodes.iter().any(|n| n.has_gid(&route.dgid)),
+                        packets: Vec::new(),
+                        exts: Vec::new(),
+                    };
+                    run.push(data, ext);
+                    remote.push(run);
+                }
+            };
         for mut tx in txs {
             bump(from.counters.tx_packets());
             let ext_len: u64 = tx
@@ -1415,8 +1455,7 @@ impl<E: Endpoint> Fabric<E> {
             while let Some(next) =
                 runs.next_if(|n| Arc::ptr_eq(&n.from, &run.from) && same_link(&n.route, &run.route))
             {
-                run.packets.extend(next.packets);
-                run.exts.extend(next.exts);
+                run.append(next);
             }
             let Run {
                 from,
@@ -1451,7 +1490,7 @@ impl<E: Endpoint> Fabric<E> {
                     from.counters
                         .tx_shm_packets()
                         .fetch_add(n as u64, Ordering::Relaxed);
-                    let in_memory = exts[..n].iter().filter(|e| e.is_some()).count();
+                    let in_memory = exts.iter().take(n).filter(|e| e.is_some()).count();
                     from.counters
                         .tx_payloads_in_memory()
                         .fetch_add(in_memory as u64, Ordering::Relaxed);
@@ -1486,11 +1525,10 @@ impl<E: Endpoint> Fabric<E> {
             }
             entry.1.clone()
         };
-        let exts = vec![None; packets.len()];
         for slot in slots.into_iter().filter(|&s| s != own) {
             let mut to = *route;
             to.ports.1 = base.saturating_add(u16::from(slot));
-            let _ = shm.send_to_process(&to, packets, &exts);
+            let _ = shm.send_to_process(&to, packets, &[]);
         }
     }
 
@@ -1794,6 +1832,93 @@ mod tests {
             data,
             external: None,
         }
+    }
+
+    #[test]
+    fn an_outbox_keeps_the_last_ack_per_qp_and_each_payload_note_with_its_packet() {
+        let gid = Gid::from_ip("10.0.0.1".parse().unwrap());
+        let peer = Gid::from_ip("10.0.0.2".parse().unwrap());
+        let fabric = Fabric::<Probe>::new().unwrap();
+        let node = fabric.add_node(NodeCounters::default(), &[gid], 1);
+        let route = Route {
+            sgid: gid,
+            dgid: peer,
+            dest_qpn: 0x11,
+            traffic_class: 0,
+            hop_limit: 64,
+            ifindex: 1,
+            ports: (4792, 4793),
+        };
+        let run = || Run {
+            from: Arc::clone(&node),
+            route,
+            local_host: false,
+            packets: Vec::new(),
+            exts: Vec::new(),
+        };
+        let mut ext = ExternalRanges::default();
+        assert!(ext.push(0x1000, 2048));
+        let notes = |r: &Run<Probe>| -> Vec<Option<ExternalRanges>> {
+            (0..r.packets.len())
+                .map(|i| r.exts.get(i).copied().flatten())
+                .collect()
+        };
+        let mut out = Outbox::default();
+
+        // Requests only: queued as they are; a payload note stays with its packet.
+        let mut reqs = run();
+        reqs.push(send_only(0x11, [1; 4]), None);
+        reqs.push(ack(0x12, 1, false), None);
+        reqs.push(send_only(0x11, [2; 4]), Some(ext));
+        reqs.push(send_only(0x11, [3; 4]), None);
+        out.push(reqs);
+        assert_eq!(out.packets, 4);
+        assert_eq!(
+            out.runs[0].exts,
+            [None, None, Some(ext)],
+            "trailing packets without notes need no entry"
+        );
+
+        // A later ACK to QP 0x12 replaces the waiting one; within a run only the last to each QP
+        // stays.
+        let mut acks = run();
+        acks.push(ack(0x12, 2, false), None);
+        acks.push(ack(0x13, 1, false), None);
+        acks.push(ack(0x12, 3, false), None);
+        out.push(acks);
+        let waiting: Vec<Vec<u8>> = out.runs.iter().flat_map(|r| r.packets.clone()).collect();
+        assert_eq!(
+            waiting,
+            [
+                send_only(0x11, [1; 4]),
+                send_only(0x11, [2; 4]),
+                send_only(0x11, [3; 4]),
+                ack(0x13, 1, false),
+                ack(0x12, 3, false)
+            ]
+        );
+        assert_eq!(
+            notes(&out.runs[0]),
+            [None, Some(ext), None],
+            "the note moved with its packet"
+        );
+        assert_eq!(out.packets, 5);
+        assert_eq!(out.bytes, 3 * send_only(0x11, [0; 4]).len() + 2 * ACK_LEN);
+        assert_eq!(node.counters.tx_acks_coalesced().load(Ordering::Relaxed), 2);
+
+        // Runs along one link join with their notes where they were.
+        let mut a = run();
+        a.push(send_only(0x11, [4; 4]), None);
+        let mut b = run();
+        b.push(send_only(0x11, [5; 4]), None);
+        b.push(send_only(0x11, [6; 4]), Some(ext));
+        a.append(b);
+        assert_eq!(a.packets.len(), 3);
+        assert_eq!(notes(&a), [None, None, Some(ext)]);
+        let mut c = run();
+        c.push(send_only(0x11, [7; 4]), None);
+        a.append(c);
+        assert_eq!(notes(&a), [None, None, Some(ext), None]);
     }
 
     #[test]

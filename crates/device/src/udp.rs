@@ -393,8 +393,7 @@ impl Udp {
             if n > 1 && self.gso.load(Ordering::Relaxed) {
                 sent += self.send_each(fd, src, dst_sa, scope, &packets[singles..at]);
                 fill(&mut packets[at..at + n], true);
-                let parts: Vec<&[u8]> = packets[at..at + n].iter().map(Vec::as_slice).collect();
-                match self.send_on(fd, src, dst_sa, scope, &parts, Some(seg as u16)) {
+                match self.send_on(fd, src, dst_sa, scope, &packets[at..at + n], Some(seg as u16)) {
                     Ok(()) => {
                         sent += n;
                         at += n;
@@ -442,22 +441,33 @@ impl Udp {
                 }
             }
             // Alone, so that a failure is logged and costs this packet only.
-            sent += usize::from(self.send_on(fd, src, dst, scope, &[first], None).is_ok());
+            sent += usize::from(
+                self.send_on(fd, src, dst, scope, std::slice::from_ref(first), None)
+                    .is_ok(),
+            );
             rest = &rest[1..];
         }
         sent
     }
 
-    fn send_on(
+    fn send_on<P: AsRef<[u8]>>(
         &self,
         fd: &OwnedFd,
         src: IpAddr,
         dst: SocketAddr,
         scope: u32,
-        parts: &[&[u8]],
+        parts: &[P],
         gso: Option<u16>,
     ) -> nix::Result<()> {
-        let iov: Vec<IoSlice<'_>> = parts.iter().map(|p| IoSlice::new(p)).collect();
+        // On the stack: this runs for every datagram or GSO batch sent.
+        let mut slices = [IoSlice::new(&[]); GSO_MAX_SEGMENTS];
+        if parts.len() > slices.len() {
+            return Err(Errno::EMSGSIZE);
+        }
+        for (slot, p) in slices.iter_mut().zip(parts) {
+            *slot = IoSlice::new(p.as_ref());
+        }
+        let iov = &slices[..parts.len()];
         let gso_size = gso.unwrap_or(0);
         let gso_cmsg = ControlMessage::UdpGsoSegments(&gso_size);
         let r = match (src, dst) {
@@ -471,7 +481,7 @@ impl Udp {
                 };
                 sendmsg(
                     fd.as_raw_fd(),
-                    &iov,
+                    iov,
                     cmsgs,
                     MsgFlags::empty(),
                     Some(&SockaddrIn::from(d)),
@@ -487,7 +497,7 @@ impl Udp {
                 };
                 sendmsg(
                     fd.as_raw_fd(),
-                    &iov,
+                    iov,
                     cmsgs,
                     MsgFlags::empty(),
                     Some(&SockaddrIn6::from(d)),
