@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use sim::*;
 use softverbs_engine::types::{AccessFlags, Mtu, QpState, QpType, WcStatus};
-use softverbs_wire::{AethSyndrome, Opcode};
+use softverbs_wire::{AethSyndrome, NakCode, Opcode};
 
 fn rnr_naks(sim: &Sim) -> usize {
     sim.log
@@ -420,4 +420,49 @@ fn the_soaks_traffic_under_heavy_loss_and_a_slow_receiver_completes() {
     for seed in seeds(&(0..6).collect::<Vec<_>>()) {
         soak_like(seed, 1500, 8.0, 1_000_000);
     }
+}
+
+fn sequence_naks(sim: &Sim) -> usize {
+    sim.log
+        .as_ref()
+        .unwrap()
+        .iter()
+        .filter(|p| matches!(p.syndrome, Some(AethSyndrome::Nak(NakCode::PsnSequenceError))))
+        .count()
+}
+
+#[test]
+fn packets_in_flight_behind_an_rnr_nak_draw_no_sequence_naks() {
+    // One-packet SENDs each ask for an acknowledgement. Those behind the one the responder
+    // refused arrive out of sequence; a sequence NAK for them would have the requester resend
+    // at once instead of after the RNR timer, and one per packet would flood it.
+    let o = ConnOpts {
+        rnr_retry: 7,
+        min_rnr_timer: 12,
+        ..ConnOpts::default()
+    };
+    let (mut sim, a, b) = Sim::pair(2, QpType::Rc, &o);
+    sim.record();
+    let src = sim.mem(0).alloc_mr(1, 64, AccessFlags::empty());
+    let dst = sim.mem(1).alloc_mr(1, 16 * 64, AccessFlags::LOCAL_WRITE);
+    sim.post_recv(b, recv(0, vec![dst.sge(0, 64)]));
+    for i in 0..16 {
+        sim.post_send(a, send(i, vec![src.sge(0, 64)]));
+    }
+    sim.run_for(Duration::from_millis(3));
+    assert_ok_in_order(&sim.take_send_cq(a), &[0]);
+    // 3 ms of 0.64 ms RNR timers: a few rounds, each of one RNR NAK and no sequence NAK.
+    let rounds = rnr_naks(&sim);
+    assert!((2..=6).contains(&rounds), "{rounds} RNR NAKs in 3 ms");
+    assert_eq!(sequence_naks(&sim), 0);
+    for i in 1..16 {
+        sim.post_recv(b, recv(i, vec![dst.sge(i * 64, 64)]));
+    }
+    sim.run();
+    let all: Vec<u64> = (1..16).collect();
+    assert_ok_in_order(&sim.take_send_cq(a), &all);
+    let all: Vec<u64> = (0..16).collect();
+    assert_ok_in_order(&sim.take_recv_cq(b), &all);
+    assert_eq!(sequence_naks(&sim), 0);
+    assert_eq!(sim.qp(b).engine.counters().seq_naks_sent, 0);
 }

@@ -65,11 +65,14 @@ pub(crate) enum RdResource {
 /// again (in case it was lost).
 const RENAK_EVERY: u32 = 32;
 
-/// What the responder saw since its last sequence NAK.
+/// What the responder saw since its last NAK for a hole (a sequence NAK, or an RNR NAK,
+/// behind which the packets already in flight arrive out of sequence too).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct NakWatch {
     highest: Psn,
     since: u32,
+    /// The NAK was an RNR NAK: the requester resends from its PSN once its RNR timer ran out.
+    rnr: bool,
 }
 
 #[derive(Debug, Default)]
@@ -345,10 +348,13 @@ impl QpEngine {
             // unless the requester evidently started over without the missing packet getting
             // through (a PSN at or below one seen since the NAK: the resent packet was lost
             // too), asks for an acknowledgement (AckReq), or the NAK itself seems lost (a long
-            // run of packets past the hole).
+            // run of packets past the hole). Behind an RNR NAK, what was in flight arrives out
+            // of sequence too; AckReqs there are not answered, since a sequence NAK would have
+            // the requester resend at once and cut the receiver's RNR delay short (every packet
+            // of a stream of one-packet messages asks).
             let renak = match &mut self.resp.nak {
                 None => true,
-                Some(w) if !psn.is_after(w.highest) || pkt.repr.bth.ack_req => true,
+                Some(w) if !psn.is_after(w.highest) || (pkt.repr.bth.ack_req && !w.rnr) => true,
                 Some(w) => {
                     w.highest = psn;
                     w.since += 1;
@@ -359,6 +365,7 @@ impl QpEngine {
                 self.resp.nak = Some(NakWatch {
                     highest: psn,
                     since: 0,
+                    rnr: false,
                 });
                 self.counters.seq_naks_sent += 1;
                 self.send_ack(AethSyndrome::Nak(NakCode::PsnSequenceError), epsn);
@@ -415,6 +422,14 @@ impl QpEngine {
                     },
                     psn,
                 );
+                // The requester resends from here after its RNR timer: what it sent meanwhile
+                // arrives out of sequence and needs no NAK of its own (one would have it resend
+                // at once, cutting the receiver's delay short).
+                self.resp.nak = Some(NakWatch {
+                    highest: psn,
+                    since: 0,
+                    rnr: true,
+                });
                 Ok(())
             }
             Err(Outcome::Sequence) => {
