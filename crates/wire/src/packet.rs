@@ -628,6 +628,19 @@ mod tests {
         }
 
         #[test]
+        fn emit_writes_every_header_pad_and_icrc_byte((repr, _) in strategies::packet(), junk in any::<u8>()) {
+            // Packet buffers are reused without clearing: what an earlier packet left must not
+            // show through anything but the payload, which the caller writes.
+            let mut clean = vec![0u8; repr.buffer_len()];
+            let mut reused = vec![junk; repr.buffer_len()];
+            repr.emit(&mut clean).unwrap();
+            repr.emit(&mut reused).unwrap();
+            let payload = repr.header_len()..repr.header_len() + repr.payload_len;
+            reused[payload.clone()].fill(0);
+            prop_assert_eq!(&reused, &clean);
+        }
+
+        #[test]
         fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..96)) {
             if let Ok(p) = RocePacket::parse(&bytes) {
                 prop_assert_eq!(p.repr.buffer_len(), bytes.len());

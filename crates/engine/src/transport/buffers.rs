@@ -29,8 +29,11 @@ fn class_for(len: usize) -> Option<usize> {
     CLASSES.iter().position(|&c| len <= c)
 }
 
-/// A zeroed buffer of `len` bytes: a recycled one of its class if this thread has one.
-/// Buffers larger than the largest class are allocated as usual.
+/// A buffer of `len` bytes for a packet: a recycled one of its class if this thread has one,
+/// else a new one. Its bytes are unspecified (a recycled buffer keeps what an earlier packet of
+/// this thread left; only growth is zeroed), so the caller writes all of them: `PacketRepr::emit`
+/// writes every header, pad and ICRC byte, and the payload is filled in full. Buffers larger
+/// than the largest class are allocated as usual.
 pub fn take(len: usize) -> Vec<u8> {
     let Some(class) = class_for(len) else {
         return vec![0; len];
@@ -40,8 +43,13 @@ pub fn take(len: usize) -> Vec<u8> {
         .ok()
         .flatten();
     let mut buf = recycled.unwrap_or_else(|| Vec::with_capacity(CLASSES[class]));
-    buf.clear();
-    buf.resize(len, 0);
+    // Zeroing a full-MTU buffer for every packet, only to overwrite it, is a visible part of
+    // the cost of a stream.
+    if buf.len() >= len {
+        buf.truncate(len);
+    } else {
+        buf.resize(len, 0);
+    }
     buf
 }
 
@@ -82,7 +90,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_recycled_buffer_is_taken_again_zeroed_at_the_new_length() {
+    fn a_recycled_buffer_is_taken_again_at_the_new_length_and_growth_is_zeroed() {
         let mut a = take(100);
         assert_eq!(a.capacity(), 128);
         a.iter_mut().for_each(|b| *b = 0xAB);
@@ -91,10 +99,50 @@ mod tests {
         let b = take(40);
         assert_eq!(b.as_ptr(), addr, "the same allocation comes back");
         assert_eq!(b.len(), 40);
+        recycle(b);
+        let c = take(120);
+        assert_eq!(c.as_ptr(), addr);
         assert!(
-            b.iter().all(|&x| x == 0),
-            "old bytes do not leak into a new packet"
+            c[40..].iter().all(|&x| x == 0),
+            "bytes beyond the last length are new and zeroed"
         );
+    }
+
+    #[test]
+    fn a_packet_built_in_a_used_buffer_carries_nothing_of_the_old_one() {
+        use softverbs_wire::{BthRepr, Opcode, PacketRepr, Psn, RethRepr};
+        let dest = super::super::Dest {
+            dgid: crate::types::Gid::ZERO,
+            sgid_index: 0,
+            traffic_class: 0,
+            hop_limit: 64,
+            flow_label: 0,
+        };
+        let payload: Vec<u8> = (0..61u8).collect();
+        let mut repr = PacketRepr::new(
+            BthRepr::new(Opcode::RcWriteOnly, 0x12, Psn::new(7)),
+            payload.len(),
+        );
+        repr.bth.pad_count = softverbs_wire::pad_count_for(payload.len());
+        repr.reth = Some(RethRepr {
+            va: 0x1000,
+            rkey: 5,
+            dma_len: 4096,
+        });
+        let mut expected = vec![0u8; repr.buffer_len()];
+        repr.emit_with_payload(&mut expected, &payload).unwrap();
+        // The pool now holds a buffer full of another packet's bytes.
+        let mut dirty = take(repr.buffer_len() + 30);
+        dirty.iter_mut().for_each(|b| *b = 0xEE);
+        let addr = dirty.as_ptr();
+        recycle(dirty);
+        let tx = super::super::requester::build(&repr, dest, |buf| {
+            buf.copy_from_slice(&payload);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(tx.data.as_ptr(), addr, "built in the used buffer");
+        assert_eq!(tx.data, expected);
     }
 
     #[test]

@@ -153,6 +153,9 @@ pub(crate) fn gather(
                     break;
                 }
             }
+            // The message's length is its gather list's, so nothing is left; were anything,
+            // it must not carry what the buffer held before (buffers are reused unzeroed).
+            dst[done..].fill(0);
             Ok(())
         }
     }
