@@ -1369,9 +1369,10 @@ impl<E: Endpoint> Fabric<E> {
 
     /// Delivers the packets for this process's nodes and returns the others in runs along one
     /// link (one batch each for a driver), counting every packet on `from`.
-    fn route(&self, from: &Arc<Node<E>>, txs: Vec<Transmit>) -> Vec<Run<E>> {
+    fn route(&self, from: &Arc<Node<E>>, mut txs: Vec<Transmit>) -> Vec<Run<E>> {
         let mut remote: Vec<Run<E>> = Vec::new();
         if txs.is_empty() {
+            buffers::recycle_transmits(txs);
             return remote;
         }
         let nodes = self.live_nodes();
@@ -1385,14 +1386,14 @@ impl<E: Endpoint> Fabric<E> {
                         route,
                         local_host: route.dest_qpn != MULTICAST_QPN
                             && nodes.iter().any(|n| n.has_gid(&route.dgid)),
-                        packets: Vec::new(),
+                        packets: buffers::take_list(),
                         exts: Vec::new(),
                     };
                     run.push(data, ext);
                     remote.push(run);
                 }
             };
-        for mut tx in txs {
+        for mut tx in txs.drain(..) {
             bump(from.counters.tx_packets());
             let ext_len: u64 = tx
                 .external
@@ -1441,6 +1442,7 @@ impl<E: Endpoint> Fabric<E> {
                 add_remote(route, tx.data, tx.external);
             }
         }
+        buffers::recycle_transmits(txs);
         remote
     }
 
@@ -1503,8 +1505,8 @@ impl<E: Endpoint> Fabric<E> {
                     bump(from.counters.tx_unroutable());
                 }
             }
-            // The drivers took the bytes: the buffers serve the next packets.
-            buffers::recycle_all(packets);
+            // The drivers took the bytes: the buffers (and the list) serve the next packets.
+            buffers::recycle_list(packets);
         }
     }
 

@@ -699,7 +699,7 @@ impl Qp {
 
     /// [`Qp::drain`] with the memory the engine was handed for the input just processed.
     fn drain_with(&self, inner: &mut QpInner, now: Instant, mem: &dyn Memory) -> Outputs {
-        let mut txs = Vec::new();
+        let mut txs = softverbs_engine::transport::buffers::take_transmits();
         let ticket = inner.held.issue();
         loop {
             while let Some(tx) = inner.engine.poll_transmit(now, mem) {

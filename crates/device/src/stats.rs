@@ -194,6 +194,7 @@ impl NodeCounters {
         Self { words }
     }
 
+    #[inline]
     fn word(&self, i: usize) -> &AtomicU64 {
         match &self.words {
             Words::Own(w) => &w[i],

@@ -133,6 +133,7 @@ impl StatBoard {
     }
 
     /// Counter `index` (below [`COUNTERS`]) of block `block` (one [`StatBoard::block`] gave).
+    #[inline] // Every packet bumps several: across crates this must not be a call each.
     pub fn counter(&self, block: usize, index: usize) -> &AtomicU64 {
         assert!(
             block < MAX_BLOCKS && index < COUNTERS,

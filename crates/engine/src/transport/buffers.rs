@@ -11,6 +11,8 @@
 
 use std::cell::RefCell;
 
+use super::Transmit;
+
 /// Capacities of the pooled classes: ACKs and small messages, medium payloads, and a full
 /// 4096-byte MTU payload with the largest header set (BTH, RETH or AtomicETH, DETH, ImmDt,
 /// pad and ICRC all fit in the 128 spare bytes).
@@ -78,6 +80,69 @@ pub fn pooled(len: usize) -> usize {
     })
 }
 
+thread_local! {
+    /// An emptied list of transmits and one of packet buffers, kept for the next burst.
+    static LISTS: RefCell<(Vec<Transmit>, Vec<Vec<u8>>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Most entries a kept list may have room for (a larger one is freed, not kept).
+const LIST_KEEP: usize = 1024;
+
+/// An empty list for the transmits of one burst: the one this thread last handed back with
+/// [`recycle_transmits`] if any (a list per work request would be an allocation each).
+pub fn take_transmits() -> Vec<Transmit> {
+    LISTS
+        .try_with(|l| {
+            l.try_borrow_mut()
+                .map(|mut l| std::mem::take(&mut l.0))
+                .unwrap_or_default()
+        })
+        .unwrap_or_default()
+}
+
+/// Keeps an emptied list of transmits for [`take_transmits`] (its contents are dropped).
+pub fn recycle_transmits(mut list: Vec<Transmit>) {
+    list.clear();
+    if list.capacity() > LIST_KEEP {
+        return;
+    }
+    let _ = LISTS.try_with(|l| {
+        if let Ok(mut l) = l.try_borrow_mut() {
+            if l.0.capacity() < list.capacity() {
+                l.0 = list;
+            }
+        }
+    });
+}
+
+/// An empty list for a run of packet buffers, as [`take_transmits`] gives one for transmits.
+pub fn take_list() -> Vec<Vec<u8>> {
+    LISTS
+        .try_with(|l| {
+            l.try_borrow_mut()
+                .map(|mut l| std::mem::take(&mut l.1))
+                .unwrap_or_default()
+        })
+        .unwrap_or_default()
+}
+
+/// [`recycle`] for each buffer of `bufs`, keeping the emptied list for [`take_list`].
+pub fn recycle_list(mut bufs: Vec<Vec<u8>>) {
+    for b in bufs.drain(..) {
+        recycle(b);
+    }
+    if bufs.capacity() > LIST_KEEP {
+        return;
+    }
+    let _ = LISTS.try_with(|l| {
+        if let Ok(mut l) = l.try_borrow_mut() {
+            if l.1.capacity() < bufs.capacity() {
+                l.1 = bufs;
+            }
+        }
+    });
+}
+
 /// [`recycle`] for each buffer of `bufs`.
 pub fn recycle_all(bufs: impl IntoIterator<Item = Vec<u8>>) {
     for b in bufs {
@@ -143,6 +208,27 @@ mod tests {
         .unwrap();
         assert_eq!(tx.data.as_ptr(), addr, "built in the used buffer");
         assert_eq!(tx.data, expected);
+    }
+
+    #[test]
+    fn emptied_lists_come_back_for_the_next_burst() {
+        let mut l = take_list();
+        l.extend((0..10).map(|_| take(100)));
+        let addr = l.as_ptr();
+        recycle_list(l);
+        assert_eq!(pooled(100), 10, "the buffers went to the pool");
+        let again = take_list();
+        assert!(again.is_empty());
+        assert_eq!(again.as_ptr(), addr, "the list's allocation came back");
+        assert!(take_list().capacity() == 0, "one list is kept, not one per take");
+        let mut t = take_transmits();
+        t.reserve(4);
+        let addr = t.as_ptr();
+        recycle_transmits(t);
+        let back = take_transmits();
+        assert_eq!(back.as_ptr(), addr);
+        recycle_transmits(Vec::with_capacity(LIST_KEEP + 1));
+        assert_eq!(take_transmits().capacity(), 0, "a huge list is not kept");
     }
 
     #[test]
