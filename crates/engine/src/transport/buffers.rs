@@ -82,48 +82,56 @@ pub fn pooled(len: usize) -> usize {
 
 thread_local! {
     /// An emptied list of transmits and one of packet buffers, kept for the next burst.
-    static LISTS: RefCell<(Vec<Transmit>, Vec<Vec<u8>>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+    static LISTS: RefCell<Lists> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Most entries a kept list may have room for (a larger one is freed, not kept).
 const LIST_KEEP: usize = 1024;
 
-/// An empty list for the transmits of one burst: the one this thread last handed back with
-/// [`recycle_transmits`] if any (a list per work request would be an allocation each).
-pub fn take_transmits() -> Vec<Transmit> {
+/// The spare lists of this thread.
+type Lists = (Vec<Transmit>, Vec<Vec<u8>>);
+
+/// Takes the spare list `slot` picks (empty if there is none).
+fn take_spare<T>(slot: fn(&mut Lists) -> &mut Vec<T>) -> Vec<T> {
     LISTS
         .try_with(|l| {
             l.try_borrow_mut()
-                .map(|mut l| std::mem::take(&mut l.0))
+                .map(|mut l| std::mem::take(slot(&mut l)))
                 .unwrap_or_default()
         })
         .unwrap_or_default()
 }
 
-/// Keeps an emptied list of transmits for [`take_transmits`] (its contents are dropped).
-pub fn recycle_transmits(mut list: Vec<Transmit>) {
+/// Keeps `list` (emptied) as the spare `slot` picks, unless it is huge or the spare is larger.
+fn keep_spare<T>(slot: fn(&mut Lists) -> &mut Vec<T>, mut list: Vec<T>) {
     list.clear();
     if list.capacity() > LIST_KEEP {
         return;
     }
     let _ = LISTS.try_with(|l| {
         if let Ok(mut l) = l.try_borrow_mut() {
-            if l.0.capacity() < list.capacity() {
-                l.0 = list;
+            let spare = slot(&mut l);
+            if spare.capacity() < list.capacity() {
+                *spare = list;
             }
         }
     });
 }
 
+/// An empty list for the transmits of one burst: the one this thread last handed back with
+/// [`recycle_transmits`] if any (a list per work request would be an allocation each).
+pub fn take_transmits() -> Vec<Transmit> {
+    take_spare(|l| &mut l.0)
+}
+
+/// Keeps an emptied list of transmits for [`take_transmits`] (its contents are dropped).
+pub fn recycle_transmits(list: Vec<Transmit>) {
+    keep_spare(|l| &mut l.0, list);
+}
+
 /// An empty list for a run of packet buffers, as [`take_transmits`] gives one for transmits.
 pub fn take_list() -> Vec<Vec<u8>> {
-    LISTS
-        .try_with(|l| {
-            l.try_borrow_mut()
-                .map(|mut l| std::mem::take(&mut l.1))
-                .unwrap_or_default()
-        })
-        .unwrap_or_default()
+    take_spare(|l| &mut l.1)
 }
 
 /// [`recycle`] for each buffer of `bufs`, keeping the emptied list for [`take_list`].
@@ -131,16 +139,7 @@ pub fn recycle_list(mut bufs: Vec<Vec<u8>>) {
     for b in bufs.drain(..) {
         recycle(b);
     }
-    if bufs.capacity() > LIST_KEEP {
-        return;
-    }
-    let _ = LISTS.try_with(|l| {
-        if let Ok(mut l) = l.try_borrow_mut() {
-            if l.1.capacity() < bufs.capacity() {
-                l.1 = bufs;
-            }
-        }
-    });
+    keep_spare(|l| &mut l.1, bufs);
 }
 
 /// [`recycle`] for each buffer of `bufs`.
