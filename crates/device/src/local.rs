@@ -144,10 +144,9 @@ mod tests {
     use super::*;
     use softverbs_engine::types::Gid;
 
-    #[test]
-    fn packets_come_out_in_order_with_their_route() {
-        let d = InProcess::default();
-        let route = Route {
+    /// A route between two addresses, with a traffic class and hop limit to check they travel.
+    fn route() -> Route {
+        Route {
             sgid: Gid::from_ip("10.0.0.1".parse().unwrap()),
             dgid: Gid::from_ip("10.0.0.2".parse().unwrap()),
             dest_qpn: 0x11,
@@ -155,7 +154,13 @@ mod tests {
             hop_limit: 9,
             ifindex: 1,
             ports: (4792, 4793),
-        };
+        }
+    }
+
+    #[test]
+    fn packets_come_out_in_order_with_their_route() {
+        let d = InProcess::default();
+        let route = route();
         assert!(!d.wait(Duration::from_millis(1)), "nothing queued");
         assert!(!d.has_pending());
         assert_eq!(d.send(&route, &mut [vec![1], vec![2, 2]]), 2);
@@ -182,15 +187,7 @@ mod tests {
     fn a_received_batch_is_handed_over_whole_and_in_order() {
         let queued = Arc::new(AtomicBool::new(false));
         let d = InProcess::new(queued.clone());
-        let route = Route {
-            sgid: Gid::from_ip("10.0.0.1".parse().unwrap()),
-            dgid: Gid::from_ip("10.0.0.2".parse().unwrap()),
-            dest_qpn: 0x11,
-            traffic_class: 0,
-            hop_limit: 64,
-            ifindex: 1,
-            ports: (4792, 4793),
-        };
+        let route = route();
         let received = |bytes: &[&[u8]]| {
             let mut b = PacketBatch::default();
             for p in bytes {

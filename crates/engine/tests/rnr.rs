@@ -11,11 +11,16 @@ use softverbs_engine::types::{AccessFlags, Mtu, QpState, QpType, WcStatus};
 use softverbs_wire::{AethSyndrome, NakCode, Opcode};
 
 fn rnr_naks(sim: &Sim) -> usize {
+    naks(sim, |s| matches!(s, AethSyndrome::RnrNak { .. }))
+}
+
+/// Recorded acknowledgements whose syndrome `which` picks.
+fn naks(sim: &Sim, which: impl Fn(&AethSyndrome) -> bool) -> usize {
     sim.log
         .as_ref()
         .unwrap()
         .iter()
-        .filter(|p| matches!(p.syndrome, Some(AethSyndrome::RnrNak { .. })))
+        .filter(|p| p.syndrome.as_ref().is_some_and(&which))
         .count()
 }
 
@@ -423,12 +428,7 @@ fn the_soaks_traffic_under_heavy_loss_and_a_slow_receiver_completes() {
 }
 
 fn sequence_naks(sim: &Sim) -> usize {
-    sim.log
-        .as_ref()
-        .unwrap()
-        .iter()
-        .filter(|p| matches!(p.syndrome, Some(AethSyndrome::Nak(NakCode::PsnSequenceError))))
-        .count()
+    naks(sim, |s| matches!(s, AethSyndrome::Nak(NakCode::PsnSequenceError)))
 }
 
 #[test]
