@@ -361,13 +361,20 @@ impl Cq {
     /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`, oldest first; returns how
     /// many.
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
-        let n = self.take(out);
+        self.poll_each(out.len(), |i, wc| out[i] = wc)
+    }
+
+    /// `ibv_poll_cq` into storage of the caller's own: hands up to `max` completions to `emit`
+    /// with their index, oldest first; returns how many. A front end that translates each
+    /// completion needs no buffer of its own (nor to initialise one on every empty poll).
+    pub fn poll_each(&self, max: usize, mut emit: impl FnMut(usize, WorkCompletion)) -> usize {
+        let n = self.take(max, &mut emit);
         if n > 0 {
             // Still a busy poller: what it posted since its last poll leaves now, in one batch.
             let f = self.ctx.device().node().fabric();
             f.polled(f.now());
         }
-        if n > 0 || out.is_empty() {
+        if n > 0 || max == 0 {
             if n > 0 {
                 Backoff::found();
             }
@@ -377,7 +384,7 @@ impl Cq {
         // another thread.
         let f = self.ctx.device().node().fabric();
         f.progress(f.now());
-        let mut n = self.take(out);
+        let mut n = self.take(max, &mut emit);
         // An empty answer must be as fresh as a hardware CQ's: a caller told "empty" goes on
         // to its other queues (an rdma_cm channel, say), and a yield can let a whole timeslice
         // of other threads run, delivering completions and then events that follow them (a
@@ -386,7 +393,7 @@ impl Cq {
         // ofi_rxm reads its event queue right after an empty poll and crashes on a completion
         // of a connection it has already torn down.)
         if n == 0 && Backoff::nothing() {
-            n = self.take(out);
+            n = self.take(max, &mut emit);
         }
         if n > 0 {
             Backoff::found();
@@ -394,15 +401,16 @@ impl Cq {
         n
     }
 
-    fn take(&self, out: &mut [WorkCompletion]) -> usize {
+    /// Moves up to `max` completions to `emit`.
+    fn take(&self, max: usize, emit: &mut impl FnMut(usize, WorkCompletion)) -> usize {
         // An empty CQ is seen without its lock (busy pollers look many times per completion).
         if self.queued.load(Ordering::Acquire) == 0 {
             return 0;
         }
         let mut st = self.state.lock();
-        let n = out.len().min(st.entries.len());
-        for (slot, wc) in out.iter_mut().zip(st.entries.drain(..n)) {
-            *slot = wc;
+        let n = max.min(st.entries.len());
+        for (i, wc) in st.entries.drain(..n).enumerate() {
+            emit(i, wc);
         }
         self.queued.store(st.entries.len(), Ordering::Release);
         st.polled += n as u64;

@@ -834,7 +834,7 @@ const BURST_AFTER_POLL: Duration = Duration::from_millis(1);
 /// While shared memory carries traffic, application polls look at idle UDP sockets at most
 /// this often (each look is a system call, several times the cost of a poll that finds
 /// nothing; a packet that comes over UDP meanwhile waits this long at most).
-const UDP_LOOK_EVERY: Duration = Duration::from_micros(20);
+const UDP_LOOK_EVERY: Duration = Duration::from_micros(200);
 /// How long after shared memory last delivered it still counts as carrying traffic.
 const SHM_BUSY: Duration = Duration::from_millis(1);
 

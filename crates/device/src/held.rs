@@ -32,6 +32,16 @@ impl Held {
         t
     }
 
+    /// Takes back the ticket just issued if nothing was held under it (a drain that produced
+    /// nothing): nobody else has seen it, so it needs no release. Returns whether it was.
+    pub(crate) fn withdraw(&mut self, ticket: u64) -> bool {
+        let unused = ticket + 1 == self.next && self.queue.back().is_none_or(|(t, _)| *t != ticket);
+        if unused {
+            self.next = ticket;
+        }
+        unused
+    }
+
     /// Holds `c`, produced with the packets of `ticket`.
     pub(crate) fn hold(&mut self, ticket: u64, c: Completion) {
         self.queue.push_back((ticket, c));
@@ -119,5 +129,24 @@ mod tests {
         h.hold(d, c(3));
         assert_eq!(ids(h.release(b)), [2]);
         assert_eq!(ids(h.release(d)), [3]);
+    }
+
+    #[test]
+    fn only_an_unused_last_ticket_is_withdrawn() {
+        let mut h = Held::default();
+        let a = h.issue();
+        h.hold(a, c(1));
+        assert!(!h.withdraw(a), "a ticket with a completion must be released");
+        let b = h.issue();
+        assert!(h.withdraw(b));
+        // The next drain gets the same number, and the order of releases is unchanged.
+        let d = h.issue();
+        assert_eq!(d, b);
+        h.hold(d, c(2));
+        assert!(h.release(d).is_empty(), "the earlier ticket is still out");
+        assert_eq!(ids(h.release(a)), [1, 2]);
+        let e = h.issue();
+        let _f = h.issue();
+        assert!(!h.withdraw(e), "only the last ticket issued");
     }
 }

@@ -1103,6 +1103,14 @@ impl Qp {
             inner.engine.post_recv(wr.clone());
         }
         let out = self.drain(&mut inner, now);
+        // The usual receive post produces nothing (no flush, no RNR'd message waiting): then
+        // there is nothing to send or release.
+        if out.txs.is_empty() && inner.held.withdraw(out.ticket) {
+            drop(inner);
+            softverbs_engine::transport::buffers::recycle_transmits(out.txs);
+            self.fabric().drive_queued();
+            return result;
+        }
         drop(inner);
         self.emit(out);
         result

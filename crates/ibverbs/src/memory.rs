@@ -266,12 +266,27 @@ impl MemoryBacking for OdpMemory {
 /// # Safety
 /// `addr..addr + len` must be readable, as `ibv_post_send(3)` requires of inline data.
 pub(crate) unsafe fn copy_in(addr: u64, len: usize) -> Vec<u8> {
-    let mut v = vec![0u8; len];
-    if len > 0 {
-        // SAFETY: the caller guarantees the range is readable; `v` has `len` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(addr as usize as *const u8, v.as_mut_ptr(), len) };
-    }
+    let mut v = Vec::new();
+    // SAFETY: per the contract.
+    unsafe { append_in(&mut v, addr, len) };
     v
+}
+
+/// Appends `len` bytes at application address `addr` to `out`.
+///
+/// # Safety
+/// `addr..addr + len` must be readable.
+pub(crate) unsafe fn append_in(out: &mut Vec<u8>, addr: u64, len: usize) {
+    if len == 0 {
+        return;
+    }
+    out.reserve(len);
+    // SAFETY: the caller guarantees the source range is readable; `reserve` made room for `len`
+    // more bytes past `out.len()`, which the copy initialises before the length covers them.
+    unsafe {
+        std::ptr::copy_nonoverlapping(addr as usize as *const u8, out.as_mut_ptr().add(out.len()), len);
+        out.set_len(out.len() + len);
+    }
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use softverbs_engine::types::QpType;
 use softverbs_engine::Errno;
 
 use crate::abi::*;
-use crate::datapath::{finish_recv, recv_list};
+use crate::datapath::post_recv_list;
 use crate::verbs::{box_qp, context, destroy_boxed, errno_of, outer, NewQp, SvCq, SvPd, SvQp};
 use crate::{fail, fail_null};
 
@@ -343,13 +343,18 @@ unsafe extern "C" fn wq_post_recv(
         return fail(EINVAL);
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
-    let (mut reqs, ptrs, conv_err) = unsafe { recv_list(wr) };
-    if let Some(queue) = &w.queue {
-        queue.stage_recv(&mut reqs);
+    unsafe {
+        post_recv_list(
+            wr,
+            bad,
+            |reqs| {
+                if let Some(queue) = &w.queue {
+                    queue.stage_recv(reqs);
+                }
+            },
+            |reqs| w.core.post_recv(reqs),
+        )
     }
-    let result = w.core.post_recv(&reqs);
-    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
-    unsafe { finish_recv(result, &ptrs, conv_err, bad) }
 }
 
 /// The `create_wq` op: receive WQs (`IBV_WQT_RQ`) without creation flags. The actual

@@ -188,7 +188,7 @@ fn attempt(
     args.push("127.0.0.1".into());
     let mut client = Program::start(program, &args, base);
     client.wait_for(started, "the client started");
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(200));
     assert!(
         client.child.try_wait().unwrap().is_none(),
         "the client finished before the fault:\n{}",
@@ -271,8 +271,10 @@ fn perf(extra: &[&str]) -> Vec<String> {
 const STARTED: &str = "#bytes";
 const PERF_ERR: &str = "Failed status 12";
 
-/// Enough iterations that the client is still sending when the server goes.
-const ITERS: u64 = 100_000;
+/// Enough iterations that the client is still sending when the server goes: a release build
+/// sends about 400,000 one-packet messages a second here, so this lasts over a second (and a
+/// debug build, at some 10,000 a second after the kill, about a minute, within [`LIMIT`]).
+const ITERS: u64 = 500_000;
 /// The message size of the UC runs: one packet, as UD's (the MTU). After a kill, the rest of
 /// the run goes over UDP to a port nobody holds, and a debug build on a loaded 2-core host
 /// moves only about 10,000 packets a second there: 64 KiB messages (16 packets each) would

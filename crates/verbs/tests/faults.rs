@@ -698,19 +698,20 @@ fn litter(args: &[String]) {
     drop(keep);
 }
 
-/// The softverbs files in `/dev/shm` (names and sizes, recursively) that concern base port
-/// `base` or one of `inodes` (the XRC domain files).
-fn shm_files(base: u16, inodes: &[u64]) -> BTreeSet<String> {
+/// The softverbs files in `/dev/shm` (names, recursively) that concern one of `ports` (the base
+/// port and the slots of this test's processes) or one of `inodes` (the XRC domain files).
+/// Only exact ports: other tests' processes may run on bases near ours.
+fn shm_files(ports: &[u16], inodes: &[u64]) -> BTreeSet<String> {
     let netns = std::fs::metadata("/proc/self/ns/net")
         .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
         .unwrap();
     let ours = |name: &str| {
-        // <netns>-<port>[-...]: a port of this base's range.
+        // <netns>-<port>[-...]
         let mine = name
             .strip_prefix(&format!("{netns}-"))
             .and_then(|r| r.split(['-', '.']).next())
             .and_then(|p| p.parse::<u16>().ok())
-            .is_some_and(|p| (base..=base.saturating_add(255)).contains(&p));
+            .is_some_and(|p| ports.contains(&p));
         mine || inodes.iter().any(|i| name.ends_with(&format!("-{i}")))
     };
     let mut out = BTreeSet::new();
@@ -750,7 +751,9 @@ fn leftovers_do_not_hurt_the_next_process() {
     let group = Ipv4Addr::new(239, 77, (std::process::id() % 200) as u8, 1);
     let fixed = (tcp_port(), dir.join("xrc-fixed"));
     let mut inodes = Vec::new();
-    let before = shm_files(base, &[]);
+    let (own_slot, ..) = ctx.udp_status().unwrap();
+    let mut ports = vec![base, base + u16::from(own_slot)];
+    let before = shm_files(&ports, &[]);
     let mut slot = None;
     let mut last = BTreeSet::new();
     let (mut counts, mut first_left) = (vec![before.len()], 0);
@@ -778,6 +781,9 @@ fn leftovers_do_not_hurt_the_next_process() {
             s,
             "round {round}: the next process gets the same slot"
         );
+        if round == 0 {
+            ports.push(base + u16::from(s));
+        }
         // A connection to the listener on the fixed port.
         let ch = EventChannel::new().unwrap();
         let id = CmId::new(Some(&ch), PortSpace::Tcp).unwrap();
@@ -841,7 +847,7 @@ fn leftovers_do_not_hurt_the_next_process() {
             ));
         }
         inodes.dedup();
-        let now = shm_files(base, &inodes);
+        let now = shm_files(&ports, &inodes);
         counts.push(now.len());
         if round >= 2 {
             // What a dead process leaves until the next one cleans up: it does not grow

@@ -17,11 +17,11 @@ use softverbs_engine::wr::{Payload, RemoteAddr, SendOp};
 use softverbs_engine::Errno;
 
 use crate::abi::*;
-use crate::memory::copy_in;
+use crate::memory::{append_in, copy_in};
 use crate::verbs::{self, outer, NewQp, SvAh, SvCq, SvQp, SvSrq, WrBatch};
 use crate::{fail, fail_null, set_errno};
 
-const EINVAL: c_int = Errno::EINVAL as c_int;
+pub(crate) const EINVAL: c_int = Errno::EINVAL as c_int;
 const EOPNOTSUPP: c_int = Errno::EOPNOTSUPP as c_int;
 const ENOENT: c_int = Errno::ENOENT as c_int;
 
@@ -59,38 +59,14 @@ fn wc_c(w: &WorkCompletion) -> ibv_wc {
     }
 }
 
-/// The scatter/gather list of a work request.
-///
-/// # Safety
-/// `sg` must point at `n` readable `ibv_sge`s when `n > 0`.
-unsafe fn sges(sg: *const ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
-    if n < 0 || (n > 0 && sg.is_null()) {
-        return Err(EINVAL);
-    }
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    // SAFETY: per the contract.
-    let list = unsafe { std::slice::from_raw_parts(sg, n as usize) };
-    Ok(list
-        .iter()
-        .map(|s| Sge {
-            addr: s.addr,
-            length: s.length,
-            lkey: s.lkey,
-        })
-        .collect())
-}
-
-/// Inline data: the bytes the SGEs name, copied now.
+/// Inline data: the bytes the SGEs name, copied now (into `v`, which is empty).
 ///
 /// # Safety
 /// Every SGE must name readable memory (`ibv_post_send(3)`, `IBV_SEND_INLINE`).
-unsafe fn inline_bytes(list: &[Sge]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(list.iter().map(|s| s.length as usize).sum());
+unsafe fn inline_bytes(list: &[Sge], mut v: Vec<u8>) -> Vec<u8> {
     for s in list {
         // SAFETY: per the contract.
-        v.extend_from_slice(&unsafe { copy_in(s.addr, s.length as usize) });
+        unsafe { append_in(&mut v, s.addr, s.length as usize) };
     }
     v
 }
@@ -99,10 +75,14 @@ unsafe fn inline_bytes(list: &[Sge]) -> Vec<u8> {
 ///
 /// # Safety
 /// `wr` must be a valid work request whose pointers are readable.
-unsafe fn send_request(wr: &ibv_send_wr, qp_type: QpType) -> Result<SendRequest, c_int> {
+unsafe fn send_request(
+    wr: &ibv_send_wr,
+    qp_type: QpType,
+    scratch: &mut Scratch,
+) -> Result<SendRequest, c_int> {
     let flags = SendFlags::from_bits_truncate(wr.send_flags);
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
-    let list = unsafe { sges(wr.sg_list, wr.num_sge) }?;
+    let list = unsafe { scratch.sges(wr.sg_list, wr.num_sge) }?;
     // SAFETY: each union member is plain integers (and a pointer for `ud`), valid for any bits.
     let (rdma, atomic, ud) = unsafe { (wr.wr.rdma, wr.wr.atomic, wr.wr.ud) };
     let remote = RemoteAddr {
@@ -173,7 +153,9 @@ unsafe fn send_request(wr: &ibv_send_wr, qp_type: QpType) -> Result<SendRequest,
     };
     let payload = if flags.contains(SendFlags::INLINE) && !op.is_read_or_atomic() {
         // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
-        Payload::Inline(unsafe { inline_bytes(&list) })
+        let bytes = unsafe { inline_bytes(&list, scratch.bytes()) };
+        scratch.keep_sges(list);
+        Payload::Inline(bytes)
     } else {
         Payload::Sges(list)
     };
@@ -209,41 +191,41 @@ pub(crate) unsafe extern "C" fn post_send(
         return fail(EINVAL);
     };
     let qp_type = q.core.qp_type();
-    let mut ptrs = Vec::new();
-    let mut reqs = Vec::new();
-    let mut conv_err = None;
-    let mut p = wr;
-    while !p.is_null() {
-        // SAFETY: `p` is a work request of the caller's list.
-        let w = unsafe { &*p };
-        // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
-        match unsafe { send_request(w, qp_type) } {
-            Ok(r) => {
-                ptrs.push(p);
-                reqs.push(r);
+    let outcome = Scratch::with(|s| {
+        let mut conv_err = None;
+        let mut p = wr;
+        while !p.is_null() {
+            // SAFETY: `p` is a work request of the caller's list.
+            let w = unsafe { &*p };
+            // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
+            match unsafe { send_request(w, qp_type, s) } {
+                Ok(r) => {
+                    s.send_ptrs.push(p);
+                    s.sends.push(r);
+                }
+                Err(e) => {
+                    conv_err = Some((p, e));
+                    break;
+                }
             }
-            Err(e) => {
-                conv_err = Some((p, e));
-                break;
-            }
+            p = w.next;
         }
-        p = w.next;
-    }
-    if let Some(queues) = &q.queues {
-        queues.stage_send(&mut reqs);
-    }
-    // Nothing translatable (the first WR is bad): post nothing, report that WR.
-    let posted = if reqs.is_empty() {
-        Ok(())
-    } else {
-        q.core.post_send(&reqs)
-    };
-    let (bad_wr, err) = match posted {
-        Ok(()) => match conv_err {
-            Some((p, e)) => (p, e),
-            None => return 0,
-        },
-        Err(e) => (ptrs.get(e.index).copied().unwrap_or(wr), e.error.errno()),
+        if let Some(queues) = &q.queues {
+            queues.stage_send(&mut s.sends);
+        }
+        // Nothing translatable (the first WR is bad): post nothing, report that WR.
+        let posted = if s.sends.is_empty() {
+            Ok(())
+        } else {
+            q.core.post_send(&s.sends)
+        };
+        match posted {
+            Ok(()) => conv_err,
+            Err(e) => Some((s.send_ptrs.get(e.index).copied().unwrap_or(wr), e.error.errno())),
+        }
+    });
+    let Some((bad_wr, err)) = outcome else {
+        return 0;
     };
     if !bad.is_null() {
         // SAFETY: `bad` is writable.
@@ -252,39 +234,61 @@ pub(crate) unsafe extern "C" fn post_send(
     fail(err)
 }
 
-/// Translates a receive list; returns the WRs, their pointers, and the first untranslatable
-/// WR with its errno.
-pub(crate) unsafe fn recv_list(
-    wr: *mut ibv_recv_wr,
-) -> (
-    Vec<RecvWr>,
-    Vec<*mut ibv_recv_wr>,
-    Option<(*mut ibv_recv_wr, c_int)>,
-) {
-    let (mut reqs, mut ptrs) = (Vec::new(), Vec::new());
+/// Translates a receive list into `s.recvs` (and `s.recv_ptrs`); returns the first
+/// untranslatable WR with its errno.
+///
+/// # Safety
+/// `wr` must be NULL or a valid list of work requests whose pointers are readable.
+unsafe fn recv_list(wr: *mut ibv_recv_wr, s: &mut Scratch) -> Option<(*mut ibv_recv_wr, c_int)> {
     let mut p = wr;
     while !p.is_null() {
         // SAFETY: `p` is a work request of the caller's list.
         let w = unsafe { &*p };
         // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
-        match unsafe { sges(w.sg_list, w.num_sge) } {
+        match unsafe { s.sges(w.sg_list, w.num_sge) } {
             Ok(sg_list) => {
-                reqs.push(RecvWr {
+                s.recvs.push(RecvWr {
                     wr_id: w.wr_id,
                     sg_list,
                 });
-                ptrs.push(p);
+                s.recv_ptrs.push(p);
             }
-            Err(e) => return (reqs, ptrs, Some((p, e))),
+            Err(e) => return Some((p, e)),
         }
         p = w.next;
     }
-    (reqs, ptrs, None)
+    None
 }
 
-pub(crate) unsafe fn finish_recv(
+/// Posts a receive list: translates it, lets `stage` pass it through a parent domain's ring
+/// (if any), hands it to `post`, and reports the outcome as `ibv_post_recv(3)` says.
+///
+/// # Safety
+/// `wr` must be NULL or a valid list of work requests whose pointers are readable; `bad` must
+/// be NULL or writable.
+pub(crate) unsafe fn post_recv_list(
+    wr: *mut ibv_recv_wr,
+    bad: *mut *mut ibv_recv_wr,
+    stage: impl FnOnce(&mut [RecvWr]),
+    post: impl FnOnce(&[RecvWr]) -> Result<(), softverbs_device::PostError>,
+) -> c_int {
+    Scratch::with(|s| {
+        // SAFETY: per the contract.
+        let conv_err = unsafe { recv_list(wr, s) };
+        stage(&mut s.recvs);
+        let result = post(&s.recvs);
+        // SAFETY: per the contract.
+        unsafe { finish_recv(result, s, conv_err, bad) }
+    })
+}
+
+/// Reports the outcome of a receive post of the requests in `s` as `ibv_post_recv(3)` says.
+///
+/// # Safety
+/// `bad` must be NULL or writable.
+unsafe fn finish_recv(
     result: Result<(), softverbs_device::PostError>,
-    ptrs: &[*mut ibv_recv_wr],
+    s: &Scratch,
     conv_err: Option<(*mut ibv_recv_wr, c_int)>,
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
@@ -294,7 +298,8 @@ pub(crate) unsafe fn finish_recv(
             None => return 0,
         },
         Err(e) => (
-            ptrs.get(e.index)
+            s.recv_ptrs
+                .get(e.index)
                 .copied()
                 .or(conv_err.map(|c| c.0))
                 .unwrap_or(std::ptr::null_mut()),
@@ -319,13 +324,18 @@ pub(crate) unsafe extern "C" fn post_recv(
         return fail(EINVAL);
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
-    let (mut reqs, ptrs, conv_err) = unsafe { recv_list(wr) };
-    if let Some(queues) = &q.queues {
-        queues.stage_recv(&mut reqs);
+    unsafe {
+        post_recv_list(
+            wr,
+            bad,
+            |reqs| {
+                if let Some(queues) = &q.queues {
+                    queues.stage_recv(reqs);
+                }
+            },
+            |reqs| q.core.post_recv(reqs),
+        )
     }
-    let result = q.core.post_recv(&reqs);
-    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
-    unsafe { finish_recv(result, &ptrs, conv_err, bad) }
 }
 
 /// The `post_srq_recv` op.
@@ -335,17 +345,22 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     bad: *mut *mut ibv_recv_wr,
 ) -> c_int {
     // SAFETY: the caller passes NULL or a live object of this library (the verbs API contract).
-    let Some(s) = (unsafe { outer::<SvSrq, _>(srq) }) else {
+    let Some(sq) = (unsafe { outer::<SvSrq, _>(srq) }) else {
         return fail(EINVAL);
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
-    let (mut reqs, ptrs, conv_err) = unsafe { recv_list(wr) };
-    if let Some(queue) = &s.queue {
-        queue.stage_recv(&mut reqs);
+    unsafe {
+        post_recv_list(
+            wr,
+            bad,
+            |reqs| {
+                if let Some(queue) = &sq.queue {
+                    queue.stage_recv(reqs);
+                }
+            },
+            |reqs| sq.core.post_recv(reqs),
+        )
     }
-    let result = s.core.post_recv(&reqs);
-    // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
-    unsafe { finish_recv(result, &ptrs, conv_err, bad) }
 }
 
 /// The `poll_cq` op: up to `n` completions, or a negative errno.
@@ -364,21 +379,10 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
             unsafe { wc.add(i).write(wc_c(w)) }
         }) as c_int;
     }
-    let mut buf = [WorkCompletion::default(); 32];
-    let mut total = 0;
-    while total < n {
-        let want = (n - total).min(buf.len());
-        let got = c.core.poll(&mut buf[..want]);
-        for (i, w) in buf[..got].iter().enumerate() {
-            // SAFETY: the caller's array holds `n` entries and `total + i < n`.
-            unsafe { wc.add(total + i).write(wc_c(w)) };
-        }
-        total += got;
-        if got < want {
-            break;
-        }
-    }
-    total as c_int
+    c.core.poll_each(n, |i, w| {
+        // SAFETY: the caller's array holds `n` entries and the core hands out at most `n`.
+        unsafe { wc.add(i).write(wc_c(&w)) }
+    }) as c_int
 }
 
 /// The `req_notify_cq` op.
@@ -395,6 +399,8 @@ pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c
 
 mod cq_ex;
 pub(crate) mod qp_ex;
+mod scratch;
 
 pub(crate) use cq_ex::{create_cq_ex, current, current_wc, install_cq_ex_ops};
 pub(crate) use qp_ex::{create_qp_ex, push_op, qp_ex};
+pub(crate) use scratch::Scratch;

@@ -91,7 +91,7 @@ unsafe fn last(qpx: *mut ibv_qp_ex, f: impl FnOnce(&SvQp, &mut SendRequest) -> R
 fn set_data(req: &mut SendRequest, list: Vec<Sge>) {
     req.payload = if req.flags.contains(SendFlags::INLINE) && !req.op.is_read_or_atomic() {
         // SAFETY: with IBV_SEND_INLINE the SGEs name the caller's readable data.
-        Payload::Inline(unsafe { inline_bytes(&list) })
+        Payload::Inline(unsafe { inline_bytes(&list, Vec::new()) })
     } else {
         Payload::Sges(list)
     };
@@ -267,8 +267,9 @@ unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, lengt
 
 unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
     let n = c_int::try_from(n).unwrap_or(-1);
+    let mut v = Vec::new();
     // SAFETY: the caller passes `n` readable SGEs.
-    let list = unsafe { sges(list, n) };
+    let list = unsafe { scratch::append_sges(&mut v, list, n) }.map(|()| v);
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
     unsafe {
         last(qpx, |_, req| {
