@@ -392,10 +392,18 @@ impl QpQueues {
             };
         }
     }
+}
 
-    /// Passes each receive request's scatter list through the receive queue ring (a QP on an
-    /// SRQ has none; its requests are refused by the device anyway).
-    pub(crate) fn stage_recv(&self, reqs: &mut [RecvWr]) {
+/// What passes receive requests through a parent domain's queue buffer before they are posted.
+pub(crate) trait StageRecv {
+    /// Passes each request's scatter list through the buffer.
+    fn stage_recv(&self, reqs: &mut [RecvWr]);
+}
+
+impl StageRecv for QpQueues {
+    /// Through the receive queue ring (a QP on an SRQ has none; its requests are refused by
+    /// the device anyway).
+    fn stage_recv(&self, reqs: &mut [RecvWr]) {
         if let Some(rq) = &self.rq {
             rq.stage_recv(reqs);
         }
@@ -421,9 +429,9 @@ pub(crate) struct RecvQueue {
     _use: DomainUse,
 }
 
-impl RecvQueue {
-    /// Passes each receive request's scatter list through the queue's ring.
-    pub(crate) fn stage_recv(&self, reqs: &mut [RecvWr]) {
+impl StageRecv for RecvQueue {
+    /// Through the queue's ring.
+    fn stage_recv(&self, reqs: &mut [RecvWr]) {
         self.rq.stage_recv(reqs);
     }
 }

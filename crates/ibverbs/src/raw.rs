@@ -343,18 +343,7 @@ unsafe extern "C" fn wq_post_recv(
         return fail(EINVAL);
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
-    unsafe {
-        post_recv_list(
-            wr,
-            bad,
-            |reqs| {
-                if let Some(queue) = &w.queue {
-                    queue.stage_recv(reqs);
-                }
-            },
-            |reqs| w.core.post_recv(reqs),
-        )
-    }
+    unsafe { post_recv_list(wr, bad, w.queue.as_ref(), |reqs| w.core.post_recv(reqs)) }
 }
 
 /// The `create_wq` op: receive WQs (`IBV_WQT_RQ`) without creation flags. The actual

@@ -17,6 +17,7 @@ use softverbs_engine::wr::{Payload, RemoteAddr, SendOp};
 use softverbs_engine::Errno;
 
 use crate::abi::*;
+use crate::domain::StageRecv;
 use crate::memory::{append_in, copy_in};
 use crate::verbs::{self, outer, NewQp, SvAh, SvCq, SvQp, SvSrq, WrBatch};
 use crate::{fail, fail_null, set_errno};
@@ -260,8 +261,8 @@ unsafe fn recv_list(wr: *mut ibv_recv_wr, s: &mut Scratch) -> Option<(*mut ibv_r
     None
 }
 
-/// Posts a receive list: translates it, lets `stage` pass it through a parent domain's ring
-/// (if any), hands it to `post`, and reports the outcome as `ibv_post_recv(3)` says.
+/// Posts a receive list: translates it, passes it through `stage` (a parent domain's ring) if
+/// there is one, hands it to `post`, and reports the outcome as `ibv_post_recv(3)` says.
 ///
 /// # Safety
 /// `wr` must be NULL or a valid list of work requests whose pointers are readable; `bad` must
@@ -269,13 +270,15 @@ unsafe fn recv_list(wr: *mut ibv_recv_wr, s: &mut Scratch) -> Option<(*mut ibv_r
 pub(crate) unsafe fn post_recv_list(
     wr: *mut ibv_recv_wr,
     bad: *mut *mut ibv_recv_wr,
-    stage: impl FnOnce(&mut [RecvWr]),
+    stage: Option<&impl StageRecv>,
     post: impl FnOnce(&[RecvWr]) -> Result<(), softverbs_device::PostError>,
 ) -> c_int {
     Scratch::with(|s| {
         // SAFETY: per the contract.
         let conv_err = unsafe { recv_list(wr, s) };
-        stage(&mut s.recvs);
+        if let Some(stage) = stage {
+            stage.stage_recv(&mut s.recvs);
+        }
         let result = post(&s.recvs);
         // SAFETY: per the contract.
         unsafe { finish_recv(result, s, conv_err, bad) }
@@ -324,18 +327,7 @@ pub(crate) unsafe extern "C" fn post_recv(
         return fail(EINVAL);
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
-    unsafe {
-        post_recv_list(
-            wr,
-            bad,
-            |reqs| {
-                if let Some(queues) = &q.queues {
-                    queues.stage_recv(reqs);
-                }
-            },
-            |reqs| q.core.post_recv(reqs),
-        )
-    }
+    unsafe { post_recv_list(wr, bad, q.queues.as_ref(), |reqs| q.core.post_recv(reqs)) }
 }
 
 /// The `post_srq_recv` op.
@@ -349,18 +341,7 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
         return fail(EINVAL);
     };
     // SAFETY: the caller's pointers satisfy the verbs API contract, which is what the callee requires.
-    unsafe {
-        post_recv_list(
-            wr,
-            bad,
-            |reqs| {
-                if let Some(queue) = &sq.queue {
-                    queue.stage_recv(reqs);
-                }
-            },
-            |reqs| sq.core.post_recv(reqs),
-        )
-    }
+    unsafe { post_recv_list(wr, bad, sq.queue.as_ref(), |reqs| sq.core.post_recv(reqs)) }
 }
 
 /// The `poll_cq` op: up to `n` completions, or a negative errno.
