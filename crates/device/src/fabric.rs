@@ -34,6 +34,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex, RwLock};
+use smallvec::SmallVec;
 use softverbs_engine::memory::ExternalPayload;
 use softverbs_engine::time::Instant;
 use softverbs_engine::transport::{buffers, DropReason, ExternalRanges, RxMeta, Transmit};
@@ -268,12 +269,20 @@ impl<E: Endpoint> Node<E> {
                 tickets,
                 targets,
             } = &mut *processing;
+            let mut batches = 0u32;
             while self.inbound.recv(batch) > 0 {
                 did = true;
-                // The clock is read again for every batch: a thread may drive for a long
+                // The clock is read again for every later batch: a thread may drive for a long
                 // while when packets keep coming, and a stale `now` would time round trips as
-                // zero and arm retransmission timers that fire early.
-                let now = now.max(self.fabric.now());
+                // zero and arm retransmission timers that fire early. The first uses the
+                // caller's, read just before (a clock read is a visible part of a message's
+                // cost).
+                let now = if batches == 0 {
+                    now
+                } else {
+                    now.max(self.fabric.now())
+                };
+                batches += 1;
                 let mut out = Vec::new();
                 let pending = Pending::default();
                 for (data, desc) in batch.iter() {
@@ -407,7 +416,9 @@ impl<E: Endpoint> Node<E> {
                 // The usual single reply: its vector is the batch's, no copy.
                 *out = txs;
             } else {
-                out.extend(txs);
+                let mut txs = txs;
+                out.append(&mut txs);
+                buffers::recycle_transmits(txs);
             }
             tickets.push((qp, ticket, at..out.len()));
         }
@@ -474,6 +485,10 @@ fn same_link(a: &Route, b: &Route) -> bool {
         } == *a
 }
 
+/// The runs one routing produced: nearly always one (a QP's packets go to one peer), kept
+/// inline so that routing a packet allocates no list.
+type Runs<E> = SmallVec<[Run<E>; 1]>;
+
 /// Packets for other processes along one link, from one node.
 struct Run<E: Endpoint> {
     from: Arc<Node<E>>,
@@ -497,12 +512,13 @@ impl<E: Endpoint> Run<E> {
     }
 
     /// Appends the packets of `other`, which goes along the same link.
-    fn append(&mut self, other: Self) {
+    fn append(&mut self, mut other: Self) {
         if !other.exts.is_empty() {
             self.exts.resize(self.packets.len(), None);
             self.exts.extend(other.exts);
         }
-        self.packets.extend(other.packets);
+        self.packets.append(&mut other.packets);
+        buffers::recycle_list(other.packets);
     }
 
     /// Drops every positive ACK of the run that a later one to the same QP covers.
@@ -1130,10 +1146,15 @@ impl<E: Endpoint> Fabric<E> {
         if !self.queued.load(Ordering::Acquire) {
             return;
         }
+        // The caller's `now` serves until a node did some work; then the clock is read again.
+        let (mut now, mut fresh) = (now, true);
         while self.queued.swap(false, Ordering::AcqRel) {
             // Listed after the flag was lowered: a node added since is in the list.
             for n in self.live_nodes().iter() {
-                n.drive(now);
+                if !fresh {
+                    now = now.max(self.now());
+                }
+                fresh = !n.drive(now);
             }
         }
     }
@@ -1369,8 +1390,8 @@ impl<E: Endpoint> Fabric<E> {
 
     /// Delivers the packets for this process's nodes and returns the others in runs along one
     /// link (one batch each for a driver), counting every packet on `from`.
-    fn route(&self, from: &Arc<Node<E>>, mut txs: Vec<Transmit>) -> Vec<Run<E>> {
-        let mut remote: Vec<Run<E>> = Vec::new();
+    fn route(&self, from: &Arc<Node<E>>, mut txs: Vec<Transmit>) -> Runs<E> {
+        let mut remote = Runs::new();
         if txs.is_empty() {
             buffers::recycle_transmits(txs);
             return remote;
@@ -1448,10 +1469,7 @@ impl<E: Endpoint> Fabric<E> {
 
     /// Sends runs of packets for other processes: through a process's mailbox if it has one,
     /// otherwise over UDP. Adjacent runs along one link (QPs of one peer process) go together.
-    fn send_runs(&self, runs: Vec<Run<E>>) {
-        if runs.is_empty() {
-            return;
-        }
+    fn send_runs(&self, runs: impl IntoIterator<Item = Run<E>>) {
         let mut runs = runs.into_iter().peekable();
         while let Some(mut run) = runs.next() {
             while let Some(next) =

@@ -56,8 +56,9 @@ impl Held {
         }
     }
 
-    /// Marks `ticket`'s packets as sent and returns the completions that may now be seen.
-    pub(crate) fn release(&mut self, ticket: u64) -> Vec<Completion> {
+    /// Marks `ticket`'s packets as sent and hands each completion that may now be seen to
+    /// `ready`, oldest first (with no list between: this runs for every message).
+    pub(crate) fn release(&mut self, ticket: u64, mut ready: impl FnMut(Completion)) {
         if ticket == self.watermark && self.released.is_empty() {
             // Tickets released in the order issued (the usual case): no set to keep.
             self.watermark += 1;
@@ -67,13 +68,11 @@ impl Held {
                 self.watermark += 1;
             }
         }
-        let mut ready = Vec::new();
         while self.queue.front().is_some_and(|(t, _)| *t < self.watermark) {
             if let Some((_, c)) = self.queue.pop_front() {
-                ready.push(c);
+                ready(c);
             }
         }
-        ready
     }
 
     /// Whether nothing is waiting.
@@ -99,8 +98,11 @@ mod tests {
         }
     }
 
-    fn ids(v: Vec<Completion>) -> Vec<u64> {
-        v.into_iter().map(|c| c.wc.wr_id).collect()
+    /// The ids of what releasing `ticket` makes visible.
+    fn released(h: &mut Held, ticket: u64) -> Vec<u64> {
+        let mut ids = Vec::new();
+        h.release(ticket, |c| ids.push(c.wc.wr_id));
+        ids
     }
 
     #[test]
@@ -112,8 +114,8 @@ mod tests {
         h.hold(b, c(2));
         h.hold(b, c(3));
         // The later batch left first: nothing of it may pass the earlier, unsent one.
-        assert!(h.release(b).is_empty());
-        assert_eq!(ids(h.release(a)), [1, 2, 3]);
+        assert!(released(&mut h, b).is_empty());
+        assert_eq!(released(&mut h, a), [1, 2, 3]);
         assert!(h.is_empty());
     }
 
@@ -122,13 +124,13 @@ mod tests {
         let mut h = Held::default();
         let a = h.issue();
         h.hold(a, c(1));
-        assert_eq!(ids(h.release(a)), [1]);
+        assert_eq!(released(&mut h, a), [1]);
         let b = h.issue();
         h.hold(b, c(2));
         let d = h.issue();
         h.hold(d, c(3));
-        assert_eq!(ids(h.release(b)), [2]);
-        assert_eq!(ids(h.release(d)), [3]);
+        assert_eq!(released(&mut h, b), [2]);
+        assert_eq!(released(&mut h, d), [3]);
     }
 
     #[test]
@@ -143,8 +145,8 @@ mod tests {
         let d = h.issue();
         assert_eq!(d, b);
         h.hold(d, c(2));
-        assert!(h.release(d).is_empty(), "the earlier ticket is still out");
-        assert_eq!(ids(h.release(a)), [1, 2]);
+        assert!(released(&mut h, d).is_empty(), "the earlier ticket is still out");
+        assert_eq!(released(&mut h, a), [1, 2]);
         let e = h.issue();
         let _f = h.issue();
         assert!(!h.withdraw(e), "only the last ticket issued");

@@ -766,7 +766,7 @@ impl Qp {
             let mut overrun = false;
             // A tag-matching SRQ receives the completions of its QPs on its own CQ.
             let tm_cq = self.init.srq.as_ref().and_then(|s| s.tm_cq());
-            for c in inner.held.release(ticket) {
+            inner.held.release(ticket, |c| {
                 let cq = match c.queue {
                     WorkQueue::Send => self.init.send_cq.clone(),
                     WorkQueue::Recv => tm_cq.or(self.init.recv_cq.as_ref()).cloned(),
@@ -774,7 +774,7 @@ impl Qp {
                     // SRQ is gone, so is its CQ's interest in the completion.
                     WorkQueue::XrcSrq(srqn) => {
                         let Some(domain) = self.xrcd.as_ref().map(|x| x.domain()) else {
-                            continue;
+                            return;
                         };
                         if let Some(srq) = domain.srq(srqn) {
                             srq.xrc_cq().cloned()
@@ -788,16 +788,16 @@ impl Qp {
                                 }
                                 .complete(port, srqn, &c.wc);
                             }
-                            continue;
+                            return;
                         }
                     }
                     // Consumed by the drain, never held.
-                    WorkQueue::Internal => continue,
+                    WorkQueue::Internal => return,
                 };
                 if let Some(cq) = cq {
                     overrun |= cq.push(c.wc).is_err();
                 }
-            }
+            });
             if !overrun || inner.attr.qp_state == QpState::Err {
                 return;
             }

@@ -222,6 +222,45 @@ pub(crate) fn slot_of(qpn: u32) -> u8 {
     (qpn >> 16) as u8
 }
 
+/// The `recvmmsg` headers of one call, with room for every datagram's address and control
+/// messages.
+///
+/// nix's headers keep the lengths the kernel wrote back into them (of the address and the
+/// control messages), so a set that received datagrams cannot serve another call: it would
+/// offer the kernel only the room the last datagrams used. A call that failed (above all
+/// EAGAIN, which is what most looks at an idle socket get) wrote nothing, so its set is kept
+/// for this thread's next call instead of being allocated and zeroed again.
+struct RecvHeaders(MultiHeaders<SockaddrStorage>);
+
+thread_local! {
+    static RECV_HEADERS: std::cell::RefCell<Option<RecvHeaders>> = const { std::cell::RefCell::new(None) };
+}
+
+impl RecvHeaders {
+    /// This thread's kept set, or a new one.
+    fn take() -> Self {
+        RECV_HEADERS
+            .try_with(|h| h.try_borrow_mut().ok().and_then(|mut h| h.take()))
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| {
+                Self(MultiHeaders::preallocate(
+                    RECV_MMSG,
+                    Some(nix::cmsg_space!(libc::in6_pktinfo, i32, u32)),
+                ))
+            })
+    }
+
+    /// Keeps a set the kernel did not write to for this thread's next call.
+    fn keep(self) {
+        let _ = RECV_HEADERS.try_with(|h| {
+            if let Ok(mut h) = h.try_borrow_mut() {
+                *h = Some(self);
+            }
+        });
+    }
+}
+
 impl Udp {
     /// Binds the first free slot of `base + 1..=base + slots`. `None` if every one is taken
     /// (or no UDP socket can be bound at all).
@@ -605,21 +644,21 @@ impl Udp {
             let mut chunks = spare.chunks_mut(MAX_DATAGRAM);
             let mut iovs: [[IoSliceMut<'_>; 1]; RECV_MMSG] =
                 std::array::from_fn(|_| [IoSliceMut::new(chunks.next().expect("one chunk per datagram"))]);
-            let mut headers = MultiHeaders::<SockaddrStorage>::preallocate(
-                RECV_MMSG,
-                Some(nix::cmsg_space!(libc::in6_pktinfo, i32, u32)),
-            );
+            let mut headers = RecvHeaders::take();
             let msgs = match recvmmsg(
                 fd.as_raw_fd(),
-                &mut headers,
+                &mut headers.0,
                 iovs.iter_mut(),
                 MsgFlags::MSG_DONTWAIT,
                 None,
             ) {
                 Ok(m) => m,
-                Err(Errno::EAGAIN) => return 0,
                 Err(e) => {
-                    tracing::debug!(error = %e, "UDP receive failed");
+                    if e != Errno::EAGAIN {
+                        tracing::debug!(error = %e, "UDP receive failed");
+                    }
+                    // A failed call received nothing, so the kernel wrote nothing back.
+                    headers.keep();
                     return 0;
                 }
             };
@@ -1274,6 +1313,55 @@ mod tests {
         assert!(udp.wait(Duration::from_secs(10)), "readable");
         udp.since_scan.store(0, Ordering::Relaxed);
         assert_eq!(receive(&mut batch, 1), 1, "the first receive after the wait");
+    }
+
+    #[test]
+    fn headers_kept_from_empty_looks_still_carry_every_address() {
+        let udp = Udp::start(free_base_port(), 255).expect("a slot");
+        let qpn = (u32::from(udp.slot()) << 16) | 0x11;
+        let mut peers = vec![(
+            UdpSocket::bind("127.0.0.1:0").unwrap(),
+            IpAddr::V4(Ipv4Addr::LOCALHOST),
+        )];
+        if udp.own.v6.is_some() {
+            peers.push((
+                UdpSocket::bind("[::1]:0").unwrap(),
+                IpAddr::V6(Ipv6Addr::LOCALHOST),
+            ));
+        }
+        let mut batch = PacketBatch::default();
+        for round in 0..4u8 {
+            // Looks at empty sockets, which keep this thread's headers for the next call.
+            for _ in 0..3 {
+                assert_eq!(udp.recv(&mut batch), 0);
+            }
+            assert!(
+                RECV_HEADERS.with(|h| h.borrow().is_some()),
+                "an empty look keeps its headers"
+            );
+            for (peer, ip) in &peers {
+                peer.send_to(&packet(qpn, round), (*ip, udp.port())).unwrap();
+            }
+            let deadline = StdInstant::now() + Duration::from_secs(10);
+            while batch.len() < peers.len() && StdInstant::now() < deadline {
+                if udp.wait(Duration::from_millis(50)) {
+                    udp.recv(&mut batch);
+                }
+            }
+            assert_eq!(batch.len(), peers.len(), "round {round}");
+            for (peer, ip) in &peers {
+                let gid = Gid::from_ip(*ip);
+                let port = peer.local_addr().unwrap().port();
+                assert!(
+                    batch.iter().any(|(data, d)| data == packet(qpn, round).as_slice()
+                        && d.meta.sgid == gid
+                        && d.meta.dgid == gid
+                        && d.ports == (port, udp.port())),
+                    "round {round}: the datagram from {ip} with its source, destination and ports"
+                );
+            }
+            batch.clear();
+        }
     }
 
     #[test]

@@ -81,44 +81,46 @@ pub fn pooled(len: usize) -> usize {
 }
 
 thread_local! {
-    /// An emptied list of transmits and one of packet buffers, kept for the next burst.
+    /// Emptied lists of transmits and of packet buffers, kept for the next bursts.
     static LISTS: RefCell<Lists> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Most entries a kept list may have room for (a larger one is freed, not kept).
 const LIST_KEEP: usize = 1024;
+/// Most emptied lists of each kind a thread keeps: a receive pass holds one per packet it
+/// processed until the pass's single send, so a pass of a few packets takes several at once.
+const SPARES: usize = 8;
 
 /// The spare lists of this thread.
-type Lists = (Vec<Transmit>, Vec<Vec<u8>>);
+type Lists = (Vec<Vec<Transmit>>, Vec<Vec<Vec<u8>>>);
 
-/// Takes the spare list `slot` picks (empty if there is none).
-fn take_spare<T>(slot: fn(&mut Lists) -> &mut Vec<T>) -> Vec<T> {
+/// Takes a spare list of the kind `slot` picks (a new, empty one if there is none).
+fn take_spare<T>(slot: fn(&mut Lists) -> &mut Vec<Vec<T>>) -> Vec<T> {
     LISTS
-        .try_with(|l| {
-            l.try_borrow_mut()
-                .map(|mut l| std::mem::take(slot(&mut l)))
-                .unwrap_or_default()
-        })
+        .try_with(|l| l.try_borrow_mut().ok().and_then(|mut l| slot(&mut l).pop()))
+        .ok()
+        .flatten()
         .unwrap_or_default()
 }
 
-/// Keeps `list` (emptied) as the spare `slot` picks, unless it is huge or the spare is larger.
-fn keep_spare<T>(slot: fn(&mut Lists) -> &mut Vec<T>, mut list: Vec<T>) {
+/// Keeps `list` (emptied) among the spares `slot` picks, unless it is huge, has no room at
+/// all, or enough are kept.
+fn keep_spare<T>(slot: fn(&mut Lists) -> &mut Vec<Vec<T>>, mut list: Vec<T>) {
     list.clear();
-    if list.capacity() > LIST_KEEP {
+    if list.capacity() == 0 || list.capacity() > LIST_KEEP {
         return;
     }
     let _ = LISTS.try_with(|l| {
         if let Ok(mut l) = l.try_borrow_mut() {
-            let spare = slot(&mut l);
-            if spare.capacity() < list.capacity() {
-                *spare = list;
+            let spares = slot(&mut l);
+            if spares.len() < SPARES {
+                spares.push(list);
             }
         }
     });
 }
 
-/// An empty list for the transmits of one burst: the one this thread last handed back with
+/// An empty list for the transmits of one burst: one this thread handed back with
 /// [`recycle_transmits`] if any (a list per work request would be an allocation each).
 pub fn take_transmits() -> Vec<Transmit> {
     take_spare(|l| &mut l.0)
@@ -219,7 +221,7 @@ mod tests {
         let again = take_list();
         assert!(again.is_empty());
         assert_eq!(again.as_ptr(), addr, "the list's allocation came back");
-        assert!(take_list().capacity() == 0, "one list is kept, not one per take");
+        assert!(take_list().capacity() == 0, "each kept list is taken once");
         let mut t = take_transmits();
         t.reserve(4);
         let addr = t.as_ptr();
@@ -228,6 +230,28 @@ mod tests {
         assert_eq!(back.as_ptr(), addr);
         recycle_transmits(Vec::with_capacity(LIST_KEEP + 1));
         assert_eq!(take_transmits().capacity(), 0, "a huge list is not kept");
+    }
+
+    #[test]
+    fn a_pass_that_holds_several_lists_gets_them_all_back() {
+        // As a receive pass does: a list per packet taken before any is handed back.
+        let mut held: Vec<Vec<Transmit>> = (0..SPARES + 2)
+            .map(|_| {
+                let mut t = take_transmits();
+                t.reserve(4);
+                t
+            })
+            .collect();
+        let addrs: Vec<_> = held.iter().map(|t| t.as_ptr()).collect();
+        for t in held.drain(..) {
+            recycle_transmits(t);
+        }
+        let again: Vec<Vec<Transmit>> = (0..SPARES + 1).map(|_| take_transmits()).collect();
+        for t in &again[..SPARES] {
+            assert!(t.capacity() >= 4, "a kept list comes back with its room");
+            assert!(addrs.contains(&t.as_ptr()));
+        }
+        assert_eq!(again[SPARES].capacity(), 0, "at most {SPARES} are kept");
     }
 
     #[test]
