@@ -41,7 +41,8 @@ pub enum Header {
 }
 
 impl Header {
-    /// Every header, in the order they appear on the wire.
+    /// Every header, in the order they appear on the wire (each at the position of its
+    /// discriminant, which is also its bit in a [`HeaderSet`]).
     ///
     /// No opcode carries two headers whose relative order this merges
     /// ambiguously (e.g. AETH and ImmDt never meet).
@@ -78,6 +79,15 @@ impl Header {
         1 << self as u16
     }
 }
+
+// `HeaderSet::iter` relies on every header sitting in `Header::ALL` at its discriminant.
+const _: () = {
+    let mut i = 0;
+    while i < Header::ALL.len() {
+        assert!(Header::ALL[i] as usize == i);
+        i += 1;
+    }
+};
 
 /// The set of extension headers an opcode carries (a hand-rolled bit set).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -137,7 +147,18 @@ impl HeaderSet {
 
     /// The headers in the set, in wire order.
     pub fn iter(self) -> impl Iterator<Item = Header> {
-        Header::ALL.into_iter().filter(move |&h| self.contains(h))
+        // Bit i is `Header::ALL[i]` (the discriminants are the positions), so the set bits,
+        // lowest first, are the headers in wire order: a packet with none (a SEND or WRITE
+        // middle) costs no look at the others.
+        let mut bits = self.0;
+        core::iter::from_fn(move || {
+            if bits == 0 {
+                return None;
+            }
+            let i = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            Some(Header::ALL[i])
+        })
     }
 }
 
@@ -743,6 +764,22 @@ impl fmt::Display for Opcode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_set_lists_its_headers_in_wire_order_each_at_its_offset() {
+        // Every subset of the headers, not only the opcodes' sets.
+        for bits in 0..1u16 << Header::ALL.len() {
+            let set = HeaderSet(bits);
+            let expected = Header::ALL.into_iter().filter(|&h| set.contains(h));
+            assert!(set.iter().eq(expected), "set {bits:#x}");
+            let mut at = bth::HEADER_LEN;
+            for h in set.iter() {
+                assert_eq!(set.offset(h), Some(at), "{h:?} in {bits:#x}");
+                at += h.size();
+            }
+            assert_eq!(at, set.header_len());
+        }
+    }
 
     #[test]
     fn header_len_is_sum_of_header_sizes() {

@@ -216,8 +216,11 @@ impl PacketRepr {
             bth,
             ..Self::new(bth, packet.payload().len())
         };
+        // Headers come in wire order, each right after the one before.
+        let mut at = bth::HEADER_LEN;
         for header in bth.opcode.headers().iter() {
-            let bytes = packet.header(header).ok_or(Error)?;
+            let bytes = packet.buffer.as_ref().get(at..at + header.size()).ok_or(Error)?;
+            at += header.size();
             match header {
                 Header::Deth => repr.deth = Some(DethRepr::parse(&DethPacket::new_unchecked(bytes))?),
                 Header::Feth => repr.feth = Some(FethRepr::parse(&FethPacket::new_unchecked(bytes))?),
