@@ -269,20 +269,12 @@ impl<E: Endpoint> Node<E> {
                 tickets,
                 targets,
             } = &mut *processing;
-            let mut batches = 0u32;
             while self.inbound.recv(batch) > 0 {
                 did = true;
-                // The clock is read again for every later batch: a thread may drive for a long
+                // The clock is read again for every batch: a thread may drive for a long
                 // while when packets keep coming, and a stale `now` would time round trips as
-                // zero and arm retransmission timers that fire early. The first uses the
-                // caller's, read just before (a clock read is a visible part of a message's
-                // cost).
-                let now = if batches == 0 {
-                    now
-                } else {
-                    now.max(self.fabric.now())
-                };
-                batches += 1;
+                // zero and arm retransmission timers that fire early.
+                let now = now.max(self.fabric.now());
                 let mut out = Vec::new();
                 let pending = Pending::default();
                 for (data, desc) in batch.iter() {
@@ -1146,15 +1138,10 @@ impl<E: Endpoint> Fabric<E> {
         if !self.queued.load(Ordering::Acquire) {
             return;
         }
-        // The caller's `now` serves until a node did some work; then the clock is read again.
-        let (mut now, mut fresh) = (now, true);
         while self.queued.swap(false, Ordering::AcqRel) {
             // Listed after the flag was lowered: a node added since is in the list.
             for n in self.live_nodes().iter() {
-                if !fresh {
-                    now = now.max(self.now());
-                }
-                fresh = !n.drive(now);
+                n.drive(now);
             }
         }
     }
