@@ -72,6 +72,10 @@ pub(crate) trait Endpoint: Send + Sync + 'static {
     /// [`Endpoint::release_ticket`] once they were sent, and why the packet was dropped if it was.
     /// A payload the sender left in its memory is `ext`; copies into this process's memory
     /// may be noted in `pending` instead of done (see [`crate::remote`]).
+    ///
+    /// With `more`, other packets of the received batch follow: a positive ACK this one calls
+    /// for may be held back (then `Received::ack_held` says so) until [`Endpoint::end_batch`],
+    /// so that one ACK answers all of the batch's packets for this endpoint.
     fn receive_packet(
         &self,
         now: Instant,
@@ -79,7 +83,12 @@ pub(crate) trait Endpoint: Send + Sync + 'static {
         ext: Option<&dyn ExternalPayload>,
         meta: &RxMeta,
         pending: &Pending,
-    ) -> (Vec<Transmit>, u64, Option<DropReason>);
+        more: bool,
+    ) -> Received;
+
+    /// The end of a received batch in which this endpoint held an ACK back: returns the
+    /// packets to send (that ACK) and the ticket to release once they were sent.
+    fn end_batch(&self, now: Instant) -> (Vec<Transmit>, u64);
 
     /// Makes the completions held under `ticket` (and earlier ones) visible: their packets
     /// were handed to the fabric.
@@ -128,6 +137,33 @@ struct Processing<E> {
     tickets: BatchTickets<E>,
     /// The endpoints one packet is for.
     targets: Vec<Arc<E>>,
+    /// The endpoints that hold an ACK back until the end of the batch.
+    acking: Vec<Arc<E>>,
+}
+
+/// Where [`Node::receive`] puts what a packet produced, for the end of its batch.
+struct Replies<'a, E> {
+    out: &'a mut Vec<Transmit>,
+    tickets: &'a mut BatchTickets<E>,
+    /// Scratch: the endpoints the packet is for.
+    targets: &'a mut Vec<Arc<E>>,
+    /// The endpoints holding an ACK back.
+    acking: &'a mut Vec<Arc<E>>,
+    /// Packets of the batch follow this one (an ACK may wait for them: a batch of one
+    /// packet, what a ping-pong gets, has nothing to wait for).
+    more: bool,
+}
+
+/// What an endpoint made of a received packet ([`Endpoint::receive_packet`]).
+pub(crate) struct Received {
+    /// Packets to send in reply.
+    pub(crate) txs: Vec<Transmit>,
+    /// To [`Endpoint::release_ticket`] once they were sent.
+    pub(crate) ticket: u64,
+    /// Why the packet was dropped, if it was.
+    pub(crate) dropped: Option<DropReason>,
+    /// A positive ACK is held back for [`Endpoint::end_batch`].
+    pub(crate) ack_held: bool,
 }
 
 /// The management QP (QP1) of a node: receives the MADs addressed to it and runs its timers
@@ -268,6 +304,7 @@ impl<E: Endpoint> Node<E> {
                 batch,
                 tickets,
                 targets,
+                acking,
             } = &mut *processing;
             while self.inbound.recv(batch) > 0 {
                 did = true;
@@ -277,11 +314,25 @@ impl<E: Endpoint> Node<E> {
                 let now = now.max(self.fabric.now());
                 let mut out = Vec::new();
                 let pending = Pending::default();
-                for (data, desc) in batch.iter() {
-                    let to = (&mut out, &mut *tickets, &mut *targets);
+                let n = batch.len();
+                for (i, (data, desc)) in batch.iter().enumerate() {
+                    let to = Replies {
+                        out: &mut out,
+                        tickets: &mut *tickets,
+                        targets: &mut *targets,
+                        acking: &mut *acking,
+                        more: i + 1 < n,
+                    };
                     self.receive(now, data, desc, &pending, to);
                 }
                 batch.clear();
+                for qp in acking.drain(..) {
+                    let (mut txs, ticket) = qp.end_batch(now);
+                    let at = out.len();
+                    out.append(&mut txs);
+                    buffers::recycle_transmits(txs);
+                    tickets.push((qp, ticket, at..out.len()));
+                }
                 // Payloads left in their senders' memory are copied before anything they
                 // caused (ACKs, completions) is seen.
                 let (copies, failures) = pending.flush();
@@ -331,14 +382,14 @@ impl<E: Endpoint> Node<E> {
         }
     }
 
-    fn receive(
-        &self,
-        now: Instant,
-        data: &[u8],
-        desc: &PacketDesc,
-        pending: &Pending,
-        (out, tickets, targets): (&mut Vec<Transmit>, &mut BatchTickets<E>, &mut Vec<Arc<E>>),
-    ) {
+    fn receive(&self, now: Instant, data: &[u8], desc: &PacketDesc, pending: &Pending, to: Replies<'_, E>) {
+        let Replies {
+            out,
+            tickets,
+            targets,
+            acking,
+            more,
+        } = to;
         let (meta, ports) = (&desc.meta, desc.ports);
         bump(self.counters.rx_packets());
         self.counters
@@ -392,7 +443,15 @@ impl<E: Endpoint> Node<E> {
         for qp in targets.drain(..) {
             let ext = desc.remote.map(|at| RemotePayload { at, qpn: qp.number() });
             let ext = ext.as_ref().map(|e| e as &dyn ExternalPayload);
-            let (txs, ticket, dropped) = qp.receive_packet(now, &parsed, ext, meta, pending);
+            let Received {
+                txs,
+                ticket,
+                dropped,
+                ack_held,
+            } = qp.receive_packet(now, &parsed, ext, meta, pending, more);
+            if ack_held && !acking.iter().any(|q| Arc::ptr_eq(q, &qp)) {
+                acking.push(qp.clone());
+            }
             if let Some(reason) = dropped {
                 tracing::debug!(
                     qpn = qp.number(),
@@ -1082,6 +1141,7 @@ impl<E: Endpoint> Fabric<E> {
                 batch: PacketBatch::default(),
                 tickets: Vec::new(),
                 targets: Vec::new(),
+                acking: Vec::new(),
             }),
             driving: AtomicBool::new(false),
             counters,
@@ -1793,10 +1853,20 @@ mod tests {
             _ext: Option<&dyn ExternalPayload>,
             meta: &RxMeta,
             _pending: &Pending,
-        ) -> (Vec<Transmit>, u64, Option<DropReason>) {
+            _more: bool,
+        ) -> Received {
             let mut got = self.got.lock();
             got.push((pkt.payload.to_vec(), *meta));
-            (Vec::new(), got.len() as u64, None)
+            Received {
+                txs: Vec::new(),
+                ticket: got.len() as u64,
+                dropped: None,
+                ack_held: false,
+            }
+        }
+
+        fn end_batch(&self, _now: Instant) -> (Vec<Transmit>, u64) {
+            unreachable!("a probe holds no ACK")
         }
 
         fn release_ticket(&self, ticket: u64) {

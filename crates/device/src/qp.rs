@@ -22,7 +22,7 @@ use softverbs_wire::ParsedPacket;
 use crate::context::{Context, EventElement};
 use crate::cq::Cq;
 use crate::device::{cap_flags, Fabric, Node, Resource};
-use crate::fabric::{Endpoint, Hold};
+use crate::fabric::{Endpoint, Hold, Received};
 use crate::held::Held;
 use crate::pd::{Ah, Pd};
 use crate::raw::{require_cap_net_raw, RawPort};
@@ -859,8 +859,10 @@ impl Qp {
         }
     }
 
-    /// Handles a packet for this QP (called by the node). Returns packets to send, and why
-    /// the packet was dropped if it was.
+    /// Handles a packet for this QP (called by the node). Returns packets to send, why the
+    /// packet was dropped if it was, and whether a positive ACK is held back for
+    /// [`Endpoint::end_batch`] (`more`: packets of the same batch follow, see
+    /// [`Endpoint::receive_packet`]).
     pub(crate) fn handle_packet(
         &self,
         now: Instant,
@@ -868,9 +870,14 @@ impl Qp {
         ext: Option<&dyn ExternalPayload>,
         meta: &RxMeta,
         pending: &Pending,
-    ) -> (Outputs, Option<DropReason>) {
+        more: bool,
+    ) -> (Outputs, Option<DropReason>, bool) {
         let mut inner = self.inner.lock();
         let now = inner.clock(now);
+        // The fabric ends the batch with `end_batch` if an ACK is held.
+        if more {
+            inner.engine.hold_acks();
+        }
         let node = self.node();
         let pkt = match ext {
             Some(src) => Rx::external(pkt, src),
@@ -920,7 +927,11 @@ impl Qp {
             None => inner.engine.handle_rx(now, pkt, meta, &keys, None).err(),
         };
         let out = self.drain_with(&mut inner, now, &keys);
-        (out, dropped)
+        let ack_held = inner.engine.holds_ack();
+        if !ack_held {
+            inner.engine.release_acks();
+        }
+        (out, dropped, ack_held)
     }
 
     /// A payload copy for packets handled under `ticket` failed (see [`crate::remote`]): the
@@ -1771,9 +1782,23 @@ impl Endpoint for Qp {
         ext: Option<&dyn ExternalPayload>,
         meta: &RxMeta,
         pending: &Pending,
-    ) -> (Vec<Transmit>, u64, Option<DropReason>) {
-        let (out, dropped) = self.handle_packet(now, pkt, ext, meta, pending);
-        (out.txs, out.ticket, dropped)
+        more: bool,
+    ) -> Received {
+        let (out, dropped, ack_held) = self.handle_packet(now, pkt, ext, meta, pending, more);
+        Received {
+            txs: out.txs,
+            ticket: out.ticket,
+            dropped,
+            ack_held,
+        }
+    }
+
+    fn end_batch(&self, now: Instant) -> (Vec<Transmit>, u64) {
+        let mut inner = self.inner.lock();
+        let now = inner.clock(now);
+        inner.engine.release_acks();
+        let out = self.drain(&mut inner, now);
+        (out.txs, out.ticket)
     }
 
     fn release_ticket(&self, ticket: u64) {

@@ -130,13 +130,15 @@ pub(crate) fn client(
                     if n == 0 {
                         break;
                     }
-                    batch.clear();
-                    for k in s.posted..s.posted + n {
+                    for (i, k) in (s.posted..s.posted + n).enumerate() {
                         let signaled = (k + 1) % cq_mod == 0 || k + 1 == total;
-                        batch.push(ep.request(remote, q, k, size, signaled, None)?);
+                        match batch.get_mut(i) {
+                            Some(wr) => ep.refill(wr, remote, q, k, size, signaled, None)?,
+                            None => batch.push(ep.request(remote, q, k, size, signaled, None)?),
+                        }
                         s.last_signaled = signaled;
                     }
-                    ep.qps[q].post_send(&batch)?;
+                    ep.qps[q].post_send(&batch[..n as usize])?;
                     s.posted += n;
                     if n < list {
                         break;

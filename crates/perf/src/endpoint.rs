@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use softverbs::{
     devices, AccessFlags, AhAttr, CompletionChannel, CompletionQueue, Context, Gid, GlobalRoute,
     MemoryRegion, Mtu, OwnedRegion, Payload, ProtectionDomain, QpAttr, QpAttrMask, QpInit, QpState, QpType,
-    QueuePair, RecvWr, RemoteAddr, SendFlags, SendOp, SendRequest, WorkCompletion,
+    QueuePair, RecvWr, RemoteAddr, SendFlags, SendOp, SendRequest, Sge, WorkCompletion,
 };
 
 use crate::cli::{AtomicKind, Connection, Params, TestKind};
@@ -310,6 +310,8 @@ pub(crate) struct Endpoint {
     pub(crate) src_pattern: Vec<u8>,
     /// Receive WRs posted and not yet consumed, per QP.
     pub(crate) recvs_posted: Vec<u32>,
+    /// Receive requests kept for [`Endpoint::fill_recvs`].
+    recv_wrs: Vec<RecvWr>,
     pub(crate) params: Params,
 }
 
@@ -405,6 +407,7 @@ impl Endpoint {
             max_rd_atomic,
             src_pattern,
             recvs_posted: vec![0; nq],
+            recv_wrs: Vec::new(),
             params: params.clone(),
         })
     }
@@ -545,13 +548,20 @@ impl Endpoint {
             return Ok(());
         }
         let sge = self.mr.sge(self.layout.dst..self.layout.dst + self.layout.max)?;
-        let wrs: Vec<RecvWr> = (0..missing)
-            .map(|_| RecvWr {
+        // Built once and kept: every receive of a QP is the same.
+        let wrs = &mut self.recv_wrs;
+        for wr in wrs.iter_mut().take(missing as usize) {
+            wr.wr_id = q as u64;
+            wr.sg_list.clear();
+            wr.sg_list.push(sge);
+        }
+        while wrs.len() < missing as usize {
+            wrs.push(RecvWr {
                 wr_id: q as u64,
                 sg_list: vec![sge],
-            })
-            .collect();
-        self.qps[q].post_recv(&wrs)?;
+            });
+        }
+        self.qps[q].post_recv(&wrs[..missing as usize])?;
         self.recvs_posted[q] += missing;
         Ok(())
     }
@@ -615,6 +625,35 @@ impl Endpoint {
         signaled: bool,
         counter: Option<u8>,
     ) -> Result<SendRequest> {
+        let mut wr = SendRequest {
+            wr_id: 0,
+            op: SendOp::Send {
+                imm: None,
+                invalidate: None,
+            },
+            flags: SendFlags::empty(),
+            payload: Payload::Sges(Vec::new()),
+            ud: None,
+            xrc_srqn: None,
+        };
+        self.refill(&mut wr, remote, q, k, size, signaled, counter)?;
+        Ok(wr)
+    }
+
+    /// Makes `wr` the work request [`Endpoint::request`] returns, keeping the memory its
+    /// payload already has: as a tuned program (and perftest) does, the loops build their
+    /// requests once, not one allocation per message.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn refill(
+        &self,
+        wr: &mut SendRequest,
+        remote: &Info,
+        q: usize,
+        k: u64,
+        size: usize,
+        signaled: bool,
+        counter: Option<u8>,
+    ) -> Result<()> {
         let l = &self.layout;
         let p = &self.params;
         let mut flags = if signaled {
@@ -623,35 +662,31 @@ impl Endpoint {
             SendFlags::empty()
         };
         let rkey = remote.rkey;
-        let data_payload = |flags: &mut SendFlags| -> Result<Payload> {
+        let data = |flags: &mut SendFlags| -> Result<Piece> {
             if size <= p.inline as usize {
                 *flags |= SendFlags::INLINE;
-                let mut b = self.src_pattern[..size].to_vec();
-                if let Some(v) = counter {
-                    b[size - 1] = v;
-                }
-                Ok(Payload::Inline(b))
+                Ok(Piece::Inline)
             } else {
                 if let Some(v) = counter {
                     self.mr.write(l.src + size - 1, &[v])?;
                 }
-                Ok(Payload::Sges(vec![self.mr.sge(l.src..l.src + size)?]))
+                Ok(Piece::Sge(self.mr.sge(l.src..l.src + size)?))
             }
         };
-        let (op, payload) = match p.test {
+        let (op, piece) = match p.test {
             TestKind::Send => (
                 SendOp::Send {
                     imm: None,
                     invalidate: None,
                 },
-                data_payload(&mut flags)?,
+                data(&mut flags)?,
             ),
             TestKind::Write => {
                 let remote = RemoteAddr {
                     addr: remote.addr + l.dst as u64,
                     rkey,
                 };
-                (SendOp::Write { remote, imm: None }, data_payload(&mut flags)?)
+                (SendOp::Write { remote, imm: None }, data(&mut flags)?)
             }
             TestKind::Read => {
                 let remote = RemoteAddr {
@@ -660,7 +695,7 @@ impl Endpoint {
                 };
                 (
                     SendOp::Read { remote },
-                    Payload::Sges(vec![self.mr.sge(l.dst..l.dst + size)?]),
+                    Piece::Sge(self.mr.sge(l.dst..l.dst + size)?),
                 )
             }
             TestKind::Atomic => {
@@ -678,19 +713,40 @@ impl Endpoint {
                 };
                 (
                     op,
-                    Payload::Sges(vec![self.mr.sge(l.result + 8 * q..l.result + 8 * q + 8)?]),
+                    Piece::Sge(self.mr.sge(l.result + 8 * q..l.result + 8 * q + 8)?),
                 )
             }
         };
-        Ok(SendRequest {
-            wr_id: wr_id(q, k),
-            op,
-            flags,
-            payload,
-            ud: None,
-            xrc_srqn: None,
-        })
+        wr.wr_id = wr_id(q, k);
+        wr.op = op;
+        wr.flags = flags;
+        match (piece, &mut wr.payload) {
+            (Piece::Sge(sge), Payload::Sges(list)) => {
+                list.clear();
+                list.push(sge);
+            }
+            (Piece::Sge(sge), other) => *other = Payload::Sges(vec![sge]),
+            (Piece::Inline, payload) => {
+                let mut bytes = match std::mem::replace(payload, Payload::Sges(Vec::new())) {
+                    Payload::Inline(b) => b,
+                    _ => Vec::new(),
+                };
+                bytes.clear();
+                bytes.extend_from_slice(&self.src_pattern[..size]);
+                if let Some(v) = counter {
+                    bytes[size - 1] = v;
+                }
+                *payload = Payload::Inline(bytes);
+            }
+        }
+        Ok(())
     }
+}
+
+/// Where a request's data is: inline (the pattern), or one SGE.
+enum Piece {
+    Inline,
+    Sge(Sge),
 }
 
 /// Work request ids: the QP index above bit 48, the WR's number in the run below.

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use softverbs::{WcOpcode, WorkCompletion};
+use softverbs::{SendRequest, WcOpcode, WorkCompletion};
 
 use crate::bw::{check_wc, SqTrack, Watchdog, STALL};
 use crate::cli::TestKind;
@@ -31,6 +31,8 @@ pub(crate) struct Pinger<'a> {
     /// Length of a received message that was not `size`.
     pub(crate) bad_len: Option<u32>,
     dog: Watchdog,
+    /// The request posted each time, built once (see [`Endpoint::refill`]).
+    wr: Option<SendRequest>,
 }
 
 impl<'a> Pinger<'a> {
@@ -44,6 +46,7 @@ impl<'a> Pinger<'a> {
             recvs: 0,
             op_done: false,
             bad_len: None,
+            wr: None,
             dog: Watchdog::new(STALL),
         }
     }
@@ -82,9 +85,16 @@ impl<'a> Pinger<'a> {
         let cq_mod = u64::from(self.ep.params.cq_mod.max(1));
         let k = self.sq.posted;
         let signaled = always || (k + 1) % cq_mod == 0;
-        let wr = self.ep.request(self.remote, 0, k, self.size, signaled, counter)?;
+        let wr = match &mut self.wr {
+            Some(wr) => {
+                self.ep
+                    .refill(wr, self.remote, 0, k, self.size, signaled, counter)?;
+                wr
+            }
+            none => none.insert(self.ep.request(self.remote, 0, k, self.size, signaled, counter)?),
+        };
         self.op_done = false;
-        self.ep.qps[0].post_send(&[wr])?;
+        self.ep.qps[0].post_send(std::slice::from_ref(wr))?;
         self.sq.posted += 1;
         Ok(())
     }

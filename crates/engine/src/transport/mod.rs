@@ -69,7 +69,7 @@ mod responder;
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use softverbs_wire::{ParsedPacket, Psn};
+use softverbs_wire::{AethSyndrome, ParsedPacket, Psn};
 
 use crate::memory::Memory;
 use crate::time::Instant;
@@ -245,6 +245,9 @@ pub struct QpCounters {
     /// Tail probes: the newest packet in flight sent again, asking for an acknowledgement,
     /// when nothing was acknowledged for a few round trips (not counted in `retransmits`).
     pub tail_probes: u64,
+    /// Positive ACKs the responder decided on but never built: a later one answered for them
+    /// while ACKs were held ([`QpEngine::hold_acks`], a received batch).
+    pub acks_held: u64,
 }
 
 /// The local ACK timeout for a `timeout` exponent: 4.096 us * 2^timeout; `None` for 0 (never).
@@ -413,6 +416,10 @@ pub struct QpEngine {
     pub(crate) paced_until: Option<Instant>,
     /// Large payloads of reliable packets may stay in registered memory ([`Transmit::external`]).
     pub(crate) external_payloads: bool,
+    /// Positive ACKs are being held: see [`QpEngine::hold_acks`].
+    pub(crate) holding_acks: bool,
+    /// The newest positive ACK held back: its syndrome, PSN and MSN.
+    pub(crate) held_ack: Option<(AethSyndrome, Psn, u32)>,
 }
 
 impl QpEngine {
@@ -435,6 +442,8 @@ impl QpEngine {
             pacer: None,
             paced_until: None,
             external_payloads: false,
+            holding_acks: false,
+            held_ack: None,
         }
     }
 
@@ -525,6 +534,7 @@ impl QpEngine {
                 self.rq.clear();
                 self.sq.clear();
                 self.out.clear();
+                self.held_ack = None;
                 self.req = requester::Requester::default();
                 self.resp = responder::Responder::default();
             }
@@ -636,6 +646,40 @@ impl QpEngine {
         self.out.pop_front()
     }
 
+    /// Until [`QpEngine::release_acks`], a positive ACK the responder decides on replaces the
+    /// one held before it instead of going out: a device that hands the QP several received
+    /// packets in a row calls this first, and one ACK then answers them all (ACKs are
+    /// cumulative, and a responder may coalesce them). Anything else the QP sends (a NAK, a
+    /// response, a request) lets the held ACK out first, so the order of what leaves is
+    /// unchanged.
+    pub fn hold_acks(&mut self) {
+        self.holding_acks = true;
+    }
+
+    /// Ends [`QpEngine::hold_acks`]: the held ACK, if any, is queued for
+    /// [`QpEngine::poll_transmit`].
+    pub fn release_acks(&mut self) {
+        self.holding_acks = false;
+        self.flush_held_ack();
+    }
+
+    /// Whether a positive ACK is held back (see [`QpEngine::hold_acks`]).
+    pub fn holds_ack(&self) -> bool {
+        self.held_ack.is_some()
+    }
+
+    /// Queues a packet to send, behind the held ACK if there is one.
+    pub(crate) fn push_out(&mut self, tx: Transmit) {
+        self.flush_held_ack();
+        self.out.push_back(tx);
+    }
+
+    fn flush_held_ack(&mut self) {
+        if let Some((syndrome, psn, msn)) = self.held_ack.take() {
+            self.queue_ack(syndrome, psn, msn);
+        }
+    }
+
     /// The next completion, if any.
     pub fn poll_completion(&mut self) -> Option<Completion> {
         self.cqes.pop_front()
@@ -686,6 +730,7 @@ impl QpEngine {
     /// completions are returned in order, so they cannot complete successfully any more).
     fn flush(&mut self) {
         self.out.clear();
+        self.held_ack = None;
         self.req.retransmit_at = None;
         self.req.probe_at = None;
         self.req.probe = None;

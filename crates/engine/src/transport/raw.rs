@@ -74,7 +74,7 @@ impl QpEngine {
             _ => vec![bytes],
         };
         for data in frames {
-            self.out.push_back(Transmit {
+            self.push_out(Transmit {
                 dest: Dest {
                     dgid: Gid::ZERO,
                     sgid_index: 0,

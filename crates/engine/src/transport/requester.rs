@@ -605,7 +605,7 @@ impl QpEngine {
                 return;
             }
         };
-        self.out.push_back(tx);
+        self.push_out(tx);
         self.counters.tx_packets += 1;
         if let Some((idx, saved)) = single {
             self.sq[idx].next_pkt = saved;

@@ -890,16 +890,27 @@ impl QpEngine {
     }
 
     fn send_ack(&mut self, syndrome: AethSyndrome, psn: Psn) {
+        let msn = self.resp.msn;
+        if self.holding_acks && matches!(syndrome, AethSyndrome::Ack { .. }) {
+            if self.held_ack.replace((syndrome, psn, msn)).is_some() {
+                self.counters.acks_held += 1;
+            }
+            return;
+        }
+        // A NAK or RNR NAK goes behind the positive ACK held before it.
+        self.flush_held_ack();
+        self.queue_ack(syndrome, psn, msn);
+    }
+
+    /// Builds an ACK or NAK packet and queues it.
+    pub(super) fn queue_ack(&mut self, syndrome: AethSyndrome, psn: Psn, msn: u32) {
         let bth = BthRepr::new(
             self.response_opcode(Opcode::RcAcknowledge),
             self.attr.dest_qp_num,
             psn,
         );
         let repr = PacketRepr {
-            aeth: Some(AethRepr {
-                syndrome,
-                msn: self.resp.msn,
-            }),
+            aeth: Some(AethRepr { syndrome, msn }),
             ..PacketRepr::new(bth, 0)
         };
         if let Ok(tx) = build(&repr, self.path_dest(), |_| Ok(())) {
@@ -922,7 +933,7 @@ impl QpEngine {
             ..PacketRepr::new(bth, 0)
         };
         if let Ok(tx) = build(&repr, self.path_dest(), |_| Ok(())) {
-            self.out.push_back(tx);
+            self.push_out(tx);
         }
     }
 
@@ -980,7 +991,7 @@ impl QpEngine {
                 }),
             };
             match built {
-                Ok(tx) => self.out.push_back(tx),
+                Ok(tx) => self.push_out(tx),
                 // The region went away mid-read: stop; the requester's timeout recovers.
                 Err(_) => break,
             }

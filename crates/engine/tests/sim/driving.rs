@@ -300,6 +300,13 @@ impl Sim {
                 Some(e) => Rx::external(&pkt, e),
                 None => Rx::new(&pkt),
             };
+            if self.hold_acks {
+                qp.engine.hold_acks();
+                let id = QpId { node: f.to_node, qpn };
+                if !self.acking.contains(&id) {
+                    self.acking.push(id);
+                }
+            }
             let result = qp.engine.handle_rx(now, &rx, &meta, mem, srq);
             if self.trace {
                 eprintln!(
@@ -361,6 +368,13 @@ impl Sim {
         while self.queue.peek().is_some_and(|Reverse(f)| f.at <= self.now.0) {
             let Reverse(f) = self.queue.pop().expect("peeked");
             self.deliver(f);
+        }
+        // The end of the batch: one ACK per QP that held one.
+        for id in std::mem::take(&mut self.acking) {
+            if let Some(qp) = self.nodes[id.node].qps.get_mut(&id.qpn) {
+                qp.engine.release_acks();
+                self.pump(id);
+            }
         }
         let now = self.now;
         for id in self.all_qps() {

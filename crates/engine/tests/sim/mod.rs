@@ -75,6 +75,11 @@ pub struct Sim {
     pub trace: bool,
     pub steps: u64,
     pub max_steps: u64,
+    /// Deliver the packets due at one instant as a device delivers a received batch: each
+    /// receiving QP holds its positive ACKs until the batch ends (`QpEngine::hold_acks`).
+    pub hold_acks: bool,
+    /// The QPs that received packets in the batch being delivered.
+    acking: Vec<QpId>,
     queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
     /// Consecutive mishaps per packet, for `NetConfig::max_burst`.
@@ -141,6 +146,8 @@ impl Sim {
             trace: std::env::var_os("SOFTVERBS_SIM_TRACE").is_some(),
             steps: 0,
             max_steps: DEFAULT_MAX_STEPS,
+            hold_acks: false,
+            acking: Vec::new(),
             queue: BinaryHeap::new(),
             seq: 0,
             bursts: BTreeMap::new(),
