@@ -112,19 +112,6 @@ pub fn text(o: &Output) -> (String, String) {
     )
 }
 
-/// Whether a perftest program failed its own calibration of the CPU's cycle counter against
-/// `gettimeofday` (it prints "Correlation coefficient r^2: ... < 0.9" and "Can't produce a
-/// report"). perftest times short busy waits for this; a preemption on a loaded machine spoils
-/// the fit, whatever the verbs library does, so such a run says nothing about softverbs.
-pub fn perftest_clock_failed(o: &Output) -> bool {
-    let (out, err) = text(o);
-    !o.status.success()
-        && (out.contains("Correlation coefficient r^2") || err.contains("Correlation coefficient r^2"))
-}
-
-/// How many times a perftest run whose calibration failed is started again.
-pub const PERFTEST_ATTEMPTS: usize = 3;
-
 /// The GID index of `::ffff:127.0.0.1` on sv_lo, as `ibv_devinfo -v` reports it.
 pub fn gid_index() -> String {
     static INDEX: OnceLock<String> = OnceLock::new();
@@ -382,3 +369,8 @@ pub fn listening(port: u16) -> bool {
     })
 }
 pub mod rxe_vm;
+
+mod perftest_clock;
+// Not every test binary runs perftest.
+#[allow(unused_imports)]
+pub use perftest_clock::*;
