@@ -360,14 +360,14 @@ impl<E: Endpoint> Node<E> {
                 if failed.is_empty() {
                     let tickets = tickets.drain(..).map(|(qp, ticket, _)| (qp, ticket));
                     self.fabric
-                        .send_then_release(self, coalesce_acks(out), tickets, Hold::InPass);
+                        .send_then_release(self, coalesce_acks(out), tickets, Hold::InPass, Some(now));
                 } else {
                     let (bad, good): (Vec<_>, Vec<_>) = tickets
                         .drain(..)
                         .map(|(qp, ticket, _)| (qp, ticket))
                         .partition(|(qp, _)| failed.contains(&qp.number()));
                     self.fabric
-                        .send_then_release(self, coalesce_acks(out), good, Hold::InPass);
+                        .send_then_release(self, coalesce_acks(out), good, Hold::InPass, Some(now));
                     for (qp, ticket) in bad {
                         qp.fail_ticket(ticket);
                     }
@@ -1313,7 +1313,7 @@ impl<E: Endpoint> Fabric<E> {
     /// must not wait behind others (a QP moving to the error state under its lock).
     pub(crate) fn send_all(&self, from: &Arc<Node<E>>, txs: Vec<Transmit>) {
         let runs = self.route(from, txs);
-        self.send_runs(runs);
+        self.send_runs(runs, None);
     }
 
     /// Sends packets from `from` as [`Fabric::send_all`] does, then makes the completions held
@@ -1325,13 +1325,15 @@ impl<E: Endpoint> Fabric<E> {
     /// With `hold`, the packets may stay in the outbox for a short while, to leave with others
     /// in one batch (one `sendmmsg` or GSO call instead of a system call each): see [`Hold`].
     /// A full outbox leaves at once. A positive ACK replaces the waiting ACKs of its QP (ACKs
-    /// are cumulative), so one ACK covers every packet of a pass.
+    /// are cumulative), so one ACK covers every packet of a pass. `now`: a time the caller
+    /// read a moment ago, if any, for the drivers to use instead of reading the clock.
     pub(crate) fn send_then_release(
         &self,
         from: &Arc<Node<E>>,
         txs: Vec<Transmit>,
         tickets: impl IntoIterator<Item = (Arc<E>, u64)>,
         hold: Hold,
+        now: Option<Instant>,
     ) {
         let runs = self.route(from, txs);
         // Shared memory costs no system call: nothing to save by waiting.
@@ -1349,8 +1351,8 @@ impl<E: Endpoint> Fabric<E> {
             let waiting = {
                 let _sending = self.sending.lock();
                 let waiting = self.take_outbox();
-                self.send_runs(waiting.runs);
-                self.send_runs(runs);
+                self.send_runs(waiting.runs, now);
+                self.send_runs(runs, now);
                 waiting.tickets
             };
             for (qp, ticket) in waiting.into_iter().chain(tickets) {
@@ -1427,7 +1429,7 @@ impl<E: Endpoint> Fabric<E> {
             // sends for others forever would never poll again).
             let _sending = self.sending.lock();
             let batch = self.take_outbox();
-            self.send_runs(batch.runs);
+            self.send_runs(batch.runs, None);
             batch.tickets
         };
         for (qp, ticket) in tickets {
@@ -1516,7 +1518,9 @@ impl<E: Endpoint> Fabric<E> {
 
     /// Sends runs of packets for other processes: through a process's mailbox if it has one,
     /// otherwise over UDP. Adjacent runs along one link (QPs of one peer process) go together.
-    fn send_runs(&self, runs: impl IntoIterator<Item = Run<E>>) {
+    /// `now`: the time the caller read a moment ago, if it did (the shared-memory driver then
+    /// reads no clock).
+    fn send_runs(&self, runs: impl IntoIterator<Item = Run<E>>, now: Option<Instant>) {
         let mut runs = runs.into_iter().peekable();
         while let Some(mut run) = runs.next() {
             while let Some(next) =
@@ -1540,7 +1544,10 @@ impl<E: Endpoint> Fabric<E> {
             // Another process on this host (the address is one of this fabric's devices'):
             // through its mailbox if it has one.
             let by_shm = match self.shm.get() {
-                Some(shm) if local_host => shm.send_to_process(&route, &packets, &exts),
+                Some(shm) if local_host => match now {
+                    Some(now) => shm.send_to_process_at(now.as_nanos(), &route, &packets, &exts),
+                    None => shm.send_to_process(&route, &packets, &exts),
+                },
                 _ => None,
             };
             if by_shm.is_none() && exts.iter().any(Option::is_some) {
@@ -1632,7 +1639,7 @@ impl<E: Endpoint> Fabric<E> {
                 // here and the slot is free for the next try.
                 Error::no_resources(format!("cannot start the UDP receive thread: {e}"))
             })?;
-        if let Some(shm) = Shm::start(udp.port()) {
+        if let Some(shm) = Shm::start(udp.port(), self.epoch) {
             let (me, s) = (self.me.clone(), shm.clone());
             let started = std::thread::Builder::new()
                 .name("softverbs-shm".into())
@@ -2074,6 +2081,7 @@ mod tests {
                 vec![away(0x20_0011, *payload)],
                 vec![(qp.clone(), ticket)],
                 hold,
+                None,
             );
         };
 
@@ -2115,18 +2123,18 @@ mod tests {
 
         // A full batch does not wait.
         let burst: Vec<Transmit> = (0..OUTBOX_PACKETS).map(|_| away(0x20_0011, *b"many")).collect();
-        fabric.send_then_release(&a, burst, vec![(qp.clone(), 10)], Hold::Posted);
+        fabric.send_then_release(&a, burst, vec![(qp.clone(), 10)], Hold::Posted, None);
         assert_eq!(unroutable(), 9 + OUTBOX_PACKETS as u64);
         assert_eq!(released().last(), Some(&10));
 
         // Nothing to send: the completions wait behind the packets that wait, if any.
         post(b"one.", 11, Hold::Posted);
-        fabric.send_then_release(&a, Vec::new(), vec![(qp.clone(), 12)], Hold::Posted);
+        fabric.send_then_release(&a, Vec::new(), vec![(qp.clone(), 12)], Hold::Posted, None);
         assert_eq!(released().last(), Some(&10), "held behind 11's packet");
         fabric.polled(fabric.now());
         assert_eq!(unroutable(), 10 + OUTBOX_PACKETS as u64);
         assert_eq!(released().last(), Some(&12));
-        fabric.send_then_release(&a, Vec::new(), vec![(qp.clone(), 13)], Hold::Posted);
+        fabric.send_then_release(&a, Vec::new(), vec![(qp.clone(), 13)], Hold::Posted, None);
         assert_eq!(released().last(), Some(&13), "nothing waits: released at once");
     }
 

@@ -138,6 +138,8 @@ impl QpInner {
 pub(crate) struct Outputs {
     pub(crate) txs: Vec<Transmit>,
     pub(crate) ticket: u64,
+    /// The time they were made at (what a carrier may use instead of reading the clock).
+    pub(crate) now: Instant,
 }
 
 /// A queue pair (`ibv_create_qp`).
@@ -754,7 +756,7 @@ impl Qp {
         if let Some(d) = deadline {
             self.fabric().schedule(d);
         }
-        Outputs { txs, ticket }
+        Outputs { txs, ticket, now }
     }
 
     /// Tells the QP that the packets of `ticket` were handed to the fabric: the completions
@@ -834,8 +836,13 @@ impl Qp {
         match (&self.raw, self.me.upgrade()) {
             (None, Some(me)) => {
                 let hold = if posted { Hold::Posted } else { Hold::No };
-                self.fabric()
-                    .send_then_release(self.node(), out.txs, [(me, out.ticket)], hold);
+                self.fabric().send_then_release(
+                    self.node(),
+                    out.txs,
+                    [(me, out.ticket)],
+                    hold,
+                    Some(out.now),
+                );
             }
             _ => {
                 self.transmit(out.txs);

@@ -86,19 +86,6 @@ const PRUNE_EVERY: Duration = Duration::from_secs(1);
 /// A peer's mailbox not sent to for this long is let go (reopened when needed).
 const IDLE_CLOSE: Duration = Duration::from_secs(10);
 
-/// The monotonic clock in nanoseconds: read on every send, and compared as plain integers
-/// (cheaper than `Instant` arithmetic on this path). Read through the C library's vDSO call:
-/// rustix's own vDSO lookup faults where the vDSO is not mapped as the auxiliary vector says
-/// (under Valgrind).
-fn mono_ns() -> u64 {
-    let Ok(t) = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) else {
-        return 0;
-    };
-    (t.tv_sec() as u64)
-        .wrapping_mul(1_000_000_000)
-        .wrapping_add(t.tv_nsec() as u64)
-}
-
 /// `d` in nanoseconds.
 const fn nanos(d: Duration) -> u64 {
     d.as_nanos() as u64
@@ -114,9 +101,9 @@ pub(crate) fn enabled() -> bool {
 enum Peer {
     Open {
         out: Outbox,
-        /// When the owner was last found alive ([`mono_ns`]).
+        /// When the owner was last found alive ([`Shm::clock`]).
         checked: u64,
-        /// When a run was last sent ([`mono_ns`]).
+        /// When a run was last sent ([`Shm::clock`]).
         sent: u64,
         /// The owner let its ring stay full for a whole [`FULL_WAIT`] (it is stopped, or
         /// stuck): until a record fits again, a full ring loses packets at once, as a full
@@ -138,14 +125,17 @@ pub(crate) struct Shm {
     /// By slot port: a short list (one entry per process this one talks to), searched on
     /// every send, which a linear scan of the ports does faster than hashing.
     peers: Mutex<Vec<(u16, Peer)>>,
-    /// When [`Shm::prune`] next looks ([`mono_ns`]).
+    /// When [`Shm::prune`] next looks ([`Shm::clock`]).
     next_prune: std::sync::atomic::AtomicU64,
+    /// The fabric's epoch: this driver's times are the fabric's (nanoseconds since it), so
+    /// that a sender can hand over the time it already read.
+    epoch: std::time::Instant,
 }
 
 impl Shm {
     /// Creates this process's mailbox for its UDP slot `port`; `None` if the driver is off or
     /// the mailbox cannot be made (the fabric then uses UDP only).
-    pub(crate) fn start(port: u16) -> Option<Arc<Self>> {
+    pub(crate) fn start(port: u16, epoch: std::time::Instant) -> Option<Arc<Self>> {
         if !enabled() {
             return None;
         }
@@ -165,7 +155,13 @@ impl Shm {
             netns,
             peers: Mutex::new(Vec::new()),
             next_prune: std::sync::atomic::AtomicU64::new(0),
+            epoch,
         }))
+    }
+
+    /// Now, in nanoseconds since the fabric's epoch (compared as plain integers).
+    fn clock(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Lets go of the mailboxes (a descriptor and a mapping each) of peers that are gone (the
@@ -174,7 +170,7 @@ impl Shm {
     /// once per [`PRUNE_EVERY`].
     fn prune(&self) {
         use std::sync::atomic::Ordering;
-        let now = mono_ns();
+        let now = self.clock();
         if now < self.next_prune.load(Ordering::Relaxed) {
             return;
         }
@@ -212,8 +208,21 @@ impl Shm {
         packets: &[Vec<u8>],
         exts: &[Option<ExternalRanges>],
     ) -> Option<usize> {
+        self.send_to_process_at(self.clock(), route, packets, exts)
+    }
+
+    /// [`Shm::send_to_process`] at `now` (nanoseconds since the fabric's epoch), a time the
+    /// caller read a moment ago: a send then reads no clock (one read is a visible part of a
+    /// one-way latency of a microsecond or two).
+    pub(crate) fn send_to_process_at(
+        &self,
+        now: u64,
+        route: &Route,
+        packets: &[Vec<u8>],
+        exts: &[Option<ExternalRanges>],
+    ) -> Option<usize> {
         let header = encode_header(route);
-        self.with_peer(route.ports.1, |out, stalled| {
+        self.with_peer(route.ports.1, now, |out, stalled| {
             let patient = !*stalled;
             let went = push_all(out, &header, packets, exts, patient);
             let was = *stalled;
@@ -258,7 +267,7 @@ impl Shm {
         };
         header[36..38].copy_from_slice(&ports.0.to_be_bytes());
         header[38..40].copy_from_slice(&ports.1.to_be_bytes());
-        self.with_peer(slot_port, |out, stalled| {
+        self.with_peer(slot_port, self.clock(), |out, stalled| {
             let went = push_all(out, &header, std::slice::from_ref(&packet), &[], !*stalled) == 1;
             *stalled = !went;
             went
@@ -268,9 +277,8 @@ impl Shm {
     /// Runs `f` on the mailbox of the process whose slot port is `port`, opening it (or
     /// checking that its owner still lives) first; `None` if it has none this process may
     /// use.
-    fn with_peer<R>(&self, port: u16, f: impl FnOnce(&mut Outbox, &mut bool) -> R) -> Option<R> {
+    fn with_peer<R>(&self, port: u16, now: u64, f: impl FnOnce(&mut Outbox, &mut bool) -> R) -> Option<R> {
         let mut peers = self.peers.lock();
-        let now = mono_ns();
         let at = match peers.iter().position(|(p, _)| *p == port) {
             Some(at) => at,
             None => {
@@ -511,7 +519,7 @@ mod tests {
     #[test]
     fn a_stalled_receiver_holds_sends_up_once_and_a_gone_one_is_let_go() {
         let port = test_ports();
-        let shm = Shm::start(port).expect("a mailbox");
+        let shm = Shm::start(port, std::time::Instant::now()).expect("a mailbox");
         // A receiver that never reads: its one small ring fills after a few dozen records.
         let peer_path = shm.dir.join(format!("{}-{}", shm.netns, port + 1));
         let layout = Layout {

@@ -1507,8 +1507,10 @@ mod tests {
         let base = free_base_port();
         let holder = Udp::start(base, 255).expect("slot 1");
         let other = Udp::start(base, 255).expect("slot 2");
-        let (Some(holder_box), Some(other_box)) = (Shm::start(holder.port()), Shm::start(other.port()))
-        else {
+        let (Some(holder_box), Some(other_box)) = (
+            Shm::start(holder.port(), std::time::Instant::now()),
+            Shm::start(other.port(), std::time::Instant::now()),
+        ) else {
             panic!("mailboxes cannot be made here");
         };
         holder.forward_through(holder_box);
@@ -1578,8 +1580,10 @@ mod tests {
         let base = free_base_port();
         let holder = Udp::start(base, 255).expect("slot 1");
         let other = Udp::start(base, 255).expect("slot 2");
-        let (Some(holder_box), Some(other_box)) = (Shm::start(holder.port()), Shm::start(other.port()))
-        else {
+        let (Some(holder_box), Some(other_box)) = (
+            Shm::start(holder.port(), std::time::Instant::now()),
+            Shm::start(other.port(), std::time::Instant::now()),
+        ) else {
             panic!("mailboxes cannot be made here");
         };
         holder.forward_through(holder_box);
