@@ -59,22 +59,31 @@ pub fn icrc_ipv6(ip_header: &[u8; IPV6_HEADER_LEN], udp_header: &[u8; UDP_HEADER
 }
 
 fn crc(ip: &[u8], udp_header: &[u8; UDP_HEADER_LEN], roce: &[u8]) -> u32 {
+    // Everything up to and including the variant BTH byte (FECN, BECN, resv6, hashed as
+    // 0xFF) goes in one piece, then the rest of the packet as it is: a hasher call has a
+    // fixed cost, and short pieces are most of a small packet's.
     let mut udp = *udp_header;
     UdpPacket::new_unchecked(&mut udp).set_checksum(0xFFFF);
-    let mut hasher = crc32fast::Hasher::new();
-    hasher.update(&LRH_STANDIN);
-    hasher.update(ip);
-    hasher.update(&udp);
-    // The BTH byte with FECN, BECN and resv6 is variant; hashing around it
-    // avoids copying the payload.
-    match roce.split_at_checked(bth::ECN_BYTE) {
-        Some((head, [_, tail @ ..])) => {
-            hasher.update(head);
-            hasher.update(&[0xFF]);
-            hasher.update(tail);
+    let mut head = [0u8; LRH_STANDIN.len() + IPV6_HEADER_LEN + UDP_HEADER_LEN + bth::ECN_BYTE + 1];
+    let mut n = 0;
+    let mut put = |bytes: &[u8]| {
+        head[n..n + bytes.len()].copy_from_slice(bytes);
+        n += bytes.len();
+    };
+    put(&LRH_STANDIN);
+    put(ip);
+    put(&udp);
+    let tail = match roce.split_at_checked(bth::ECN_BYTE) {
+        Some((bth_head, [_, tail @ ..])) => {
+            put(bth_head);
+            put(&[0xFF]);
+            tail
         }
-        _ => hasher.update(roce),
-    }
+        _ => roce,
+    };
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&head[..n]);
+    hasher.update(tail);
     hasher.finalize()
 }
 
