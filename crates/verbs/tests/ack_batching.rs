@@ -12,15 +12,6 @@ use softverbs::*;
 
 const N: usize = 32;
 
-fn counters() -> CounterSnapshot {
-    host_counters()
-        .into_iter()
-        .find(|p| p.pid == std::process::id())
-        .and_then(|p| p.devices.into_iter().find(|(n, _)| n == "sv_lo"))
-        .map(|(_, c)| c)
-        .expect("this process's sv_lo counters")
-}
-
 #[test]
 fn a_batch_of_sends_is_answered_by_acks_built_once() {
     let ctx_a = lo();
@@ -49,7 +40,7 @@ fn a_batch_of_sends_is_answered_by_acks_built_once() {
     let payload: Vec<u8> = (0..64 * N).map(|i| (i * 13) as u8).collect();
     mr_a.write(0, &payload).unwrap();
 
-    let before = counters();
+    let before = lo_counters();
     let sends: Vec<SendRequest> = (0..N)
         .map(|i| SendRequest {
             wr_id: i as u64,
@@ -86,7 +77,7 @@ fn a_batch_of_sends_is_answered_by_acks_built_once() {
     assert_eq!(got, payload);
 
     // Every SEND asked for an ACK: each was either sent or held and answered by a later one.
-    let now = counters();
+    let now = lo_counters();
     let acks = now.tx_packets - before.tx_packets - N as u64;
     let held = qp_b.counters().acks_held;
     assert!(acks >= 1, "the held ACK left");

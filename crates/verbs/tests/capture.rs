@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::pcap;
+use common::{lo_counters, pcap};
 use softverbs::*;
 
 const LEN: usize = 1 << 20;
@@ -129,16 +129,6 @@ impl Side {
     }
 }
 
-/// This process's counters of the loopback device.
-fn counters() -> CounterSnapshot {
-    host_counters()
-        .into_iter()
-        .find(|p| p.pid == std::process::id())
-        .and_then(|p| p.devices.into_iter().find(|(n, _)| n == "sv_lo"))
-        .map(|(_, c)| c)
-        .expect("this process's sv_lo counters")
-}
-
 /// What a capture must hold given the counters since `from`: (outgoing, incoming).
 fn expected(from: &CounterSnapshot, now: &CounterSnapshot) -> (u64, u64) {
     let sent = (now.tx_packets - from.tx_packets) - (now.tx_acks_coalesced - from.tx_acks_coalesced);
@@ -151,7 +141,7 @@ fn expected(from: &CounterSnapshot, now: &CounterSnapshot) -> (u64, u64) {
 fn settle(from: &CounterSnapshot, stats: impl Fn() -> CaptureStats) -> ((u64, u64), CaptureStats) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let (e, s) = (expected(from, &counters()), stats());
+        let (e, s) = (expected(from, &lo_counters()), stats());
         if e == (s.outgoing, s.incoming) || Instant::now() > deadline {
             return (e, s);
         }
@@ -179,7 +169,7 @@ fn scratch(name: &str) -> PathBuf {
 /// a READ, then reports its counters and the capture's figures.
 fn peer() {
     let s = side(common::lo());
-    let start = counters();
+    let start = lo_counters();
     assert!(capture_stats().is_some(), "SOFTVERBS_PCAP started a capture");
     let mut lines = std::io::stdin().lock().lines().map(|l| l.unwrap());
     let parent: Vec<u64> = lines
@@ -227,7 +217,7 @@ fn two_processes() {
     let dir = scratch("two");
     let s = side(common::lo());
     let capture = PacketCapture::start(dir.join("parent.pcap")).unwrap();
-    let start = counters();
+    let start = lo_counters();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .arg("--peer")
         .env("SOFTVERBS_PCAP", dir.join("peer-%p.pcap"))
@@ -317,7 +307,7 @@ fn in_process() {
     let a = side(ctx);
     let b = side(common::lo());
     let capture = PacketCapture::start(&path).unwrap();
-    let start = counters();
+    let start = lo_counters();
     a.connect(b.qp.qp_num());
     b.connect(a.qp.qp_num());
     b.qp.post_recv(&[RecvWr {
@@ -332,7 +322,7 @@ fn in_process() {
     let ((out, inc), stats) = settle(&start, || capture.stats());
     assert_eq!(
         inc,
-        counters().rx_packets - start.rx_packets,
+        lo_counters().rx_packets - start.rx_packets,
         "no packet left the process"
     );
     capture.stop();
@@ -353,7 +343,7 @@ fn threads_share_one_file() {
     let dir = scratch("threads");
     let path = dir.join("threads.pcap");
     let capture = PacketCapture::start(&path).unwrap();
-    let start = counters();
+    let start = lo_counters();
     std::thread::scope(|scope| {
         for t in 0..3u8 {
             scope.spawn(move || {

@@ -8,6 +8,16 @@ pub(crate) mod pcap;
 use softverbs::*;
 use std::net::Ipv4Addr;
 
+/// This process's counters of the loopback device (those of every test of the binary).
+pub(crate) fn lo_counters() -> CounterSnapshot {
+    host_counters()
+        .into_iter()
+        .find(|p| p.pid == std::process::id())
+        .and_then(|p| p.devices.into_iter().find(|(n, _)| n == "sv_lo"))
+        .map(|(_, c)| c)
+        .expect("this process's sv_lo counters")
+}
+
 /// A context on the loopback device, which every host has.
 pub(crate) fn lo() -> Context {
     devices()
