@@ -341,8 +341,10 @@ impl<E: Endpoint> Node<E> {
             }
             let at = out.len();
             if out.is_empty() {
-                // The usual single reply: its vector is the batch's, no copy.
-                *out = txs;
+                // The usual single reply: its vector is the batch's, no copy. The one it replaces
+                // may have room (a packet before it whose ACK is held left it empty): kept for
+                // the next packet rather than freed.
+                buffers::recycle_transmits(std::mem::replace(out, txs));
             } else {
                 let mut txs = txs;
                 out.append(&mut txs);
