@@ -878,7 +878,7 @@ impl Qp {
         meta: &RxMeta,
         pending: &Pending,
         more: bool,
-    ) -> (Outputs, Option<DropReason>, bool) {
+    ) -> (Option<Outputs>, Option<DropReason>, bool) {
         let mut inner = self.inner.lock();
         let now = inner.clock(now);
         // The fabric ends the batch with `end_batch` if an ACK is held.
@@ -933,12 +933,18 @@ impl Qp {
             }
             None => inner.engine.handle_rx(now, pkt, meta, &keys, None).err(),
         };
-        let out = self.drain_with(&mut inner, now, &keys);
         let ack_held = inner.engine.holds_ack();
-        if !ack_held {
-            inner.engine.release_acks();
+        if ack_held {
+            // Only the held ACK came of it (anything else to send would have let that ACK
+            // out): the batch's end drains this QP (`end_batch`), and what this packet
+            // produced (completions, a new deadline) is collected there with the rest of the
+            // batch, once. Its completions stay as invisible meanwhile as under a ticket of
+            // their own, and the batch's replies all leave in one send anyway.
+            return (None, dropped, true);
         }
-        (out, dropped, ack_held)
+        let out = self.drain_with(&mut inner, now, &keys);
+        inner.engine.release_acks();
+        (Some(out), dropped, false)
     }
 
     /// A payload copy for packets handled under `ticket` failed (see [`crate::remote`]): the
@@ -1792,9 +1798,10 @@ impl Endpoint for Qp {
         more: bool,
     ) -> Received {
         let (out, dropped, ack_held) = self.handle_packet(now, pkt, ext, meta, pending, more);
+        let (txs, ticket) = out.map_or((Vec::new(), None), |o| (o.txs, Some(o.ticket)));
         Received {
-            txs: out.txs,
-            ticket: out.ticket,
+            txs,
+            ticket,
             dropped,
             ack_held,
         }

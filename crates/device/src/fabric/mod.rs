@@ -86,7 +86,8 @@ pub(crate) trait Endpoint: Send + Sync + 'static {
     ///
     /// With `more`, other packets of the received batch follow: a positive ACK this one calls
     /// for may be held back (then `Received::ack_held` says so) until [`Endpoint::end_batch`],
-    /// so that one ACK answers all of the batch's packets for this endpoint.
+    /// so that one ACK answers all of the batch's packets for this endpoint. An endpoint that
+    /// holds one may leave all that the packet produced to `end_batch` (no ticket then).
     fn receive_packet(
         &self,
         now: Instant,
@@ -98,7 +99,8 @@ pub(crate) trait Endpoint: Send + Sync + 'static {
     ) -> Received;
 
     /// The end of a received batch in which this endpoint held an ACK back: returns the
-    /// packets to send (that ACK) and the ticket to release once they were sent.
+    /// packets to send (that ACK, and whatever else its packets left for the end) and the
+    /// ticket to release once they were sent.
     fn end_batch(&self, now: Instant) -> (Vec<Transmit>, u64);
 
     /// Makes the completions held under `ticket` (and earlier ones) visible: their packets
@@ -135,8 +137,9 @@ pub(crate) trait Endpoint: Send + Sync + 'static {
 pub(crate) struct Received {
     /// Packets to send in reply.
     pub(crate) txs: Vec<Transmit>,
-    /// To [`Endpoint::release_ticket`] once they were sent.
-    pub(crate) ticket: u64,
+    /// To [`Endpoint::release_ticket`] once they were sent; `None` when the endpoint holds an
+    /// ACK and left everything the packet produced to [`Endpoint::end_batch`].
+    pub(crate) ticket: Option<u64>,
     /// Why the packet was dropped, if it was.
     pub(crate) dropped: Option<DropReason>,
     /// A positive ACK is held back for [`Endpoint::end_batch`].

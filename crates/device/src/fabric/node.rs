@@ -339,6 +339,11 @@ impl<E: Endpoint> Node<E> {
                 );
                 self.counters.count_drop(reason);
             }
+            let Some(ticket) = ticket else {
+                // Everything this packet produced waits for the QP's `end_batch`.
+                buffers::recycle_transmits(txs);
+                continue;
+            };
             let at = out.len();
             if out.is_empty() {
                 // The usual single reply: its vector is the batch's, no copy. The one it replaces

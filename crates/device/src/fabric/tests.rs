@@ -32,7 +32,7 @@ impl Endpoint for Probe {
         got.push((pkt.payload.to_vec(), *meta));
         Received {
             txs: Vec::new(),
-            ticket: got.len() as u64,
+            ticket: Some(got.len() as u64),
             dropped: None,
             ack_held: false,
         }
