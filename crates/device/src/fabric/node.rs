@@ -184,11 +184,12 @@ impl<E: Endpoint> Node<E> {
                 acking,
             } = &mut *processing;
             while self.inbound.recv(batch) > 0 {
+                // The clock is read again for every batch after the first (whose `now` the
+                // caller read a moment ago): a thread may drive for a long while when packets
+                // keep coming, and a stale `now` would time round trips as zero and arm
+                // retransmission timers that fire early.
+                let now = if did { now.max(self.fabric.now()) } else { now };
                 did = true;
-                // The clock is read again for every batch: a thread may drive for a long
-                // while when packets keep coming, and a stale `now` would time round trips as
-                // zero and arm retransmission timers that fire early.
-                let now = now.max(self.fabric.now());
                 let mut out = Vec::new();
                 let pending = Pending::default();
                 let n = batch.len();
