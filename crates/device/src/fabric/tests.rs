@@ -421,17 +421,14 @@ fn qp1_packets_reach_the_gsi_handler_and_its_timer_runs() {
     let fabric = Fabric::<Probe>::new().unwrap();
     let _a = fabric.add_node(NodeCounters::default(), &[ga], 1);
     let b = fabric.add_node(NodeCounters::default(), &[gb], 1);
+    let a_to_b = RxMeta {
+        sgid: ga,
+        dgid: gb,
+        traffic_class: 0,
+        hop_limit: 64,
+    };
     // Without a handler, QP1 is an unknown QP.
-    b.inject(
-        &send_only(1, *b"none"),
-        RxMeta {
-            sgid: ga,
-            dgid: gb,
-            traffic_class: 0,
-            hop_limit: 64,
-        },
-        None,
-    );
+    b.inject(&send_only(1, *b"none"), a_to_b, None);
     // The progress thread may be driving the node at that moment and handle the packet
     // itself: wait (bounded) for whoever handles it.
     let settle = |done: &dyn Fn() -> bool| {
@@ -447,27 +444,9 @@ fn qp1_packets_reach_the_gsi_handler_and_its_timer_runs() {
     let probe = Arc::new(GsiProbe::default());
     let p = probe.clone();
     b.gsi(move || p);
-    b.inject(
-        &send_only(1, *b"mad!"),
-        RxMeta {
-            sgid: ga,
-            dgid: gb,
-            traffic_class: 0,
-            hop_limit: 64,
-        },
-        None,
-    );
+    b.inject(&send_only(1, *b"mad!"), a_to_b, None);
     // QP1 of a softverbs process (its slot in bits 16..24) is QP1 too.
-    b.inject(
-        &send_only(0x03_0001, *b"mad2"),
-        RxMeta {
-            sgid: ga,
-            dgid: gb,
-            traffic_class: 0,
-            hop_limit: 64,
-        },
-        None,
-    );
+    b.inject(&send_only(0x03_0001, *b"mad2"), a_to_b, None);
     settle(&|| probe.got.lock().len() >= 2);
     assert_eq!(
         *probe.got.lock(),

@@ -692,17 +692,17 @@ impl QpEngine {
 
     /// When [`QpEngine::handle_timeout`] must next be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        // Asked after every batch of work: a plain fold, not an iterator chain over options.
-        let earliest = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
-            (Some(x), Some(y)) => Some(x.min(y)),
-            (x, None) => x,
-            (None, y) => y,
-        };
-        let timers = earliest(self.req.retransmit_at, self.req.probe_at);
-        let timers = earliest(timers, self.req.probe_nak.map(|(_, at)| at));
-        let timers = earliest(timers, self.req.hole_at);
-        let timers = earliest(timers, self.req.rnr_until);
-        earliest(timers, self.paced_until)
+        [
+            self.req.retransmit_at,
+            self.req.probe_at,
+            self.req.probe_nak.map(|(_, at)| at),
+            self.req.hole_at,
+            self.req.rnr_until,
+            self.paced_until,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Whether the requester could send now (something to send and room in the window).
