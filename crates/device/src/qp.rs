@@ -1222,9 +1222,32 @@ impl Qp {
             inner.engine.post_send(wr);
         }
         let out = self.drain(&mut inner, now);
+        // Posting mostly completes nothing at once (the completion comes with the ACK): then
+        // the ticket is taken back and there is nothing to release once the packets are out.
+        // Later completions of this QP need not wait for them: the packets are handed to the
+        // fabric before this call returns, and whatever a later drain sends leaves behind
+        // them (the outbox is sent in order).
+        let withdrawn = inner.held.withdraw(out.ticket);
         drop(inner);
-        self.emit_as(out, true);
+        if withdrawn {
+            self.send_posted(out.txs, out.now);
+        } else {
+            self.emit_as(out, true);
+        }
         result
+    }
+
+    /// Sends the packets of work requests just posted whose drain held no completion (see
+    /// `post_send`), as [`Qp::emit_as`] would with nothing to release.
+    fn send_posted(&self, txs: Vec<Transmit>, now: Instant) {
+        match &self.raw {
+            None => {
+                self.fabric()
+                    .send_then_release(self.node(), txs, [], Hold::Posted, Some(now));
+            }
+            Some(_) => self.transmit(txs),
+        }
+        self.fabric().drive_queued();
     }
 
     /// Posted receive WRs not yet consumed.

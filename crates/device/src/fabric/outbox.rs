@@ -295,7 +295,8 @@ impl<E: Endpoint> Fabric<E> {
     /// in one batch (one `sendmmsg` or GSO call instead of a system call each): see [`Hold`].
     /// A full outbox leaves at once. A positive ACK replaces the waiting ACKs of its QP (ACKs
     /// are cumulative), so one ACK covers every packet of a pass. `now`: a time the caller
-    /// read a moment ago, if any, for the drivers to use instead of reading the clock.
+    /// read a moment ago, if any, for the drivers to use instead of reading the clock. A lone
+    /// packet for a shared-memory peer takes a shorter way ([`Fabric::send_one_by_shm`]).
     pub(crate) fn send_then_release(
         &self,
         from: &Arc<Node<E>>,
@@ -304,23 +305,35 @@ impl<E: Endpoint> Fabric<E> {
         hold: Hold,
         now: Option<Instant>,
     ) {
-        let runs = self.route(from, txs);
-        // Shared memory costs no system call: nothing to save by waiting.
-        let by_udp = runs.iter().any(|r| !(r.local_host && self.shm.get().is_some()));
-        let may_wait = match hold {
-            Hold::No => false,
-            Hold::InPass => IN_RECEIVE_PASS.with(Cell::get),
-            Hold::Posted => IN_RECEIVE_PASS.with(Cell::get) || self.in_burst(),
+        let txs = match self.send_one_by_shm(from, txs, now) {
+            Ok(()) => {
+                for (qp, ticket) in tickets {
+                    qp.release_ticket(ticket);
+                }
+                return;
+            }
+            Err(txs) => txs,
         };
-        // Nothing to send (a work request queued behind a full window): its tickets wait
-        // behind the packets that wait, if any, rather than send them early.
-        let wait = may_wait && (by_udp || (runs.is_empty() && self.outbox_busy.load(Ordering::Acquire)));
+        let runs = self.route(from, txs);
+        // Shared memory costs no system call: nothing to save by waiting. Nothing to send (a
+        // work request queued behind a full window): its tickets wait behind the packets that
+        // wait, if any, rather than send them early.
+        let worth_waiting = || {
+            runs.iter().any(|r| !(r.local_host && self.shm.get().is_some()))
+                || (runs.is_empty() && self.outbox_busy.load(Ordering::Acquire))
+        };
+        // Asked last: `in_burst` reads the clock.
+        let wait = hold != Hold::No
+            && worth_waiting()
+            && (IN_RECEIVE_PASS.with(Cell::get) || (hold == Hold::Posted && self.in_burst()));
         if !wait {
             // At once, behind whatever waits (in order), without going through the outbox.
             let waiting = {
                 let _sending = self.sending.lock();
                 let waiting = self.take_outbox();
-                self.send_runs(waiting.runs, now);
+                if !waiting.runs.is_empty() {
+                    self.send_runs(waiting.runs, now);
+                }
                 self.send_runs(runs, now);
                 waiting.tickets
             };
@@ -416,15 +429,17 @@ impl<E: Endpoint> Fabric<E> {
         }
         let nodes = self.live_nodes();
         let own_slot = self.udp.get().map(|u| u.slot());
+        // `local_host`: the destination address is one of this fabric's devices'.
         let mut add_remote =
-            |route: Route, data: Vec<u8>, ext: Option<ExternalRanges>| match remote.last_mut() {
+            |route: Route, local_host: bool, data: Vec<u8>, ext: Option<ExternalRanges>| match remote
+                .last_mut()
+            {
                 Some(r) if same_link(&r.route, &route) => r.push(data, ext),
                 _ => {
                     let mut run = Run {
                         from: from.clone(),
                         route,
-                        local_host: route.dest_qpn != MULTICAST_QPN
-                            && nodes.iter().any(|n| n.has_gid(&route.dgid)),
+                        local_host,
                         packets: buffers::take_list(),
                         exts: Vec::new(),
                     };
@@ -433,39 +448,19 @@ impl<E: Endpoint> Fabric<E> {
                 }
             };
         for mut tx in txs.drain(..) {
-            bump(from.counters.tx_packets());
-            let ext_len: u64 = tx
-                .external
-                .as_ref()
-                .map_or(0, |e| e.ranges().iter().map(|r| u64::from(r.1)).sum());
-            from.counters
-                .tx_bytes()
-                .fetch_add(tx.data.len() as u64 + ext_len, Ordering::Relaxed);
+            count_tx(from, &tx);
             let qpn = peek_dest_qpn(&tx.data).unwrap_or(0);
-            let route = Route {
-                sgid: from
-                    .gids
-                    .get(usize::from(tx.dest.sgid_index))
-                    .copied()
-                    .unwrap_or(Gid::ZERO),
-                dgid: tx.dest.dgid,
-                dest_qpn: qpn,
-                traffic_class: tx.dest.traffic_class,
-                hop_limit: tx.dest.hop_limit,
-                ifindex: from.ifindex,
-                // The ports the datagram has, or would have had, over UDP.
-                ports: self.udp.get().map_or((0, 0), |u| (u.port(), u.dest_port(qpn))),
-            };
+            let route = self.route_of(from, &tx, qpn);
             if qpn == MULTICAST_QPN {
                 // Members may live in this process, other processes and other hosts.
                 for n in nodes.iter().filter(|n| n.has_group(&tx.dest.dgid)) {
                     n.inbound.send(&route, &mut [tx.data.clone()]);
                 }
-                add_remote(route, tx.data, tx.external);
-            } else if let Some(n) = nodes
-                .iter()
-                .find(|n| n.has_gid(&tx.dest.dgid) && (n.has_qp(qpn) || n.takes_gsi(qpn, own_slot)))
-            {
+                add_remote(route, false, tx.data, tx.external);
+                continue;
+            }
+            let (target, local_host) = find_node(&nodes, &tx.dest.dgid, qpn, own_slot);
+            if let Some(n) = target {
                 if let Some(ext) = &tx.external {
                     // This process's carrier moves bytes.
                     let Some(full) = remote::materialize(&tx.data, ext) else {
@@ -478,11 +473,82 @@ impl<E: Endpoint> Fabric<E> {
                 }
                 n.inbound.send(&route, std::slice::from_mut(&mut tx.data));
             } else {
-                add_remote(route, tx.data, tx.external);
+                add_remote(route, local_host, tx.data, tx.external);
             }
         }
         buffers::recycle_transmits(txs);
         remote
+    }
+
+    /// The route of a packet from `from` to QP `qpn`.
+    fn route_of(&self, from: &Node<E>, tx: &Transmit, qpn: u32) -> Route {
+        Route {
+            sgid: from
+                .gids
+                .get(usize::from(tx.dest.sgid_index))
+                .copied()
+                .unwrap_or(Gid::ZERO),
+            dgid: tx.dest.dgid,
+            dest_qpn: qpn,
+            traffic_class: tx.dest.traffic_class,
+            hop_limit: tx.dest.hop_limit,
+            ifindex: from.ifindex,
+            // The ports the datagram has, or would have had, over UDP.
+            ports: self.udp.get().map_or((0, 0), |u| (u.port(), u.dest_port(qpn))),
+        }
+    }
+
+    /// Sends a lone unicast packet for another process of this host straight into its
+    /// mailbox, as [`Fabric::route`] and [`Fabric::send_runs`] would, without building runs:
+    /// the usual case of a post or an ACK, where that machinery was most of the cost. Hands
+    /// the packets back (nothing sent) when they need the general path: several packets, a
+    /// capture, multicast, a destination in this process or on another host, packets waiting
+    /// in the outbox (they go first), or a peer without a mailbox.
+    fn send_one_by_shm(
+        &self,
+        from: &Arc<Node<E>>,
+        mut txs: Vec<Transmit>,
+        now: Option<Instant>,
+    ) -> Result<(), Vec<Transmit>> {
+        let Some(shm) = self.shm.get() else {
+            return Err(txs);
+        };
+        let [tx] = txs.as_slice() else { return Err(txs) };
+        let qpn = peek_dest_qpn(&tx.data).unwrap_or(0);
+        if qpn == MULTICAST_QPN || self.tap.get().is_some() || self.outbox_busy.load(Ordering::Acquire) {
+            return Err(txs);
+        }
+        let own_slot = self.udp.get().map(|u| u.slot());
+        let elsewhere = {
+            let nodes = self.nodes.read();
+            let (target, local_host) = find_node(&nodes, &tx.dest.dgid, qpn, own_slot);
+            target.is_none() && local_host
+        };
+        if !elsewhere {
+            return Err(txs);
+        }
+        let route = self.route_of(from, tx, qpn);
+        {
+            let _sending = self.sending.lock();
+            // Packets put in the outbox meanwhile leave first, by the general path.
+            if self.outbox_busy.load(Ordering::Acquire) {
+                return Err(txs);
+            }
+            let (packet, ext) = (std::slice::from_ref(&tx.data), std::slice::from_ref(&tx.external));
+            let sent = match now {
+                Some(now) => shm.send_to_process_at(now.as_nanos(), &route, packet, ext),
+                None => shm.send_to_process(&route, packet, ext),
+            };
+            let Some(sent) = sent else { return Err(txs) };
+            count_tx(from, tx);
+            count_shm(from, sent, sent.min(usize::from(tx.external.is_some())));
+            count_unroutable(from, 1 - sent);
+        }
+        for tx in txs.drain(..) {
+            buffers::recycle(tx.data);
+        }
+        buffers::recycle_transmits(txs);
+        Ok(())
     }
 
     /// Sends runs of packets for other processes: through a process's mailbox if it has one,
@@ -530,21 +596,14 @@ impl<E: Endpoint> Fabric<E> {
             }
             let sent = match by_shm {
                 Some(n) => {
-                    from.counters
-                        .tx_shm_packets()
-                        .fetch_add(n as u64, Ordering::Relaxed);
                     let in_memory = exts.iter().take(n).filter(|e| e.is_some()).count();
-                    from.counters
-                        .tx_payloads_in_memory()
-                        .fetch_add(in_memory as u64, Ordering::Relaxed);
+                    count_shm(&from, n, in_memory);
                     n
                 }
                 None => self.udp.get().map_or(0, |u| u.send(&route, &mut packets)),
             };
             if route.dest_qpn != MULTICAST_QPN {
-                for _ in sent..packets.len() {
-                    bump(from.counters.tx_unroutable());
-                }
+                count_unroutable(&from, packets.len() - sent);
             }
             // The drivers took the bytes: the buffers (and the list) serve the next packets.
             buffers::recycle_list(packets);
@@ -573,5 +632,57 @@ impl<E: Endpoint> Fabric<E> {
             to.ports.1 = base.saturating_add(u16::from(slot));
             let _ = shm.send_to_process(&to, packets, &[]);
         }
+    }
+}
+
+/// The node of `nodes` that takes packets for QP `qpn` at `dgid`, and whether `dgid` is one of
+/// their addresses at all (an address of this host, where another process may have the QP):
+/// one scan for both.
+fn find_node<'a, E: Endpoint>(
+    nodes: &'a [Arc<Node<E>>],
+    dgid: &Gid,
+    qpn: u32,
+    own_slot: Option<u8>,
+) -> (Option<&'a Arc<Node<E>>>, bool) {
+    let mut local_host = false;
+    let target = nodes.iter().find(|n| {
+        let here = n.has_gid(dgid);
+        local_host |= here;
+        here && (n.has_qp(qpn) || n.takes_gsi(qpn, own_slot))
+    });
+    (target, local_host)
+}
+
+/// Counts a packet leaving `from` (its bytes include a payload left in memory).
+fn count_tx<E: Endpoint>(from: &Node<E>, tx: &Transmit) {
+    bump(from.counters.tx_packets());
+    let ext_len: u64 = tx
+        .external
+        .as_ref()
+        .map_or(0, |e| e.ranges().iter().map(|r| u64::from(r.1)).sum());
+    from.counters
+        .tx_bytes()
+        .fetch_add(tx.data.len() as u64 + ext_len, Ordering::Relaxed);
+}
+
+/// Counts `n` packets from `from` that went through shared memory, `in_memory` of them with
+/// their payload left in memory.
+fn count_shm<E: Endpoint>(from: &Node<E>, n: usize, in_memory: usize) {
+    from.counters
+        .tx_shm_packets()
+        .fetch_add(n as u64, Ordering::Relaxed);
+    if in_memory > 0 {
+        from.counters
+            .tx_payloads_in_memory()
+            .fetch_add(in_memory as u64, Ordering::Relaxed);
+    }
+}
+
+/// Counts `n` unicast packets from `from` that no carrier took.
+fn count_unroutable<E: Endpoint>(from: &Node<E>, n: usize) {
+    if n > 0 {
+        from.counters
+            .tx_unroutable()
+            .fetch_add(n as u64, Ordering::Relaxed);
     }
 }
