@@ -1086,13 +1086,13 @@ impl ForwardHeader {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::net::UdpSocket;
 
     /// A base port whose first slots are free now (not the standard port, which other
     /// processes on the host may hold).
-    fn free_base_port() -> u16 {
+    pub(crate) fn free_base_port() -> u16 {
         let free =
             |port: u16| UdpSocket::bind(("0.0.0.0", port)).is_ok() && UdpSocket::bind(("::", port)).is_ok();
         // Each call of this process starts elsewhere: tests running at once must not pick the

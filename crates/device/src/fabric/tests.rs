@@ -304,6 +304,77 @@ fn posted_packets_wait_for_the_next_poll_of_a_busy_poller() {
     assert_eq!(released().last(), Some(&13), "nothing waits: released at once");
 }
 
+/// A lone packet for another process's mailbox goes straight into its ring, counted as the
+/// general path counts it; behind packets waiting in the outbox it keeps its place; to a slot
+/// with no mailbox it goes over UDP.
+#[test]
+fn a_lone_packet_for_a_mailbox_goes_straight_into_its_ring() {
+    let fabric = Fabric::<Probe>::new().unwrap();
+    fabric.burst_after_poll.store(u64::MAX, Ordering::Relaxed);
+    let base = crate::udp::tests::free_base_port();
+    let own = fabric.start_udp(base, 3).expect("a UDP slot").slot();
+    assert!(
+        fabric.shm.get().is_some(),
+        "the shared-memory driver runs (SOFTVERBS_SHM unset)"
+    );
+    let here = Gid::from_ip("127.0.0.1".parse().unwrap());
+    let a = fabric.add_node(NodeCounters::default(), &[here], 1);
+    // Another process's mailbox, on another slot: a second driver of this process stands in.
+    let (peer_slot, empty_slot) = match own {
+        1 => (2, 3),
+        2 => (3, 1),
+        _ => (1, 2),
+    };
+    let peer = Shm::start(base + u16::from(peer_slot), fabric.epoch).expect("a second mailbox");
+    let qpn = |slot: u8| (u32::from(slot) << 16) | 0x11;
+    let qp = Arc::new(Probe::default());
+    let send = |dgid: Gid, slot: u8, payload: &[u8; 4], ticket: u64, hold: Hold| {
+        fabric.send_then_release(
+            &a,
+            vec![to(dgid, send_only(qpn(slot), *payload))],
+            vec![(qp.clone(), ticket)],
+            hold,
+            None,
+        );
+    };
+    let received = || {
+        let mut batch = PacketBatch::default();
+        peer.recv(&mut batch);
+        batch
+            .iter()
+            .map(|(data, _)| data[12..16].to_vec())
+            .collect::<Vec<_>>()
+    };
+    let released = || qp.released.lock().clone();
+
+    send(here, peer_slot, b"one.", 1, Hold::Posted);
+    assert_eq!(received(), [b"one.".to_vec()], "in the ring at once");
+    assert_eq!(released(), [1]);
+    let c = a.counters.snapshot();
+    assert_eq!((c.tx_packets, c.tx_shm_packets, c.tx_unroutable), (1, 1, 0));
+    assert_eq!(c.tx_bytes, send_only(0, [0; 4]).len() as u64);
+
+    // A burst over UDP (to an address of this host that no node of the fabric has) waits in
+    // the outbox after the first post; a lone packet for the mailbox then goes behind it.
+    let elsewhere = Gid::from_ip("127.0.0.2".parse().unwrap());
+    fabric.polled(fabric.now());
+    send(elsewhere, peer_slot, b"udp1", 2, Hold::Posted);
+    send(elsewhere, peer_slot, b"udp2", 3, Hold::Posted);
+    assert_eq!(released(), [1, 2], "the second post waits");
+    send(here, peer_slot, b"two.", 4, Hold::No);
+    assert_eq!(released(), [1, 2, 3, 4], "the waiting packet left first");
+    assert_eq!(received(), [b"two.".to_vec()]);
+    let c = a.counters.snapshot();
+    assert_eq!((c.tx_packets, c.tx_shm_packets, c.tx_unroutable), (4, 2, 0));
+
+    // No mailbox on that slot: over UDP, as the general path sends it.
+    send(here, empty_slot, b"nomb", 5, Hold::No);
+    assert_eq!(released(), [1, 2, 3, 4, 5]);
+    let c = a.counters.snapshot();
+    assert_eq!((c.tx_packets, c.tx_shm_packets, c.tx_unroutable), (5, 2, 0));
+    assert!(received().is_empty());
+}
+
 /// A positive ACK (or, with `nak`, a sequence-error NAK) to `qpn` for `psn`.
 fn ack(qpn: u32, psn: u32, nak: bool) -> Vec<u8> {
     use softverbs_wire::aeth::{AethRepr, AethSyndrome, NakCode};
