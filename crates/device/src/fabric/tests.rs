@@ -360,7 +360,9 @@ fn a_lone_packet_for_a_mailbox_goes_straight_into_its_ring() {
     fabric.polled(fabric.now());
     send(elsewhere, peer_slot, b"udp1", 2, Hold::Posted);
     send(elsewhere, peer_slot, b"udp2", 3, Hold::Posted);
-    assert_eq!(released(), [1, 2], "the second post waits");
+    // The second post waits, unless a receive thread's upkeep (every 200 us while packets
+    // wait) has sent it already: either way it is released before what follows it.
+    assert!(released().starts_with(&[1, 2]) && released().len() <= 3);
     send(here, peer_slot, b"two.", 4, Hold::No);
     assert_eq!(released(), [1, 2, 3, 4], "the waiting packet left first");
     assert_eq!(received(), [b"two.".to_vec()]);
